@@ -1,0 +1,206 @@
+"""The node signal: how the controller asks a node to upgrade, and how the node answers.
+
+The signal lives in annotations on the workload cluster's Node (or, for a pure k0s
+controller without a Node, its autopilot ControlNode). It uses the JSON shape of k0s
+autopilot's signal v2 but under k0s-fleet's own keys, so autopilot never reacts to it.
+This module is shared by the controller (writer of requests) and the agent (writer
+of status); validation lives here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from fleet.versions import InvalidVersionError, K0sVersion
+
+DOMAIN = "fleet.k0s-fleet.io"
+SIGNAL_VERSION_KEY = f"{DOMAIN}/signal-version"
+SIGNAL_DATA_KEY = f"{DOMAIN}/signal-data"
+SIGNAL_VERSION = "v2"
+# Set by the agent on a Node it cordoned, so it uncordons only what it cordoned.
+CORDONED_BY_KEY = f"{DOMAIN}/cordoned-by"
+# The running k0s version as last reported by the agent.
+RUNNING_VERSION_KEY = f"{DOMAIN}/k0s-version"
+
+# Autopilot's own keys, for the `autopilot` executor.
+AUTOPILOT_SIGNAL_VERSION_KEY = "k0sproject.io/autopilot-signal-version"
+AUTOPILOT_SIGNAL_DATA_KEY = "k0sproject.io/autopilot-signal-data"
+
+ALLOWED_URL_SCHEMES = frozenset({"http", "https", "file"})
+
+
+class SignalState(StrEnum):
+    DOWNLOADING = "Downloading"
+    CORDONING = "Cordoning"
+    APPLYING_UPDATE = "ApplyingUpdate"
+    RESTARTING = "Restarting"
+    VERIFYING = "Verifying"
+    UNCORDONING = "UnCordoning"
+    COMPLETED = "Completed"
+    FAILED_DOWNLOAD = "FailedDownload"
+    FAILED_DRAIN = "FailedDrain"
+    FAILED_VERIFY = "FailedVerify"
+    ROLLED_BACK = "RolledBack"
+    # The request itself could not be understood; nothing was touched.
+    INVALID_REQUEST = "InvalidRequest"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+    @property
+    def failed(self) -> bool:
+        return self in FAILED_STATES
+
+
+FAILED_STATES = frozenset(
+    {
+        SignalState.FAILED_DOWNLOAD,
+        SignalState.FAILED_DRAIN,
+        SignalState.FAILED_VERIFY,
+        SignalState.ROLLED_BACK,
+        SignalState.INVALID_REQUEST,
+    }
+)
+TERMINAL_STATES = FAILED_STATES | {SignalState.COMPLETED}
+
+# The order in which an upgrade walks; the agent resumes from the recorded state.
+HAPPY_PATH = (
+    SignalState.DOWNLOADING,
+    SignalState.CORDONING,
+    SignalState.APPLYING_UPDATE,
+    SignalState.RESTARTING,
+    SignalState.VERIFYING,
+    SignalState.UNCORDONING,
+    SignalState.COMPLETED,
+)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class K0sUpdateCommand(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    url: str
+    version: str
+    sha256: str | None = None
+    forceupdate: bool = False
+    # Explicit opt-in to install a binary without a digest (fleet download policy).
+    allowunverified: bool = False
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        try:
+            return str(K0sVersion.parse(v))
+        except InvalidVersionError as e:
+            raise ValueError(str(e)) from None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        scheme = urlsplit(v).scheme.lower()
+        if scheme not in ALLOWED_URL_SCHEMES:
+            raise ValueError(
+                f"URL scheme {scheme or '(none)'!r} not allowed; use one of "
+                f"{', '.join(sorted(ALLOWED_URL_SCHEMES))}"
+            )
+        return v
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha256(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        v = v.lower().removeprefix("sha256:")
+        if len(v) != 64 or any(c not in "0123456789abcdef" for c in v):
+            raise ValueError("sha256 must be 64 hex characters")
+        return v
+
+
+class SignalCommand(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: int = 0
+    k0supdate: K0sUpdateCommand
+
+
+class SignalStatus(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    status: SignalState
+    timestamp: datetime = Field(default_factory=utcnow)
+    reason: str = ""
+    # Set once the restart for this request was issued; makes the restart happen once.
+    restarted: bool = False
+    # Version that was running before the upgrade (for rollback and reporting).
+    previousversion: str | None = None
+
+
+class SignalData(BaseModel):
+    """The whole signal annotation value."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    planId: str
+    created: datetime
+    command: SignalCommand
+    status: SignalStatus | None = None
+    traceparent: str | None = None
+
+    @property
+    def request_key(self) -> tuple[str, datetime]:
+        """What identifies one request: a status is only ever written to the same key."""
+        return (self.planId, self.created)
+
+    def same_request(self, other: SignalData | None) -> bool:
+        return other is not None and other.request_key == self.request_key
+
+    def with_status(self, status: SignalStatus) -> SignalData:
+        return self.model_copy(update={"status": status})
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude_none=True)
+
+
+class InvalidSignalError(ValueError):
+    """The signal annotation is present but unusable; the message says why."""
+
+
+def parse_signal(annotations: dict[str, str] | None) -> SignalData | None:
+    """Read the signal from an object's annotations.
+
+    Returns None when there is no signal; raises InvalidSignalError with a readable
+    reason when one is present but malformed.
+    """
+    annotations = annotations or {}
+    raw = annotations.get(SIGNAL_DATA_KEY)
+    if raw is None:
+        return None
+    version = annotations.get(SIGNAL_VERSION_KEY, SIGNAL_VERSION)
+    if version != SIGNAL_VERSION:
+        raise InvalidSignalError(f"unsupported {SIGNAL_VERSION_KEY} {version!r}")
+    try:
+        data: Any = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise InvalidSignalError(f"{SIGNAL_DATA_KEY} is not JSON: {e.msg} at {e.pos}") from None
+    try:
+        return SignalData.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
+            for err in e.errors()
+        )
+        raise InvalidSignalError(f"{SIGNAL_DATA_KEY} invalid: {problems}") from None
+
+
+def signal_annotations(data: SignalData) -> dict[str, str]:
+    return {SIGNAL_VERSION_KEY: SIGNAL_VERSION, SIGNAL_DATA_KEY: data.to_json()}

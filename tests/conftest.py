@@ -1,0 +1,76 @@
+"""Shared fixtures. Integration fixtures start one real test world per pytest process."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from fleet.kube import KubeClient
+from fleet.kube.resources import NAMESPACES
+from fleet.testing.world import World
+
+WORLD_SERVERS = ["mgmt", "wl1", "wl2"]
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def world() -> Iterator[World]:
+    """etcd + a management API server + two workload API servers, shared by the session."""
+    w = World(WORLD_SERVERS)
+    w.start()
+    startup = {n: round(s.startup_seconds, 2) for n, s in w.servers.items()}
+    print(f"\n[test world] kube-apiserver start-up seconds: {startup}")
+    if os.environ.get("K0S_FLEET_TIMINGS"):
+        with open(os.environ["K0S_FLEET_TIMINGS"], "a") as fh:
+            fh.write(f"apiserver_startup_seconds {startup}\n")
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+@pytest.fixture(scope="session")
+async def crds_installed(world: World) -> World:
+    await world.install_crds()
+    return world
+
+
+@pytest.fixture(scope="session")
+async def mgmt(crds_installed: World) -> AsyncIterator[KubeClient]:
+    async with await crds_installed["mgmt"].client() as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+async def wl1(crds_installed: World) -> AsyncIterator[KubeClient]:
+    async with await crds_installed["wl1"].client() as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+async def wl2(crds_installed: World) -> AsyncIterator[KubeClient]:
+    async with await crds_installed["wl2"].client() as c:
+        yield c
+
+
+@pytest.fixture
+async def namespace(mgmt: KubeClient) -> AsyncIterator[str]:
+    """A fresh namespace in the management cluster, deleted afterwards."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    await mgmt.create(NAMESPACES, {"metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        await mgmt.delete(NAMESPACES, name)
+
+
+def unique(prefix: str) -> str:
+    """A unique object name (cluster-scoped objects such as Nodes are shared per server)."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
