@@ -13,7 +13,8 @@ cache=${K0S_FLEET_CACHE:-$HOME/.cache/k0s-fleet}
 bin="$cache/bin"
 work="$cache/work"
 mkdir -p "$bin" "$work"
-export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
+# GOTOOLCHAIN=auto lets an older Go fetch the toolchain the pinned modules need from the module proxy.
+export GOFLAGS=-mod=mod GOTOOLCHAIN=${GOTOOLCHAIN:-auto} CGO_ENABLED=0
 
 log() { printf '[testenv] %s\n' "$*" >&2; }
 
