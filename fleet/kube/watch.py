@@ -130,7 +130,8 @@ class Reflector:
         await self._emit(event)
 
     async def run(self) -> None:
-        need_list = True
+        """List (unless resuming from a known resourceVersion), then watch, forever."""
+        need_list = not self.resource_version
         while True:
             try:
                 if need_list:
