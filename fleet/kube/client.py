@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import anyio
+import yaml
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from fleet.kube.errors import KubeError, UnreachableError, from_status
+from fleet.kube.errors import KubeError, NotFoundError, UnreachableError, from_status
 from fleet.kube.resources import Resource
 
 log = logging.getLogger(__name__)
@@ -58,16 +60,13 @@ class KubeClient:
     @classmethod
     async def from_kubeconfig_file(cls, path: str, *, name: str = "cluster",
                                    context: str | None = None) -> KubeClient:
-        import yaml
-
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+        data = yaml.safe_load(await anyio.Path(path).read_text(encoding="utf-8"))
         return await cls.from_kubeconfig(data, name=name, context=context)
 
     @classmethod
     def in_cluster(cls, *, name: str = "management") -> KubeClient:
         cfg = k8s_client.Configuration()
-        k8s_config.load_incluster_config(client_configuration=cfg)
+        k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         return cls(k8s_client.ApiClient(configuration=cfg), name=name)
 
     async def close(self) -> None:
@@ -136,8 +135,6 @@ class KubeClient:
 
     async def get_or_none(self, res: Resource, name: str,
                           namespace: str | None = None) -> KubeObject | None:
-        from fleet.kube.errors import NotFoundError
-
         try:
             return await self.get(res, name, namespace)
         except NotFoundError:

@@ -7,6 +7,8 @@ in their own sessions and are killed on ``close()`` whatever happened before.
 
 from __future__ import annotations
 
+import base64
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -14,9 +16,12 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +29,7 @@ from typing import Any
 import anyio
 import yaml
 
-from fleet.kube import KubeClient, KubeError
+from fleet.kube import AlreadyExistsError, KubeClient, KubeError
 from fleet.kube.resources import CRDS
 from fleet.testing.binaries import REPO_ROOT, binary
 
@@ -165,10 +170,6 @@ class ApiServer:
         self._wait_ready(t0)
 
     def _wait_ready(self, t0: float, timeout: float = 90.0) -> None:
-        import ssl
-        import urllib.error
-        import urllib.request
-
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
@@ -204,8 +205,6 @@ class ApiServer:
         return (self.cert_dir / "apiserver.crt").read_bytes()
 
     def kubeconfig(self, token: str | None = None, user: str = ADMIN_USER) -> dict[str, Any]:
-        import base64
-
         return {
             "apiVersion": "v1",
             "kind": "Config",
@@ -239,21 +238,20 @@ def crd_documents(*dirs: Path) -> list[dict[str, Any]]:
 async def install_crds(client: KubeClient, docs: list[dict[str, Any]],
                        timeout: float = 60.0) -> None:
     """Create (or update) CRDs and wait until every one is Established."""
-    from fleet.kube import AlreadyExistsError
-
     for doc in docs:
         try:
             await client.create(CRDS, doc)
         except AlreadyExistsError:
             current = await client.get(CRDS, doc["metadata"]["name"])
-            doc = {**doc, "metadata": {**doc["metadata"],
-                                       "resourceVersion": current["metadata"]["resourceVersion"]}}
-            await client.replace(CRDS, doc)
+            rv = current["metadata"]["resourceVersion"]
+            await client.replace(CRDS, {**doc, "metadata": {**doc["metadata"],
+                                                             "resourceVersion": rv}})
     with anyio.fail_after(timeout):
         for doc in docs:
             while True:
                 crd = await client.get(CRDS, doc["metadata"]["name"])
-                conds = {c["type"]: c["status"] for c in crd.get("status", {}).get("conditions", [])}
+                conds = {c["type"]: c["status"]
+                         for c in crd.get("status", {}).get("conditions", [])}
                 if conds.get("Established") == "True":
                     break
                 await anyio.sleep(0.05)
@@ -294,8 +292,6 @@ class World:
             # Start all API servers at once; each waits on its own readiness.
             for s in self.servers.values():
                 s._prepare()
-            import concurrent.futures
-
             with concurrent.futures.ThreadPoolExecutor(len(self.servers)) as pool:
                 list(pool.map(lambda s: s.start(), self.servers.values()))
         except BaseException:

@@ -22,7 +22,7 @@ def staging_modules(upstream: str) -> list[str]:
 
 
 def render(upstream: str, version: str) -> str:
-    major, minor, patch = version.lstrip("v").split(".")
+    _major, minor, patch = version.lstrip("v").split(".")
     staging_version = f"v0.{minor}.{patch}"
     go = GO_DIRECTIVE.search(upstream)
     lines = [

@@ -14,6 +14,7 @@ import pytest
 from fleet.kube import (
     AlreadyExistsError,
     ConflictError,
+    GoneError,
     KubeClient,
     NotFoundError,
     UnauthorizedError,
@@ -82,7 +83,8 @@ async def test_concurrent_writers_both_land_through_real_conflicts(
         tg.start_soon(writer, "b")
     final = await mgmt.get(CONFIGMAPS, "hot", namespace)
     log = json.loads(final["data"]["log"])
-    assert sorted(log) == sorted([f"a{i}" for i in range(writes)] + [f"b{i}" for i in range(writes)])
+    expected = [f"a{i}" for i in range(writes)] + [f"b{i}" for i in range(writes)]
+    assert sorted(log) == sorted(expected)
     assert [x for x in log if x.startswith("a")] == [f"a{i}" for i in range(writes)]
     # More mutate calls than writes means some attempts hit a 409 and were re-read.
     assert sum(mutate_calls.values()) > 2 * writes
@@ -194,8 +196,6 @@ async def test_expired_resource_version_leads_to_relist(
         await scratch_client.patch(NODES, node, {"metadata": {"labels": {"n": str(i)}}})
     await anyio.to_thread.run_sync(_etcd_compact, scratch)
     # The finite core reports the expiry as a typed error ...
-    from fleet.kube import GoneError
-
     with pytest.raises(GoneError):
         async for _ in watch_once(scratch_client, NODES, old_rv,
                                   field_selector=f"metadata.name={node}", timeout_seconds=5):

@@ -22,8 +22,9 @@ def test_names_and_labels_fit(machine: str) -> None:
 def test_build_sets_owner_and_spec() -> None:
     machine = {"metadata": {"name": "w-1", "namespace": "ns", "uid": "u-1"},
                "spec": {"clusterName": "c1"}}
+    tp = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
     plan = build_nodeplan(machine=machine, node_name="w-1", role="worker", version="1.31.3",
-                          url="https://x/k0s", sha256=None, traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01")
+                          url="https://x/k0s", sha256=None, traceparent=tp)
     assert plan["metadata"]["ownerReferences"][0]["uid"] == "u-1"
     assert plan["spec"]["version"] == "v1.31.3+k0s.0"
     assert plan["metadata"]["annotations"]["tracing.k8s.io/traceparent"].startswith("00-")
