@@ -9,6 +9,7 @@ of status); validation lives here and nowhere else.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -27,6 +28,10 @@ SIGNAL_VERSION = "v2"
 CORDONED_BY_KEY = f"{DOMAIN}/cordoned-by"
 # The running k0s version as last reported by the agent.
 RUNNING_VERSION_KEY = f"{DOMAIN}/k0s-version"
+# The agent's answer to a signal it cannot parse (so it has no status to write into):
+# JSON {"digest": signal_digest(raw value), "reason": ..., "timestamp": ...}. The digest
+# makes the rejection apply to exactly that value: a corrected signal is acted upon.
+SIGNAL_REJECTED_KEY = f"{DOMAIN}/signal-rejected"
 
 # Autopilot's own keys, for the `autopilot` executor.
 AUTOPILOT_SIGNAL_VERSION_KEY = "k0sproject.io/autopilot-signal-version"
@@ -46,6 +51,9 @@ class SignalState(StrEnum):
     FAILED_DOWNLOAD = "FailedDownload"
     FAILED_DRAIN = "FailedDrain"
     FAILED_VERIFY = "FailedVerify"
+    # The new binary could not be put in place (read-only fs, permissions); the installed
+    # binary is untouched.
+    FAILED_APPLY = "FailedApply"
     ROLLED_BACK = "RolledBack"
     # The request itself could not be understood; nothing was touched.
     INVALID_REQUEST = "InvalidRequest"
@@ -64,6 +72,7 @@ FAILED_STATES = frozenset(
         SignalState.FAILED_DOWNLOAD,
         SignalState.FAILED_DRAIN,
         SignalState.FAILED_VERIFY,
+        SignalState.FAILED_APPLY,
         SignalState.ROLLED_BACK,
         SignalState.INVALID_REQUEST,
     }
@@ -107,12 +116,27 @@ class K0sUpdateCommand(BaseModel):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        scheme = urlsplit(v).scheme.lower()
+        try:
+            parts = urlsplit(v)
+            parts.port  # noqa: B018 (raises on a malformed port)
+        except ValueError as e:
+            raise ValueError(f"malformed URL: {e}") from None
+        scheme = parts.scheme.lower()
         if scheme not in ALLOWED_URL_SCHEMES:
             raise ValueError(
                 f"URL scheme {scheme or '(none)'!r} not allowed; use one of "
                 f"{', '.join(sorted(ALLOWED_URL_SCHEMES))}"
             )
+        if any(c.isspace() or ord(c) < 0x20 for c in v):
+            raise ValueError("URL contains whitespace or control characters")
+        if scheme in ("http", "https") and not parts.hostname:
+            raise ValueError(f"{scheme} URL has no host")
+        if scheme == "file":
+            # Only a local absolute path; which directories an agent may read is its policy.
+            if parts.netloc not in ("", "localhost"):
+                raise ValueError("file URL must not name a host")
+            if not parts.path.startswith("/"):
+                raise ValueError("file URL must hold an absolute path")
         return v
 
     @field_validator("sha256")
@@ -143,6 +167,9 @@ class SignalStatus(BaseModel):
     restarted: bool = False
     # Version that was running before the upgrade (for rollback and reporting).
     previousversion: str | None = None
+    # sha256 of the binary being installed, as downloaded (the request's digest, or the
+    # computed one when the request allowed an unverified download).
+    sha256: str | None = None
 
 
 class SignalData(BaseModel):
@@ -204,3 +231,21 @@ def parse_signal(annotations: dict[str, str] | None) -> SignalData | None:
 
 def signal_annotations(data: SignalData) -> dict[str, str]:
     return {SIGNAL_VERSION_KEY: SIGNAL_VERSION, SIGNAL_DATA_KEY: data.to_json()}
+
+
+def replace_status(raw: str, status: SignalStatus) -> str:
+    """The signal value ``raw`` with its status replaced and every other field as written.
+
+    The node side writes status this way rather than re-serialising its model, so that
+    request fields it does not know (a newer controller's) survive its writes.
+    """
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise InvalidSignalError(f"{SIGNAL_DATA_KEY} is not a JSON object")
+    data["status"] = status.model_dump(mode="json", exclude_none=True)
+    return json.dumps(data, separators=(",", ":"))
+
+
+def signal_digest(raw: str) -> str:
+    """Identifies one exact signal value (for SIGNAL_REJECTED_KEY)."""
+    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:32]
