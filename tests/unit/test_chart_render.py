@@ -1,0 +1,538 @@
+"""Both Helm charts rendered by the real, pinned ``helm``: lint, defaults, every
+``ci/*-values.yaml``, schema refusals and the security properties the charts promise.
+
+No API server is involved (``helm template`` renders offline); the integration tests in
+``tests/integration/test_chart_install.py`` and ``test_rbac_*.py`` install the same charts.
+The helpers here are shared with those tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fleet.agents.settings import AgentSettings
+from fleet.testing.binaries import REPO_ROOT, binary
+
+CHARTS = REPO_ROOT / "charts"
+CONTROLLER_CHART = CHARTS / "k0s-fleet"
+AGENT_CHART = CHARTS / "k0s-fleet-agent"
+CHART_DIRS = (CONTROLLER_CHART, AGENT_CHART)
+
+# Optional APIs the templates look for; a real cluster announces them through discovery.
+OPTIONAL_APIS = (
+    "cert-manager.io/v1",
+    "runtime.cluster.x-k8s.io/v1beta2",
+    "monitoring.coreos.com/v1",
+    "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+)
+RECOMMENDED_LABELS = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "app.kubernetes.io/managed-by",
+    "helm.sh/chart",
+)
+WORKLOAD_KINDS = ("Deployment", "DaemonSet")
+
+
+# -- helpers shared with the integration tests ----------------------------------------
+@functools.cache
+def helm_env() -> dict[str, str]:
+    """An environment where helm keeps its config, cache and data in a private directory."""
+    home = Path(tempfile.mkdtemp(prefix="k0s-fleet-helm-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HELM_")}
+    env.update(HELM_CONFIG_HOME=str(home / "config"), HELM_CACHE_HOME=str(home / "cache"),
+               HELM_DATA_HOME=str(home / "data"), KUBECONFIG=str(home / "no-kubeconfig"))
+    return env
+
+
+def helm(*args: str | Path, check: bool = True,
+         timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [str(binary("helm")), *map(str, args)], env=helm_env(), capture_output=True,
+        text=True, timeout=timeout, check=False,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"helm {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}"
+        )
+    return proc
+
+
+@dataclass(frozen=True)
+class Manifest:
+    docs: list[dict[str, Any]]
+
+    def kinds(self) -> list[str]:
+        return sorted(d["kind"] for d in self.docs)
+
+    def all(self, kind: str) -> list[dict[str, Any]]:
+        return [d for d in self.docs if d["kind"] == kind]
+
+    def one(self, kind: str, name: str | None = None) -> dict[str, Any]:
+        found = [d for d in self.all(kind) if name is None or d["metadata"]["name"] == name]
+        assert len(found) == 1, f"expected one {kind} {name or ''}, got {len(found)}"
+        return found[0]
+
+    def workload(self) -> dict[str, Any]:
+        (w,) = [d for d in self.docs if d["kind"] in WORKLOAD_KINDS]
+        return w
+
+
+def template_args(chart: Path, *values_files: Path, sets: Sequence[str] = (),
+                  api_versions: Iterable[str] = OPTIONAL_APIS) -> list[str]:
+    args = [str(chart)]
+    for f in values_files:
+        args += ["-f", str(f)]
+    for s in sets:
+        args += ["--set-json" if s.startswith("json:") else "--set", s.removeprefix("json:")]
+    for api in api_versions:
+        args += ["--api-versions", api]
+    return args
+
+
+def render(chart: Path, *values_files: Path, sets: Sequence[str] = (),
+           api_versions: Iterable[str] = OPTIONAL_APIS, release: str = "r1",
+           namespace: str = "fleet-system") -> Manifest:
+    out = helm("template", release, "--namespace", namespace,
+               *template_args(chart, *values_files, sets=sets, api_versions=api_versions))
+    return Manifest([d for d in yaml.safe_load_all(out.stdout) if d])
+
+
+def ci_values(chart: Path) -> list[Path]:
+    return sorted((chart / "ci").glob("*-values.yaml"))
+
+
+def rbac_grants(rules: Iterable[dict[str, Any]]) -> set[tuple[str, str, str, str]]:
+    """(apiGroup, resource, verb, resourceName or '*') for every combination a rule allows."""
+    out: set[tuple[str, str, str, str]] = set()
+    for r in rules:
+        for g in r.get("apiGroups", []):
+            for res in r.get("resources", []):
+                for v in r.get("verbs", []):
+                    for n in r.get("resourceNames") or ["*"]:
+                        out.add((g, res, v, n))
+    return out
+
+
+def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
+    return workload["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+
+
+# -- every chart, every values file ---------------------------------------------------
+ALL_RENDERS = [
+    pytest.param(chart, f, id=f"{chart.name}:{f.name if f else 'default'}")
+    for chart in CHART_DIRS for f in [None, *ci_values(chart)]
+]
+
+
+@pytest.mark.parametrize(("chart", "values"), ALL_RENDERS)
+def test_lint_strict(chart: Path, values: Path | None) -> None:
+    extra = ["-f", str(values)] if values else []
+    proc = helm("lint", "--strict", chart, *extra, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize(("chart", "values"), ALL_RENDERS)
+def test_objects_carry_recommended_labels(chart: Path, values: Path | None) -> None:
+    m = render(chart, *([values] if values else []))
+    for d in m.docs:
+        labels = d["metadata"].get("labels", {})
+        missing = [k for k in RECOMMENDED_LABELS if k not in labels]
+        assert not missing, f"{d['kind']}/{d['metadata']['name']} lacks {missing}"
+        assert labels["app.kubernetes.io/part-of"] == "k0s-fleet"
+    w = m.workload()
+    selector = w["spec"]["selector"]["matchLabels"]
+    pod_labels = w["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= pod_labels.items()
+    # Selectors are immutable: they must not contain anything that changes per version.
+    assert "app.kubernetes.io/version" not in selector and "helm.sh/chart" not in selector
+
+
+@pytest.mark.parametrize(("chart", "values"), ALL_RENDERS)
+def test_rbac_has_no_wildcards(chart: Path, values: Path | None) -> None:
+    m = render(chart, *([values] if values else []))
+    for kind in ("ClusterRole", "Role"):
+        for role in m.all(kind):
+            for rule in role["rules"]:
+                for key in ("apiGroups", "resources", "verbs", "resourceNames"):
+                    assert "*" not in rule.get(key, []), f"{role['metadata']['name']}: {rule}"
+                assert "nonResourceURLs" not in rule
+
+
+@pytest.mark.parametrize(("chart", "values"), ALL_RENDERS)
+def test_workload_basics(chart: Path, values: Path | None) -> None:
+    m = render(chart, *([values] if values else []))
+    spec = pod_spec(m.workload())
+    assert spec.get("hostNetwork") is not True and spec.get("hostIPC") is not True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for c in spec["containers"]:
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True
+        assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+        mounts = {v["mountPath"]: v["name"] for v in c["volumeMounts"]}
+        assert mounts["/tmp"] == "tmp"
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in spec["volumes"]
+    # An image reference that cannot float: explicit tag or digest.
+    image = spec["containers"][0]["image"]
+    assert "@sha256:" in image or (":" in image.rsplit("/", 1)[-1] and
+                                   not image.endswith(":latest"))
+
+
+@pytest.mark.parametrize("values", [None, *ci_values(CONTROLLER_CHART)],
+                         ids=lambda v: v.name if v else "default")
+def test_controller_pod_meets_restricted_pod_security(values: Path | None) -> None:
+    spec = pod_spec(render(CONTROLLER_CHART, *([values] if values else [])).workload())
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] != 0
+    assert not {"hostPID", "hostNetwork", "hostIPC"} & {k for k, v in spec.items() if v is True}
+    assert all("hostPath" not in v for v in spec["volumes"])
+    (c,) = spec["containers"]
+    assert c["securityContext"] == {
+        "runAsNonRoot": True, "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True, "privileged": False,
+        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+# -- controller chart -------------------------------------------------------------------
+# The contract proven against a real API server in tests/integration/test_rbac_controller.py.
+CONTROLLER_RULES = {
+    *{("cluster.x-k8s.io", r, v, "*")
+      for r in ("clusters", "machinedeployments", "machinesets", "machines")
+      for v in ("get", "list", "watch")},
+    ("cluster.x-k8s.io", "machines", "patch", "*"),
+    ("cluster.x-k8s.io", "machinedeployments/status", "patch", "*"),
+    *{("controlplane.cluster.x-k8s.io", "k0scontrolplanes", v, "*")
+      for v in ("get", "list", "watch")},
+    ("controlplane.cluster.x-k8s.io", "k0scontrolplanes/status", "patch", "*"),
+    *{("runtime.cluster.x-k8s.io", "extensionconfigs", v, "*") for v in ("get", "list", "watch")},
+    *{("fleet.k0s-fleet.io", "nodeplans", v, "*")
+      for v in ("get", "list", "watch", "create", "update", "patch", "delete")},
+    *{("fleet.k0s-fleet.io", "nodeplans/status", v, "*") for v in ("get", "update", "patch")},
+    ("events.k8s.io", "events", "create", "*"),
+    ("events.k8s.io", "events", "patch", "*"),
+}
+SECRET_RULES = {("", "secrets", v, "*") for v in ("get", "list", "watch")}
+
+
+def test_controller_default_objects() -> None:
+    m = render(CONTROLLER_CHART)
+    assert m.kinds() == sorted([
+        "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
+        "ConfigMap", "Deployment", "PodDisruptionBudget", "Role", "RoleBinding", "Service",
+        "ServiceAccount",
+    ])
+    assert rbac_grants(m.one("ClusterRole", "r1-k0s-fleet")["rules"]) == CONTROLLER_RULES
+    reader = m.one("ClusterRole", "r1-k0s-fleet-kubeconfig-reader")
+    assert rbac_grants(reader["rules"]) == SECRET_RULES
+    crb = m.one("ClusterRoleBinding", "r1-k0s-fleet-kubeconfig-reader")
+    assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "r1-k0s-fleet",
+                                "namespace": "fleet-system"}]
+    view = m.one("ClusterRole", "r1-k0s-fleet-nodeplans-view")
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert rbac_grants(view["rules"]) == {("fleet.k0s-fleet.io", "nodeplans", v, "*")
+                                          for v in ("get", "list", "watch")}
+    sa = m.one("ServiceAccount")
+    assert sa["automountServiceAccountToken"] is False
+    spec = pod_spec(m.workload())
+    assert spec["serviceAccountName"] == "r1-k0s-fleet"
+    assert spec["automountServiceAccountToken"] is True
+    assert m.workload()["spec"]["replicas"] == 2
+    assert spec["affinity"]["podAntiAffinity"]
+
+
+def test_controller_secret_access_scoped_to_listed_namespaces() -> None:
+    m = render(CONTROLLER_CHART, CONTROLLER_CHART / "ci" / "ha-values.yaml")
+    bindings = m.all("RoleBinding")
+    readers = {b["metadata"]["namespace"]: b for b in bindings
+               if b["roleRef"]["name"] == "r1-k0s-fleet-kubeconfig-reader"}
+    assert sorted(readers) == ["capi-prod", "capi-staging"]
+    assert all(b["roleRef"]["kind"] == "ClusterRole" for b in readers.values())
+    assert [b["metadata"]["name"] for b in m.all("ClusterRoleBinding")] == ["r1-k0s-fleet"]
+
+
+def test_leader_election_lease_is_the_only_lease_writable() -> None:
+    m = render(CONTROLLER_CHART, CONTROLLER_CHART / "ci" / "ha-values.yaml")
+    args = pod_spec(m.workload())["containers"][0]["args"]
+    assert "--leader-elect" in args
+    assert "--leader-election-lease=k0s-fleet-leader" in args
+    role = m.one("Role", "r1-k0s-fleet-leader-election")
+    assert role["metadata"]["namespace"] == "fleet-system"
+    assert rbac_grants(role["rules"]) == {
+        ("coordination.k8s.io", "leases", "create", "*"),
+        *{("coordination.k8s.io", "leases", v, "k0s-fleet-leader")
+          for v in ("get", "update", "patch")},
+    }
+    assert m.workload()["spec"]["replicas"] == 3
+    assert m.one("PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+
+
+def test_more_than_one_replica_needs_leader_election() -> None:
+    proc = helm("template", "r1", *template_args(
+        CONTROLLER_CHART, sets=["replicaCount=2", "leaderElection.enabled=false"]), check=False)
+    assert proc.returncode != 0
+    assert "needs leaderElection.enabled=true" in proc.stderr
+    single = render(CONTROLLER_CHART, CONTROLLER_CHART / "ci" / "single-values.yaml")
+    assert single.kinds() == ["ConfigMap", "Deployment", "Service"]
+    spec = pod_spec(single.workload())
+    assert spec["serviceAccountName"] == "k0s-fleet-preexisting"
+    assert not any(a.startswith("--leader") for a in spec["containers"][0]["args"])
+
+
+FLEET_SAMPLE = {
+    "waves": [{"name": "canary", "clusters": {"matchLabels": {"env": "dev"}}}],
+    "maxUnavailable": 1,
+    "k0s": {"digests": {"v1.31.3+k0s.0": {"amd64": "ab" * 32}}},
+}
+
+
+def test_fleet_values_become_the_mounted_config_and_roll_the_pods(tmp_path: Path) -> None:
+    values = tmp_path / "fleet.yaml"
+    values.write_text(yaml.safe_dump({"fleet": FLEET_SAMPLE}))
+    m = render(CONTROLLER_CHART, values)
+    cm = m.one("ConfigMap")
+    assert yaml.safe_load(cm["data"]["fleet.yaml"]) == FLEET_SAMPLE
+    spec = pod_spec(m.workload())
+    (c,) = spec["containers"]
+    assert "--config=/etc/k0s-fleet/fleet.yaml" in c["args"]
+    assert {"name": "config", "mountPath": "/etc/k0s-fleet/fleet.yaml", "subPath": "fleet.yaml",
+            "readOnly": True} in c["volumeMounts"]
+    default = render(CONTROLLER_CHART)
+    assert yaml.safe_load(default.one("ConfigMap")["data"]["fleet.yaml"]) == {}
+
+    def checksum(x: Manifest) -> str:
+        return str(x.workload()["spec"]["template"]["metadata"]["annotations"]
+                   ["checksum/fleet-config"])
+
+    assert checksum(m) != checksum(default)
+    assert len(checksum(m)) == len(hashlib.sha256().hexdigest())
+
+
+def test_service_monitor_only_when_enabled_and_the_api_exists() -> None:
+    on = ["metrics.serviceMonitor.enabled=true"]
+    assert render(CONTROLLER_CHART, sets=on).all("ServiceMonitor")
+    assert not render(CONTROLLER_CHART, sets=on, api_versions=[]).all("ServiceMonitor")
+    assert not render(CONTROLLER_CHART).all("ServiceMonitor")
+    sm = render(CONTROLLER_CHART, sets=on).one("ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+    svc = render(CONTROLLER_CHART).one("Service")
+    assert svc["spec"]["ports"] == [{"name": "metrics", "port": 8080, "targetPort": "metrics",
+                                     "protocol": "TCP"}]
+
+
+def test_extension_with_cert_manager() -> None:
+    m = render(CONTROLLER_CHART, CONTROLLER_CHART / "ci" / "extension-certmanager-values.yaml")
+    svc = m.one("Service", "r1-k0s-fleet-extension")
+    assert svc["spec"]["ports"][0]["targetPort"] == "extension"
+    cert = m.one("Certificate")
+    assert "r1-k0s-fleet-extension.fleet-system.svc" in cert["spec"]["dnsNames"]
+    assert cert["spec"]["issuerRef"] == {"kind": "Issuer",
+                                         "name": "r1-k0s-fleet-extension-selfsigned"}
+    assert m.one("Issuer")["spec"] == {"selfSigned": {}}
+    ext = m.one("ExtensionConfig")
+    assert "namespace" not in ext["metadata"]
+    assert ext["metadata"]["annotations"]["runtime.cluster.x-k8s.io/inject-ca-from-secret"] == (
+        f"fleet-system/{cert['spec']['secretName']}")
+    assert ext["spec"]["clientConfig"]["service"] == {
+        "name": "r1-k0s-fleet-extension", "namespace": "fleet-system", "port": 443}
+    assert ext["spec"]["namespaceSelector"] == {"matchLabels": {"k0s-fleet.io/in-place": "true"}}
+    spec = pod_spec(m.workload())
+    assert {"name": "tls", "secret": {"secretName": cert["spec"]["secretName"]}} in spec["volumes"]
+    ports = {p["name"]: p["containerPort"] for p in spec["containers"][0]["ports"]}
+    assert ports["extension"] == 9443
+    # Without cert-manager the chart says so instead of failing on an unknown kind.
+    proc = helm("template", "r1", *template_args(
+        CONTROLLER_CHART, CONTROLLER_CHART / "ci" / "extension-certmanager-values.yaml",
+        api_versions=["runtime.cluster.x-k8s.io/v1beta2"]), check=False)
+    assert proc.returncode != 0 and "needs cert-manager" in proc.stderr
+
+
+def test_extension_with_own_secret() -> None:
+    m = render(CONTROLLER_CHART, CONTROLLER_CHART / "ci" / "extension-secret-values.yaml")
+    assert not m.all("Certificate") and not m.all("Issuer")
+    ext = m.one("ExtensionConfig")
+    assert ext["spec"]["clientConfig"]["caBundle"].startswith("LS0t")
+    assert "annotations" not in ext["metadata"]
+    spec = pod_spec(m.workload())
+    assert {"name": "tls", "secret": {"secretName": "k0s-fleet-extension-tls"}} in spec["volumes"]
+    proc = helm("template", "r1", *template_args(
+        CONTROLLER_CHART, sets=["extension.enabled=true", "extension.tls.mode=secret"]),
+        check=False)
+    assert proc.returncode != 0 and "existingSecret is required" in proc.stderr
+
+
+def test_crd_ships_with_the_controller_chart() -> None:
+    out = helm("template", "r1", "--include-crds", *template_args(CONTROLLER_CHART))
+    crds = [d for d in yaml.safe_load_all(out.stdout)
+            if d and d["kind"] == "CustomResourceDefinition"]
+    assert [c["metadata"]["name"] for c in crds] == ["nodeplans.fleet.k0s-fleet.io"]
+
+
+# -- agent chart --------------------------------------------------------------------------
+AGENT_RULES = {
+    *{("", "nodes", v, "*") for v in ("get", "list", "watch", "patch")},
+    ("", "pods", "list", "*"),
+    ("", "pods/eviction", "create", "*"),
+}
+CONTROL_NODE_RULES = {("autopilot.k0sproject.io", "controlnodes", v, "*")
+                      for v in ("get", "list", "watch", "patch")}
+
+
+def _host_paths(spec: dict[str, Any]) -> dict[str, tuple[str, str, bool]]:
+    """volume name -> (host path, container path, read-only)."""
+    mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
+    return {v["name"]: (v["hostPath"]["path"], mounts[v["name"]]["mountPath"],
+                        bool(mounts[v["name"]].get("readOnly")))
+            for v in spec["volumes"] if "hostPath" in v}
+
+
+def _env(spec: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in spec["containers"][0]["env"]}
+
+
+def test_agent_default_signal_strategy_has_no_capabilities() -> None:
+    m = render(AGENT_CHART)
+    assert m.kinds() == sorted(["ClusterRole", "ClusterRoleBinding", "DaemonSet",
+                                "ServiceAccount", "ValidatingAdmissionPolicy",
+                                "ValidatingAdmissionPolicyBinding"])
+    spec = pod_spec(m.workload())
+    assert spec["hostPID"] is True
+    assert spec["securityContext"]["appArmorProfile"] == {"type": "Unconfined"}
+    assert spec["tolerations"] == [{"operator": "Exists"}]
+    sc = spec["containers"][0]["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert _host_paths(spec) == {
+        "k0s-bin": ("/usr/local/bin", "/host/usr/local/bin", False),
+        "k0s-run": ("/run/k0s", "/host/run/k0s", True),
+        "state": ("/var/lib/k0s-fleet-agent", "/host/var/lib/k0s-fleet-agent", False),
+    }
+    env = _env(spec)
+    assert env["K0S_FLEET_AGENT_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["K0S_FLEET_AGENT_K0S_BINARY"] == "/host/usr/local/bin/k0s"
+    assert env["K0S_FLEET_AGENT_RESTART_STRATEGY"] == "signal"
+    assert rbac_grants(m.one("ClusterRole")["rules"]) == AGENT_RULES
+
+
+@pytest.mark.parametrize("values", ["systemd-values.yaml", "controller-role-values.yaml"])
+def test_agent_privileged_only_for_nsenter_strategies(values: str) -> None:
+    spec = pod_spec(render(AGENT_CHART, AGENT_CHART / "ci" / values).workload())
+    sc = spec["containers"][0]["securityContext"]
+    assert sc["privileged"] is True
+    assert "appArmorProfile" not in spec["securityContext"]
+    assert _env(spec)["K0S_FLEET_AGENT_HOST_NAMESPACE"] == "always"
+
+
+def test_agent_custom_paths_and_control_nodes() -> None:
+    spec = pod_spec(render(AGENT_CHART, AGENT_CHART / "ci" / "custom-paths-values.yaml")
+                    .workload())
+    assert _host_paths(spec)["k0s-bin"] == ("/opt/bin", "/host/opt/bin", False)
+    assert _host_paths(spec)["k0s-run"] == ("/var/run/k0s", "/host/var/run/k0s", True)
+    assert _env(spec)["K0S_FLEET_AGENT_STATUS_SOCKET"] == "/host/var/run/k0s/status.sock"
+    m = render(AGENT_CHART, AGENT_CHART / "ci" / "controller-role-values.yaml")
+    assert rbac_grants(m.one("ClusterRole")["rules"]) == AGENT_RULES | CONTROL_NODE_RULES
+    assert pod_spec(m.workload())["nodeSelector"] == {
+        "node-role.kubernetes.io/control-plane": "true"}
+    assert "affinity" not in pod_spec(m.workload())
+
+
+@pytest.mark.parametrize("values", [None, *ci_values(AGENT_CHART)],
+                         ids=lambda v: v.name if v else "default")
+def test_agent_never_reads_secrets_or_touches_other_kinds(values: Path | None) -> None:
+    m = render(AGENT_CHART, *([values] if values else []))
+    grants = rbac_grants(r for role in m.all("ClusterRole") for r in role["rules"])
+    assert grants <= AGENT_RULES | CONTROL_NODE_RULES
+    assert not m.all("Role")
+
+
+@pytest.mark.parametrize("values", [None, *ci_values(AGENT_CHART)],
+                         ids=lambda v: v.name if v else "default")
+def test_agent_env_is_valid_agent_settings(values: Path | None) -> None:
+    """Every K0S_FLEET_AGENT_* the chart sets is a real agent setting with a valid value."""
+    env = _env(pod_spec(render(AGENT_CHART, *([values] if values else [])).workload()))
+    fields = {k.removeprefix("K0S_FLEET_AGENT_").lower(): v for k, v in env.items()}
+    unknown = set(fields) - set(AgentSettings.model_fields)
+    assert not unknown, f"chart sets unknown agent settings {unknown}"
+    fields["node_name"] = "node-a"
+    AgentSettings.model_validate({k: v for k, v in fields.items() if isinstance(v, str)})
+
+
+def test_own_node_policy_targets_the_agent_identity() -> None:
+    m = render(AGENT_CHART, namespace="k0s-fleet-agent")
+    vap = m.one("ValidatingAdmissionPolicy")
+    (cond,) = vap["spec"]["matchConditions"]
+    assert cond["expression"] == (
+        'request.userInfo.username == "system:serviceaccount:k0s-fleet-agent:r1-k0s-fleet-agent"')
+    binding = m.one("ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": vap["metadata"]["name"], "validationActions": ["Deny"]}
+    assert not render(AGENT_CHART, api_versions=[]).all("ValidatingAdmissionPolicy")
+    assert not render(AGENT_CHART, sets=["rbac.ownNodeOnly=false"]).all(
+        "ValidatingAdmissionPolicy")
+
+
+# -- schema: a typo fails at install, not at 3 a.m. ----------------------------------------
+BAD_VALUES = [
+    (CONTROLLER_CHART, "replicaCont=2", "additional properties 'replicaCont'"),
+    (CONTROLLER_CHART, "leaderElection.leaseDurationSecond=3", "'leaseDurationSecond'"),
+    (CONTROLLER_CHART, "json:replicaCount=\"two\"", "/replicaCount"),
+    (CONTROLLER_CHART, "metrics.port=70000", "/metrics/port"),
+    (CONTROLLER_CHART, "extension.tls.mode=vault", "/extension/tls/mode"),
+    (CONTROLLER_CHART, "image.digest=latest", "/image/digest"),
+    (CONTROLLER_CHART, "rbac.secrets.namespaces[0]=Not_A_Namespace", "/rbac/secrets/namespaces/0"),
+    (CONTROLLER_CHART, "json:resources={\"request\":{\"cpu\":\"1\"}}", "'request'"),
+    (CONTROLLER_CHART, "json:tolerations=[{\"operatr\":\"Exists\"}]", "'operatr'"),
+    (AGENT_CHART, "restart.strategy=reboot", "/restart/strategy"),
+    (AGENT_CHART, "k0s.binary=relative/k0s", "/k0s/binary"),
+    (AGENT_CHART, "json:drain.timeoutSeconds=\"5m\"", "/drain/timeoutSeconds"),
+    (AGENT_CHART, "hostNetwork=true", "additional properties 'hostNetwork'"),
+    (AGENT_CHART, "rbac.secrets=true", "'secrets'"),
+]
+
+
+@pytest.mark.parametrize(("chart", "setting", "message"), BAD_VALUES,
+                         ids=[f"{c.name}:{s}" for c, s, _ in BAD_VALUES])
+def test_schema_refuses_bad_values(chart: Path, setting: str, message: str) -> None:
+    proc = helm("template", "r1", *template_args(chart, sets=[setting]), check=False)
+    assert proc.returncode != 0, f"{setting} was accepted"
+    assert "don't meet the specifications of the schema" in proc.stderr
+    assert message in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("chart", CHART_DIRS, ids=lambda c: c.name)
+def test_schema_forbids_unknown_keys_everywhere(chart: Path) -> None:
+    """Every object schema that lists properties closes itself (additionalProperties)."""
+    schema = json.loads((chart / "values.schema.json").read_text())
+    open_objects: list[str] = []
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            if "properties" in node and node.get("additionalProperties") is not False:
+                open_objects.append(where)
+            for k, v in node.items():
+                walk(v, f"{where}/{k}")
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{where}/{i}")
+
+    walk(schema, "")
+    assert not open_objects
+    # and every default value passes it (helm lint checks that too)
+    assert set(yaml.safe_load((chart / "values.yaml").read_text())) <= set(schema["properties"])
