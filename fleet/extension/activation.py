@@ -1,0 +1,155 @@
+"""Who upgrades a cluster's Machines: CAPI through this extension, or the standalone sequencer.
+
+Exactly one path may drive a cluster, otherwise both would dispatch and count
+unavailability separately. The rule (``extension.mode`` in the fleet config):
+
+- ``never``: the standalone sequencer, always. The extension (if served at all)
+  declines every CanUpdate call, so CAPI does its ordinary rollout.
+- ``always``: the extension, always; the standalone sequencer leaves every cluster's
+  Machines to CAPI.
+- ``auto`` (default): the extension for a cluster exactly when an ``ExtensionConfig``
+  exists that
+
+  1. points at this extension (``spec.clientConfig.service`` names our Service, or
+     ``spec.clientConfig.url`` our URL; without a known endpoint, any), and
+  2. CAPI has discovered with our UpdateMachine handler (``status.handlers`` lists
+     ``update-machine.<ExtensionConfig name>`` for hook ``UpdateMachine``): only then
+     will CAPI call us, and
+  3. selects the cluster's namespace (``spec.namespaceSelector``; empty selects all).
+
+  Otherwise the standalone sequencer.
+
+Both sides evaluate the same pure function on the same objects, so they agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+from urllib.parse import urlsplit
+
+from fleet.extension.catalog import HANDLER_BY_HOOK
+from fleet.extension.wire import HOOKS_API_VERSION, Hook
+
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+class ExtensionMode(StrEnum):
+    AUTO = "auto"
+    ALWAYS = "always"
+    NEVER = "never"
+
+
+@dataclass(frozen=True, slots=True)
+class ExtensionEndpoint:
+    """How an ExtensionConfig reaches this extension: our Service, or our URL."""
+
+    service_name: str | None = None
+    service_namespace: str | None = None
+    url: str | None = None
+
+    def matches(self, client_config: Mapping[str, Any]) -> bool:
+        service = client_config.get("service") or {}
+        if isinstance(service, Mapping) and service.get("name"):
+            return bool(self.service_name) and service.get("name") == self.service_name \
+                and service.get("namespace") == self.service_namespace
+        url = client_config.get("url")
+        if isinstance(url, str) and url and self.url:
+            a, b = urlsplit(url), urlsplit(self.url)
+            return (a.hostname, a.port or 443) == (b.hostname, b.port or 443) \
+                and a.path.rstrip("/") == b.path.rstrip("/")
+        return False
+
+
+def _expression_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    key = expr.get("key")
+    op = expr.get("operator")
+    values = list(expr.get("values") or [])
+    if not isinstance(key, str):
+        return False
+    if op == "In":
+        return key in labels and labels[key] in values
+    if op == "NotIn":
+        return key not in labels or labels[key] not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    return False  # an operator we do not know selects nothing (fail closed)
+
+
+def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """A metav1.LabelSelector against a label set; None or empty selects everything."""
+    if not selector:
+        return True
+    match_labels = selector.get("matchLabels") or {}
+    if not isinstance(match_labels, Mapping):
+        return False
+    if any(labels.get(k) != v for k, v in match_labels.items()):
+        return False
+    exprs = selector.get("matchExpressions") or []
+    if not isinstance(exprs, list):
+        return False
+    return all(isinstance(e, Mapping) and _expression_matches(e, labels) for e in exprs)
+
+
+def registers_update_machine(extension_config: Mapping[str, Any]) -> bool:
+    """CAPI discovered our UpdateMachine handler behind this ExtensionConfig."""
+    name = (extension_config.get("metadata") or {}).get("name") or ""
+    ours = f"{HANDLER_BY_HOOK[Hook.UPDATE_MACHINE].name}.{name}"
+    for h in (extension_config.get("status") or {}).get("handlers") or []:
+        if not isinstance(h, Mapping):
+            continue
+        hook = h.get("requestHook") or {}
+        if h.get("name") == ours and hook.get("hook") == str(Hook.UPDATE_MACHINE) \
+                and hook.get("apiVersion") == HOOKS_API_VERSION:
+            return True
+    return False
+
+
+def serving_extension_configs(
+    cluster: Mapping[str, Any], extension_configs: Iterable[Mapping[str, Any]], *,
+    namespace_labels: Mapping[str, str] | None = None,
+    endpoint: ExtensionEndpoint | None = None,
+) -> list[Mapping[str, Any]]:
+    """The ExtensionConfigs through which CAPI will call us for this cluster's Machines."""
+    namespace = (cluster.get("metadata") or {}).get("namespace") or ""
+    labels = dict(namespace_labels) if namespace_labels is not None else {}
+    labels.setdefault(NAMESPACE_NAME_LABEL, namespace)  # the API server always sets it
+    out = []
+    for ec in extension_configs:
+        spec = ec.get("spec") or {}
+        client_config = spec.get("clientConfig") or {}
+        if endpoint is not None and not endpoint.matches(client_config):
+            continue
+        if not registers_update_machine(ec):
+            continue
+        if not selector_matches(spec.get("namespaceSelector"), labels):
+            continue
+        out.append(ec)
+    return out
+
+
+def extension_active(
+    cluster: Mapping[str, Any], extension_configs: Iterable[Mapping[str, Any]],
+    mode: ExtensionMode | str, *, namespace_labels: Mapping[str, str] | None = None,
+    endpoint: ExtensionEndpoint | None = None,
+) -> bool:
+    """True when CAPI drives this cluster's in-place updates through this extension.
+
+    ``cluster``: the CAPI Cluster object (its namespace is what CAPI's namespaceSelector
+    is matched against). ``extension_configs``: the ExtensionConfig objects of the
+    management cluster. ``namespace_labels``: the labels of the cluster's Namespace
+    (default: only ``kubernetes.io/metadata.name``). ``endpoint``: how ExtensionConfigs
+    refer to us; None accepts any ExtensionConfig that registered our handler names.
+    """
+    m = ExtensionMode(mode)
+    if m is ExtensionMode.NEVER:
+        return False
+    if m is ExtensionMode.ALWAYS:
+        return True
+    return bool(serving_extension_configs(cluster, extension_configs,
+                                          namespace_labels=namespace_labels,
+                                          endpoint=endpoint))

@@ -1,0 +1,212 @@
+"""The UpdateMachine hook: create (or find) the Machine's NodePlan and report on it.
+
+Idempotent by construction: the NodePlan's name is a function of (Machine, version)
+(:func:`fleet.nodeplan.nodeplan_name`), so every call, from any replica, concurrent or
+not, and the standalone controller too, names the same object. Creating it is the
+unit of dispatch; AlreadyExists means someone already dispatched, and we adopt that
+NodePlan whatever its source. This module never drives the NodePlan: the controller's
+NodePlan reconciler signals the node and mirrors its state into the NodePlan status;
+we only create it and read it (plus the workload Node, for the final check).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleet.extension.progress import (
+    RETRY_AFTER_SECONDS,
+    UNOBSERVABLE_RETRY_SECONDS,
+    NodeObservation,
+    observe_node,
+    update_progress,
+)
+from fleet.extension.wire import ResponseStatus, UpdateMachineRequest, UpdateMachineResponse
+from fleet.kube import AlreadyExistsError, KubeClient, KubeError, KubeObject, NotFoundError
+from fleet.kube.resources import MACHINES, NODE_PLANS, NODES
+from fleet.nodeplan import TRACEPARENT_ANNOTATION, build_nodeplan, nodeplan_name
+from fleet.versions import InvalidVersionError, K0sVersion
+
+log = logging.getLogger(__name__)
+
+SOURCE = "runtime-extension"
+LABEL_CONTROL_PLANE = "cluster.x-k8s.io/control-plane"
+LABEL_DEPLOYMENT_NAME = "cluster.x-k8s.io/deployment-name"
+DEFAULT_URL_TEMPLATE = "https://get.k0sproject.io/{version}/k0s-{version}-{arch}"
+DEFAULT_ARCH = "amd64"
+
+# (namespace, cluster name) -> a client for that workload cluster. The controller's
+# cluster registry provides it (one cached client per cluster, from <name>-kubeconfig).
+WorkloadClientGetter = Callable[[str, str], Awaitable[KubeClient]]
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactRequest:
+    machine: Mapping[str, Any]
+    version: str
+    role: str
+    architecture: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    url: str
+    sha256: str | None = None
+    allow_unverified: bool = False
+
+
+class ArtifactError(Exception):
+    """No usable download for this version/architecture; the message says what to set."""
+
+
+ArtifactResolver = Callable[[ArtifactRequest], Awaitable[Artifact]]
+
+
+@dataclass(frozen=True)
+class StaticArtifacts:
+    """Download URL from a template, digests from a table keyed ``<version>/<arch>``.
+
+    Refuses a download without digest unless ``allow_unverified``: the controller's own
+    artifact policy can be passed instead (any :data:`ArtifactResolver`).
+    """
+
+    url_template: str = DEFAULT_URL_TEMPLATE
+    digests: Mapping[str, str] = field(default_factory=dict)
+    allow_unverified: bool = False
+
+    async def __call__(self, req: ArtifactRequest) -> Artifact:
+        arch = req.architecture or DEFAULT_ARCH
+        version = str(K0sVersion.parse(req.version))
+        digest = self.digests.get(f"{version}/{arch}")
+        if not digest and not self.allow_unverified:
+            raise ArtifactError(
+                f"no sha256 known for k0s {version} linux-{arch}; add it to the fleet config "
+                f"or allow unverified downloads explicitly")
+        return Artifact(url=self.url_template.format(version=version, arch=arch),
+                        sha256=digest or None, allow_unverified=not digest)
+
+
+def machine_role(machine: Mapping[str, Any]) -> str:
+    labels = (machine.get("metadata") or {}).get("labels") or {}
+    return "controller" if LABEL_CONTROL_PLANE in labels else "worker"
+
+
+def machine_owner(machine: Mapping[str, Any]) -> tuple[str, str]:
+    """(kind, name) of what asked for this Machine's update, for NodePlan labels."""
+    meta = machine.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    refs = [r for r in meta.get("ownerReferences") or [] if isinstance(r, Mapping)]
+    if LABEL_CONTROL_PLANE in labels:
+        for r in refs:
+            if r.get("kind") == "K0sControlPlane":
+                return "K0sControlPlane", str(r.get("name") or "")
+    if labels.get(LABEL_DEPLOYMENT_NAME):
+        return "MachineDeployment", str(labels[LABEL_DEPLOYMENT_NAME])
+    for r in refs:
+        if r.get("controller"):
+            return str(r.get("kind") or ""), str(r.get("name") or "")
+    return "", ""
+
+
+def node_name_of(machine: Mapping[str, Any]) -> str:
+    """PROTOCOLS §1: status.nodeRef.name, else the Machine's name (k0smotron's default)."""
+    ref = (machine.get("status") or {}).get("nodeRef") or {}
+    name = ref.get("name") if isinstance(ref, Mapping) else None
+    return str(name or (machine.get("metadata") or {}).get("name") or "")
+
+
+@dataclass
+class UpdateMachineService:
+    """Everything UpdateMachine needs, passed in (no globals)."""
+
+    mgmt: KubeClient
+    workload_client: WorkloadClientGetter | None = None
+    resolve_artifact: ArtifactResolver = field(default_factory=StaticArtifacts)
+    retry_table: Mapping[str, int] = field(default_factory=lambda: dict(RETRY_AFTER_SECONDS))
+    executor: str = "agent"
+
+    async def handle(self, req: UpdateMachineRequest) -> UpdateMachineResponse:
+        desired = req.desired.machine
+        meta = desired.get("metadata") or {}
+        name, namespace = str(meta.get("name") or ""), str(meta.get("namespace") or "")
+        what = f"Machine {namespace}/{name}"
+        raw_version = (desired.get("spec") or {}).get("version")
+        try:
+            version = str(K0sVersion.parse(str(raw_version or "")))
+        except InvalidVersionError:
+            return UpdateMachineResponse.failure(
+                f"{what}: desired spec.version {raw_version!r} is not a k0s version")
+        if not namespace:
+            return UpdateMachineResponse.failure(f"{what}: desired machine has no namespace")
+
+        try:
+            machine = await self.mgmt.get(MACHINES, name, namespace)
+        except NotFoundError:
+            return UpdateMachineResponse.failure(f"{what} not found in the management cluster")
+        cluster = str((machine.get("spec") or {}).get("clusterName")
+                      or (desired.get("spec") or {}).get("clusterName") or "")
+        if not cluster:
+            return UpdateMachineResponse.failure(f"{what} has no spec.clusterName")
+        machine.setdefault("spec", {})["clusterName"] = cluster
+        node_name = node_name_of(machine)
+        plan_name = nodeplan_name(name, version)
+
+        plan = await self.mgmt.get_or_none(NODE_PLANS, plan_name, namespace)
+        node = await self._observe(namespace, cluster, node_name)
+        if plan is None:
+            if node is not None and node.runs(version):
+                return UpdateMachineResponse(
+                    status=ResponseStatus.SUCCESS,
+                    message=f"{what}: node {node_name} already runs k0s {version} and is Ready")
+            if node is not None and node.error:
+                return UpdateMachineResponse(
+                    status=ResponseStatus.SUCCESS, retry_after_seconds=UNOBSERVABLE_RETRY_SECONDS,
+                    message=f"{what}: waiting to dispatch: {node.describe()}")
+            try:
+                plan = await self._ensure_plan(machine, node_name, version, node)
+            except ArtifactError as e:
+                return UpdateMachineResponse.failure(f"{what}: {e}")
+            log.info("UpdateMachine %s: dispatched as NodePlan %s", what, plan_name)
+        return update_progress(plan, node, version, table=self.retry_table)
+
+    async def _observe(self, namespace: str, cluster: str,
+                       node_name: str) -> NodeObservation | None:
+        if self.workload_client is None:
+            return None
+        try:
+            client = await self.workload_client(namespace, cluster)
+            return observe_node(node_name, await client.get_or_none(NODES, node_name))
+        except KubeError as e:
+            return NodeObservation.unobservable(node_name, str(e) or type(e).__name__)
+        except Exception as e:  # the registry is someone else's code: report, never crash
+            log.warning("workload client for %s/%s failed: %r", namespace, cluster, e)
+            return NodeObservation.unobservable(node_name, f"{type(e).__name__}: {e}")
+
+    async def _ensure_plan(self, machine: KubeObject, node_name: str, version: str,
+                           node: NodeObservation | None) -> KubeObject:
+        meta = machine["metadata"]
+        role = machine_role(machine)
+        artifact = await self.resolve_artifact(ArtifactRequest(
+            machine=machine, version=version, role=role,
+            architecture=node.architecture if node is not None else None))
+        owner_kind, owner_name = machine_owner(machine)
+        body = build_nodeplan(
+            machine=machine, node_name=node_name, role=role, version=version,
+            url=artifact.url, sha256=artifact.sha256,
+            allow_unverified=artifact.allow_unverified, executor=self.executor,
+            source=SOURCE, owner_kind=owner_kind, owner_name=owner_name,
+            traceparent=(meta.get("annotations") or {}).get(TRACEPARENT_ANNOTATION),
+        )
+        name = body["metadata"]["name"]
+        for _ in range(3):
+            try:
+                return await self.mgmt.create(NODE_PLANS, body)
+            except AlreadyExistsError:
+                existing = await self.mgmt.get_or_none(NODE_PLANS, name, meta["namespace"])
+                if existing is not None:
+                    return existing
+                # deleted between our create and get: try again
+        raise KubeError(f"NodePlan {meta['namespace']}/{name} keeps appearing and vanishing")
+
