@@ -1,0 +1,600 @@
+"""The node agent's state machine, driven by one watch on its own Node (or ControlNode).
+
+Nothing is polled while idle: a Reflector watches exactly one object (field selector
+``metadata.name=<node>``) and every change wakes the dispatcher, which classifies the
+signal (:func:`fleet.agents.state.classify`) and starts, keeps or cancels the one worker.
+
+The worker runs the step the recorded state names (the state is written *before* its
+step runs, so a recorded state means "this step is in progress or about to be"), then
+records the next state. Every step is idempotent and rediscovers its progress from the
+disk, which is what makes killing the agent at any instant safe: the next agent resumes
+the recorded step. Every status write is a merge patch with a resourceVersion
+precondition (``patch_with_retry``) whose mutation re-reads the signal and declines
+unless it is still the same request in the state the worker last saw; a replaced
+request is abandoned, never written to.
+
+Only one agent acts per host: an exclusive lock in the state directory (the kernel
+drops it when a holder dies, even by SIGKILL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+import anyio
+import anyio.abc
+from opentelemetry import trace
+
+from fleet.agents import drain, swap
+from fleet.agents.download import DownloadPolicy, FinalDownloadError, ensure_staged
+from fleet.agents.files import partial_path, unlink_quiet, write_durably
+from fleet.agents.restart import K0sProbe, Restarter, RestartError, read_marker, restart_once
+from fleet.agents.settings import AgentSettings, DrainTimeoutOutcome
+from fleet.agents.state import (
+    Idle,
+    Reject,
+    RequestKey,
+    Work,
+    classify,
+    cordoned_by_agent,
+    first_status,
+    holds_cordon,
+    next_status,
+    node_ready,
+    policy_problem,
+    rejection_value,
+    request_id,
+)
+from fleet.agents.verify import wait_running
+from fleet.kube import KubeClient, KubeObject, patch_with_retry
+from fleet.kube.backoff import Backoff
+from fleet.kube.resources import CONTROL_NODES, NODES
+from fleet.kube.watch import Reflector, WatchEvent
+from fleet.signal import (
+    RUNNING_VERSION_KEY,
+    SIGNAL_DATA_KEY,
+    SIGNAL_REJECTED_KEY,
+    InvalidSignalError,
+    SignalData,
+    SignalState,
+    SignalStatus,
+    parse_signal,
+    replace_status,
+    utcnow,
+)
+from fleet.telemetry import get_tracer, link_from_traceparent
+
+log = logging.getLogger(__name__)
+
+# Test-only fault injection: a comma-separated list of crash points (e.g.
+# "ApplyingUpdate:after"); reaching one kills the agent with SIGKILL. Unset in production.
+CRASH_ENV = "K0S_FLEET_AGENT_CRASH_AT"
+# How long a restart aimed at a still-running process is given to take effect before a
+# re-issued restart (see fleet.agents.state.restart_action).
+RESTART_GRACE = 20.0
+MIN_STEP_SECONDS = 1.0
+
+
+def crash_point(name: str) -> None:
+    spec = os.environ.get(CRASH_ENV)
+    if spec and name in {p.strip() for p in spec.split(",")}:
+        log.critical("crash point %s reached: SIGKILL", name)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class RequestReplacedError(Exception):
+    """The request this worker serves is no longer on the object."""
+
+
+class StateMovedError(Exception):
+    """Someone else changed this request's status; re-derive where we are."""
+
+
+@dataclass
+class _Worker:
+    key: RequestKey
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+
+class Agent:
+    def __init__(self, settings: AgentSettings, client: KubeClient, *,
+                 tracer: trace.Tracer | None = None) -> None:
+        self.s = settings
+        self.client = client
+        self.res = NODES if settings.has_node else CONTROL_NODES
+        self.name = settings.node_name
+        self.binary = settings.k0s_binary
+        self.probe = K0sProbe(settings)
+        self.restarter = Restarter(settings)
+        self.tracer = tracer or get_tracer("fleet.agents")
+        self.policy = DownloadPolicy(
+            attempts=settings.download_attempts,
+            stall_timeout=settings.download_stall_timeout,
+            overall_timeout=settings.download_timeout,
+            backoff_initial=settings.download_backoff_initial,
+            backoff_max=settings.download_backoff_max,
+            max_bytes=settings.max_binary_bytes,
+            free_space_margin=settings.free_space_margin_bytes,
+            file_url_roots=settings.file_url_roots,
+        )
+        self.ready = anyio.Event()
+        self._latest: KubeObject | None = None
+        self._changed = anyio.Event()
+        self._worker: _Worker | None = None
+        self._cleaned: set[RequestKey] = set()
+        self._aux_backoff = Backoff(initial=0.5, maximum=30.0)
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    # -- main loop ---------------------------------------------------------------------------
+    async def run(self) -> None:
+        unlink_quiet(partial_path(self.binary))  # a download a killed agent left behind
+        self.s.state_dir.mkdir(parents=True, exist_ok=True)
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            reflector = Reflector(self.client, self.res,
+                                  field_selector=f"metadata.name={self.name}",
+                                  listener=self._on_event)
+            tg.start_soon(reflector.run)
+            await reflector.synced.wait()
+            log.info("watching %s %s", self.res.kind, self.name)
+            self.ready.set()
+            self._changed.set()
+            while True:
+                await self._changed.wait()
+                self._changed = anyio.Event()
+                await self._dispatch(tg)
+
+    async def _on_event(self, event: WatchEvent) -> None:
+        self._latest = None if event.type == "DELETED" else event.object
+        self._changed.set()
+
+    def _annotations(self, obj: KubeObject | None) -> dict[str, str]:
+        return dict(((obj or {}).get("metadata") or {}).get("annotations") or {})
+
+    async def _dispatch(self, tg: anyio.abc.TaskGroup) -> None:
+        obj = self._latest
+        decision = classify(self._annotations(obj)) if obj is not None else Idle("no object")
+        worker = self._worker
+        if isinstance(decision, Work):
+            if worker is not None and worker.key == decision.key:
+                return
+            if worker is not None:
+                log.info("request replaced; abandoning %s", worker.key[0])
+                worker.scope.cancel()
+            self._start_worker(tg, decision.signal, after=worker)
+            return
+        if worker is not None:
+            finished_same = isinstance(decision, Idle) and decision.signal is not None \
+                and decision.signal.request_key == worker.key
+            if not finished_same:
+                log.info("request %s withdrawn; stopping", worker.key[0])
+                worker.scope.cancel()
+            return  # housekeeping waits until the worker is gone (it re-dispatches)
+        try:
+            if isinstance(decision, Reject):
+                await self._reject(decision)
+            elif obj is not None:
+                await self._housekeep(obj, decision)
+            self._aux_backoff.reset()
+        except Exception as e:
+            delay = self._aux_backoff.next_delay()
+            log.warning("%s; retrying in %.1fs", e, delay)
+            tg.start_soon(self._poke_after, delay)
+
+    async def _poke_after(self, delay: float) -> None:
+        await anyio.sleep(delay)
+        self._changed.set()
+
+    def _start_worker(self, tg: anyio.abc.TaskGroup, sig: SignalData,
+                      after: _Worker | None) -> None:
+        worker = _Worker(sig.request_key)
+        self._worker = worker
+        tg.start_soon(self._run_worker, worker, sig, after)
+
+    async def _run_worker(self, worker: _Worker, sig: SignalData, after: _Worker | None) -> None:
+        try:
+            if after is not None:
+                await after.done.wait()  # never two workers on the same disk
+            with worker.scope:
+                await self._drive(sig)
+        finally:
+            worker.done.set()
+            if self._worker is worker:
+                self._worker = None
+            self._changed.set()
+
+    # -- the walk ----------------------------------------------------------------------------
+    async def _drive(self, sig: SignalData) -> None:
+        backoff = Backoff(initial=0.5, maximum=30.0)
+        while True:
+            try:
+                sig = await self._step(sig)
+                backoff.reset()
+                if sig.status is not None and sig.status.status.terminal:
+                    await self._cleanup_request(sig)
+                    return
+            except RequestReplacedError:
+                log.info("request %s is no longer on %s; abandoned", sig.planId, self.name)
+                return
+            except StateMovedError:
+                fresh = await self.client.get(self.res, self.name)
+                self._latest = fresh
+                try:
+                    moved = parse_signal(self._annotations(fresh))
+                except InvalidSignalError:
+                    return
+                if moved is None or not moved.same_request(sig):
+                    return
+                log.warning("status of %s changed under us (now %s); resuming from there",
+                            sig.planId, moved.status.status if moved.status else None)
+                sig = moved
+            except Exception:
+                delay = backoff.next_delay()
+                log.exception("step %s of %s failed; retrying in %.1fs",
+                              sig.status.status if sig.status else "start", sig.planId, delay)
+                await anyio.sleep(delay)
+
+    async def _step(self, sig: SignalData) -> SignalData:
+        state = sig.status.status if sig.status is not None else None
+        handlers: dict[SignalState | None, Callable[[SignalData, trace.Span], Any]] = {
+            None: self._start,
+            SignalState.DOWNLOADING: self._download,
+            SignalState.CORDONING: self._cordon_and_drain,
+            SignalState.APPLYING_UPDATE: self._apply,
+            SignalState.RESTARTING: self._restart,
+            SignalState.VERIFYING: self._verify,
+            SignalState.UNCORDONING: self._uncordon,
+        }
+        handler = handlers.get(state)
+        if handler is None:  # terminal: nothing to do
+            return sig
+        with self._span(str(state) if state else "Start", sig) as span:
+            if state is not None:
+                crash_point(f"{state}:before")
+            result: SignalData = await handler(sig, span)
+            return result
+
+    @contextlib.contextmanager
+    def _span(self, step: str, sig: SignalData) -> Iterator[trace.Span]:
+        link = link_from_traceparent(sig.traceparent)
+        attrs = {"k0s.node": self.name, "k0s.version": sig.command.k0supdate.version,
+                 "fleet.plan_id": sig.planId, "fleet.step": step}
+        t0 = time.monotonic()
+        with self.tracer.start_as_current_span(f"agent.{step}", links=[link] if link else None,
+                                               attributes=attrs) as span:
+            try:
+                yield span
+            finally:
+                seconds = time.monotonic() - t0
+                span.set_attribute("fleet.step.seconds", seconds)
+                log.info("step %s of %s took %.3fs", step, sig.planId, seconds)
+
+    async def _transition(self, sig: SignalData, status: SignalStatus,
+                          extra: dict[str, str | None] | None = None) -> SignalData:
+        """Record ``status`` for exactly this request, in exactly the state we last saw."""
+        seen = sig.status
+
+        def mutate(obj: KubeObject) -> dict[str, Any] | None:
+            ann = self._annotations(obj)
+            raw = ann.get(SIGNAL_DATA_KEY)
+            try:
+                current = parse_signal(ann)
+            except InvalidSignalError:
+                return None
+            if raw is None or current is None or not current.same_request(sig):
+                return None
+            if _status_mark(current.status) != _status_mark(seen):
+                raise StateMovedError()
+            return {"metadata": {"annotations": {SIGNAL_DATA_KEY: replace_status(raw, status),
+                                                 **(extra or {})}}}
+
+        obj = await patch_with_retry(self.client, self.res, self.name, mutate,
+                                     current=self._latest)
+        if obj is None:
+            raise RequestReplacedError()
+        log.info("%s: %s -> %s%s", sig.planId, seen.status if seen else "(new)", status.status,
+                 f" ({status.reason})" if status.reason else "")
+        return sig.with_status(status)
+
+    def _status(self, sig: SignalData, state: SignalState, *, reason: str = "",
+                **changes: Any) -> SignalStatus:
+        assert sig.status is not None
+        return next_status(sig.status, state, utcnow(), reason=reason, **changes)
+
+    def _remaining(self, sig: SignalData, timeout: float) -> float:
+        """What is left of a step's timeout that started when its state was recorded."""
+        assert sig.status is not None
+        elapsed = (utcnow() - sig.status.timestamp).total_seconds()
+        return max(timeout - max(elapsed, 0.0), min(MIN_STEP_SECONDS, timeout))
+
+    def _rid(self, sig: SignalData) -> str:
+        return request_id(sig.request_key)
+
+    def _marker(self, sig: SignalData, kind: str) -> Path:
+        return self.s.state_dir / f"{self._rid(sig)}.{kind}"
+
+    def _node_ready_check(self) -> Callable[[], bool] | None:
+        if not (self.s.has_node and self.s.require_node_ready):
+            return None
+        return lambda: node_ready(self._latest)
+
+    # -- steps -------------------------------------------------------------------------------
+    async def _start(self, sig: SignalData, span: trace.Span) -> SignalData:
+        cmd = sig.command.k0supdate
+        problem = policy_problem(cmd, allow_unverified=self.s.allow_unverified,
+                                 file_url_roots=tuple(str(r) for r in self.s.file_url_roots))
+        if problem:
+            log.warning("refusing request %s: %s", sig.planId, problem)
+            return await self._transition(sig, SignalStatus(
+                status=SignalState.INVALID_REQUEST, timestamp=utcnow(), reason=problem))
+        running = await self.probe.current_version()
+        # A request starts from a clean slate: no other request's rollback copy or markers.
+        await anyio.to_thread.run_sync(swap.discard_rollback, self.binary)
+        self._clear_markers(keep=self._rid(sig))
+        status = first_status(cmd, running, utcnow())
+        span.set_attribute("k0s.previous_version", running or "")
+        extra: dict[str, str | None] | None = {RUNNING_VERSION_KEY: running} if running else None
+        return await self._transition(sig, status, extra)
+
+    async def _download(self, sig: SignalData, span: trace.Span) -> SignalData:
+        cmd = sig.command.k0supdate
+        try:
+            result = await ensure_staged(cmd.url, cmd.sha256, self.binary, self.policy)
+        except FinalDownloadError as e:
+            return await self._transition(
+                sig, self._status(sig, SignalState.FAILED_DOWNLOAD, reason=str(e)))
+        span.set_attributes({"fleet.download.bytes": result.bytes,
+                             "fleet.download.attempts": result.attempts,
+                             "fleet.download.reused": result.reused})
+        crash_point("Downloading:after")
+        what = "reused the staged binary" if result.reused else \
+            f"downloaded {result.bytes} bytes in {result.seconds:.2f}s"
+        return await self._transition(sig, self._status(
+            sig, SignalState.CORDONING, reason=what, sha256=result.sha256))
+
+    async def _cordon_and_drain(self, sig: SignalData, span: trace.Span) -> SignalData:
+        reason = ""
+        if not self.s.has_node:
+            reason = "no Node (pure controller): nothing to cordon or drain"
+        else:
+            await drain.cordon(self.client, self.name, f"k0s-fleet-agent:{sig.planId}",
+                               current=self._latest)
+            if self.s.drain:
+                result = await drain.drain(self.client, self.name,
+                                           timeout=self._remaining(sig, self.s.drain_timeout))
+                span.set_attributes({"fleet.drain.evicted": len(result.evicted),
+                                     "fleet.drain.timed_out": result.timed_out})
+                if result.timed_out:
+                    msg = f"drain did not finish within {self.s.drain_timeout:g}s: " \
+                          f"{result.summary()}"
+                    if self.s.drain_timeout_outcome is DrainTimeoutOutcome.FAIL:
+                        # the cordon is undone by housekeeping once the failure is recorded
+                        return await self._transition(
+                            sig, self._status(sig, SignalState.FAILED_DRAIN, reason=msg))
+                    reason = f"{msg}; proceeding (drain timeout outcome: proceed)"
+                else:
+                    reason = f"drained: {result.summary()}"
+            else:
+                reason = "cordoned (drain disabled)"
+        crash_point("Cordoning:after")
+        return await self._transition(sig, self._status(sig, SignalState.APPLYING_UPDATE,
+                                                        reason=reason))
+
+    async def _apply(self, sig: SignalData, span: trace.Span) -> SignalData:
+        cmd = sig.command.k0supdate
+        assert sig.status is not None
+        expected = sig.status.sha256 or cmd.sha256
+        if expected is None:
+            return await self._transition(sig, self._status(
+                sig, SignalState.FAILED_APPLY, reason="no digest recorded for the staged binary"))
+        try:
+            with anyio.CancelScope(shield=True):
+                try:
+                    result = await anyio.to_thread.run_sync(swap.apply, self.binary, expected)
+                except swap.StagedMissingError:
+                    log.warning("staged binary missing; downloading it again")
+                    await ensure_staged(cmd.url, expected, self.binary, self.policy)
+                    result = await anyio.to_thread.run_sync(swap.apply, self.binary, expected)
+        except FinalDownloadError as e:
+            return await self._transition(
+                sig, self._status(sig, SignalState.FAILED_DOWNLOAD, reason=str(e)))
+        except swap.ApplyError as e:
+            return await self._transition(
+                sig, self._status(sig, SignalState.FAILED_APPLY, reason=str(e)))
+        span.set_attribute("fleet.apply.action", str(result.action))
+        crash_point("ApplyingUpdate:after")  # renamed, status not yet written: k0s issue 7703
+        new = await self._transition(sig, self._status(
+            sig, SignalState.RESTARTING, reason=f"binary {result.action}"))
+        # only now that the write landed may the staged file go
+        await anyio.to_thread.run_sync(swap.discard_staged, self.binary)
+        return new
+
+    async def _restart(self, sig: SignalData, span: trace.Span) -> SignalData:
+        await anyio.to_thread.run_sync(swap.discard_staged, self.binary)
+        try:
+            with anyio.CancelScope(shield=True):
+                outcome = await restart_once(
+                    self._marker(sig, "restart"), self._rid(sig), self.probe, self.restarter,
+                    grace=RESTART_GRACE,
+                    crash_point=lambda p: crash_point(f"Restarting:{p}"))
+        except RestartError as e:
+            return await self._rollback(sig, f"restart failed: {e}")
+        span.set_attributes({"fleet.restart.issued": outcome.issued,
+                             "fleet.restart.detail": outcome.detail})
+        crash_point("Restarting:after")
+        return await self._transition(sig, self._status(
+            sig, SignalState.VERIFYING, reason=outcome.detail, restarted=True))
+
+    async def _verify(self, sig: SignalData, span: trace.Span) -> SignalData:
+        rollback = self._marker(sig, "rollback")
+        if rollback.exists():
+            return await self._rollback(sig, None)
+        cmd = sig.command.k0supdate
+        restart = read_marker(self._marker(sig, "restart"))
+        result = await wait_running(
+            self.probe, cmd.version, timeout=self._remaining(sig, self.s.verify_timeout),
+            node_ready=self._node_ready_check(),
+            replaced_pid=restart.pid if restart is not None else None)
+        span.set_attribute("fleet.verify.ok", result.ok)
+        if not result.ok:
+            return await self._rollback(sig, f"{cmd.version} {result.reason}")
+        crash_point("Verifying:after")
+        return await self._transition(sig, self._status(
+            sig, SignalState.UNCORDONING, reason=result.reason))
+
+    async def _uncordon(self, sig: SignalData, span: trace.Span) -> SignalData:
+        if self.s.has_node:
+            await drain.uncordon(self.client, self.name, current=self._latest)
+        crash_point("UnCordoning:after")
+        version = sig.command.k0supdate.version
+        return await self._transition(
+            sig, self._status(sig, SignalState.COMPLETED, reason=f"running {version}"),
+            {RUNNING_VERSION_KEY: version})
+
+    async def _rollback(self, sig: SignalData, why: str | None) -> SignalData:
+        """Put the previous binary back, restart once more, and report how that went."""
+        marker = self._marker(sig, "rollback")
+        if why is not None and not marker.exists():
+            log.warning("rolling back %s: %s", sig.planId, why)
+            await anyio.to_thread.run_sync(write_durably, marker,
+                                           json.dumps({"reason": why}).encode())
+            sig = await self._transition(sig, self._status(
+                sig, SignalState.VERIFYING, reason=f"rolling back: {why}", restarted=True))
+        else:
+            try:
+                why = str(json.loads(marker.read_bytes())["reason"])
+            except (OSError, ValueError, KeyError, TypeError):
+                why = why or "verification failed"
+        crash_point("rollback:marked")
+        assert sig.status is not None
+        previous = sig.status.previousversion
+        with self._span("RollingBack", sig) as span:
+            span.set_attribute("fleet.rollback.reason", why)
+            try:
+                with anyio.CancelScope(shield=True):
+                    restored = await anyio.to_thread.run_sync(swap.restore, self.binary)
+                    if not restored:
+                        return await self._transition(sig, self._status(
+                            sig, SignalState.FAILED_VERIFY,
+                            reason=f"{why}; no rollback copy to restore"))
+                    outcome = await restart_once(
+                        self._marker(sig, "rollback-restart"), self._rid(sig), self.probe,
+                        self.restarter, grace=RESTART_GRACE,
+                        crash_point=lambda p: crash_point(f"rollback:{p}"))
+            except (swap.ApplyError, RestartError) as e:
+                return await self._transition(sig, self._status(
+                    sig, SignalState.FAILED_VERIFY, reason=f"{why}; rollback failed: {e}"))
+            result = await wait_running(
+                self.probe, previous, timeout=self.s.rollback_timeout,
+                node_ready=self._node_ready_check(), replaced_pid=outcome.marker.pid)
+            back_to = previous or "the previous binary"
+            if result.ok:
+                return await self._transition(
+                    sig, self._status(sig, SignalState.ROLLED_BACK,
+                                      reason=f"{why}; rolled back to {back_to}"),
+                    {RUNNING_VERSION_KEY: result.version} if result.version else None)
+            return await self._transition(sig, self._status(
+                sig, SignalState.FAILED_VERIFY,
+                reason=f"{why}; rollback to {back_to} did not recover: {result.reason}"))
+
+    # -- outside a request -------------------------------------------------------------------
+    async def _reject(self, rej: Reject) -> None:
+        def mutate(obj: KubeObject) -> dict[str, Any] | None:
+            if self._annotations(obj).get(SIGNAL_DATA_KEY) != rej.raw:
+                return None
+            return {"metadata": {"annotations": {
+                SIGNAL_REJECTED_KEY: rejection_value(rej, utcnow())}}}
+
+        if await patch_with_retry(self.client, self.res, self.name, mutate,
+                                  current=self._latest) is not None:
+            log.warning("rejected the signal on %s: %s", self.name, rej.reason)
+
+    async def _housekeep(self, obj: KubeObject, decision: Idle) -> None:
+        sig = decision.signal
+        state = sig.status.status if sig is not None and sig.status is not None else None
+        if (self.s.has_node and cordoned_by_agent(obj) and not holds_cordon(state)
+                and await drain.uncordon(self.client, self.name, current=obj)):
+            log.info("uncordoned %s (%s)", self.name, state or decision.why)
+        if sig is not None and sig.request_key not in self._cleaned:
+            await self._cleanup_request(sig)
+
+    async def _cleanup_request(self, sig: SignalData) -> None:
+        """Files a finished request leaves behind (idempotent)."""
+        state = sig.status.status if sig.status is not None else None
+        await anyio.to_thread.run_sync(swap.discard_staged, self.binary)
+        if state is not SignalState.FAILED_VERIFY:
+            # a node that failed even its rollback keeps the copy for a human
+            await anyio.to_thread.run_sync(swap.discard_rollback, self.binary)
+            self._clear_markers(keep=None)
+        self._cleaned.add(sig.request_key)
+
+    def _clear_markers(self, keep: str | None) -> None:
+        for path in self.s.state_dir.glob("*.*"):
+            if path.name == LOCK_NAME or (keep is not None and path.name.startswith(keep)):
+                continue
+            unlink_quiet(path)
+
+
+def _status_mark(status: SignalStatus | None) -> tuple[str, datetime] | None:
+    if status is None:
+        return None
+    return (str(status.status), status.timestamp)
+
+
+# -- process entry -------------------------------------------------------------------------------
+LOCK_NAME = "agent.lock"
+
+
+def _open_lock(state_dir: Path) -> IO[bytes]:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    return open(state_dir / LOCK_NAME, "ab")  # held for the process lifetime
+
+
+async def hold_host_lock(state_dir: Path) -> IO[bytes]:
+    """Exclusive lock: one acting agent per host (a DaemonSet update may overlap two)."""
+    fh = _open_lock(state_dir)
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        log.warning("another agent holds %s; waiting for it", state_dir / LOCK_NAME)
+        await anyio.to_thread.run_sync(fcntl.flock, fh.fileno(), fcntl.LOCK_EX,
+                                       abandon_on_cancel=True)
+    return fh
+
+
+async def serve(settings: AgentSettings, tracer: trace.Tracer | None = None) -> None:
+    """Run the agent until SIGTERM/SIGINT."""
+    lock = await hold_host_lock(settings.state_dir)
+    try:
+        if settings.kubeconfig is not None:
+            client = await KubeClient.from_kubeconfig_file(str(settings.kubeconfig),
+                                                           name=settings.node_name)
+        else:
+            client = KubeClient.in_cluster(name=settings.node_name)
+        async with client, anyio.create_task_group() as tg:
+            tg.start_soon(_stop_on_signal, tg.cancel_scope)
+            await Agent(settings, client, tracer=tracer).run()
+    finally:
+        lock.close()
+
+
+async def _stop_on_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("%s: stopping", signal.Signals(signum).name)
+            scope.cancel()
+            return

@@ -1,0 +1,299 @@
+"""Pure decisions of the node agent: no I/O, every input passed in.
+
+"Where am I" is always derived from the signal annotation (the recorded state is the
+step in progress) plus facts read from disk (digests) and from the running k0s
+(version, pid). The agent's I/O layers gather those facts and act on the answers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from pathlib import PurePosixPath
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from fleet.signal import (
+    CORDONED_BY_KEY,
+    HAPPY_PATH,
+    SIGNAL_DATA_KEY,
+    SIGNAL_REJECTED_KEY,
+    InvalidSignalError,
+    K0sUpdateCommand,
+    SignalData,
+    SignalState,
+    SignalStatus,
+    parse_signal,
+    signal_digest,
+)
+from fleet.versions import same_version
+
+RequestKey = tuple[str, datetime]
+
+
+# -- what the signal asks ----------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """Nothing to do for this signal (none, finished, or already rejected)."""
+
+    why: str
+    signal: SignalData | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """An unparseable signal: answer once under SIGNAL_REJECTED_KEY, keyed by its digest."""
+
+    raw: str
+    reason: str
+
+    @property
+    def digest(self) -> str:
+        return signal_digest(self.raw)
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """A request in progress (or not yet started): run the step its status names."""
+
+    signal: SignalData
+
+    @property
+    def key(self) -> RequestKey:
+        return self.signal.request_key
+
+
+Decision = Idle | Reject | Work
+
+
+def rejected_digest(annotations: Mapping[str, str]) -> str | None:
+    raw = annotations.get(SIGNAL_REJECTED_KEY)
+    if not raw:
+        return None
+    try:
+        data: Any = json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+    digest = data.get("digest") if isinstance(data, dict) else None
+    return digest if isinstance(digest, str) else None
+
+
+def classify(annotations: Mapping[str, str] | None) -> Decision:
+    annotations = dict(annotations or {})
+    raw = annotations.get(SIGNAL_DATA_KEY)
+    if raw is None:
+        return Idle("no signal")
+    try:
+        signal = parse_signal(annotations)
+    except InvalidSignalError as e:
+        if rejected_digest(annotations) == signal_digest(raw):
+            return Idle(f"signal already rejected: {e}")
+        return Reject(raw=raw, reason=str(e))
+    assert signal is not None  # the data key is present
+    if signal.status is not None and signal.status.status.terminal:
+        return Idle(f"request {signal.planId} is {signal.status.status}", signal)
+    return Work(signal)
+
+
+def rejection_value(reject: Reject, now: datetime) -> str:
+    return json.dumps({"digest": reject.digest, "reason": reject.reason,
+                       "timestamp": now.isoformat()}, separators=(",", ":"))
+
+
+def request_id(key: RequestKey) -> str:
+    """A filesystem- and label-safe id of one request (plan ids are not trusted as names)."""
+    plan, created = key
+    return hashlib.sha256(f"{plan}\x00{created.isoformat()}".encode()).hexdigest()[:24]
+
+
+# -- policy: requests this agent refuses before touching anything -------------------------
+def policy_problem(cmd: K0sUpdateCommand, *, allow_unverified: bool,
+                   file_url_roots: tuple[str, ...]) -> str | None:
+    """Why this agent refuses the request (InvalidRequest), or None.
+
+    The signal model already rejects structurally bad requests; this is the agent's own
+    policy: a binary it will run as root must be verified unless both the request and
+    the agent's configuration say otherwise, and a file: URL may only read below the
+    directories the agent was told to trust (anyone able to annotate a Node could
+    otherwise have it install /etc/shadow, or a file an unprivileged user dropped in
+    /tmp, as the k0s binary).
+    """
+    if cmd.sha256 is None:
+        if not cmd.allowunverified:
+            return "request has no sha256 and does not allow an unverified download"
+        if not allow_unverified:
+            return ("request allows an unverified download but this agent refuses "
+                    "unverified binaries (enable --allow-unverified to permit)")
+    parts = urlsplit(cmd.url)
+    if parts.scheme.lower() == "file":
+        path = PurePosixPath(unquote(parts.path))
+        if ".." in path.parts:
+            return f"file URL {cmd.url!r} contains '..'"
+        if not any(_under(path, PurePosixPath(root)) for root in file_url_roots):
+            return (f"file URL {cmd.url!r} is outside the directories this agent may read "
+                    f"({', '.join(file_url_roots) or 'none configured: --file-url-root'})")
+    return None
+
+
+def _under(path: PurePosixPath, root: PurePosixPath) -> bool:
+    return path == root or root in path.parents
+
+
+# -- the walk -----------------------------------------------------------------------------
+def successor(state: SignalState) -> SignalState:
+    """The next state on the happy path."""
+    i = HAPPY_PATH.index(state)
+    if i + 1 >= len(HAPPY_PATH):
+        raise ValueError(f"{state} has no successor")
+    return HAPPY_PATH[i + 1]
+
+
+def first_status(cmd: K0sUpdateCommand, running_version: str | None, now: datetime) -> SignalStatus:
+    """The first status of a request: straight to Completed when already there."""
+    if not cmd.forceupdate and same_version(running_version, cmd.version):
+        return SignalStatus(status=SignalState.COMPLETED, timestamp=now,
+                            reason=f"already running {cmd.version}",
+                            previousversion=running_version)
+    return SignalStatus(status=SignalState.DOWNLOADING, timestamp=now,
+                        previousversion=running_version)
+
+
+def next_status(prev: SignalStatus, state: SignalState, now: datetime, *, reason: str = "",
+                **changes: Any) -> SignalStatus:
+    """A new status carrying forward what later steps need (previous version, digest)."""
+    return prev.model_copy(update={"status": state, "timestamp": now, "reason": reason,
+                                   **changes})
+
+
+# -- apply: what the disk says --------------------------------------------------------
+class ApplyAction(StrEnum):
+    ALREADY_APPLIED = "already-applied"
+    INSTALL = "install"
+    NEED_STAGED = "need-staged"
+
+
+def apply_action(*, installed: str | None, staged: str | None, expected: str) -> ApplyAction:
+    """Decide the apply step from digests alone (see PROTOCOLS.md, k0s PR 7706).
+
+    The installed binary already having the requested digest means a previous run got
+    past the rename (whatever happened to the staged file or the status write), so the
+    rollback copy must not be touched again.
+    """
+    if installed == expected:
+        return ApplyAction.ALREADY_APPLIED
+    if staged == expected:
+        return ApplyAction.INSTALL
+    return ApplyAction.NEED_STAGED
+
+
+# -- restart: once per request ------------------------------------------------------------
+class RestartAction(StrEnum):
+    ISSUE = "issue"  # no record of a restart for this request: record intent, then restart
+    DONE = "done"  # a restart was issued and the process it targeted is gone
+    WAIT_THEN_REISSUE = "wait-then-reissue"  # issued, but the same process still runs
+
+
+@dataclass(frozen=True, slots=True)
+class RestartMarker:
+    """Written (fsync'd) before a restart is issued; survives the agent."""
+
+    request: str
+    pid: int | None  # the k0s process the restart was meant to replace, if known
+
+    def to_json(self) -> bytes:
+        return json.dumps({"request": self.request, "pid": self.pid}).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> RestartMarker | None:
+        try:
+            raw: Any = json.loads(data)
+            pid = raw.get("pid")
+            return cls(request=str(raw["request"]), pid=int(pid) if pid is not None else None)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+
+def restart_action(marker: RestartMarker | None, current_pid: int | None) -> RestartAction:
+    """Exactly-once restart, decided from the intent marker and the live process.
+
+    The marker is durable before the restart is issued, so "no marker" proves no restart
+    was issued for this request. With a marker, the restart may or may not have been
+    issued (the agent can die between writing the marker and acting). The process tells:
+    if the pid recorded in the marker no longer runs, or k0s is down, the restart
+    happened (or the init system is doing it) and must not be repeated. If the very same
+    process still runs, either the restart was never issued or the process is still
+    shutting down; the caller waits a grace period for it to go, and only then issues
+    the restart again. Repeating a restart aimed at the same process cannot produce a
+    second start. Without a known pid, the marker alone decides (at most once).
+    """
+    if marker is None:
+        return RestartAction.ISSUE
+    if marker.pid is None or current_pid is None or current_pid != marker.pid:
+        return RestartAction.DONE
+    return RestartAction.WAIT_THEN_REISSUE
+
+
+# -- cordon --------------------------------------------------------------------------------
+CORDON_HELD_STATES = frozenset({
+    SignalState.CORDONING,
+    SignalState.APPLYING_UPDATE,
+    SignalState.RESTARTING,
+    SignalState.VERIFYING,
+    # a node whose upgrade and rollback both failed stays cordoned for a human
+    SignalState.FAILED_VERIFY,
+})
+
+
+def holds_cordon(state: SignalState | None) -> bool:
+    return state in CORDON_HELD_STATES
+
+
+def cordoned_by_agent(node: Mapping[str, Any]) -> bool:
+    ann = (node.get("metadata") or {}).get("annotations") or {}
+    return CORDONED_BY_KEY in ann
+
+
+def cordon_patch(node: Mapping[str, Any], owner: str) -> dict[str, Any] | None:
+    """Cordon, marking it as ours; None when already cordoned (by us or by someone else).
+
+    A node someone else cordoned is left without our mark, so we never uncordon it.
+    """
+    if cordoned_by_agent(node) or (node.get("spec") or {}).get("unschedulable"):
+        return None
+    return {"spec": {"unschedulable": True},
+            "metadata": {"annotations": {CORDONED_BY_KEY: owner}}}
+
+
+def uncordon_patch(node: Mapping[str, Any]) -> dict[str, Any] | None:
+    if not cordoned_by_agent(node):
+        return None
+    return {"spec": {"unschedulable": None},
+            "metadata": {"annotations": {CORDONED_BY_KEY: None}}}
+
+
+# -- drain ---------------------------------------------------------------------------------
+MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+
+
+def eviction_exempt(pod: Mapping[str, Any]) -> str | None:
+    """Why a pod is not evicted (DaemonSet pods come back anyway; mirror pods are static)."""
+    meta = pod.get("metadata") or {}
+    if MIRROR_POD_ANNOTATION in (meta.get("annotations") or {}):
+        return "mirror pod"
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == "DaemonSet" and ref.get("controller"):
+            return "DaemonSet pod"
+    return None
+
+
+def node_ready(node: Mapping[str, Any] | None) -> bool:
+    if node is None:
+        return False
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return bool(cond.get("status") == "True")
+    return False

@@ -1,0 +1,27 @@
+"""``k0s-fleet``: a thin dispatcher; each subcommand lives with the code it runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from fleet.agents import cli as agent_cli
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="k0s-fleet", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    agent = sub.add_parser("agent", help=agent_cli.HELP, description=agent_cli.HELP)
+    agent_cli.add_arguments(agent)
+    agent.set_defaults(func=agent_cli.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
