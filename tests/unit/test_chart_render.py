@@ -294,13 +294,16 @@ def test_more_than_one_replica_needs_leader_election() -> None:
     assert single.kinds() == ["ConfigMap", "Deployment", "Service"]
     spec = pod_spec(single.workload())
     assert spec["serviceAccountName"] == "k0s-fleet-preexisting"
+    assert yaml.safe_load(single.one("ConfigMap")["data"]["fleet.yaml"])["rollout"] == {
+        "paused": True}
     assert not any(a.startswith("--leader") for a in spec["containers"][0]["args"])
 
 
 FLEET_SAMPLE = {
-    "waves": [{"name": "canary", "clusters": {"matchLabels": {"env": "dev"}}}],
-    "maxUnavailable": 1,
-    "k0s": {"digests": {"v1.31.3+k0s.0": {"amd64": "ab" * 32}}},
+    "clusters": {"namespaces": ["capi-a", "capi-b"]},
+    "rollout": {"waves": [{"name": "canary", "clusterSelector": {"matchLabels": {"env": "dev"}},
+                           "canary": True}]},
+    "download": {"digests": {"v1.31.3+k0s.0": {"amd64": "ab" * 32}}},
 }
 
 
@@ -312,7 +315,17 @@ def test_fleet_values_become_the_mounted_config_and_roll_the_pods(tmp_path: Path
     assert yaml.safe_load(cm["data"]["fleet.yaml"]) == FLEET_SAMPLE
     spec = pod_spec(m.workload())
     (c,) = spec["containers"]
-    assert "--config=/etc/k0s-fleet/fleet.yaml" in c["args"]
+    env = _env(spec)
+    assert env["K0S_FLEET_CONFIG"] == "/etc/k0s-fleet/fleet.yaml"
+    assert env["K0S_FLEET_MANAGEMENT__NAMESPACE"] == {
+        "fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["K0S_FLEET_STATUS__PORT"] == "8080"
+    assert env["K0S_FLEET_EXTENSION__ENABLED"] == "false"
+    # Secrets are readable only where the fleet looks for Clusters.
+    readers = [b for b in m.all("RoleBinding")
+               if b["roleRef"]["name"] == "r1-k0s-fleet-kubeconfig-reader"]
+    assert sorted(b["metadata"]["namespace"] for b in readers) == ["capi-a", "capi-b"]
+    assert [b["metadata"]["name"] for b in m.all("ClusterRoleBinding")] == ["r1-k0s-fleet"]
     assert {"name": "config", "mountPath": "/etc/k0s-fleet/fleet.yaml", "subPath": "fleet.yaml",
             "readOnly": True} in c["volumeMounts"]
     default = render(CONTROLLER_CHART)
@@ -324,6 +337,23 @@ def test_fleet_values_become_the_mounted_config_and_roll_the_pods(tmp_path: Path
 
     assert checksum(m) != checksum(default)
     assert len(checksum(m)) == len(hashlib.sha256().hexdigest())
+
+
+@pytest.mark.parametrize("fleet", [
+    {"management": {"namespace": "elsewhere"}},
+    {"status": {"port": 9090}},
+    {"extension": {"enabled": True}},
+    {"extension": {"certFile": "/x.pem"}},
+])
+def test_chart_owned_fleet_keys_are_refused(tmp_path: Path, fleet: dict[str, Any]) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"fleet": fleet}))
+    proc = helm("template", "r1", *template_args(CONTROLLER_CHART, values), check=False)
+    assert proc.returncode != 0
+    assert "are set by the chart" in proc.stderr
+    # extension.mode is the fleet's own business
+    values.write_text(yaml.safe_dump({"fleet": {"extension": {"mode": "never"}}}))
+    helm("template", "r1", *template_args(CONTROLLER_CHART, values))
 
 
 def test_service_monitor_only_when_enabled_and_the_api_exists() -> None:
@@ -358,6 +388,12 @@ def test_extension_with_cert_manager() -> None:
     assert {"name": "tls", "secret": {"secretName": cert["spec"]["secretName"]}} in spec["volumes"]
     ports = {p["name"]: p["containerPort"] for p in spec["containers"][0]["ports"]}
     assert ports["extension"] == 9443
+    env = _env(spec)
+    assert env["K0S_FLEET_EXTENSION__ENABLED"] == "true"
+    assert env["K0S_FLEET_EXTENSION__PORT"] == "9443"
+    mount = next(v for v in spec["containers"][0]["volumeMounts"] if v["name"] == "tls")
+    assert env["K0S_FLEET_EXTENSION__CERT_FILE"] == mount["mountPath"] + "/tls.crt"
+    assert env["K0S_FLEET_EXTENSION__KEY_FILE"] == mount["mountPath"] + "/tls.key"
     # Without cert-manager the chart says so instead of failing on an unknown kind.
     proc = helm("template", "r1", *template_args(
         CONTROLLER_CHART, CONTROLLER_CHART / "ci" / "extension-certmanager-values.yaml",
