@@ -7,8 +7,14 @@ Anything wrong (a missing file, bad YAML, an unknown key, a wrong type, an impos
 value) raises :class:`ConfigError`, whose message has one line per problem, each naming
 the dotted key path, e.g. ``rollout.waves[1].maxConcurrentClusters: must be >= 1``.
 
-YAML keys are camelCase (Kubernetes style); Python attributes are snake_case.
-``FleetConfig()`` is the all-defaults configuration; it never reads the environment.
+YAML keys are camelCase (Kubernetes style); Python attributes are snake_case and may be
+used when building models in Python. ``FleetConfig()`` is the all-defaults
+configuration; it never reads files or the environment.
+
+Why not pydantic-settings' own sources: its environment source silently ignores unknown
+variables (a typo would be a no-op), does not match camelCase aliases in nested keys, and
+reads only ``os.environ``; as a root class, ``BaseSettings`` also lets snake_case keys
+into files. The override layer here is small and strict instead.
 """
 
 from __future__ import annotations
@@ -40,7 +46,6 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from fleet.schedule import CronError, DurationError, format_duration, parse_cron, parse_duration
 from fleet.schedule import zone as _zone
@@ -815,15 +820,9 @@ class ClusterSettings:
     wave: Wave
 
 
-class FleetConfig(BaseSettings):
-    """The whole fleet configuration. ``FleetConfig()`` is a working default config."""
-
-    model_config = SettingsConfigDict(
-        extra="forbid",
-        frozen=True,
-        alias_generator=to_camel,
-        populate_by_name=True,
-    )
+class FleetConfig(_Model):
+    """The whole fleet configuration. ``FleetConfig()`` is a working default config and
+    never reads files or the environment; :func:`load_config` does."""
 
     management: ManagementSettings = Field(default_factory=ManagementSettings)
     clusters: ClusterDiscovery = Field(default_factory=ClusterDiscovery)
@@ -834,19 +833,6 @@ class FleetConfig(BaseSettings):
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     extension: ExtensionSettings = Field(default_factory=ExtensionSettings)
     status: StatusSettings = Field(default_factory=StatusSettings)
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Files and the environment are read by load_config, strictly (unknown keys are
-        # errors) and with injectable inputs; the constructor takes only its arguments.
-        return (init_settings,)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Self:
@@ -1000,9 +986,14 @@ def resolve_download(
         )
     digest = pinned or listed
     if digest is None and not d.allow_unverified:
+        if manifest is not None:
+            hint = f"the digest manifest does not list {url.rsplit('/', 1)[-1]!r} either"
+        elif d.digest_manifest_url is not None:
+            hint = "the digest manifest was not consulted (pass manifest=)"
+        else:
+            hint = "set download.digestManifestUrl or download.allowUnverified: true"
         raise MissingDigestError(
-            f"no sha256 known for k0s {v} {arch} ({url}); add it under download.digests, "
-            "set download.digestManifestUrl, or set download.allowUnverified: true",
+            f"no sha256 known for k0s {v} {arch} ({url}) in download.digests; {hint}",
             version=str(v),
             arch=arch,
         )

@@ -1,0 +1,718 @@
+"""The fleet configuration: loading, environment overrides, and one-line-per-problem errors."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fleet.config import (
+    DEFAULT_URL_TEMPLATE,
+    ConfigError,
+    DigestConflictError,
+    DigestManifestError,
+    DownloadSettings,
+    DrainTimeoutAction,
+    Executor,
+    FailureBudget,
+    FleetConfig,
+    MissingDigestError,
+    UnsupportedArchError,
+    digest_manifest_url,
+    load_config,
+    parse_digest_manifest,
+    parse_label_selector,
+    resolve_download,
+)
+from fleet.schedule import format_duration
+from fleet.signal import SignalState
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "fleet.example.yaml"
+SHA_A = "a" * 64
+SHA_B = "b" * 64
+
+
+Write = Callable[[str], str]
+
+
+@pytest.fixture
+def write(tmp_path: Path) -> Write:
+    def _write(text: str) -> str:
+        p = tmp_path / "fleet.yaml"
+        p.write_text(textwrap.dedent(text))
+        return str(p)
+
+    return _write
+
+
+def problems(path: str | None, env: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as e:
+        load_config(path, env=env or {})
+    lines = str(e.value).splitlines()
+    assert len(lines) == len(e.value.problems)
+    return lines
+
+
+# ------------------------------------------------------------------------------ loading
+
+
+def test_defaults_without_a_file() -> None:
+    cfg = load_config(None, env={})
+    assert cfg == FleetConfig()
+    assert cfg.executor is Executor.AGENT
+    assert cfg.management.kubeconfig is None
+    assert cfg.rollout.max_concurrent_clusters == 1
+    assert cfg.rollout.failure_budget == 1
+    assert cfg.download.url_template == DEFAULT_URL_TEMPLATE
+    assert cfg.download.arches == ["amd64", "arm64", "arm"]
+    assert not cfg.download.allow_unverified
+    assert cfg.telemetry.service_name == "k0s-fleet"
+    assert cfg.extension.port == 9443
+    assert cfg.status.port == 8080
+    assert [w.name for w in cfg.rollout.effective_waves] == ["default"]
+
+
+def test_default_constructor_ignores_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("K0S_FLEET_EXECUTOR", "autopilot")
+    assert FleetConfig().executor is Executor.AGENT
+    assert load_config(None).executor is Executor.AUTOPILOT  # os.environ by default
+
+
+def test_empty_file(write: Write) -> None:
+    assert load_config(write(""), env={}) == FleetConfig()
+    assert load_config(write("# only a comment\n"), env={}) == FleetConfig()
+
+
+def test_minimal_file(write: Write) -> None:
+    path = write(
+        """
+        executor: autopilot
+        rollout:
+          maxConcurrentClusters: 3
+          waves: [{name: canary, canary: true, clusterSelector: {matchLabels: {ring: "0"}}}]
+        """
+    )
+    cfg = load_config(path, env={})
+    assert cfg.executor is Executor.AUTOPILOT
+    assert cfg.rollout.max_concurrent_clusters == 3
+    assert [w.name for w in cfg.rollout.effective_waves] == ["canary", "default"]
+    assert cfg.download == DownloadSettings()
+
+
+def test_path_from_environment(write: Write) -> None:
+    path = write("executor: autopilot\n")
+    assert load_config(env={"K0S_FLEET_CONFIG": path}).executor is Executor.AUTOPILOT
+
+
+def test_explicit_path_wins_over_environment_path(write: Write, tmp_path: Path) -> None:
+    path = write("executor: autopilot\n")
+    other = tmp_path / "missing.yaml"
+    assert load_config(path, env={"K0S_FLEET_CONFIG": str(other)}).executor is Executor.AUTOPILOT
+
+
+def test_example_file_loads() -> None:
+    cfg = load_config(EXAMPLE, env={})
+    assert [w.name for w in cfg.rollout.effective_waves] == [
+        "canary",
+        "staging",
+        "production",
+        "default",
+    ]
+    assert cfg.rollout.waves[0].canary
+    assert cfg.rollout.waves[1].soak == timedelta(minutes=10)
+    assert cfg.rollout.waves[2].failure_budget == FailureBudget(10, percent=True)
+    assert cfg.agent.drain_timeout_action is DrainTimeoutAction.FAIL
+    assert cfg.extension.enabled
+    assert cfg.clusters.entry_for("fleet-prod", "edge-01") is not None
+    assert len(cfg.rollout.maintenance_windows) == 2
+
+
+def test_dump_and_reload_round_trip(tmp_path: Path) -> None:
+    cfg = load_config(EXAMPLE, env={})
+    dumped = cfg.model_dump(mode="json", by_alias=True)
+    p = tmp_path / "again.yaml"
+    p.write_text(yaml.safe_dump(dumped))
+    assert load_config(p, env={}) == cfg
+    assert dumped["rollout"]["waves"][0]["soakSeconds"] == "30m"
+    assert dumped["rollout"]["waves"][2]["failureBudget"] == "10%"
+
+
+def test_json_schema_is_available() -> None:
+    schema = FleetConfig.model_json_schema(by_alias=True)
+    assert "rollout" in schema["properties"]
+
+
+# ------------------------------------------------------------------ environment overrides
+
+
+def test_env_overrides_nested_key_and_wins_over_file(write: Write) -> None:
+    path = write(
+        """
+        rollout:
+          maxConcurrentClusters: 2
+          paused: false
+        """
+    )
+    cfg = load_config(
+        path,
+        env={
+            "K0S_FLEET_ROLLOUT__MAX_CONCURRENT_CLUSTERS": "7",
+            "K0S_FLEET_ROLLOUT__PAUSED": "true",
+            "K0S_FLEET_ROLLOUT__PROGRESSDEADLINES__APPLYINGUPDATE": "90",
+            "K0S_FLEET_TELEMETRY__OTLP_ENDPOINT": "http://collector:4318",
+        },
+    )
+    assert cfg.rollout.max_concurrent_clusters == 7
+    assert cfg.rollout.paused is True
+    assert cfg.rollout.progress_deadlines.applying_update == timedelta(seconds=90)
+    assert cfg.telemetry.otlp_endpoint == "http://collector:4318"
+
+
+def test_env_structured_values_and_top_level_scalar() -> None:
+    cfg = load_config(
+        None,
+        env={
+            "K0S_FLEET_EXECUTOR": "autopilot",
+            "K0S_FLEET_ROLLOUT__WAVES": '[{"name": "a", "soakSeconds": "10m"}]',
+            "K0S_FLEET_CLUSTERS__NAMESPACES": "[ns-a, ns-b]",
+            "K0S_FLEET_MANAGEMENT": "{namespace: ops}",
+        },
+    )
+    assert cfg.executor is Executor.AUTOPILOT
+    assert cfg.rollout.waves[0].soak == timedelta(minutes=10)
+    assert cfg.clusters.namespaces == ["ns-a", "ns-b"]
+    assert cfg.management.namespace == "ops"
+
+
+def test_env_empty_string_clears_an_optional_key(write: Write) -> None:
+    path = write("management: {kubeconfig: /etc/kubeconfig}\n")
+    cfg = load_config(path, env={"K0S_FLEET_MANAGEMENT__KUBECONFIG": ""})
+    assert cfg.management.kubeconfig is None
+
+
+def test_foreign_prefixed_variables_are_left_alone() -> None:
+    env = {"K0S_FLEET_TIMINGS": "/tmp/x", "K0S_FLEET_NODE_NAME": "n1", "PATH": "/bin"}
+    assert load_config(None, env=env) == FleetConfig()
+
+
+def test_env_unknown_nested_key_is_an_error() -> None:
+    assert problems(None, {"K0S_FLEET_ROLLOUT__WAVEZ": "[]", "K0S_FLEET_ROLOUT__PAUSED": "1"}) == [
+        "K0S_FLEET_ROLLOUT__WAVEZ: unknown key rollout.wavez",
+        "K0S_FLEET_ROLOUT__PAUSED: unknown key rolout",
+    ]
+
+
+def test_env_problem_names_key_and_variable() -> None:
+    assert problems(None, {"K0S_FLEET_ROLLOUT__MAX_CONCURRENT_CLUSTERS": "0"}) == [
+        "rollout.maxConcurrentClusters: must be >= 1 "
+        "(from K0S_FLEET_ROLLOUT__MAX_CONCURRENT_CLUSTERS)"
+    ]
+    assert problems(None, {"K0S_FLEET_ROLLOUT__PAUSED__X": "1"}) == [
+        "K0S_FLEET_ROLLOUT__PAUSED__X: rollout.paused has no sub-keys "
+        "(in K0S_FLEET_ROLLOUT__PAUSED__X)"
+    ]
+
+
+# -------------------------------------------------------------------------------- errors
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.yaml")
+    assert problems(missing) == [f"{missing}: config file not found"]
+
+
+def test_yaml_syntax_error_names_the_line(write: Write) -> None:
+    path = write("rollout:\n  paused: [true\n")
+    (line,) = problems(path)
+    assert line.startswith(f"{path}: line ")
+    assert "invalid YAML" in line
+
+
+def test_duplicate_yaml_key(write: Write) -> None:
+    path = write("rollout:\n  paused: true\n  paused: false\n")
+    assert problems(path) == [f"{path}: line 3, column 3: invalid YAML: duplicate key 'paused'"]
+
+
+def test_top_level_must_be_a_mapping(write: Write) -> None:
+    path = write("- a\n- b\n")
+    assert problems(path) == [f"{path}: must be a YAML mapping at the top (got list)"]
+
+
+def test_unknown_keys_everywhere(write: Write) -> None:
+    path = write(
+        """
+        rolout: {}
+        rollout:
+          waves:
+            - name: a
+              clusterSelector: {matchLabel: {a: b}}
+        download: {digest: {}}
+        """
+    )
+    assert problems(path) == [
+        "rollout.waves[0].clusterSelector.matchLabel: unknown key",
+        "download.digest: unknown key",
+        "rolout: unknown key",
+    ]
+
+
+def test_snake_case_keys_are_not_accepted_in_yaml(write: Write) -> None:
+    path = write("rollout: {max_concurrent_clusters: 2}\n")
+    assert problems(path) == ["rollout.max_concurrent_clusters: unknown key"]
+
+
+def test_wrong_types(write: Write) -> None:
+    path = write(
+        """
+        executor: ansible
+        rollout:
+          paused: maybe
+          waves:
+            - name: a
+              maxConcurrentClusters: two
+          maintenanceWindows: {}
+        status: {port: http}
+        """
+    )
+    assert problems(path) == [
+        "executor: must be one of 'agent' or 'autopilot' (got 'ansible')",
+        "rollout.waves[0].maxConcurrentClusters: must be an integer (got 'two')",
+        "rollout.maintenanceWindows: must be a list (got {})",
+        "rollout.paused: must be true or false (got 'maybe')",
+        "status.port: must be an integer (got 'http')",
+    ]
+
+
+def test_impossible_values_reported_together(write: Write) -> None:
+    path = write(
+        """
+        rollout:
+          maxConcurrentClusters: 1
+          failureBudget: 0
+          waves:
+            - name: first
+              maxConcurrentClusters: 2
+            - name: second
+              maxConcurrentClusters: 0
+              soakSeconds: -5
+          progressDeadlines: {verifying: 0s}
+        telemetry: {samplingRatio: 1.5}
+        extension: {port: 70000}
+        """
+    )
+    assert problems(path) == [
+        "rollout.waves[1].maxConcurrentClusters: must be >= 1",
+        "rollout.waves[1].soakSeconds: must be >= 0s (got -5s)",
+        "rollout.progressDeadlines.verifying: must be > 0s (got 0s)",
+        "rollout.failureBudget: must be >= 1",
+        "telemetry.samplingRatio: must be <= 1.0",
+        "extension.port: must be <= 65535",
+    ]
+
+
+def test_names_and_labels(write: Write) -> None:
+    path = write(
+        """
+        management: {namespace: Not_A_Namespace}
+        clusters:
+          namespaces: [a, a]
+          labelSelector: "env in prod"
+          entries:
+            - {name: c1, namespace: ns}
+            - {name: c1, namespace: ns}
+            - {name: "-bad", labels: {"bad key!": v}}
+        rollout:
+          waves:
+            - name: w
+              clusterSelector:
+                matchExpressions:
+                  - {key: env, operator: In}
+                  - {key: env, operator: Exists, values: [x]}
+                  - {key: env, operator: Near, values: [x]}
+            - name: w
+            - name: default
+              clusterSelector: {matchLabels: {a: b}}
+        """
+    )
+    lines = problems(path)
+    assert lines[0].startswith("management.namespace: 'Not_A_Namespace' is not a valid DNS label")
+    assert lines[1:] == [
+        "clusters.labelSelector: cannot parse label selector 'env in prod' at 'env in prod'",
+        "clusters.entries[2].name: '-bad' is not a valid Kubernetes object name (DNS subdomain)",
+        "clusters.entries[2].labels[\"bad key!\"]: 'bad key!' is not a valid label key",
+        "rollout.waves[0].clusterSelector.matchExpressions[0].values: "
+        "must not be empty for operator In",
+        "rollout.waves[0].clusterSelector.matchExpressions[1].values: "
+        "must be empty for operator Exists",
+        "rollout.waves[0].clusterSelector.matchExpressions[2].operator: "
+        "must be one of 'In', 'NotIn', 'Exists' or 'DoesNotExist' (got 'Near')",
+    ]
+    # Duplicates are checked once the pieces themselves are valid.
+    path = write(
+        """
+        clusters:
+          namespaces: [a, a]
+          entries: [{name: c1, namespace: ns}, {name: c1, namespace: ns}]
+        rollout:
+          waves: [{name: w}, {name: w}, {name: default, clusterSelector: {matchLabels: {a: b}}}]
+        """
+    )
+    assert problems(path) == [
+        "clusters.namespaces[1]: duplicate namespace 'a'",
+        "clusters.entries[1]: duplicate of entries[0] (ns/c1)",
+        "rollout.waves[1].name: duplicate wave name 'w' (waves[0])",
+        "rollout.waves[2].name: 'default' is reserved for the wave of all remaining clusters; "
+        "give it an empty clusterSelector or another name",
+    ]
+
+
+def test_cross_section_checks(write: Write) -> None:
+    path = write(
+        """
+        agent: {drainTimeout: 20m, verifyTimeout: 10m}
+        extension: {enabled: true, port: 8080, certFile: c}
+        """
+    )
+    assert problems(path) == [
+        "extension.keyFile: required when extension.enabled is true",
+    ]
+    path = write(
+        """
+        agent: {drainTimeout: 20m, verifyTimeout: 10m}
+        extension: {enabled: true, port: 8080, certFile: c, keyFile: k}
+        """
+    )
+    assert problems(path) == [
+        "agent.drainTimeout: must be shorter than rollout.progressDeadlines.cordoning (20m >= 15m)",
+        "agent.verifyTimeout: must be shorter than rollout.progressDeadlines.verifying "
+        "(10m >= 10m)",
+        "extension.port: must differ from status.port (8080)",
+    ]
+    assert problems(None, {"K0S_FLEET_EXTENSION__MODE": "always"}) == [
+        "extension.mode: 'always' needs extension.enabled: true (from K0S_FLEET_EXTENSION__MODE)"
+    ]
+
+
+def test_maintenance_window_errors(write: Write) -> None:
+    path = write(
+        """
+        rollout:
+          maintenanceWindows:
+            - {schedule: "0 25 * * *", duration: 1h}
+            - {schedule: "0 0 30 2 *", duration: 0, timeZone: Europe/Atlantis}
+            - {schedule: "@daily"}
+        """
+    )
+    assert problems(path) == [
+        "rollout.maintenanceWindows[0].schedule: hour field: 25 is out of range 0-23 in "
+        "'0 25 * * *'",
+        "rollout.maintenanceWindows[1].schedule: cron expression '0 0 30 2 *' never matches "
+        "a real date",
+        "rollout.maintenanceWindows[1].duration: must be > 0s (got 0s)",
+        "rollout.maintenanceWindows[1].timeZone: unknown time zone 'Europe/Atlantis' "
+        "(expected an IANA name)",
+        "rollout.maintenanceWindows[2].duration: required",
+    ]
+
+
+def test_download_errors(write: Write) -> None:
+    path = write(
+        f"""
+        download:
+          urlTemplate: "https://example.com/{{version}}/k0s"
+          digestManifestUrl: "ftp://example.com/{{version}}/sums"
+          digests:
+            v1.31.3+k0s.0: {{amd64: "{SHA_A[:-1]}"}}
+            latest: {{amd64: "{SHA_A}"}}
+          arches: [amd64, "x86 64"]
+        """
+    )
+    assert problems(path) == [
+        "download.urlTemplate: must contain {arch} (got 'https://example.com/{version}/k0s')",
+        'download.digests["v1.31.3+k0s.0"].amd64: must be 64 hex characters '
+        f"(got '{SHA_A[:-1]}')",
+        "download.digests.latest: not a k0s version: 'latest' (expected e.g. v1.31.3+k0s.0)",
+        "download.digestManifestUrl: URL scheme 'ftp' not allowed; use one of file, http, https",
+        "download.arches[1]: must match ^[a-z0-9_]+$ (got 'x86 64')",
+    ]
+    path = write(
+        f"""
+        download:
+          urlTemplate: "https://example.com/{{version}}/{{os}}/{{arch}}"
+          digests: {{v1.31.3: {{amd64: "{SHA_A}"}}, v1.31.3+k0s.0: {{amd64: "{SHA_A}"}}}}
+        """
+    )
+    assert problems(path) == [
+        "download.urlTemplate: unknown placeholder(s) {os}; allowed: {arch}, {version}",
+        "download.digests: 'v1.31.3' and 'v1.31.3+k0s.0' name the same k0s version",
+    ]
+
+
+# ------------------------------------------------------------------ durations and budgets
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (0, timedelta(0)),
+        (90, timedelta(seconds=90)),
+        ("10m", timedelta(minutes=10)),
+        ("1h30m", timedelta(minutes=90)),
+        ("2.5", timedelta(seconds=2.5)),
+    ],
+)
+def test_soak_accepts_seconds_and_durations(raw: object, expected: timedelta) -> None:
+    cfg = FleetConfig.model_validate({"rollout": {"waves": [{"name": "w", "soakSeconds": raw}]}})
+    assert cfg.rollout.waves[0].soak == expected
+
+
+@given(st.timedeltas(min_value=timedelta(seconds=1), max_value=timedelta(days=30)))
+def test_duration_fields_round_trip_through_json(td: timedelta) -> None:
+    cfg = FleetConfig.model_validate(
+        {
+            "agent": {"drainTimeout": format_duration(td)},
+            "rollout": {"progressDeadlines": {"cordoning": "1000h"}},
+        }
+    )
+    dumped = cfg.model_dump(mode="json", by_alias=True)
+    assert dumped["agent"]["drainTimeout"] == format_duration(td)
+    assert FleetConfig.model_validate(dumped) == cfg
+
+
+@pytest.mark.parametrize(
+    ("raw", "total", "tolerated"),
+    [
+        (0, 10, 0),
+        (3, 10, 3),
+        ("3", 10, 3),
+        ("10%", 25, 2),
+        ("10%", 9, 0),
+        ("100%", 7, 7),
+        ("0%", 100, 0),
+        (" 50 % ", 5, 2),
+    ],
+)
+def test_percent_budgets(raw: object, total: int, tolerated: int) -> None:
+    cfg = FleetConfig.model_validate({"rollout": {"waves": [{"name": "w", "failureBudget": raw}]}})
+    assert cfg.rollout.waves[0].tolerated_failures(total) == tolerated
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (-1, "must be >= 0 (got -1)"),
+        ("150%", "must be <= 100% (got 150%)"),
+        ("1.5%", "must be a count or a percentage such as '10%' (got '1.5%')"),
+        (True, "must be a count or a percentage such as '10%' (got True)"),
+        ("many", "must be a count or a percentage such as '10%' (got 'many')"),
+    ],
+)
+def test_bad_budgets(raw: object, message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(
+            None,
+            env={"K0S_FLEET_ROLLOUT__WAVES": yaml.safe_dump([{"name": "w", "failureBudget": raw}])},
+        )
+    assert (
+        str(e.value) == f"rollout.waves[0].failureBudget: {message} (from K0S_FLEET_ROLLOUT__WAVES)"
+    )
+
+
+def test_canary_tolerates_no_failure() -> None:
+    cfg = FleetConfig.model_validate({"rollout": {"waves": [{"name": "c", "canary": True}]}})
+    assert cfg.rollout.waves[0].tolerated_failures(100) == 0
+    assert problems(
+        None, {"K0S_FLEET_ROLLOUT__WAVES": '[{name: c, canary: true, failureBudget: "5%"}]'}
+    ) == [
+        "rollout.waves[0].failureBudget: must be 0 in a canary wave (got 5%) "
+        "(from K0S_FLEET_ROLLOUT__WAVES)"
+    ]
+
+
+def test_progress_deadlines_per_phase() -> None:
+    d = FleetConfig().rollout.progress_deadlines
+    assert d.for_state(None) == d.pending == timedelta(minutes=5)
+    assert d.for_state(SignalState.CORDONING) == d.cordoning
+    assert d.for_state("UnCordoning") == d.un_cordoning
+    assert d.for_state(SignalState.COMPLETED) is None
+    assert d.for_state("NotAState") is None
+    for phase in ("Downloading", "ApplyingUpdate", "Restarting", "Verifying"):
+        assert d.for_state(phase) is not None
+
+
+# --------------------------------------------------------------------- waves and clusters
+
+
+def test_wave_assignment_and_default_wave() -> None:
+    cfg = FleetConfig.model_validate(
+        {
+            "rollout": {
+                "maxConcurrentClusters": 4,
+                "waves": [
+                    {
+                        "name": "canary",
+                        "canary": True,
+                        "clusterSelector": {"matchLabels": {"ring": "0"}},
+                    },
+                    {
+                        "name": "eu",
+                        "maxConcurrentClusters": 2,
+                        "clusterSelector": {
+                            "matchExpressions": [
+                                {
+                                    "key": "region",
+                                    "operator": "In",
+                                    "values": ["eu-west", "eu-north"],
+                                },
+                                {"key": "legacy", "operator": "DoesNotExist"},
+                            ]
+                        },
+                    },
+                ],
+            }
+        }
+    )
+    r = cfg.rollout
+    assert r.wave_for({"ring": "0", "region": "eu-west"}).name == "canary"
+    assert r.wave_for({"region": "eu-west"}).name == "eu"
+    assert r.wave_for({"region": "eu-west", "legacy": "yes"}).name == "default"
+    assert r.wave_for({}).name == "default"
+    assert r.concurrency(r.wave_for({"region": "eu-north"})) == 2
+    assert r.concurrency(r.wave_for({})) == 4
+
+
+def test_no_default_wave_when_a_wave_selects_everything() -> None:
+    cfg = FleetConfig.model_validate({"rollout": {"waves": [{"name": "a"}, {"name": "rest"}]}})
+    assert [w.name for w in cfg.rollout.effective_waves] == ["a", "rest"]
+    assert cfg.rollout.wave_for({"x": "y"}).name == "a"
+
+
+def test_per_cluster_overrides() -> None:
+    cfg = FleetConfig.model_validate(
+        {
+            "executor": "agent",
+            "rollout": {"maintenanceWindows": [{"schedule": "@daily", "duration": "1h"}]},
+            "clusters": {
+                "entries": [
+                    {
+                        "name": "c1",
+                        "namespace": "ns",
+                        "executor": "autopilot",
+                        "labels": {"ring": "0"},
+                        "maintenanceWindows": [],
+                        "paused": True,
+                    }
+                ]
+            },
+        }
+    )
+    c1 = cfg.for_cluster("ns", "c1", {"ring": "5", "team": "x"})
+    assert c1.executor is Executor.AUTOPILOT
+    assert c1.kubeconfig_secret == "c1-kubeconfig"
+    assert c1.labels == {"ring": "0", "team": "x"}
+    assert c1.maintenance_windows == ()
+    assert c1.paused
+    other = cfg.for_cluster("ns", "c2")
+    assert other.executor is Executor.AGENT
+    assert len(other.maintenance_windows) == 1
+    assert not other.paused
+
+
+def test_label_selector_string() -> None:
+    sel = parse_label_selector("env=prod, tier!=db,zone in (a, b),!legacy,owner")
+    assert sel.matches({"env": "prod", "zone": "a", "owner": "me"})
+    assert not sel.matches({"env": "prod", "zone": "c", "owner": "me"})
+    assert not sel.matches({"env": "prod", "zone": "a", "owner": "me", "legacy": ""})
+    assert not sel.matches({"env": "prod", "zone": "a", "owner": "me", "tier": "db"})
+    assert parse_label_selector("").matches({})
+
+
+# ---------------------------------------------------------------------------- downloads
+
+
+def test_parse_digest_manifest() -> None:
+    text = f"""
+    # k0s v1.31.3+k0s.0
+    {SHA_A}  k0s-v1.31.3+k0s.0-amd64
+    {SHA_B.upper()} *./k0s-v1.31.3+k0s.0-arm64
+
+    SHA256 (k0s-v1.31.3+k0s.0-arm) = {SHA_A}
+    """
+    assert parse_digest_manifest(textwrap.dedent(text)) == {
+        "k0s-v1.31.3+k0s.0-amd64": SHA_A,
+        "k0s-v1.31.3+k0s.0-arm64": SHA_B,
+        "k0s-v1.31.3+k0s.0-arm": SHA_A,
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("nonsense\n", "line 1: not a sha256sum line"),
+        (f"{SHA_A[:-2]}  f\n", "line 1: not a sha256sum line"),
+        (f"{SHA_A}  f\n{SHA_B}  f\n", "line 2: 'f' listed with two different digests"),
+    ],
+)
+def test_bad_digest_manifest(text: str, fragment: str) -> None:
+    with pytest.raises(DigestManifestError, match=fragment):
+        parse_digest_manifest(text)
+
+
+def test_resolve_download_pinned_digest() -> None:
+    cfg = FleetConfig.model_validate(
+        {"download": {"digests": {"v1.31.3": {"amd64": SHA_A.upper()}}}}
+    )
+    url, digest = resolve_download(cfg, "1.31.3+k0s.0", "amd64")
+    assert url == "https://get.k0sproject.io/v1.31.3+k0s.0/k0s-v1.31.3+k0s.0-amd64"
+    assert digest == SHA_A
+
+
+def test_resolve_download_from_manifest() -> None:
+    cfg = FleetConfig.model_validate(
+        {"download": {"digestManifestUrl": "https://example.com/{version}/sha256sums.txt"}}
+    )
+    assert digest_manifest_url(cfg, "v1.31.3") == "https://example.com/v1.31.3+k0s.0/sha256sums.txt"
+    manifest = parse_digest_manifest(f"{SHA_B}  k0s-v1.31.3+k0s.0-arm64\n")
+    assert resolve_download(cfg.download, "v1.31.3", "arm64", manifest=manifest)[1] == SHA_B
+    with pytest.raises(MissingDigestError, match="not consulted"):
+        resolve_download(cfg, "v1.31.3", "arm64")
+    with pytest.raises(MissingDigestError, match=r"does not list 'k0s-v1\.31\.3\+k0s\.0-amd64'"):
+        resolve_download(cfg, "v1.31.3", "amd64", manifest=manifest)
+
+
+def test_resolve_download_refuses_unverified_unless_allowed() -> None:
+    with pytest.raises(MissingDigestError) as e:
+        resolve_download(FleetConfig(), "v1.31.3", "amd64")
+    assert (e.value.version, e.value.arch) == ("v1.31.3+k0s.0", "amd64")
+    allowed = FleetConfig.model_validate({"download": {"allowUnverified": True}})
+    assert resolve_download(allowed, "v1.31.3", "arm")[1] is None
+
+
+def test_resolve_download_conflict_and_arch() -> None:
+    cfg = FleetConfig.model_validate({"download": {"digests": {"v1.31.3": {"amd64": SHA_A}}}})
+    manifest = {"k0s-v1.31.3+k0s.0-amd64": SHA_B}
+    with pytest.raises(DigestConflictError):
+        resolve_download(cfg, "v1.31.3", "amd64", manifest=manifest)
+    with pytest.raises(UnsupportedArchError):
+        resolve_download(cfg, "v1.31.3", "riscv64")
+
+
+def test_file_url_template() -> None:
+    cfg = FleetConfig.model_validate(
+        {
+            "download": {
+                "urlTemplate": "file:///srv/k0s/{version}/{arch}/k0s",
+                "allowUnverified": True,
+            }
+        }
+    )
+    assert resolve_download(cfg, "v1.30.1", "amd64") == (
+        "file:///srv/k0s/v1.30.1+k0s.0/amd64/k0s",
+        None,
+    )
