@@ -211,7 +211,6 @@ class ApiServer:
             "clusters": [{"name": self.name, "cluster": {
                 "server": self.url,
                 "certificate-authority-data": base64.b64encode(self.ca_pem).decode(),
-                "tls-server-name": "localhost",
             }}],
             "users": [{"name": user, "user": {"token": token or self.admin_token}}],
             "contexts": [{"name": self.name, "context": {"cluster": self.name, "user": user}}],
