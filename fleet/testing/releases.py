@@ -54,8 +54,9 @@ def serve(role, args):
             fh.write(str(os.getpid()))
         os.replace(tmp, pid_file)
     status = {"Version": VERSION, "Pid": os.getpid(), "PPid": os.getppid(), "Role": role,
-              "SysInit": "k0s-fleet-simnode", "Args": sys.argv[1:], "Workloads": role != "controller",
-              "SingleNode": False, "WorkerToAPIConnectionStatus": {"Message": "", "Success": True}}
+              "SysInit": "k0s-fleet-simnode", "Args": sys.argv[1:],
+              "Workloads": role != "controller", "SingleNode": False,
+              "WorkerToAPIConnectionStatus": {"Message": "", "Success": True}}
     body = json.dumps(status).encode()
     head = ("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
             "Connection: close\r\n\r\n" % len(body)).encode()

@@ -270,7 +270,7 @@ class SimNode:
                 t = Transition(sig.planId, str(sig.status.status), sig.status.reason,
                                sig.status.timestamp)
                 last = self.history[-1] if self.history else None
-                if last is None or (last.plan_id, last.state, last.at) != (t.plan_id, t.state, t.at):
+                if last != t:
                     self.history.append(t)
             self._changed.set()
             self._changed = anyio.Event()
