@@ -11,6 +11,11 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
 
 @dataclass(frozen=True, slots=True)
 class CertPair:
@@ -33,11 +38,6 @@ class CertPair:
 def make_cert_pair(dns_names: list[str] | None = None, *, common_name: str = "k0s-fleet",
                    ip_addresses: list[str] | None = None, days: int = 30) -> CertPair:
     """A fresh CA and a serving certificate it signed (ECDSA P-256)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
     now = dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{common_name} test CA")])

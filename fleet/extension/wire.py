@@ -173,20 +173,19 @@ class RequestBase(WireModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _null_settings(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("settings") is None and "settings" in data:
+    def _type_meta(cls, data: Any) -> Any:
+        # Checked before the fields, so a request sent to the wrong hook says so first.
+        if not isinstance(data, dict):
+            return data
+        api_version, kind = data.get("apiVersion"), data.get("kind")
+        if api_version is not None and api_version != HOOKS_API_VERSION:
+            raise ValueError(f"apiVersion {str(api_version)[:80]!r} not served; expected "
+                             f"{HOOKS_API_VERSION}")
+        if kind is not None and kind != cls.KIND:
+            raise ValueError(f"kind {str(kind)[:80]!r} sent to the {cls.KIND} handler")
+        if "settings" in data and data["settings"] is None:
             data = {k: v for k, v in data.items() if k != "settings"}
         return data
-
-    @model_validator(mode="after")
-    def _type_meta(self) -> Self:
-        if self.api_version is not None and self.api_version != HOOKS_API_VERSION:
-            raise ValueError(
-                f"apiVersion {self.api_version!r} not served; expected {HOOKS_API_VERSION}"
-            )
-        if self.kind is not None and self.kind != self.KIND:
-            raise ValueError(f"kind {self.kind!r} sent to the {self.KIND} handler")
-        return self
 
 
 class DiscoveryRequest(RequestBase):
