@@ -8,9 +8,9 @@ Public API:
   sequencer) drives a cluster; see ``docs/runtime-extension.md``.
 """
 
+from fleet.config import ExtensionMode
 from fleet.extension.activation import (
     ExtensionEndpoint,
-    ExtensionMode,
     extension_active,
     selector_matches,
     serving_extension_configs,
@@ -28,7 +28,8 @@ from fleet.extension.update import (
     ArtifactError,
     ArtifactRequest,
     ArtifactResolver,
-    StaticArtifacts,
+    ConfigArtifacts,
+    ManifestFetcher,
     UpdateMachineService,
     WorkloadClientGetter,
 )
@@ -38,11 +39,12 @@ __all__ = [
     "ArtifactError",
     "ArtifactRequest",
     "ArtifactResolver",
+    "ConfigArtifacts",
     "ExtensionEndpoint",
     "ExtensionHandlers",
     "ExtensionMode",
     "ExtensionServer",
-    "StaticArtifacts",
+    "ManifestFetcher",
     "UpdateMachineService",
     "WorkloadClientGetter",
     "build_app",

@@ -26,20 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
+from fleet.config import ExtensionMode
 from fleet.extension.catalog import HANDLER_BY_HOOK
 from fleet.extension.wire import HOOKS_API_VERSION, Hook
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
-
-
-class ExtensionMode(StrEnum):
-    AUTO = "auto"
-    ALWAYS = "always"
-    NEVER = "never"
 
 
 @dataclass(frozen=True, slots=True)

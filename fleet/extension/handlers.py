@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleet.extension.activation import ExtensionMode
+from fleet.config import ExtensionMode
 from fleet.extension.canupdate import (
     can_update_machine,
     can_update_machine_set,

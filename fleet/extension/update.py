@@ -16,6 +16,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet.config import (
+    DownloadResolutionError,
+    DownloadSettings,
+    digest_manifest_url,
+    resolve_download,
+)
 from fleet.extension.progress import (
     RETRY_AFTER_SECONDS,
     UNOBSERVABLE_RETRY_SECONDS,
@@ -34,7 +40,6 @@ log = logging.getLogger(__name__)
 SOURCE = "runtime-extension"
 LABEL_CONTROL_PLANE = "cluster.x-k8s.io/control-plane"
 LABEL_DEPLOYMENT_NAME = "cluster.x-k8s.io/deployment-name"
-DEFAULT_URL_TEMPLATE = "https://get.k0sproject.io/{version}/k0s-{version}-{arch}"
 DEFAULT_ARCH = "amd64"
 
 # (namespace, cluster name) -> a client for that workload cluster. The controller's
@@ -64,28 +69,36 @@ class ArtifactError(Exception):
 ArtifactResolver = Callable[[ArtifactRequest], Awaitable[Artifact]]
 
 
-@dataclass(frozen=True)
-class StaticArtifacts:
-    """Download URL from a template, digests from a table keyed ``<version>/<arch>``.
+# Fetches and parses a digest manifest (sha256sums) from its URL; the controller's
+# HTTP layer provides it. Without one, a configured manifest is not consulted.
+ManifestFetcher = Callable[[str], Awaitable[Mapping[str, str]]]
 
-    Refuses a download without digest unless ``allow_unverified``: the controller's own
-    artifact policy can be passed instead (any :data:`ArtifactResolver`).
+
+@dataclass(frozen=True)
+class ConfigArtifacts:
+    """The fleet config's download policy (:func:`fleet.config.resolve_download`).
+
+    An unknown architecture defaults to amd64 (real Nodes always report theirs).
     """
 
-    url_template: str = DEFAULT_URL_TEMPLATE
-    digests: Mapping[str, str] = field(default_factory=dict)
-    allow_unverified: bool = False
+    download: DownloadSettings = field(default_factory=DownloadSettings)
+    fetch_manifest: ManifestFetcher | None = None
 
     async def __call__(self, req: ArtifactRequest) -> Artifact:
         arch = req.architecture or DEFAULT_ARCH
-        version = str(K0sVersion.parse(req.version))
-        digest = self.digests.get(f"{version}/{arch}")
-        if not digest and not self.allow_unverified:
-            raise ArtifactError(
-                f"no sha256 known for k0s {version} linux-{arch}; add it to the fleet config "
-                f"or allow unverified downloads explicitly")
-        return Artifact(url=self.url_template.format(version=version, arch=arch),
-                        sha256=digest or None, allow_unverified=not digest)
+        manifest = None
+        manifest_url = digest_manifest_url(self.download, req.version)
+        if manifest_url is not None and self.fetch_manifest is not None:
+            try:
+                manifest = await self.fetch_manifest(manifest_url)
+            except Exception as e:  # someone else's HTTP: report as a resolution problem
+                raise ArtifactError(f"digest manifest {manifest_url}: {e}") from e
+        try:
+            url, digest = resolve_download(self.download, req.version, arch, manifest=manifest)
+        except DownloadResolutionError as e:
+            raise ArtifactError(str(e)) from e
+        return Artifact(url=url, sha256=digest,
+                        allow_unverified=digest is None and self.download.allow_unverified)
 
 
 def machine_role(machine: Mapping[str, Any]) -> str:
@@ -123,7 +136,7 @@ class UpdateMachineService:
 
     mgmt: KubeClient
     workload_client: WorkloadClientGetter | None = None
-    resolve_artifact: ArtifactResolver = field(default_factory=StaticArtifacts)
+    resolve_artifact: ArtifactResolver = field(default_factory=ConfigArtifacts)
     retry_table: Mapping[str, int] = field(default_factory=lambda: dict(RETRY_AFTER_SECONDS))
     executor: str = "agent"
 
