@@ -9,8 +9,8 @@ on this host). Padding after the ``exec`` line gives a release a realistic size 
 slowing its start.
 
 The server serves ``/k0s/<version>`` with Range support, and failure modes per version:
-``404``, ``500`` (the next N requests), ``stall`` (half the body, then silence),
-``stall-once``, ``truncate-once``, ``wrong-bytes``.
+``404``, ``500``, ``stall`` (half the body, then silence), ``truncate`` (half the body,
+then the connection closes), ``wrong-bytes``; each for the next N requests.
 """
 
 from __future__ import annotations
@@ -123,6 +123,7 @@ class ReleaseServer:
         self.releases: dict[str, Release] = {}
         self.modes: dict[str, tuple[str, int]] = {}  # version -> (mode, remaining uses)
         self.requests: Counter[str] = Counter()
+        self.ranges: list[tuple[str, str]] = []  # (version, Range header) of each request
         self._runner: web.AppRunner | None = None
         self._stop = anyio.Event()
         self.base_url = ""
@@ -180,6 +181,7 @@ class ReleaseServer:
             body = bytes(b ^ 0x5A for b in body[:64]) + body[64:]
         start = 0
         rng = request.headers.get("Range", "")
+        self.ranges.append((version, rng))
         status = 200
         headers = {"Content-Type": "application/octet-stream", "Accept-Ranges": "bytes"}
         if rng.startswith("bytes=") and rng.endswith("-"):
@@ -190,9 +192,9 @@ class ReleaseServer:
         headers["Content-Length"] = str(len(part))
         resp = web.StreamResponse(status=status, headers=headers)
         await resp.prepare(request)
-        if mode in ("stall", "stall-once", "truncate-once"):
+        if mode in ("stall", "truncate"):
             await resp.write(part[: len(part) // 2])
-            if mode == "truncate-once" and request.transport is not None:
+            if mode == "truncate" and request.transport is not None:
                 request.transport.close()
                 return resp
             with anyio.move_on_after(300):
