@@ -1,0 +1,256 @@
+"""The agent chart's identity is enough to upgrade a node, and refused everything else.
+
+The chart is installed with helm into a workload API server; the agent then runs as the
+chart's ServiceAccount with a token bound to a Pod of the chart's DaemonSet on the
+node, exactly as a kubelet-projected token would be (TokenRequest, bound to the Pod, so
+the token names the pod's node). The agent is the real ``k0s-fleet agent`` process of a
+simulated node (:mod:`fleet.testing.simnode`) and completes an in-place upgrade with that
+identity. Then the same identity is shown what it may not do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fleet.kube import ForbiddenError, KubeClient
+from fleet.kube.resources import (
+    AUTOPILOT_PLANS,
+    CONTROL_NODES,
+    CRDS,
+    NAMESPACES,
+    NODES,
+    PODS,
+    SECRETS,
+    SERVICE_ACCOUNTS,
+)
+from fleet.signal import HAPPY_PATH, SignalState
+from fleet.testing.releases import ReleaseServer
+from fleet.testing.simnode import SimNode
+from fleet.testing.world import World
+from tests.conftest import unique
+from tests.integration.test_chart_install import (
+    CLUSTER_ROLES,
+    DAEMONSETS,
+    create_namespace,
+    helm_cli,
+    kubeconfig_file,
+)
+from tests.unit.test_chart_render import AGENT_CHART, pod_spec
+
+pytestmark = pytest.mark.anyio
+
+OLD = "v1.31.3+k0s.0"
+NEW = "v1.32.1+k0s.0"
+AUDIENCE = "https://kubernetes.default.svc"
+NODE_NAME_CLAIM = "authentication.kubernetes.io/node-name"
+
+
+@dataclass
+class AgentInstall:
+    namespace: str
+    release: str
+    service_account: str
+    daemonset: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+async def releases() -> AsyncIterator[ReleaseServer]:
+    async with ReleaseServer() as rs:
+        rs.add(OLD)
+        rs.add(NEW, size=4 * 1024 * 1024)
+        yield rs
+
+
+@pytest.fixture(scope="module")
+async def agent_install(crds_installed: World, wl1: KubeClient,
+                        tmp_path_factory: pytest.TempPathFactory) -> AgentInstall:
+    """The agent chart, installed with helm (defaults) into a privileged namespace."""
+    ns, release = unique("kfa-rbac"), unique("k0s-fleet-agent")
+    await create_namespace(wl1, ns, pod_security="privileged")
+    kubeconfig = kubeconfig_file(crds_installed["wl1"], tmp_path_factory.mktemp("helm"))
+    await helm_cli("install", release, AGENT_CHART, "--namespace", ns, "--kubeconfig",
+                   kubeconfig)
+    ds = await wl1.get(DAEMONSETS, release, ns)
+    return AgentInstall(ns, release, pod_spec(ds)["serviceAccountName"], ds)
+
+
+async def agent_pod_on(client: KubeClient, inst: AgentInstall, node: str) -> dict[str, Any]:
+    """The Pod the DaemonSet controller would create on ``node`` (there is no such
+    controller here): the chart's pod template, bound to the node, owned by the DaemonSet."""
+    ds = inst.daemonset
+    meta = ds["metadata"]
+    return await client.create(PODS, {
+        "metadata": {
+            "name": f"{inst.release}-{node}"[:63].rstrip("-"),
+            "labels": ds["spec"]["template"]["metadata"]["labels"],
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                 "name": meta["name"], "uid": meta["uid"],
+                                 "controller": True, "blockOwnerDeletion": True}],
+        },
+        "spec": {**pod_spec(ds), "nodeName": node},
+    }, inst.namespace)
+
+
+async def token_for(client: KubeClient, inst: AgentInstall,
+                    pod: dict[str, Any] | None) -> str:
+    """A bound service-account token of the chart's ServiceAccount (TokenRequest API)."""
+    spec: dict[str, Any] = {"audiences": [AUDIENCE], "expirationSeconds": 3600}
+    if pod is not None:
+        spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod",
+                                  "name": pod["metadata"]["name"],
+                                  "uid": pod["metadata"]["uid"]}
+    resp = await client.create_subresource(
+        SERVICE_ACCOUNTS, inst.service_account, "token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+        inst.namespace)
+    return str(resp["status"]["token"])
+
+
+async def whoami(client: KubeClient) -> dict[str, Any]:
+    review = await client.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                                  body={"apiVersion": "authentication.k8s.io/v1",
+                                        "kind": "SelfSubjectReview"})
+    return review["status"]["userInfo"]  # type: ignore[no-any-return]
+
+
+async def test_agent_upgrades_its_node_with_the_chart_identity(
+        crds_installed: World, wl1: KubeClient, agent_install: AgentInstall,
+        releases: ReleaseServer, tmp_path: Path) -> None:
+    server = crds_installed["wl1"]
+    name = unique("rbac-node")
+    async with SimNode.running(wl1, server.kubeconfig(), tmp_path / "node",
+                               releases.releases[OLD], name=name, start_agent=False) as node:
+        pod = await agent_pod_on(wl1, agent_install, name)
+        token = await token_for(wl1, agent_install, pod)
+        kubeconfig = tmp_path / "agent.kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump(server.kubeconfig(token=token,
+                                                               user="k0s-fleet-agent")))
+        async with await server.client(token=token) as agent:
+            who = await whoami(agent)
+        assert who["username"] == (f"system:serviceaccount:{agent_install.namespace}:"
+                                   f"{agent_install.service_account}")
+        assert who["extra"][NODE_NAME_CLAIM] == [name]
+        # A workload pod that the drain must evict (the agent's own pod is exempt).
+        victim = unique("victim")
+        await wl1.create(PODS, {"metadata": {"name": victim}, "spec": {
+            "nodeName": name, "containers": [{"name": "c", "image": "busybox"}]}}, "default")
+
+        await node.start_agent(extra_args=["--kubeconfig", str(kubeconfig)])
+        plan = await node.request(releases.releases[NEW])
+        sig = await node.wait_for(plan, {s for s in SignalState if s.terminal}, timeout=90)
+        assert sig.status is not None
+        assert sig.status.status is SignalState.COMPLETED, (sig.status.reason, node.log_text())
+        assert node.states(plan) == [str(s) for s in HAPPY_PATH]
+        assert await node.running_version() == NEW
+        assert await wl1.get_or_none(PODS, victim, "default") is None  # evicted
+        assert await wl1.get_or_none(PODS, pod["metadata"]["name"], agent_install.namespace)
+        assert "Forbidden" not in node.log_text() and " 403" not in node.log_text()
+
+
+@pytest.fixture
+async def agent_client(crds_installed: World, wl1: KubeClient, agent_install: AgentInstall
+                       ) -> AsyncIterator[tuple[KubeClient, str, str]]:
+    """(agent identity client, its node, another node)."""
+    mine, other = unique("own-node"), unique("other-node")
+    for n in (mine, other):
+        await wl1.create(NODES, {"metadata": {"name": n}})
+    pod = await agent_pod_on(wl1, agent_install, mine)
+    token = await token_for(wl1, agent_install, pod)
+    async with await crds_installed["wl1"].client(token=token) as c:
+        yield c, mine, other
+    for n in (mine, other):
+        with contextlib.suppress(Exception):
+            await wl1.delete(NODES, n)
+
+
+async def test_agent_may_touch_only_its_own_node(
+        agent_client: tuple[KubeClient, str, str]) -> None:
+    agent, mine, other = agent_client
+    ann = {"metadata": {"annotations": {"fleet.k0s-fleet.io/probe": "x"}}}
+    # What the agent does: watch its Node by name, patch it (signal status, cordon).
+    listed = await agent.list(NODES, field_selector=f"metadata.name={mine}")
+    assert [n["metadata"]["name"] for n in listed.items] == [mine]
+    await agent.patch(NODES, mine, ann)
+    await agent.patch(NODES, mine, {"spec": {"unschedulable": True}})
+    # RBAC allows `patch nodes`; the chart's admission policy narrows it to its own Node.
+    with pytest.raises(ForbiddenError, match="may only modify the Node its pod runs on"):
+        await agent.patch(NODES, other, ann)
+    with pytest.raises(ForbiddenError, match="may only modify the Node its pod runs on"):
+        await agent.patch(NODES, other, {"spec": {"unschedulable": True}})
+    with pytest.raises(ForbiddenError):
+        await agent.delete(NODES, mine)
+    with pytest.raises(ForbiddenError):
+        await agent.patch(NODES, mine, {"status": {"capacity": {"pods": "1"}}},
+                          subresource="status")
+
+
+async def test_agent_token_without_a_node_is_refused_node_writes(
+        crds_installed: World, wl1: KubeClient, agent_install: AgentInstall) -> None:
+    """Fail closed: a token of the agent's ServiceAccount that names no node (not a pod's
+    projected token) may still read, but not modify any Node."""
+    node = unique("unbound-node")
+    await wl1.create(NODES, {"metadata": {"name": node}})
+    token = await token_for(wl1, agent_install, None)
+    async with await crds_installed["wl1"].client(token=token) as agent:
+        assert NODE_NAME_CLAIM not in (await whoami(agent)).get("extra", {})
+        await agent.get(NODES, node)
+        with pytest.raises(ForbiddenError, match="may only modify the Node its pod runs on"):
+            await agent.patch(NODES, node, {"metadata": {"labels": {"x": "y"}}})
+
+
+async def test_agent_is_refused_everything_else(
+        wl1: KubeClient, agent_client: tuple[KubeClient, str, str]) -> None:
+    agent, mine, _ = agent_client
+    ns = unique("agent-denied")
+    await create_namespace(wl1, ns)
+    await wl1.create(SECRETS, {"metadata": {"name": "s"}, "stringData": {"k": "v"}}, ns)
+    pod = await wl1.create(PODS, {"metadata": {"name": "p"}, "spec": {
+        "nodeName": mine, "containers": [{"name": "c", "image": "busybox"}]}}, ns)
+
+    # Drain needs exactly: list pods (by node), create evictions.
+    on_node = await agent.list(PODS, field_selector=f"spec.nodeName={mine}")
+    assert "p" in {p["metadata"]["name"] for p in on_node.items}
+
+    label = {"metadata": {"labels": {"x": "y"}}}
+    busybox = {"containers": [{"name": "c", "image": "busybox"}]}
+    denied: dict[str, Callable[[], Awaitable[Any]]] = {
+        "get secret": lambda: agent.get(SECRETS, "s", ns),
+        "list secrets": lambda: agent.list(SECRETS),
+        "list secrets in namespace": lambda: agent.list(SECRETS, ns),
+        "get pod": lambda: agent.get(PODS, "p", ns),
+        "delete pod": lambda: agent.delete(PODS, "p", ns),
+        "create pod": lambda: agent.create(PODS, {"metadata": {"name": "q"}, "spec": busybox},
+                                           ns),
+        "patch pod": lambda: agent.patch(PODS, "p", label, ns),
+        "patch namespace": lambda: agent.patch(NAMESPACES, ns, label),
+        "patch clusterrole": lambda: agent.patch(CLUSTER_ROLES, "view", label),
+        "patch CRD": lambda: agent.patch(CRDS, "nodeplans.fleet.k0s-fleet.io", label),
+        "list controlnodes": lambda: agent.list(CONTROL_NODES),
+        "create autopilot plan": lambda: agent.create(
+            AUTOPILOT_PLANS, {"metadata": {"name": "autopilot"}, "spec": {}}),
+        "create serviceaccount token": lambda: agent.create_subresource(
+            SERVICE_ACCOUNTS, "default", "token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+             "spec": {"audiences": [AUDIENCE]}}, ns),
+    }
+    allowed = []
+    for what, call in denied.items():
+        try:
+            await call()
+        except ForbiddenError:
+            continue
+        allowed.append(what)
+    assert allowed == []
+    # The eviction itself is allowed (a Pod's deletion through the Eviction API).
+    await agent.create_subresource(PODS, "p", "eviction", {
+        "apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": "p", "namespace": ns},
+        "deleteOptions": {"preconditions": {"uid": pod["metadata"]["uid"]}}}, ns)
+    assert (await wl1.get(PODS, "p", ns))["metadata"].get("deletionTimestamp")
