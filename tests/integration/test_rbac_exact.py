@@ -1,0 +1,151 @@
+"""The charts grant exactly what the components use: proven from an API server audit log.
+
+A private API server (etcd + kube-apiserver, audit logging every request made by a
+service account) plays both the management and a workload cluster. Both charts are
+installed into it with helm, the components run an upgrade with the charts' own
+ServiceAccount tokens, and the audit log then says which (group, resource, verb) each
+identity used. Every rule a chart grants must have been used (nothing granted "just in
+case"), and nothing was refused.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fleet.kube import KubeClient
+from fleet.kube.resources import PODS
+from fleet.signal import SignalState
+from fleet.testing.releases import ReleaseServer
+from fleet.testing.simnode import SimNode
+from fleet.testing.world import World
+from tests.conftest import unique
+from tests.integration.test_chart_install import (
+    CLUSTER_ROLES,
+    DAEMONSETS,
+    create_namespace,
+    helm_cli,
+    kubeconfig_file,
+)
+from tests.integration.test_rbac_agent import (
+    AgentInstall,
+    agent_pod_on,
+    token_for,
+)
+from tests.unit.test_chart_render import AGENT_CHART, pod_spec, rbac_grants
+
+pytestmark = pytest.mark.anyio
+
+OLD = "v1.31.3+k0s.0"
+NEW = "v1.32.1+k0s.0"
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+        {"level": "None"},
+    ],
+}
+
+
+@dataclass(frozen=True)
+class Audited:
+    world: World
+    log: Path
+
+    @property
+    def server(self) -> Any:
+        return self.world["audited"]
+
+    def used(self, username: str) -> tuple[set[tuple[str, str, str]], list[str]]:
+        """((group, resource[/subresource], verb) that succeeded, refused requests)."""
+        ok: set[tuple[str, str, str]] = set()
+        refused: list[str] = []
+        for line in self.log.read_text().splitlines():
+            ev = json.loads(line)
+            if ev["user"]["username"] != username or "objectRef" not in ev:
+                continue
+            ref = ev["objectRef"]
+            resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource")
+                                          else "")
+            key = (ref.get("apiGroup", ""), resource, ev["verb"])
+            code = (ev.get("responseStatus") or {}).get("code", 0)
+            if code in (401, 403):
+                refused.append(f"{key} {ref.get('namespace', '')}/{ref.get('name', '')}")
+            else:
+                ok.add(key)
+        return ok, refused
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Audited]:
+    workdir = tmp_path_factory.mktemp("audited-world")
+    policy = workdir / "audit-policy.yaml"
+    policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+    log = workdir / "audit.log"
+    world = World(["audited"], workdir=workdir, extra_args={"audited": [
+        f"--audit-policy-file={policy}", f"--audit-log-path={log}",
+        "--audit-log-format=json", "--audit-log-mode=blocking",
+    ]})
+    world.start()
+    try:
+        yield Audited(world, log)
+    finally:
+        world.close()
+
+
+@pytest.fixture(scope="module")
+async def audited_admin(audited: Audited) -> AsyncIterator[KubeClient]:
+    await audited.world.install_crds()
+    async with await audited.server.client() as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+async def releases() -> AsyncIterator[ReleaseServer]:
+    async with ReleaseServer() as rs:
+        rs.add(OLD)
+        rs.add(NEW, size=1024 * 1024)
+        yield rs
+
+
+def _grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for g, r, v, _ in rbac_grants(role["rules"])}
+
+
+async def test_agent_chart_grants_exactly_what_the_agent_uses(
+        audited: Audited, audited_admin: KubeClient, releases: ReleaseServer,
+        tmp_path: Path) -> None:
+    ns, release = unique("kfa"), unique("k0s-fleet-agent")
+    await create_namespace(audited_admin, ns, pod_security="privileged")
+    await helm_cli("install", release, AGENT_CHART, "--namespace", ns, "--kubeconfig",
+                   kubeconfig_file(audited.server, tmp_path))
+    ds = await audited_admin.get(DAEMONSETS, release, ns)
+    inst = AgentInstall(ns, release, pod_spec(ds)["serviceAccountName"], ds)
+    name = unique("audited-node")
+    async with SimNode.running(audited_admin, audited.server.kubeconfig(), tmp_path / "node",
+                               releases.releases[OLD], name=name, start_agent=False) as node:
+        token = await token_for(audited_admin, inst,
+                                await agent_pod_on(audited_admin, inst, name))
+        kubeconfig = tmp_path / "agent.kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump(audited.server.kubeconfig(token=token)))
+        await audited_admin.create(PODS, {"metadata": {"name": unique("victim")}, "spec": {
+            "nodeName": name, "containers": [{"name": "c", "image": "busybox"}]}}, "default")
+        await node.start_agent(extra_args=["--kubeconfig", str(kubeconfig)])
+        plan = await node.request(releases.releases[NEW])
+        sig = await node.wait_for(plan, {s for s in SignalState if s.terminal}, timeout=90)
+        assert sig.status is not None and sig.status.status is SignalState.COMPLETED
+
+    used, refused = audited.used(f"system:serviceaccount:{ns}:{inst.service_account}")
+    granted = _grants(await audited_admin.get(CLUSTER_ROLES, release))
+    assert refused == []
+    assert used <= granted
+    assert granted - used == set(), f"granted but never used: {sorted(granted - used)}"
+    print(f"\n[rbac] agent used exactly: {sorted(used)}")
