@@ -1,0 +1,446 @@
+"""The runtime extension driven the way Cluster API drives it, against real API servers.
+
+``CapiDriver`` plays CAPI's part (v1.12, ``machinedeployment_canupdatemachineset.go`` and
+``machine_controller_inplace_update.go``): it asks CanUpdateMachineSet over HTTPS,
+applies the returned patch with an independent RFC 6902 implementation and compares,
+marks the Machine for an in-place update, then calls UpdateMachine again and again,
+honouring ``retryAfterSeconds`` on a scaled clock (1 s of CAPI time = 10 ms here) until
+it answers done, and finally removes its annotations.
+
+The node side is SIMULATED in this module: ``NodeSide`` plays the controller's NodePlan
+reconciler plus the node agent by patching the NodePlan's status through the agent's
+states and the workload Node's running-version annotation and Ready condition. Each
+phase is held until the driver has seen it, so the test can check the retry delay CAPI
+was told for every phase. (An end-to-end test through the real NodePlan reconciler and
+simulated nodes belongs next to this once that reconciler exists.)
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+import jsonpatch
+import pytest
+
+from fleet.config import DownloadSettings
+from fleet.extension import (
+    ConfigArtifacts,
+    ExtensionHandlers,
+    ExtensionServer,
+    UpdateMachineService,
+    start_extension_server,
+)
+from fleet.extension.catalog import HANDLER_BY_HOOK, hook_path
+from fleet.extension.progress import RETRY_AFTER_SECONDS, UNOBSERVABLE_RETRY_SECONDS
+from fleet.extension.selfsigned import make_cert_pair
+from fleet.extension.wire import Hook
+from fleet.kube import KubeClient, NotFoundError, UnreachableError
+from fleet.kube.resources import MACHINES, NODE_PLANS, NODES
+from fleet.nodeplan import LABEL_MACHINE, build_nodeplan, label_value, nodeplan_name
+from fleet.signal import HAPPY_PATH, RUNNING_VERSION_KEY, SignalState
+from tests.conftest import unique
+
+pytestmark = pytest.mark.anyio
+
+OLD = "v1.31.3+k0s.0"
+NEW = "v1.32.1+k0s.0"
+DIGEST = "b" * 64
+SCALE = 0.01  # seconds of test time per second of retryAfterSeconds
+UPDATE_IN_PROGRESS = "in-place-updates.internal.cluster.x-k8s.io/update-in-progress"
+PENDING_HOOKS = "runtime.cluster.x-k8s.io/pending-hooks"
+
+
+def path_of(hook: Hook) -> str:
+    return hook_path(hook, HANDLER_BY_HOOK[hook].name)
+
+
+# -- fixtures -------------------------------------------------------------------------------
+
+@dataclass
+class Extension:
+    server: ExtensionServer
+    ssl: ssl.SSLContext
+    service: UpdateMachineService
+
+
+@pytest.fixture
+async def extension(mgmt: KubeClient, wl1: KubeClient,
+                    tmp_path: Path) -> AsyncIterator[Extension]:
+    cert, key, ca = make_cert_pair(["localhost"]).write(tmp_path / "tls")
+
+    async def workload(namespace: str, cluster: str) -> KubeClient:
+        return wl1
+
+    service = UpdateMachineService(
+        mgmt=mgmt, workload_client=workload,
+        resolve_artifact=ConfigArtifacts(DownloadSettings(digests={NEW: {"amd64": DIGEST}})),
+    )
+    server = await start_extension_server(ExtensionHandlers(update=service),
+                                          cert_file=str(cert), key_file=str(key),
+                                          host="127.0.0.1", port=0)
+    try:
+        yield Extension(server, ssl.create_default_context(cafile=str(ca)), service)
+    finally:
+        await server.close()
+
+
+async def make_machine(mgmt: KubeClient, wl1: KubeClient, namespace: str, *,
+                       ready: bool = True, running: str = OLD) -> tuple[dict[str, Any], str]:
+    """A worker Machine of MachineDeployment md-0 and its workload Node."""
+    name = unique("md-0-x")
+    node = unique("node")
+    machine = await mgmt.create(MACHINES, {
+        "metadata": {"name": name, "namespace": namespace, "labels": {
+            "cluster.x-k8s.io/cluster-name": "c1", "cluster.x-k8s.io/deployment-name": "md-0"}},
+        "spec": {
+            "clusterName": "c1", "version": OLD,
+            "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io",
+                                        "kind": "K0sWorkerConfig", "name": name}},
+            "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                  "kind": "DockerMachine", "name": name},
+        },
+    })
+    machine = await mgmt.patch(MACHINES, name, {"status": {"nodeRef": {"name": node}}},
+                               namespace, subresource="status")
+    await wl1.create(NODES, {"metadata": {"name": node, "labels": {"kubernetes.io/arch": "amd64"},
+                                          "annotations": {RUNNING_VERSION_KEY: running}}})
+    await set_node(wl1, node, ready=ready)
+    return machine, node
+
+
+async def set_node(wl1: KubeClient, node: str, *, ready: bool,
+                   running: str | None = None) -> None:
+    if running is not None:
+        await wl1.patch(NODES, node, {"metadata": {"annotations": {RUNNING_VERSION_KEY: running}}})
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    await wl1.patch(NODES, node, {"status": {"conditions": [{
+        "type": "Ready", "status": "True" if ready else "False", "reason": "Test",
+        "lastHeartbeatTime": now, "lastTransitionTime": now}]}}, subresource="status")
+
+
+# -- CAPI's part ----------------------------------------------------------------------------
+
+@dataclass
+class Call:
+    status: str
+    message: str
+    retry_after: int
+
+
+@dataclass
+class CapiDriver:
+    ext: Extension
+    mgmt: KubeClient
+    calls: list[Call] = field(default_factory=list)
+    seen: anyio.Event = field(default_factory=anyio.Event)
+
+    async def post(self, hook: Hook, body: dict[str, Any]) -> dict[str, Any]:
+        timeout = HANDLER_BY_HOOK[hook].timeout_seconds
+        url = f"{self.ext.server.url}{path_of(hook)}?timeout={timeout}s"
+        async with aiohttp.ClientSession() as s, \
+                s.post(url, data=json.dumps(body).encode(), ssl=self.ext.ssl) as r:
+            assert r.status == 200, await r.text()
+            doc: dict[str, Any] = await r.json()
+            return doc
+
+    async def can_update_machine_set(self, current: dict[str, Any],
+                                     desired: dict[str, Any]) -> bool:
+        """CAPI's canExtensionsUpdateMachineSet: patch current, then compare with desired."""
+        def template() -> dict[str, Any]:
+            return {"apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2",
+                    "kind": "K0sWorkerConfigTemplate",
+                    "metadata": {"name": "md-0", "namespace": current["metadata"]["namespace"]},
+                    "spec": {"template": {"spec": {"args": ["--debug"]}}}}
+        infra = {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
+                 "kind": "DockerMachineTemplate",
+                 "metadata": {"name": "md-0", "namespace": current["metadata"]["namespace"]},
+                 "spec": {"template": {"spec": {"customImage": "img"}}}}
+        req = {"apiVersion": "hooks.runtime.cluster.x-k8s.io/v1alpha1",
+               "kind": "CanUpdateMachineSetRequest",
+               "current": {"machineSet": current, "infrastructureMachineTemplate": infra,
+                           "bootstrapConfigTemplate": template()},
+               "desired": {"machineSet": desired, "infrastructureMachineTemplate": infra,
+                           "bootstrapConfigTemplate": template()}}
+        resp = await self.post(Hook.CAN_UPDATE_MACHINE_SET, req)
+        assert resp["status"] == "Success", resp
+        patch = resp.get("machineSetPatch")
+        if not patch:
+            return False
+        assert patch["patchType"] == "JSONPatch"
+        ops = json.loads(base64.b64decode(patch["patch"], validate=True))
+        patched = jsonpatch.JsonPatch(ops).apply(copy.deepcopy(current))
+        return bool(patched["spec"]["template"]["spec"] == desired["spec"]["template"]["spec"])
+
+    async def start_in_place(self, machine: dict[str, Any], version: str) -> dict[str, Any]:
+        """What the MachineSet controller does before UpdateMachine: desired spec + markers."""
+        meta = machine["metadata"]
+        return await self.mgmt.patch(MACHINES, meta["name"], {
+            "metadata": {"annotations": {UPDATE_IN_PROGRESS: "", PENDING_HOOKS: "UpdateMachine"}},
+            "spec": {"version": version}}, meta["namespace"])
+
+    async def update_machine_once(self, machine_name: str, namespace: str) -> Call:
+        m = await self.mgmt.get(MACHINES, machine_name, namespace)
+        # cleanupMachine: only name, namespace, labels, annotations and spec travel.
+        desired = {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+                   "metadata": {k: m["metadata"][k] for k in
+                                ("name", "namespace", "labels", "annotations")
+                                if k in m["metadata"]},
+                   "spec": m["spec"]}
+        infra = {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
+                 "kind": "DockerMachine",
+                 "metadata": {"name": machine_name, "namespace": namespace,
+                              "annotations": {UPDATE_IN_PROGRESS: ""}},
+                 "spec": {"customImage": "img"}}
+        resp = await self.post(Hook.UPDATE_MACHINE, {
+            "apiVersion": "hooks.runtime.cluster.x-k8s.io/v1alpha1",
+            "kind": "UpdateMachineRequest",
+            "desired": {"machine": desired, "infrastructureMachine": infra}})
+        assert resp["kind"] == "UpdateMachineResponse"
+        assert isinstance(resp["retryAfterSeconds"], int)
+        call = Call(resp["status"], resp.get("message", ""), resp["retryAfterSeconds"])
+        self.calls.append(call)
+        self.seen.set()
+        self.seen = anyio.Event()
+        return call
+
+    async def drive(self, machine_name: str, namespace: str, *, max_calls: int = 200) -> Call:
+        """Call UpdateMachine until done or Failure, sleeping retryAfterSeconds (scaled)."""
+        for _ in range(max_calls):
+            call = await self.update_machine_once(machine_name, namespace)
+            if call.status != "Success" or call.retry_after == 0:
+                if call.status == "Success":
+                    meta = (await self.mgmt.get(MACHINES, machine_name, namespace))["metadata"]
+                    await self.mgmt.patch(MACHINES, machine_name, {"metadata": {"annotations": {
+                        UPDATE_IN_PROGRESS: None, PENDING_HOOKS: None}}}, namespace)
+                    assert meta["name"] == machine_name
+                return call
+            await anyio.sleep(call.retry_after * SCALE)
+        raise AssertionError(f"UpdateMachine never finished: {self.calls[-3:]}")
+
+
+# -- the simulated node side ----------------------------------------------------------------
+
+@dataclass
+class NodeSide:
+    """SIMULATION of the NodePlan reconciler + agent: writes NodePlan status and the Node."""
+
+    mgmt: KubeClient
+    wl1: KubeClient
+    driver: CapiDriver
+
+    async def wait_plan(self, name: str, namespace: str) -> dict[str, Any]:
+        while True:
+            plan = await self.mgmt.get_or_none(NODE_PLANS, name, namespace)
+            if plan is not None:
+                return plan
+            await anyio.sleep(0.02)
+
+    async def set_status(self, name: str, namespace: str, **status: Any) -> None:
+        await self.mgmt.patch(NODE_PLANS, name, {"status": status}, namespace,
+                              subresource="status")
+
+    async def until_seen(self, needle: str) -> None:
+        """Hold the current phase until CAPI has been answered about it."""
+        while not any(needle in c.message for c in self.driver.calls):
+            await self.driver.seen.wait()
+
+    async def succeed(self, plan_name: str, namespace: str, node: str) -> None:
+        await self.wait_plan(plan_name, namespace)
+        await self.until_seen("Pending")
+        for state in HAPPY_PATH[:-1]:
+            await self.set_status(plan_name, namespace, phase="InProgress", nodeState=str(state))
+            await self.until_seen(f" {state} ")
+        # Completed on the plan, but the Node is still restarting: CAPI must keep waiting.
+        await set_node(self.wl1, node, ready=False, running=NEW)
+        await self.set_status(plan_name, namespace, phase="Completed", nodeState="Completed",
+                              runningVersion=NEW)
+        await self.until_seen("NotReady")
+        await set_node(self.wl1, node, ready=True)
+
+    async def fail(self, plan_name: str, namespace: str) -> None:
+        await self.wait_plan(plan_name, namespace)
+        await self.set_status(plan_name, namespace, phase="InProgress", nodeState="Downloading")
+        await self.until_seen(" Downloading ")
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        await self.set_status(
+            plan_name, namespace, phase="Failed", nodeState="FailedDownload",
+            message="sha256 mismatch: got 3f2a, want bbbb",
+            conditions=[{"type": "Failed", "status": "True", "reason": "FailedDownload",
+                         "lastTransitionTime": now}])
+
+
+def machine_set(namespace: str, version: str) -> dict[str, Any]:
+    return {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet",
+            "metadata": {"name": f"md-0-{version[3:5]}", "namespace": namespace},
+            "spec": {"clusterName": "c1", "replicas": 1, "template": {"spec": {
+                "clusterName": "c1", "version": version,
+                "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io",
+                                            "kind": "K0sWorkerConfigTemplate", "name": "md-0"}},
+                "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                      "kind": "DockerMachineTemplate", "name": "md-0"}}}}}
+
+
+async def plans_for(mgmt: KubeClient, namespace: str, machine: str) -> list[dict[str, Any]]:
+    listed = await mgmt.list(NODE_PLANS, namespace,
+                             label_selector=f"{LABEL_MACHINE}={label_value(machine)}")
+    return listed.items
+
+
+# -- tests ------------------------------------------------------------------------------------
+
+async def test_in_place_update_driven_like_capi_to_completion(
+        mgmt: KubeClient, wl1: KubeClient, namespace: str, extension: Extension) -> None:
+    machine, node = await make_machine(mgmt, wl1, namespace)
+    name = machine["metadata"]["name"]
+    driver = CapiDriver(extension, mgmt)
+    side = NodeSide(mgmt, wl1, driver)
+    with anyio.fail_after(60):
+        assert await driver.can_update_machine_set(machine_set(namespace, OLD),
+                                                   machine_set(namespace, NEW))
+        await driver.start_in_place(machine, NEW)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(side.succeed, nodeplan_name(name, NEW), namespace, node)
+            final = await driver.drive(name, namespace)
+
+    assert final.status == "Success" and final.retry_after == 0, driver.calls[-3:]
+    assert "runs k0s v1.32.1+k0s.0 and is Ready" in final.message
+    # One NodePlan, created by the extension, owned by the Machine, with the pinned digest.
+    plans = await plans_for(mgmt, namespace, name)
+    assert len(plans) == 1
+    plan = plans[0]
+    assert plan["spec"]["source"] == "runtime-extension"
+    assert plan["spec"]["sha256"] == DIGEST and plan["spec"]["nodeName"] == node
+    assert plan["spec"]["ownerKind"] == "MachineDeployment" and plan["spec"]["ownerName"] == "md-0"
+    assert plan["metadata"]["ownerReferences"][0]["uid"] == machine["metadata"]["uid"]
+    # CAPI was told to come back sooner or later depending on the phase.
+    by_phase = {}
+    for c in driver.calls:
+        for state in [*(str(s) for s in HAPPY_PATH[:-1]), "Pending"]:
+            if f" {state} " in c.message:
+                by_phase[state] = c.retry_after
+    assert by_phase["Downloading"] == RETRY_AFTER_SECONDS[SignalState.DOWNLOADING]
+    assert by_phase["ApplyingUpdate"] == RETRY_AFTER_SECONDS[SignalState.APPLYING_UPDATE]
+    assert by_phase["Pending"] == RETRY_AFTER_SECONDS["Pending"]
+    assert len(set(by_phase.values())) >= 3
+    waiting_ready = [c for c in driver.calls if "NotReady" in c.message]
+    assert waiting_ready and all(c.retry_after > 0 for c in waiting_ready)
+    # Completed: CAPI removed its markers; asking again stays done (idempotent).
+    again = await driver.update_machine_once(name, namespace)
+    assert again.status == "Success" and again.retry_after == 0
+    assert len(await plans_for(mgmt, namespace, name)) == 1
+
+
+async def test_in_place_update_driven_like_capi_to_failure(
+        mgmt: KubeClient, wl1: KubeClient, namespace: str, extension: Extension) -> None:
+    machine, _ = await make_machine(mgmt, wl1, namespace)
+    name = machine["metadata"]["name"]
+    plan_name = nodeplan_name(name, NEW)
+    driver = CapiDriver(extension, mgmt)
+    side = NodeSide(mgmt, wl1, driver)
+    with anyio.fail_after(60):
+        await driver.start_in_place(machine, NEW)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(side.fail, plan_name, namespace)
+            final = await driver.drive(name, namespace)
+    assert final.status == "Failure"
+    assert "FailedDownload" in final.message and "sha256 mismatch" in final.message
+    assert plan_name in final.message
+    # CAPI retries failures: the answer stays the same, no second NodePlan appears.
+    again = await driver.update_machine_once(name, namespace)
+    assert again.status == "Failure" and again.message == final.message
+    assert len(await plans_for(mgmt, namespace, name)) == 1
+    # Deleting the failed NodePlan (the documented retry) makes the next call start over.
+    await mgmt.delete(NODE_PLANS, plan_name, namespace)
+    with anyio.fail_after(30):
+        while (await mgmt.get_or_none(NODE_PLANS, plan_name, namespace)) is not None:
+            await anyio.sleep(0.02)
+    fresh = await driver.update_machine_once(name, namespace)
+    assert fresh.status == "Success" and fresh.retry_after > 0 and "Pending" in fresh.message
+
+
+async def test_concurrent_duplicate_calls_create_one_nodeplan(
+        mgmt: KubeClient, wl1: KubeClient, namespace: str, extension: Extension) -> None:
+    machine, _ = await make_machine(mgmt, wl1, namespace)
+    name = machine["metadata"]["name"]
+    driver = CapiDriver(extension, mgmt)
+    await driver.start_in_place(machine, NEW)
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            for _ in range(12):
+                tg.start_soon(driver.update_machine_once, name, namespace)
+    assert len(driver.calls) == 12
+    assert all(c.status == "Success" and c.retry_after > 0 for c in driver.calls), driver.calls
+    plans = await plans_for(mgmt, namespace, name)
+    assert [p["metadata"]["name"] for p in plans] == [nodeplan_name(name, NEW)]
+
+
+async def test_adopts_a_nodeplan_the_standalone_controller_created(
+        mgmt: KubeClient, wl1: KubeClient, namespace: str, extension: Extension) -> None:
+    machine, node = await make_machine(mgmt, wl1, namespace)
+    name = machine["metadata"]["name"]
+    theirs = await mgmt.create(NODE_PLANS, build_nodeplan(
+        machine=machine, node_name=node, role="worker", version=NEW,
+        url="https://example.com/k0s", sha256="c" * 64, source="controller"))
+    driver = CapiDriver(extension, mgmt)
+    await driver.start_in_place(machine, NEW)
+    call = await driver.update_machine_once(name, namespace)
+    assert call.status == "Success" and call.retry_after > 0
+    plans = await plans_for(mgmt, namespace, name)
+    assert len(plans) == 1 and plans[0]["metadata"]["uid"] == theirs["metadata"]["uid"]
+    assert plans[0]["spec"]["source"] == "controller"
+
+
+async def test_node_already_on_target_needs_no_nodeplan(
+        mgmt: KubeClient, wl1: KubeClient, namespace: str, extension: Extension) -> None:
+    machine, _ = await make_machine(mgmt, wl1, namespace, running=NEW)
+    name = machine["metadata"]["name"]
+    driver = CapiDriver(extension, mgmt)
+    await driver.start_in_place(machine, NEW)
+    call = await driver.update_machine_once(name, namespace)
+    assert call.status == "Success" and call.retry_after == 0 and "already runs" in call.message
+    assert await plans_for(mgmt, namespace, name) == []
+
+
+async def test_problems_answer_clearly(mgmt: KubeClient, wl1: KubeClient, namespace: str,
+                                       extension: Extension) -> None:
+    driver = CapiDriver(extension, mgmt)
+    # A Machine the management cluster does not have.
+    ghost = {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+             "metadata": {"name": "ghost", "namespace": namespace},
+             "spec": {"clusterName": "c1", "version": NEW}}
+    resp = await driver.post(Hook.UPDATE_MACHINE, {"desired": {"machine": ghost}})
+    assert resp["status"] == "Failure" and "not found" in resp["message"]
+    # An unreachable workload cluster: keep CAPI waiting, dispatch nothing blind.
+    machine, _ = await make_machine(mgmt, wl1, namespace)
+    name = machine["metadata"]["name"]
+    await driver.start_in_place(machine, NEW)
+
+    async def unreachable(namespace: str, cluster: str) -> KubeClient:
+        raise UnreachableError("c1: connection refused")
+
+    extension.service.workload_client = unreachable
+    call = await driver.update_machine_once(name, namespace)
+    assert call.status == "Success" and call.retry_after == UNOBSERVABLE_RETRY_SECONDS
+    assert "connection refused" in call.message
+    assert await plans_for(mgmt, namespace, name) == []
+    # No digest for the target version: refuse, and say what to configure.
+    extension.service.resolve_artifact = ConfigArtifacts(DownloadSettings())
+
+    async def workload(namespace: str, cluster: str) -> KubeClient:
+        return wl1
+
+    extension.service.workload_client = workload
+    call = await driver.update_machine_once(name, namespace)
+    assert call.status == "Failure" and "no sha256" in call.message
+    with pytest.raises(NotFoundError):
+        await mgmt.get(NODE_PLANS, nodeplan_name(name, NEW), namespace)
