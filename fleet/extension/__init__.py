@@ -2,6 +2,7 @@
 
 Public API:
 
+- :func:`serve_configured_extension`: serve per the fleet config (the controller's entry).
 - :func:`start_extension_server` / :func:`serve_extension`: the HTTPS endpoint.
 - :class:`ExtensionHandlers`, :class:`UpdateMachineService`: what the hooks do.
 - :func:`extension_active`: which path (CAPI via this extension, or the standalone
@@ -19,7 +20,9 @@ from fleet.extension.handlers import ExtensionHandlers
 from fleet.extension.server import (
     ExtensionServer,
     build_app,
+    handlers_from_config,
     running_extension_server,
+    serve_configured_extension,
     serve_extension,
     start_extension_server,
 )
@@ -28,6 +31,7 @@ from fleet.extension.update import (
     ArtifactError,
     ArtifactRequest,
     ArtifactResolver,
+    ClusterSettingsGetter,
     ConfigArtifacts,
     ManifestFetcher,
     UpdateMachineService,
@@ -39,6 +43,7 @@ __all__ = [
     "ArtifactError",
     "ArtifactRequest",
     "ArtifactResolver",
+    "ClusterSettingsGetter",
     "ConfigArtifacts",
     "ExtensionEndpoint",
     "ExtensionHandlers",
@@ -49,8 +54,10 @@ __all__ = [
     "WorkloadClientGetter",
     "build_app",
     "extension_active",
+    "handlers_from_config",
     "running_extension_server",
     "selector_matches",
+    "serve_configured_extension",
     "serve_extension",
     "serving_extension_configs",
     "start_extension_server",

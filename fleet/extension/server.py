@@ -26,9 +26,16 @@ import anyio
 from aiohttp import web
 from pydantic import ValidationError
 
+from fleet.config import FleetConfig
 from fleet.extension.catalog import DISCOVERY_PATH, HANDLERS, hook_path
 from fleet.extension.handlers import ExtensionHandlers
 from fleet.extension.tls import ReloadingServerTLS
+from fleet.extension.update import (
+    ConfigArtifacts,
+    ManifestFetcher,
+    UpdateMachineService,
+    WorkloadClientGetter,
+)
 from fleet.extension.wire import (
     HOOKS_API_VERSION,
     REQUEST_TYPES,
@@ -37,7 +44,7 @@ from fleet.extension.wire import (
     ResponseBase,
     describe_validation_error,
 )
-from fleet.kube import KubeError
+from fleet.kube import KubeClient, KubeError
 
 log = logging.getLogger(__name__)
 
@@ -219,3 +226,34 @@ async def serve_extension(handlers: ExtensionHandlers, **kwargs: Any) -> None:
     """Serve until cancelled (the controller runs this in its task group)."""
     async with running_extension_server(handlers, **kwargs):
         await anyio.sleep_forever()
+
+
+def handlers_from_config(config: FleetConfig, *, mgmt: KubeClient,
+                         workload_client: WorkloadClientGetter | None,
+                         fetch_manifest: ManifestFetcher | None = None) -> ExtensionHandlers:
+    """The hooks as the fleet config says: mode, download policy, per-cluster settings."""
+    return ExtensionHandlers(
+        update=UpdateMachineService(
+            mgmt=mgmt, workload_client=workload_client,
+            resolve_artifact=ConfigArtifacts(config.download, fetch_manifest),
+            cluster_settings=config.for_cluster,
+        ),
+        mode=config.extension.mode,
+    )
+
+
+async def serve_configured_extension(config: FleetConfig, *, mgmt: KubeClient,
+                                     workload_client: WorkloadClientGetter | None,
+                                     fetch_manifest: ManifestFetcher | None = None,
+                                     host: str = "0.0.0.0") -> None:
+    """Serve the extension per ``config.extension`` until cancelled; returns at once
+    when it is not enabled."""
+    ext = config.extension
+    if not ext.enabled:
+        return
+    if not ext.cert_file or not ext.key_file:  # the config model already refuses this
+        raise ValueError("extension.certFile and extension.keyFile are required")
+    await serve_extension(
+        handlers_from_config(config, mgmt=mgmt, workload_client=workload_client,
+                             fetch_manifest=fetch_manifest),
+        cert_file=ext.cert_file, key_file=ext.key_file, host=host, port=ext.port)

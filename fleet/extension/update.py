@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.config import (
+    ClusterSettings,
     DownloadResolutionError,
     DownloadSettings,
     digest_manifest_url,
@@ -31,7 +32,7 @@ from fleet.extension.progress import (
 )
 from fleet.extension.wire import ResponseStatus, UpdateMachineRequest, UpdateMachineResponse
 from fleet.kube import AlreadyExistsError, KubeClient, KubeError, KubeObject, NotFoundError
-from fleet.kube.resources import MACHINES, NODE_PLANS, NODES
+from fleet.kube.resources import CLUSTERS, MACHINES, NODE_PLANS, NODES
 from fleet.nodeplan import TRACEPARENT_ANNOTATION, build_nodeplan, nodeplan_name
 from fleet.versions import InvalidVersionError, K0sVersion
 
@@ -42,9 +43,14 @@ LABEL_CONTROL_PLANE = "cluster.x-k8s.io/control-plane"
 LABEL_DEPLOYMENT_NAME = "cluster.x-k8s.io/deployment-name"
 DEFAULT_ARCH = "amd64"
 
+PAUSED_RETRY_SECONDS = 30
+
 # (namespace, cluster name) -> a client for that workload cluster. The controller's
 # cluster registry provides it (one cached client per cluster, from <name>-kubeconfig).
 WorkloadClientGetter = Callable[[str, str], Awaitable[KubeClient]]
+# (namespace, cluster name, Cluster labels) -> that cluster's effective fleet settings;
+# normally ``FleetConfig.for_cluster``.
+ClusterSettingsGetter = Callable[[str, str, Mapping[str, str]], ClusterSettings]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +144,8 @@ class UpdateMachineService:
     workload_client: WorkloadClientGetter | None = None
     resolve_artifact: ArtifactResolver = field(default_factory=ConfigArtifacts)
     retry_table: Mapping[str, int] = field(default_factory=lambda: dict(RETRY_AFTER_SECONDS))
-    executor: str = "agent"
+    # Per-cluster executor and pause from the fleet config; None: executor "agent".
+    cluster_settings: ClusterSettingsGetter | None = None
 
     async def handle(self, req: UpdateMachineRequest) -> UpdateMachineResponse:
         desired = req.desired.machine
@@ -177,8 +184,17 @@ class UpdateMachineService:
                 return UpdateMachineResponse(
                     status=ResponseStatus.SUCCESS, retry_after_seconds=UNOBSERVABLE_RETRY_SECONDS,
                     message=f"{what}: waiting to dispatch: {node.describe()}")
+            executor = "agent"
+            if self.cluster_settings is not None:
+                settings = await self._settings(namespace, cluster)
+                if settings.paused:
+                    return UpdateMachineResponse(
+                        status=ResponseStatus.SUCCESS, retry_after_seconds=PAUSED_RETRY_SECONDS,
+                        message=f"{what}: cluster {namespace}/{cluster} is paused in the fleet "
+                                f"config; not dispatching")
+                executor = str(settings.executor)
             try:
-                plan = await self._ensure_plan(machine, node_name, version, node)
+                plan = await self._ensure_plan(machine, node_name, version, node, executor)
             except ArtifactError as e:
                 return UpdateMachineResponse.failure(f"{what}: {e}")
             log.info("UpdateMachine %s: dispatched as NodePlan %s", what, plan_name)
@@ -197,8 +213,14 @@ class UpdateMachineService:
             log.warning("workload client for %s/%s failed: %r", namespace, cluster, e)
             return NodeObservation.unobservable(node_name, f"{type(e).__name__}: {e}")
 
+    async def _settings(self, namespace: str, cluster: str) -> ClusterSettings:
+        assert self.cluster_settings is not None
+        obj = await self.mgmt.get_or_none(CLUSTERS, cluster, namespace)
+        labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
+        return self.cluster_settings(namespace, cluster, labels)
+
     async def _ensure_plan(self, machine: KubeObject, node_name: str, version: str,
-                           node: NodeObservation | None) -> KubeObject:
+                           node: NodeObservation | None, executor: str) -> KubeObject:
         meta = machine["metadata"]
         role = machine_role(machine)
         artifact = await self.resolve_artifact(ArtifactRequest(
@@ -208,7 +230,7 @@ class UpdateMachineService:
         body = build_nodeplan(
             machine=machine, node_name=node_name, role=role, version=version,
             url=artifact.url, sha256=artifact.sha256,
-            allow_unverified=artifact.allow_unverified, executor=self.executor,
+            allow_unverified=artifact.allow_unverified, executor=executor,
             source=SOURCE, owner_kind=owner_kind, owner_name=owner_name,
             traceparent=(meta.get("annotations") or {}).get(TRACEPARENT_ANNOTATION),
         )

@@ -32,12 +32,13 @@ import anyio
 import jsonpatch
 import pytest
 
-from fleet.config import DownloadSettings
+from fleet.config import DownloadSettings, FleetConfig
 from fleet.extension import (
     ConfigArtifacts,
     ExtensionHandlers,
     ExtensionServer,
     UpdateMachineService,
+    handlers_from_config,
     start_extension_server,
 )
 from fleet.extension.catalog import HANDLER_BY_HOOK, hook_path
@@ -45,7 +46,7 @@ from fleet.extension.progress import RETRY_AFTER_SECONDS, UNOBSERVABLE_RETRY_SEC
 from fleet.extension.selfsigned import make_cert_pair
 from fleet.extension.wire import Hook
 from fleet.kube import KubeClient, NotFoundError, UnreachableError
-from fleet.kube.resources import MACHINES, NODE_PLANS, NODES
+from fleet.kube.resources import CLUSTERS, MACHINES, NODE_PLANS, NODES
 from fleet.nodeplan import LABEL_MACHINE, build_nodeplan, label_value, nodeplan_name
 from fleet.signal import HAPPY_PATH, RUNNING_VERSION_KEY, SignalState
 from tests.conftest import unique
@@ -444,3 +445,38 @@ async def test_problems_answer_clearly(mgmt: KubeClient, wl1: KubeClient, namesp
     assert call.status == "Failure" and "no sha256" in call.message
     with pytest.raises(NotFoundError):
         await mgmt.get(NODE_PLANS, nodeplan_name(name, NEW), namespace)
+
+
+async def test_fleet_config_executor_and_pause_apply(
+        mgmt: KubeClient, wl1: KubeClient, namespace: str, tmp_path: Path) -> None:
+    """handlers_from_config: the cluster's executor goes into the NodePlan; pause holds."""
+    await mgmt.create(CLUSTERS, {"metadata": {"name": "c1", "namespace": namespace,
+                                              "labels": {"tier": "prod"}}, "spec": {}})
+    cert, key, ca = make_cert_pair(["localhost"]).write(tmp_path / "tls")
+
+    async def workload(namespace: str, cluster: str) -> KubeClient:
+        return wl1
+
+    digests = {"download": {"digests": {NEW: {"amd64": DIGEST}}}}
+    for raw, expect_plan in (({**digests, "rollout": {"paused": True}}, False),
+                             ({**digests, "executor": "autopilot"}, True)):
+        config = FleetConfig.model_validate(raw)
+        machine, _ = await make_machine(mgmt, wl1, namespace)
+        name = machine["metadata"]["name"]
+        handlers = handlers_from_config(config, mgmt=mgmt, workload_client=workload)
+        server = await start_extension_server(handlers, cert_file=str(cert), key_file=str(key),
+                                              host="127.0.0.1", port=0)
+        try:
+            ext = Extension(server, ssl.create_default_context(cafile=str(ca)),
+                            UpdateMachineService(mgmt=mgmt))
+            driver = CapiDriver(ext, mgmt)
+            await driver.start_in_place(machine, NEW)
+            call = await driver.update_machine_once(name, namespace)
+        finally:
+            await server.close()
+        plans = await plans_for(mgmt, namespace, name)
+        assert call.status == "Success" and call.retry_after > 0, call
+        if expect_plan:
+            assert [p["spec"]["executor"] for p in plans] == ["autopilot"]
+        else:
+            assert plans == [] and "paused" in call.message
