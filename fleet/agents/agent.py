@@ -80,9 +80,6 @@ log = logging.getLogger(__name__)
 # Test-only fault injection: a comma-separated list of crash points (e.g.
 # "ApplyingUpdate:after"); reaching one kills the agent with SIGKILL. Unset in production.
 CRASH_ENV = "K0S_FLEET_AGENT_CRASH_AT"
-# How long a restart aimed at a still-running process is given to take effect before a
-# re-issued restart (see fleet.agents.state.restart_action).
-RESTART_GRACE = 20.0
 MIN_STEP_SECONDS = 1.0
 
 
@@ -225,6 +222,7 @@ class Agent:
                 sig = await self._step(sig)
                 backoff.reset()
                 if sig.status is not None and sig.status.status.terminal:
+                    crash_point(f"{sig.status.status}:after")
                     await self._cleanup_request(sig)
                     return
             except RequestReplacedError:
@@ -429,7 +427,7 @@ class Agent:
             with anyio.CancelScope(shield=True):
                 outcome = await restart_once(
                     self._marker(sig, "restart"), self._rid(sig), self.probe, self.restarter,
-                    grace=RESTART_GRACE,
+                    grace=self.s.restart_grace,
                     crash_point=lambda p: crash_point(f"Restarting:{p}"))
         except RestartError as e:
             return await self._rollback(sig, f"restart failed: {e}")
@@ -493,8 +491,9 @@ class Agent:
                             reason=f"{why}; no rollback copy to restore"))
                     outcome = await restart_once(
                         self._marker(sig, "rollback-restart"), self._rid(sig), self.probe,
-                        self.restarter, grace=RESTART_GRACE,
-                        crash_point=lambda p: crash_point(f"rollback:{p}"))
+                        self.restarter, grace=self.s.restart_grace,
+                        crash_point=lambda p: crash_point(f"rollback-restart:{p}"))
+                crash_point("rollback:restarted")
             except (swap.ApplyError, RestartError) as e:
                 return await self._transition(sig, self._status(
                     sig, SignalState.FAILED_VERIFY, reason=f"{why}; rollback failed: {e}"))

@@ -27,6 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--service-name", default=S, help="systemd unit (default k0s<role>)")
     a("--restart-signal", default=S, help="signal for --restart-strategy=signal (SIGTERM)")
     a("--restart-command", default=S, help="command line for --restart-strategy=command")
+    a("--restart-grace", type=float, default=S,
+      help="seconds a recorded restart gets to replace the process before re-issuing")
     a("--host-namespace", choices=["auto", "always", "never"], default=S,
       help="run systemctl/commands via nsenter into pid 1's namespaces")
     a("--version-source", choices=["status-socket", "binary"], default=S)

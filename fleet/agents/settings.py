@@ -60,6 +60,9 @@ class AgentSettings(BaseSettings):
     service_name: str | None = None  # default k0s<role>, e.g. k0sworker
     restart_signal: str = "SIGTERM"
     restart_command: str | None = None
+    # A restart recorded as issued while the very same k0s process still runs: how long
+    # to let it take effect before issuing it again (see state.restart_action).
+    restart_grace: float = Field(default=20.0, ge=0)
     host_namespace: HostNamespace = HostNamespace.AUTO
 
     version_source: VersionSource = VersionSource.STATUS_SOCKET

@@ -365,6 +365,7 @@ class SimNode:
             "--drain-timeout", "20",
             "--verify-timeout", "20",
             "--rollback-timeout", "20",
+            "--restart-grace", "2",
             *self.agent_args,
         ]
 
@@ -407,6 +408,12 @@ class SimNode:
                     os.killpg(proc.pid, signal.SIGKILL)
                 await proc.wait()
         return proc.returncode
+
+    async def agent_ready(self) -> bool:
+        """The current agent run has listed its object and is watching it."""
+        text = self.log_text()
+        run = text.rsplit(f"--- agent run {self.agent_runs} ", 1)[-1]
+        return "watching " in run
 
     def agent_rss_kib(self) -> int | None:
         if self.agent is None or self.agent.returncode is not None:
