@@ -1,0 +1,402 @@
+"""The fleet rollout gate: which clusters may start new node upgrades right now.
+
+Pure: ``RolloutGate(config).evaluate(view, now)`` reads nothing but its arguments. The
+controller consults it on every planning pass and dispatches new nodes only in
+``decision.allowed_clusters`` (and not on held objects); nodes already in flight always
+finish. The rules (docs/rollout-policy.md has the long form):
+
+* Clusters belong to the first wave whose selector matches their labels (the config's
+  ``effective_waves``: a final ``default`` wave takes the rest).
+* A cluster of wave N+1 is admitted only once every earlier wave is complete (every node
+  observed on its target version, Ready and schedulable) and its soak time has passed
+  since the completion recorded in the durable state.
+* At most ``maxConcurrentClusters`` clusters of a wave upgrade at once. A cluster is
+  *active* from its admission (recorded durably before the first dispatch) or its first
+  NodePlan until it is complete; failed clusters do not hold a slot.
+* Failed clusters (a failed node upgrade not yet retried or cleared) beyond a wave's
+  failure budget (0 in a canary wave) halt the whole fleet: nothing new starts anywhere.
+* Emergency stop, fleet pause (config or annotation on the rollout ConfigMap), cluster
+  pause (config entry, annotation, ``spec.paused``) and closed maintenance windows stop
+  new starts; object pause (annotation on the MD / KCP) holds that object only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from fleet.config import FleetConfig
+from fleet.model import ClusterKey, ObjectRef, format_time
+from fleet.rollout.annotations import ANN_EMERGENCY_STOP, ANN_PAUSED, ROLLOUT_CONFIGMAP, switch
+from fleet.rollout.progress import ClusterProgress, fingerprint
+from fleet.rollout.state import RolloutState, Transition, WaveRecord
+from fleet.schedule import next_window_start, window_open
+
+
+class ClusterPhase(StrEnum):
+    COMPLETE = "Complete"  # every node on target and Ready
+    UPGRADING = "Upgrading"  # admitted or started, not complete (holds a slot)
+    QUEUED = "Queued"  # has in-place work, not admitted yet
+    FAILED = "Failed"  # a failed node upgrade not yet retried / cleared
+    WAITING = "Waiting"  # not complete, nothing to start in place (CAPI, NotReady, unseen)
+
+
+class WavePhase(StrEnum):
+    PENDING = "Pending"  # an earlier wave is not complete and soaked yet
+    PROGRESSING = "Progressing"
+    SOAKING = "Soaking"
+    COMPLETE = "Complete"
+    HALTED = "Halted"  # its failure budget is exceeded
+
+
+@dataclass(frozen=True, slots=True)
+class FleetControls:
+    """Fleet-level switches set by annotations on the rollout ConfigMap."""
+
+    paused: str | None = None
+    emergency_stop: str | None = None
+
+    @classmethod
+    def from_annotations(cls, annotations: Mapping[str, str]) -> FleetControls:
+        return cls(paused=switch(annotations, ANN_PAUSED),
+                   emergency_stop=switch(annotations, ANN_EMERGENCY_STOP))
+
+
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    """What one gate evaluation looks at: fresh cluster progress, the operator's fleet
+    switches and the durable rollout record."""
+
+    clusters: Sequence[ClusterProgress]
+    controls: FleetControls = field(default_factory=FleetControls)
+    state: RolloutState = field(default_factory=RolloutState)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterGate:
+    key: ClusterKey
+    wave: str
+    phase: ClusterPhase
+    allowed: bool
+    reason: str = ""  # why it may not start new node upgrades ("" when allowed)
+    admitted_now: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WaveStatus:
+    name: str
+    index: int
+    canary: bool
+    phase: WavePhase
+    clusters: tuple[ClusterKey, ...]
+    complete: int
+    upgrading: int
+    failed: int
+    tolerated_failures: int
+    max_concurrent: int
+    soak: timedelta
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    soak_until: datetime | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    now: datetime
+    allowed_clusters: frozenset[ClusterKey]
+    reasons: Mapping[ClusterKey, str]
+    held_objects: Mapping[ObjectRef, str]
+    next_wakeup: datetime | None
+    waves: tuple[WaveStatus, ...]
+    clusters: Mapping[ClusterKey, ClusterGate]
+    state: RolloutState  # the durable record as it should be now (persist if changed)
+    previous: RolloutState  # the record this decision was computed from
+    halted: str | None = None
+    paused: str | None = None
+    emergency_stop: str | None = None
+
+    @property
+    def state_changed(self) -> bool:
+        return self.state != self.previous
+
+    @property
+    def admitted_now(self) -> frozenset[ClusterKey]:
+        return frozenset(k for k, g in self.clusters.items() if g.admitted_now)
+
+    def hold(self, cluster: ClusterKey, owner: ObjectRef | None = None) -> str | None:
+        """Why no new node upgrade may start in ``cluster`` (for ``owner``); None = go."""
+        if cluster not in self.allowed_clusters:
+            return self.reasons.get(cluster) or "not admitted by the fleet rollout"
+        if owner is not None:
+            return self.held_objects.get(ObjectRef(owner.kind, owner.namespace, owner.name))
+        return None
+
+    def without_new_admissions(self) -> GateDecision:
+        """This decision if its state could not be recorded: admissions not yet durable are
+        withdrawn (they would not be counted after a restart)."""
+        new = self.admitted_now
+        if not new:
+            return self
+        why = "admission not yet recorded in the rollout state; retrying"
+        return replace(
+            self,
+            allowed_clusters=self.allowed_clusters - new,
+            reasons={**self.reasons, **dict.fromkeys(new, why)},
+            clusters={k: replace(g, allowed=False, reason=why, admitted_now=False)
+                      if k in new else g for k, g in self.clusters.items()},
+            state=self.previous,
+        )
+
+
+def _cluster_id(key: ClusterKey) -> str:
+    return f"{key[0]}/{key[1]}"
+
+
+def _when(t: datetime) -> str:
+    return format_time(t).replace(".000000Z", "Z")
+
+
+class RolloutGate:
+    """The pure wave engine. One instance per fleet configuration."""
+
+    def __init__(self, config: FleetConfig) -> None:
+        self.config = config
+
+    # -- cluster-level holds -------------------------------------------------------------
+    def _cluster_hold(self, c: ClusterProgress, now: datetime,
+                      wakeups: list[datetime]) -> str | None:
+        entry = self.config.clusters.entry_for(c.namespace, c.name)
+        if c.spec_paused:
+            return "Cluster is paused (spec.paused)"
+        if (reason := c.paused) is not None:
+            return f"paused by annotation {ANN_PAUSED} on the Cluster" + (
+                f": {reason}" if reason else "")
+        if entry is not None and entry.paused:
+            return "paused in the fleet config (clusters.entries[].paused)"
+        if not c.observed:
+            return "workload cluster not observed (unreachable or not synced yet)"
+        windows = self.config.for_cluster(c.namespace, c.name, c.labels).maintenance_windows
+        if not window_open(windows, now):
+            nxt = next_window_start(windows, now)
+            if nxt is not None:
+                wakeups.append(nxt)
+            return "outside its maintenance window" + (
+                f"; next opens {_when(nxt)}" if nxt is not None else "; no window opens again")
+        return None
+
+    # -- the evaluation ------------------------------------------------------------------
+    def evaluate(self, view: FleetView, now: datetime) -> GateDecision:
+        rollout = self.config.rollout
+        waves = rollout.effective_waves
+        members: dict[str, list[ClusterProgress]] = {w.name: [] for w in waves}
+        for c in view.clusters:
+            wave = self.config.for_cluster(c.namespace, c.name, c.labels).wave
+            members[wave.name].append(c)
+        for cs in members.values():
+            cs.sort(key=lambda c: c.key)
+        state = view.state
+        known = {_cluster_id(c.key) for c in view.clusters}
+
+        # Fleet-wide stops.
+        stop = "emergencyStop in the fleet config" if rollout.emergency_stop else None
+        if view.controls.emergency_stop is not None:
+            stop = f"annotation {ANN_EMERGENCY_STOP} on ConfigMap {ROLLOUT_CONFIGMAP}" + (
+                f": {view.controls.emergency_stop}" if view.controls.emergency_stop else "")
+        pause = "rollout.paused in the fleet config" if rollout.paused else None
+        if view.controls.paused is not None:
+            pause = f"annotation {ANN_PAUSED} on ConfigMap {ROLLOUT_CONFIGMAP}" + (
+                f": {view.controls.paused}" if view.controls.paused else "")
+        over_budget: dict[str, str] = {}
+        for w in waves:
+            failed = [c for c in members[w.name] if c.failed]
+            tolerated = w.tolerated_failures(len(members[w.name]))
+            if len(failed) > tolerated:
+                names = ", ".join(_cluster_id(c.key) for c in failed[:5])
+                more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
+                over_budget[w.name] = (
+                    f"wave {w.name}: {len(failed)} failed cluster(s) ({names}{more}) exceed "
+                    f"its failure budget of {tolerated}"
+                    + (" (canary: no failure tolerated)" if w.canary else ""))
+        halted = "; ".join(over_budget.values()) or None
+        fleet_hold = (f"emergency stop ({stop})" if stop is not None
+                      else f"rollout halted: {halted}" if halted is not None
+                      else f"rollout paused ({pause})" if pause is not None else None)
+
+        allowed: set[ClusterKey] = set()
+        reasons: dict[ClusterKey, str] = {}
+        gates: dict[ClusterKey, ClusterGate] = {}
+        held: dict[ObjectRef, str] = {}
+        wakeups: list[datetime] = []
+        admitted = {k: v for k, v in state.admitted.items() if k in known}
+        records = dict(state.waves)
+        statuses: list[WaveStatus] = []
+        blocker: str | None = None  # why clusters of later waves may not be admitted
+
+        for index, w in enumerate(waves):
+            cs = members[w.name]
+            wave_fp = fingerprint(cs)
+            record = records.get(w.name)
+            if record is not None and record.fingerprint != wave_fp:
+                record = None
+            limit = rollout.concurrency(w)
+            phases: dict[ClusterKey, ClusterPhase] = {}
+            active: list[ClusterProgress] = []
+            queued: list[ClusterProgress] = []
+            for c in cs:
+                cid, cfp = _cluster_id(c.key), fingerprint([c])
+                if c.complete:
+                    phases[c.key] = ClusterPhase.COMPLETE
+                    admitted.pop(cid, None)
+                elif c.failed:
+                    phases[c.key] = ClusterPhase.FAILED
+                elif c.started or admitted.get(cid) == cfp:
+                    phases[c.key] = ClusterPhase.UPGRADING
+                    active.append(c)
+                elif c.needs_dispatch and c.observed:
+                    phases[c.key] = ClusterPhase.QUEUED
+                    queued.append(c)
+                else:
+                    phases[c.key] = ClusterPhase.WAITING
+                if cid in admitted and admitted[cid] != cfp:
+                    del admitted[cid]  # admitted for targets that are no longer wanted
+
+            newly: set[ClusterKey] = set()
+            for i, c in enumerate(active):
+                hold = fleet_hold or self._cluster_hold(c, now, wakeups)
+                if hold is None and i >= limit:
+                    # Only after a failed cluster was retried while others took its slot.
+                    hold = (f"wave {w.name}: {len(active)} clusters upgrading exceed "
+                            f"maxConcurrentClusters {limit}; waiting for one to finish")
+                if hold is None:
+                    allowed.add(c.key)
+                else:
+                    reasons[c.key] = hold
+            slots = limit - len(active)
+            for c in queued:
+                if fleet_hold is not None:
+                    reasons[c.key] = fleet_hold
+                elif blocker is not None:
+                    reasons[c.key] = blocker
+                elif slots <= 0:
+                    reasons[c.key] = (f"wave {w.name}: {limit - slots} of "
+                                      f"maxConcurrentClusters {limit} clusters upgrading")
+                elif (hold := self._cluster_hold(c, now, wakeups)) is not None:
+                    reasons[c.key] = hold
+                else:
+                    allowed.add(c.key)
+                    newly.add(c.key)
+                    admitted[_cluster_id(c.key)] = fingerprint([c])
+                    phases[c.key] = ClusterPhase.UPGRADING
+                    slots -= 1
+            for c in cs:
+                if c.key in reasons or c.key in allowed:
+                    continue
+                if phases[c.key] is ClusterPhase.COMPLETE:
+                    reasons[c.key] = "up to date"
+                elif phases[c.key] is ClusterPhase.FAILED:
+                    reasons[c.key] = (f"{c.failed} failed node upgrade(s); retry (annotation "
+                                      "fleet.k0s-fleet.io/retry) or clear them to continue")
+                elif not c.observed:
+                    reasons[c.key] = "workload cluster not observed (unreachable or not synced)"
+                else:
+                    reasons[c.key] = "nothing to upgrade in place (left to Cluster API, or " \
+                                     "nodes not Ready)"
+            for c in cs:
+                for o in c.objects:
+                    if o.paused is not None:
+                        held[o.ref] = f"paused by annotation {ANN_PAUSED} on {o.ref.kind}" + (
+                            f": {o.paused}" if o.paused else "")
+                gates[c.key] = ClusterGate(c.key, w.name, phases[c.key], c.key in allowed,
+                                           "" if c.key in allowed else reasons[c.key],
+                                           admitted_now=c.key in newly)
+
+            # The wave's own record and phase.
+            upgrading = sum(1 for p in phases.values() if p is ClusterPhase.UPGRADING)
+            failed_n = sum(1 for p in phases.values() if p is ClusterPhase.FAILED)
+            done_n = sum(1 for p in phases.values() if p is ClusterPhase.COMPLETE)
+            complete = done_n == len(cs)
+            if not cs:
+                statuses.append(WaveStatus(
+                    name=w.name, index=index, canary=w.canary, phase=WavePhase.COMPLETE,
+                    clusters=(), complete=0, upgrading=0, failed=0, tolerated_failures=0,
+                    max_concurrent=limit, soak=w.soak, message="no clusters"))
+                continue
+            if record is None and (upgrading or complete):
+                record = WaveRecord(wave_fp, started_at=now if upgrading else None)
+            elif record is not None and record.started_at is None and upgrading:
+                record = replace(record, started_at=now)
+            soak_until: datetime | None = None
+            message = ""
+            if complete:
+                assert record is not None
+                if record.completed_at is None:
+                    record = replace(record, completed_at=now)
+                assert record.completed_at is not None
+                soak_until = record.completed_at + w.soak
+                if now < soak_until:
+                    phase = WavePhase.SOAKING
+                    message = f"soaking until {_when(soak_until)}"
+                    wakeups.append(soak_until)
+                    if blocker is None:
+                        blocker = f"wave {w.name} is soaking until {_when(soak_until)}"
+                else:
+                    phase = WavePhase.COMPLETE
+            else:
+                if record is not None and record.completed_at is not None:
+                    record = replace(record, completed_at=None)  # a node regressed
+                if w.name in over_budget:
+                    phase, message = WavePhase.HALTED, over_budget[w.name]
+                elif blocker is not None and not upgrading:
+                    phase, message = WavePhase.PENDING, blocker
+                else:
+                    phase = WavePhase.PROGRESSING
+                    message = f"{done_n}/{len(cs)} clusters complete"
+                if blocker is None:
+                    blocker = (f"waiting for wave {w.name} to complete "
+                               f"({done_n}/{len(cs)} clusters)")
+            if record is not None:
+                records[w.name] = record
+            statuses.append(WaveStatus(
+                name=w.name, index=index, canary=w.canary, phase=phase,
+                clusters=tuple(c.key for c in cs), complete=done_n, upgrading=upgrading,
+                failed=failed_n, tolerated_failures=w.tolerated_failures(len(cs)),
+                max_concurrent=limit, soak=w.soak,
+                started_at=record.started_at if record else None,
+                completed_at=record.completed_at if record else None,
+                soak_until=soak_until, message=message))
+
+        new_state = RolloutState(
+            waves={n: r for n, r in records.items() if n in members},
+            paused=_transition(state.paused, pause, now),
+            halted=_transition(state.halted, halted, now),
+            stopped=_transition(state.stopped, stop, now),
+            admitted=admitted,
+        )
+        future = [t for t in wakeups if t > now]
+        return GateDecision(
+            now=now, allowed_clusters=frozenset(allowed), reasons=reasons, held_objects=held,
+            next_wakeup=min(future, default=None), waves=tuple(statuses), clusters=gates,
+            state=new_state, previous=state, halted=halted, paused=pause, emergency_stop=stop)
+
+
+def _transition(old: Transition | None, reason: str | None, now: datetime) -> Transition | None:
+    if reason is None:
+        return None
+    if old is not None and old.reason == reason:
+        return old
+    return Transition(old.since if old is not None else now, reason)
+
+
+__all__ = [
+    "ClusterGate",
+    "ClusterPhase",
+    "FleetControls",
+    "FleetView",
+    "GateDecision",
+    "RolloutGate",
+    "WavePhase",
+    "WaveStatus",
+]

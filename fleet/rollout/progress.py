@@ -1,0 +1,287 @@
+"""How far each cluster of the fleet is, judged on fresh observations.
+
+The wave gate never trusts status it wrote itself: a node counts as done only when the
+workload cluster's Node (as observed now) is Ready, schedulable and reports the target
+k0s version. NodePlans tell what has *started* (durably: they live in the API) and what
+is in flight or failed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from fleet.eligibility import (
+    Eligibility,
+    control_plane_eligibility,
+    machine_deployment_eligibility,
+)
+from fleet.model import (
+    ClusterKey,
+    ControlPlaneInfo,
+    MachineDeploymentInfo,
+    MachineInfo,
+    NodeInfo,
+    NodePlanInfo,
+    ObjectRef,
+    Snapshot,
+)
+from fleet.nodeplan import NodePlanPhase
+from fleet.planner.conditions import HALTED
+from fleet.rollout.annotations import ANN_PAUSED, switch
+from fleet.versions import InvalidVersionError, normalize, same_version
+
+
+class NodeState(StrEnum):
+    """Where one node stands relative to its object's target version."""
+
+    UP_TO_DATE = "UpToDate"  # Ready, schedulable, reports the target version
+    UPGRADING = "Upgrading"  # a NodePlan for the target is pending or in progress
+    FAILED = "Failed"  # the NodePlan for the target failed (not yet retried/cleared)
+    WAITING = "Waiting"  # out of date, upgradable in place, nothing started yet
+    CLUSTER_API = "ClusterAPI"  # out of date in more than the version: CAPI replaces it
+    NOT_READY = "NotReady"  # not out of date by its Machine, but not Ready / cordoned
+    MISSING = "Missing"  # no Node observed for the Machine (or cluster unreachable)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeProgress:
+    machine: str
+    node: str
+    state: NodeState
+    version: str | None = None  # what the node reports running
+    phase: str = ""  # the NodePlan's node state (Downloading, ...) while upgrading
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectProgress:
+    """One MachineDeployment or K0sControlPlane."""
+
+    ref: ObjectRef
+    target: str | None  # normalised target version; None when missing or invalid
+    replicas: int
+    nodes: tuple[NodeProgress, ...] = ()
+    started: bool = False  # a NodePlan for the target exists (durable)
+    halted: bool = False  # the planner's K0sFleetHalted condition (per-object budget)
+    paused: str | None = None  # reason of the object-level pause annotation
+
+    def count(self, state: NodeState) -> int:
+        return sum(1 for n in self.nodes if n.state is state)
+
+    @property
+    def done(self) -> int:
+        return self.count(NodeState.UP_TO_DATE)
+
+    @property
+    def in_flight(self) -> int:
+        return self.count(NodeState.UPGRADING)
+
+    @property
+    def failed(self) -> int:
+        return self.count(NodeState.FAILED)
+
+    @property
+    def waiting(self) -> int:
+        """Nodes k0s-fleet could start upgrading in place now."""
+        return self.count(NodeState.WAITING)
+
+    @property
+    def complete(self) -> bool:
+        return (
+            self.target is not None
+            and len(self.nodes) >= self.replicas
+            and all(n.state is NodeState.UP_TO_DATE for n in self.nodes)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterProgress:
+    """One CAPI Cluster: its labels/annotations and the progress of its objects."""
+
+    namespace: str
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    objects: tuple[ObjectProgress, ...] = ()
+    observed: bool = True  # its Nodes are known right now (False: unreachable / stale)
+    spec_paused: bool = False  # Cluster.spec.paused (Cluster API's own pause)
+
+    @property
+    def key(self) -> ClusterKey:
+        return (self.namespace, self.name)
+
+    @property
+    def started(self) -> bool:
+        return any(o.started for o in self.objects)
+
+    @property
+    def complete(self) -> bool:
+        return self.observed and all(o.complete for o in self.objects)
+
+    @property
+    def failed(self) -> int:
+        """Failed node upgrades (for the current targets) not yet retried or cleared."""
+        return sum(o.failed for o in self.objects) + sum(
+            1 for o in self.objects if o.halted and o.failed == 0
+        )
+
+    @property
+    def in_flight(self) -> int:
+        return sum(o.in_flight for o in self.objects)
+
+    @property
+    def needs_dispatch(self) -> bool:
+        """Some node could be upgraded in place and has not been started."""
+        return any(o.waiting and o.target is not None for o in self.objects)
+
+    @property
+    def nodes_total(self) -> int:
+        return sum(max(o.replicas, len(o.nodes)) for o in self.objects)
+
+    @property
+    def nodes_done(self) -> int:
+        return sum(o.done for o in self.objects)
+
+    @property
+    def paused(self) -> str | None:
+        return switch(self.annotations, ANN_PAUSED)
+
+    def targets(self) -> list[tuple[str, str, str]]:
+        return sorted((o.ref.kind, o.ref.name, o.target or "") for o in self.objects)
+
+
+def fingerprint(clusters: Iterable[ClusterProgress]) -> str:
+    """Identity of "these clusters with these targets": a new target, or a cluster joining
+    or leaving, is a new rollout of the wave."""
+    body = sorted([c.namespace, c.name, c.targets()] for c in clusters)
+    return hashlib.sha256(json.dumps(body).encode()).hexdigest()[:16]
+
+
+# -- from the controller's snapshot -----------------------------------------------------
+
+
+def _target(version: str | None) -> str | None:
+    if not version:
+        return None
+    try:
+        return normalize(version)
+    except InvalidVersionError:
+        return None
+
+
+def _reported_version(m: MachineInfo, node: NodeInfo | None) -> str | None:
+    if node is not None and node.running_version:
+        return node.running_version
+    # Nodes of the autopilot executor may not carry our running-version annotation; the
+    # controller records completion on the Machine.
+    return m.running_version_annotation or (m.version if m.role == "controller" else None)
+
+
+def _node_progress(m: MachineInfo, target: str | None, nodes: Mapping[str, NodeInfo] | None,
+                   plan: NodePlanInfo | None, eligibility: Eligibility | None) -> NodeProgress:
+    node = None if nodes is None else nodes.get(m.node_name)
+    version = _reported_version(m, node)
+    on_target = target is not None and same_version(version, target)
+    if plan is not None and plan.phase in (NodePlanPhase.PENDING, NodePlanPhase.IN_PROGRESS):
+        return NodeProgress(m.ref.name, m.node_name, NodeState.UPGRADING, version,
+                            plan.node_state or plan.phase, plan.message)
+    if plan is not None and plan.phase == NodePlanPhase.FAILED:
+        return NodeProgress(m.ref.name, m.node_name, NodeState.FAILED, version,
+                            plan.node_state, plan.message)
+    if node is None:
+        why = "cluster not observed" if nodes is None else "no Node for this Machine"
+        return NodeProgress(m.ref.name, m.node_name, NodeState.MISSING, version, message=why)
+    if on_target and node.ready and not node.unschedulable:
+        return NodeProgress(m.ref.name, m.node_name, NodeState.UP_TO_DATE, version)
+    health = "NotReady" if not node.ready else ("cordoned" if node.unschedulable else "")
+    if on_target or eligibility is None or eligibility.up_to_date:
+        return NodeProgress(m.ref.name, m.node_name, NodeState.NOT_READY, version,
+                            message=health or f"reports {version}")
+    if eligibility.in_place:
+        return NodeProgress(m.ref.name, m.node_name, NodeState.WAITING, version, message=health)
+    return NodeProgress(m.ref.name, m.node_name, NodeState.CLUSTER_API, version,
+                        message=eligibility.reason)
+
+
+def clusters_from_snapshot(
+    snapshot: Snapshot,
+    meta: Mapping[ClusterKey, tuple[Mapping[str, str], Mapping[str, str]]] | None = None,
+) -> list[ClusterProgress]:
+    """Progress of every cluster in ``snapshot``.
+
+    ``meta`` gives each cluster's (labels, annotations) from its CAPI Cluster object (the
+    controller's ``ClusterInfo`` does not carry them); clusters missing there have none.
+    Whether a node is upgradable in place is the controller's own rule (fleet.eligibility).
+    """
+    meta = meta or {}
+    plans: dict[tuple[str, str, str], list[NodePlanInfo]] = {}
+    for p in snapshot.nodeplans.values():
+        if not p.deleting:
+            plans.setdefault((p.ref.namespace, p.owner_kind, p.owner_name), []).append(p)
+    machines: dict[tuple[str, str, str], list[MachineInfo]] = {}
+    for m in snapshot.machines.values():
+        if m.owner is not None and not m.deleting:
+            machines.setdefault((m.owner.kind, m.owner.namespace, m.owner.name), []).append(m)
+
+    owners: dict[ClusterKey, list[MachineDeploymentInfo | ControlPlaneInfo]] = {}
+    for md in snapshot.deployments.values():
+        owners.setdefault((md.ref.namespace, md.cluster), []).append(md)
+    for kcp in snapshot.control_planes.values():
+        owners.setdefault((kcp.ref.namespace, kcp.cluster), []).append(kcp)
+
+    out: list[ClusterProgress] = []
+    for key in sorted(set(snapshot.clusters) | set(owners)):
+        info = snapshot.clusters.get(key)
+        nodes = snapshot.nodes.get(key)
+        objects = [_object_progress(snapshot, o, nodes, machines, plans)
+                   for o in sorted(owners.get(key, []), key=lambda o: o.ref)]
+        labels, annotations = meta.get(key, ({}, {}))
+        out.append(ClusterProgress(
+            namespace=key[0], name=key[1], labels=dict(labels), annotations=dict(annotations),
+            objects=tuple(objects), observed=nodes is not None,
+            spec_paused=bool(info and info.paused)))
+    return out
+
+
+def _object_progress(
+    snapshot: Snapshot,
+    obj: MachineDeploymentInfo | ControlPlaneInfo,
+    nodes: Mapping[str, NodeInfo] | None,
+    machines: Mapping[tuple[str, str, str], list[MachineInfo]],
+    plans: Mapping[tuple[str, str, str], list[NodePlanInfo]],
+) -> ObjectProgress:
+    ref = ObjectRef(obj.ref.kind, obj.ref.namespace, obj.ref.name)
+    target = _target(obj.version)
+    mine = sorted(machines.get((ref.kind, ref.namespace, ref.name), []),
+                  key=MachineInfo.sort_key)
+    for_target = [p for p in plans.get((ref.namespace, ref.kind, ref.name), [])
+                  if target is not None and same_version(p.version, target)]
+    by_machine = {p.machine: p for p in for_target}
+    progress: list[NodeProgress] = []
+    for m in mine:
+        elig: Eligibility | None = None
+        if target is not None:
+            if isinstance(obj, MachineDeploymentInfo):
+                ms = snapshot.machine_sets.get((m.ref.namespace, m.machine_set or ""))
+                elig = machine_deployment_eligibility(m, obj, ms)
+            else:
+                elig = control_plane_eligibility(m, obj)
+        progress.append(_node_progress(m, target, nodes, by_machine.get(m.ref.name), elig))
+    halted = any(c.type == HALTED and c.status == "True" for c in obj.status.conditions)
+    return ObjectProgress(ref=ref, target=target, replicas=obj.replicas, nodes=tuple(progress),
+                          started=bool(for_target), halted=halted,
+                          paused=switch(obj.annotations, ANN_PAUSED))
+
+
+__all__ = [
+    "ClusterProgress",
+    "NodeProgress",
+    "NodeState",
+    "ObjectProgress",
+    "clusters_from_snapshot",
+    "fingerprint",
+]
