@@ -132,6 +132,13 @@ def update_progress(plan: Mapping[str, Any], node: NodeObservation | None, versi
                     table: Mapping[str, int] = RETRY_AFTER_SECONDS) -> UpdateMachineResponse:
     """The UpdateMachine answer for an existing NodePlan."""
     ref = _plan_ref(plan)
+    if (plan.get("metadata") or {}).get("deletionTimestamp"):
+        # Someone deleted it (the documented way to retry a failed plan); a fresh one is
+        # created once it is gone.
+        return UpdateMachineResponse(
+            status=ResponseStatus.SUCCESS,
+            retry_after_seconds=retry_after(NodePlanPhase.PENDING, table),
+            message=f"{ref} is being deleted; dispatching again once it is gone")
     reason = failure_reason(plan)
     if reason is not None:
         return UpdateMachineResponse(status=ResponseStatus.FAILURE,

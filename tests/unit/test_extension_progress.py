@@ -63,6 +63,14 @@ def test_failed_node_states_fail_with_the_reason(state: SignalState) -> None:
     assert "fleet-prod/m1-v1.32.1-k0s.0" in r.message
 
 
+def test_a_nodeplan_being_deleted_is_waited_out() -> None:
+    p = plan("Failed", "FailedDownload")
+    p["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    r = update_progress(p, READY, V)
+    assert r.status is ResponseStatus.SUCCESS and r.retry_after_seconds > 0
+    assert "being deleted" in r.message
+
+
 def test_failed_condition_reason_is_preferred() -> None:
     p = plan("Failed", "", message="node went silent",
              conditions=[{"type": "Failed", "status": "True", "reason": "Timeout",

@@ -216,7 +216,7 @@ bodies = st.one_of(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(path=st.sampled_from([*ALL_PATHS, "/", "/hooks.runtime.cluster.x-k8s.io/v1alpha1/x"]),
        body=bodies, query=st.sampled_from(["", "?timeout=10s", "?timeout=bogus"]))
 def test_fuzz_every_request_gets_a_well_formed_response(
@@ -237,6 +237,8 @@ def test_fuzz_every_request_gets_a_well_formed_response(
     if doc["status"] == "Failure":
         assert isinstance(doc["message"], str) and doc["message"]
         assert "Traceback" not in doc["message"]
+        # Odd shapes are handled by the decisions themselves, not by the last-resort catch.
+        assert "internal error" not in doc["message"], doc["message"]
     if path == UPDATE_PATH:
         assert isinstance(doc["retryAfterSeconds"], int)
 
