@@ -285,8 +285,10 @@ class Agent:
                           extra: dict[str, str | None] | None = None) -> SignalData:
         """Record ``status`` for exactly this request, in exactly the state we last saw."""
         seen = sig.status
+        moved = False
 
         def mutate(obj: KubeObject) -> dict[str, Any] | None:
+            nonlocal moved
             ann = self._annotations(obj)
             raw = ann.get(SIGNAL_DATA_KEY)
             try:
@@ -295,14 +297,21 @@ class Agent:
                 return None
             if raw is None or current is None or not current.same_request(sig):
                 return None
-            if _status_mark(current.status) != _status_mark(seen):
-                raise StateMovedError()
+            moved = _status_mark(current.status) != _status_mark(seen)
+            if moved:
+                return None
             return {"metadata": {"annotations": {SIGNAL_DATA_KEY: replace_status(raw, status),
                                                  **(extra or {})}}}
 
+        # The watch cache saves a GET when it is current; when it is behind (it has not
+        # delivered our own last write yet, say), judge again on a fresh read.
         obj = await patch_with_retry(self.client, self.res, self.name, mutate,
                                      current=self._latest)
+        if obj is None and moved:
+            obj = await patch_with_retry(self.client, self.res, self.name, mutate)
         if obj is None:
+            if moved:
+                raise StateMovedError()
             raise RequestReplacedError()
         log.info("%s: %s -> %s%s", sig.planId, seen.status if seen else "(new)", status.status,
                  f" ({status.reason})" if status.reason else "")
