@@ -1,0 +1,151 @@
+"""docs/operations.md, run: every block marked ``<!-- exercised: mgmt|workload -->`` is
+executed verbatim with bash, in document order, against the test world (helm is the
+pinned one; kubectl is whatever the machine has), and the state after each section is
+checked through the client layer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import pytest
+import yaml
+
+from fleet.kube import KubeClient
+from fleet.kube.resources import (
+    CONFIGMAPS,
+    K0S_CONTROL_PLANES,
+    MACHINE_DEPLOYMENTS,
+    NAMESPACES,
+    NODE_PLANS,
+)
+from fleet.testing.binaries import REPO_ROOT, binary
+from fleet.testing.world import World
+from tests.integration.test_chart_install import DAEMONSETS, DEPLOYMENTS, kubeconfig_file
+from tests.unit.test_chart_render import helm_env
+
+pytestmark = pytest.mark.anyio
+
+DOC = REPO_ROOT / "docs" / "operations.md"
+MARK = re.compile(r"^## (?P<section>[^\n]+)$|<!-- exercised: (?P<where>mgmt|workload) -->\n"
+                  r"```sh\n(?P<code>.*?)```", re.MULTILINE | re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Block:
+    section: str
+    where: str
+    code: str
+
+
+def exercised_blocks(text: str) -> list[Block]:
+    blocks: list[Block] = []
+    section = ""
+    for m in MARK.finditer(text):
+        if m["section"]:
+            section = m["section"].strip()
+        else:
+            blocks.append(Block(section, m["where"], m["code"]))
+    return blocks
+
+
+def test_the_guide_marks_its_blocks() -> None:
+    sections = [b.section for b in exercised_blocks(DOC.read_text())]
+    for expected in ("Install the controller (management cluster)",
+                     "Install the agent (each workload cluster)", "Configure the fleet YAML",
+                     "Roll a version", "Watch it", "Pause", "Recover from a failed node",
+                     "Uninstall"):
+        assert expected in sections
+
+
+async def _md_and_kcp(mgmt: KubeClient) -> None:
+    """The CAPI objects the guide's examples name (as CAPI would have created them)."""
+    await mgmt.create(NAMESPACES, {"metadata": {"name": "fleet-prod"}})
+    await mgmt.create(MACHINE_DEPLOYMENTS, {
+        "metadata": {"name": "edge-01-workers", "namespace": "fleet-prod"},
+        "spec": {"clusterName": "edge-01", "replicas": 2,
+                 "selector": {"matchLabels": {"md": "edge-01-workers"}},
+                 "template": {"metadata": {"labels": {"md": "edge-01-workers"}},
+                              "spec": {"clusterName": "edge-01", "version": "v1.31.3+k0s.0",
+                                       "bootstrap": {}, "infrastructureRef": {}}}}})
+    await mgmt.create(K0S_CONTROL_PLANES, {
+        "metadata": {"name": "edge-01", "namespace": "fleet-prod"},
+        "spec": {"version": "v1.31.3+k0s.0", "replicas": 3}})
+
+
+async def test_operations_guide_runs(crds_installed: World, mgmt: KubeClient,
+                                     wl2: KubeClient, tmp_path: Path) -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed; the guide's helm commands are exercised by "
+                    "test_chart_install.py")
+    await _md_and_kcp(mgmt)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "charts").symlink_to(REPO_ROOT / "charts")
+    configs = {"mgmt": kubeconfig_file(crds_installed["mgmt"], tmp_path),
+               "workload": kubeconfig_file(crds_installed["wl2"], tmp_path)}
+    base_env = {**helm_env(), "HOME": str(tmp_path / "home"),
+                "PATH": f"{binary('helm').parent}{os.pathsep}{os.environ['PATH']}"}
+
+    async def controller_installed() -> None:
+        d = await mgmt.get(DEPLOYMENTS, "k0s-fleet", "k0s-fleet-system")
+        assert d["spec"]["replicas"] == 2
+        cm = await mgmt.get(CONFIGMAPS, "k0s-fleet", "k0s-fleet-system")
+        fleet = yaml.safe_load(cm["data"]["fleet.yaml"])
+        assert [w["name"] for w in fleet["rollout"]["waves"]] == ["canary", "production"]
+
+    async def agent_installed() -> None:
+        ds = await wl2.get(DAEMONSETS, "k0s-fleet-agent", "k0s-fleet-agent")
+        assert ds["spec"]["template"]["spec"]["hostPID"] is True
+
+    async def reconfigured() -> None:
+        cm = await mgmt.get(CONFIGMAPS, "k0s-fleet", "k0s-fleet-system")
+        assert yaml.safe_load(cm["data"]["fleet.yaml"])["rollout"]["maxConcurrentClusters"] == 3
+
+    async def version_bumped() -> None:
+        md = await mgmt.get(MACHINE_DEPLOYMENTS, "edge-01-workers", "fleet-prod")
+        kcp = await mgmt.get(K0S_CONTROL_PLANES, "edge-01", "fleet-prod")
+        assert md["spec"]["template"]["spec"]["version"] == "v1.32.1+k0s.0"
+        assert kcp["spec"]["version"] == "v1.32.1+k0s.0"
+
+    async def nodeplans_listable() -> None:
+        await mgmt.list(NODE_PLANS, "fleet-prod")
+
+    async def paused() -> None:
+        cm = await mgmt.get(CONFIGMAPS, "k0s-fleet", "k0s-fleet-system")
+        assert yaml.safe_load(cm["data"]["fleet.yaml"])["rollout"]["paused"] is True
+
+    async def uninstalled() -> None:
+        assert await mgmt.get_or_none(DEPLOYMENTS, "k0s-fleet", "k0s-fleet-system") is None
+        assert await wl2.get_or_none(DAEMONSETS, "k0s-fleet-agent", "k0s-fleet-agent") is None
+
+    checks: dict[str, Callable[[], Awaitable[None]]] = {
+        "Install the controller (management cluster)": controller_installed,
+        "Install the agent (each workload cluster)": agent_installed,
+        "Configure the fleet YAML": reconfigured,
+        "Roll a version": version_bumped,
+        "Watch it": nodeplans_listable,
+        "Recover from a failed node": nodeplans_listable,
+        "Pause": paused,
+        "Uninstall": uninstalled,
+    }
+    blocks = exercised_blocks(DOC.read_text())
+    for i, block in enumerate(blocks):
+        env = {**base_env, "KUBECONFIG": str(configs[block.where])}
+        proc = await anyio.to_thread.run_sync(lambda b=block, e=env: subprocess.run(  # type: ignore[misc]
+            ["bash", "-euo", "pipefail", "-c", b.code], cwd=work, env=e, capture_output=True,
+            text=True, timeout=120, check=False))
+        assert proc.returncode == 0, (
+            f"docs/operations.md, '{block.section}' block:\n{block.code}\n"
+            f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+        last_of_section = i + 1 == len(blocks) or blocks[i + 1].section != block.section
+        if last_of_section:
+            await checks[block.section]()
