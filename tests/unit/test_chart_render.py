@@ -401,6 +401,12 @@ def test_extension_with_cert_manager() -> None:
     assert proc.returncode != 0 and "needs cert-manager" in proc.stderr
 
 
+def test_extension_config_name_has_no_dots() -> None:
+    m = render(CONTROLLER_CHART, CONTROLLER_CHART / "ci" / "extension-secret-values.yaml",
+               release="fleet.prod")
+    assert m.one("ExtensionConfig")["metadata"]["name"] == "fleet-prod-k0s-fleet"
+
+
 def test_extension_with_own_secret() -> None:
     m = render(CONTROLLER_CHART, CONTROLLER_CHART / "ci" / "extension-secret-values.yaml")
     assert not m.all("Certificate") and not m.all("Issuer")
