@@ -1,0 +1,149 @@
+"""Is a Machine's k0s version the only thing out of date? (PROTOCOLS.md sections 1-2)
+
+Anything else drifting means Cluster API (or k0smotron) replaces the Machine; k0s-fleet
+leaves it alone and says why. Every comparison of versions goes through fleet.versions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fleet.model import (
+    ANN_K0S_CONFIG,
+    ControlPlaneInfo,
+    MachineDeploymentInfo,
+    MachineInfo,
+    MachineSetInfo,
+    comparable_k0s_config,
+)
+from fleet.versions import InvalidVersionError, K0sVersion, same_version
+
+
+@dataclass(frozen=True, slots=True)
+class Eligibility:
+    """``up_to_date``: nothing to do. Else ``in_place`` tells whether k0s-fleet may act."""
+
+    up_to_date: bool
+    in_place: bool
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.reasons)
+
+
+UP_TO_DATE = Eligibility(up_to_date=True, in_place=False)
+
+
+def _version_problem(label: str, value: str | None) -> str | None:
+    if value is None or value == "":
+        return f"{label} has no version"
+    try:
+        K0sVersion.parse(value)
+    except InvalidVersionError:
+        return f"{label} version {value!r} is not a k0s version"
+    return None
+
+
+def worker_is_up_to_date(machine: MachineInfo, target: str | None) -> bool:
+    """A worker is up to date when its spec or its recorded running version is the target."""
+    return same_version(machine.version, target) or same_version(
+        machine.running_version_annotation, target)
+
+
+def machine_deployment_eligibility(machine: MachineInfo, md: MachineDeploymentInfo,
+                                   machine_set: MachineSetInfo | None) -> Eligibility:
+    """MD rule: only spec.template.spec.version differs; template references unchanged.
+
+    The Machine's MachineSet carries the templates it was created from; any difference from
+    the MachineDeployment's current template (bootstrap config template, infrastructure
+    template, failure domain) means a new MachineSet and machine replacement.
+    """
+    if problem := _version_problem(f"{md.ref}", md.version):
+        return Eligibility(False, False, (problem,))
+    if worker_is_up_to_date(machine, md.version):
+        return UP_TO_DATE
+    reasons: list[str] = []
+    if problem := _version_problem(f"machine {machine.ref.name}", machine.version):
+        reasons.append(problem)
+    if md.strategy not in ("RollingUpdate", "OnDelete", ""):
+        reasons.append(f"rollout strategy {md.strategy!r} is not supported")
+    if machine.deleting:
+        reasons.append("machine is being deleted")
+    if machine_set is None:
+        reasons.append(
+            f"MachineSet {machine.machine_set or '(none)'} not found: cannot tell whether "
+            "only the version changed")
+    else:
+        if machine_set.bootstrap != md.bootstrap:
+            reasons.append(f"bootstrap template changed ({machine_set.bootstrap} -> "
+                           f"{md.bootstrap})")
+        if machine_set.infrastructure != md.infrastructure:
+            reasons.append(f"infrastructure template changed ({machine_set.infrastructure} -> "
+                           f"{md.infrastructure})")
+        if (machine_set.failure_domain or None) != (md.failure_domain or None):
+            reasons.append(f"failure domain changed ({machine_set.failure_domain} -> "
+                           f"{md.failure_domain})")
+    return Eligibility(False, not reasons, tuple(reasons))
+
+
+def _machine_k0s_config(machine: MachineInfo) -> dict[str, Any] | None:
+    raw = machine.annotations.get(ANN_K0S_CONFIG)
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+    return comparable_k0s_config(value) if isinstance(value, dict) else None
+
+
+def _normalised(value: Any) -> Any:
+    """JSON value with empty containers and nulls dropped (Go's omitempty marshalling)."""
+    if isinstance(value, Mapping):
+        out = {k: _normalised(v) for k, v in value.items()}
+        return {k: v for k, v in out.items() if v not in (None, {}, [], "", False)}
+    if isinstance(value, list):
+        return [_normalised(v) for v in value]
+    return value
+
+
+def control_plane_eligibility(machine: MachineInfo, kcp: ControlPlaneInfo) -> Eligibility:
+    """k0smotron's rule: version differs, infra Machine still cloned from the current
+    template, the Machine's k0s-config annotation still equals k0sConfigSpec, and the
+    K0sControlPlane asks for InPlace updates."""
+    if problem := _version_problem(f"{kcp.ref}", kcp.version):
+        return Eligibility(False, False, (problem,))
+    if same_version(machine.version, kcp.version):
+        return UP_TO_DATE
+    reasons: list[str] = []
+    if problem := _version_problem(f"machine {machine.ref.name}", machine.version):
+        reasons.append(problem)
+    if kcp.update_strategy != "InPlace":
+        reasons.append(f"updateStrategy is {kcp.update_strategy}")
+    if machine.deleting:
+        reasons.append("machine is being deleted")
+    infra = machine.infra
+    want = kcp.infrastructure
+    if infra is None or infra.error:
+        reasons.append("infrastructure machine unreadable"
+                       + (f": {infra.error}" if infra and infra.error else ""))
+    elif want is None:
+        reasons.append("K0sControlPlane has no machineTemplate.infrastructureRef")
+    elif (infra.cloned_from_name, infra.cloned_from_group_kind) != (want.name, want.group_kind):
+        reasons.append(
+            f"infrastructure template changed ({infra.cloned_from_group_kind}/"
+            f"{infra.cloned_from_name} -> {want})")
+    config = _machine_k0s_config(machine)
+    if config is None:
+        reasons.append(f"machine has no readable {ANN_K0S_CONFIG} annotation")
+    else:
+        have, want_cfg = _normalised(config), _normalised(kcp.k0s_config)
+        if have != want_cfg:
+            changed = sorted(k for k in set(have) | set(want_cfg)
+                             if have.get(k) != want_cfg.get(k))
+            reasons.append(f"k0sConfigSpec changed ({', '.join(changed)})")
+    return Eligibility(False, not reasons, tuple(reasons))

@@ -1,0 +1,558 @@
+"""The controller's view of the world: immutable snapshot types, parsed from API objects.
+
+Everything the planner decides on is in a :class:`Snapshot`: the Cluster API objects of
+the management cluster, the NodePlans, and per workload cluster the Nodes (or autopilot
+ControlNodes) with their signal annotations. Parsing from plain dicts lives here too, so
+the planner never touches raw JSON and tests can build snapshots directly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from fleet.nodeplan import NodePlanPhase
+from fleet.signal import (
+    AUTOPILOT_SIGNAL_DATA_KEY,
+    CORDONED_BY_KEY,
+    RUNNING_VERSION_KEY,
+    InvalidSignalError,
+    SignalData,
+    SignalState,
+    parse_signal,
+)
+
+ROLE_CONTROLLER = "controller"
+ROLE_WORKER = "worker"
+
+EXECUTOR_AGENT = "agent"
+EXECUTOR_AUTOPILOT = "autopilot"
+
+KIND_MD = "MachineDeployment"
+KIND_KCP = "K0sControlPlane"
+KIND_MACHINE = "Machine"
+KIND_NODEPLAN = "NodePlan"
+KIND_NODE = "Node"
+KIND_CONTROL_NODE = "ControlNode"
+
+LABEL_CLUSTER_NAME = "cluster.x-k8s.io/cluster-name"
+LABEL_CONTROL_PLANE = "cluster.x-k8s.io/control-plane"
+LABEL_CONTROL_PLANE_NAME = "cluster.x-k8s.io/control-plane-name"
+LABEL_DEPLOYMENT_NAME = "cluster.x-k8s.io/deployment-name"
+LABEL_SET_NAME = "cluster.x-k8s.io/set-name"
+ANN_CLONED_FROM_NAME = "cluster.x-k8s.io/cloned-from-name"
+ANN_CLONED_FROM_GROUPKIND = "cluster.x-k8s.io/cloned-from-groupkind"
+ANN_K0S_CONFIG = "k0s.controlplane.cluster.x-k8s.io/k0s-config"
+
+# Operator annotations (documented in docs/controller.md).
+DOMAIN = "fleet.k0s-fleet.io"
+ANN_RETRY = f"{DOMAIN}/retry"
+# The worker Machine annotation carrying the k0s version its node runs (set on completion).
+ANN_MACHINE_RUNNING_VERSION = RUNNING_VERSION_KEY
+NODEPLAN_FINALIZER = f"{DOMAIN}/node-signal"
+
+ClusterKey = tuple[str, str]  # (namespace, name) of the CAPI Cluster
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ObjectRef:
+    kind: str
+    namespace: str
+    name: str
+    uid: str = field(default="", compare=False)
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}" if self.namespace else \
+            f"{self.kind} {self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    type: str
+    status: str  # "True" | "False" | "Unknown"
+    reason: str
+    message: str = ""
+
+    def same_as(self, other: Condition | None) -> bool:
+        return other is not None and (self.type, self.status, self.reason, self.message) == (
+            other.type, other.status, other.reason, other.message)
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateRef:
+    """A reference as CAPI v1beta2 writes it: apiGroup + kind + name."""
+
+    group: str
+    kind: str
+    name: str
+
+    @property
+    def group_kind(self) -> str:
+        return f"{self.kind}.{self.group}" if self.group else self.kind
+
+    def __str__(self) -> str:
+        return f"{self.group_kind}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterInfo:
+    namespace: str
+    name: str
+    paused: bool = False
+    executor: str = EXECUTOR_AGENT
+
+    @property
+    def key(self) -> ClusterKey:
+        return (self.namespace, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutStatus:
+    """What k0s-fleet last wrote into an MD/KCP status (``status.k0sFleet`` + conditions)."""
+
+    conditions: tuple[Condition, ...] = ()
+    counts: Mapping[str, Any] = field(default_factory=dict)
+
+    def condition(self, ctype: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == ctype), None)
+
+
+@dataclass(frozen=True, slots=True)
+class MachineDeploymentInfo:
+    ref: ObjectRef
+    cluster: str
+    replicas: int
+    version: str | None
+    max_unavailable: int | str | None
+    strategy: str = "RollingUpdate"
+    bootstrap: TemplateRef | None = None
+    infrastructure: TemplateRef | None = None
+    failure_domain: str | None = None
+    paused: bool = False
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    status: RolloutStatus = field(default_factory=RolloutStatus)
+
+
+@dataclass(frozen=True, slots=True)
+class MachineSetInfo:
+    ref: ObjectRef
+    cluster: str
+    deployment: str | None
+    bootstrap: TemplateRef | None = None
+    infrastructure: TemplateRef | None = None
+    failure_domain: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ControlPlaneInfo:
+    """A K0sControlPlane."""
+
+    ref: ObjectRef
+    cluster: str
+    replicas: int
+    version: str | None
+    update_strategy: str = "InPlace"
+    infrastructure: TemplateRef | None = None
+    # k0sConfigSpec without its `k0s` member (reconciled by dynamic config, not compared).
+    k0s_config: Mapping[str, Any] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    status: RolloutStatus = field(default_factory=RolloutStatus)
+
+
+@dataclass(frozen=True, slots=True)
+class InfraMachineInfo:
+    """What the controller could learn about a Machine's infrastructure object."""
+
+    cloned_from_name: str | None = None
+    cloned_from_group_kind: str | None = None
+    error: str | None = None  # why it could not be read
+
+
+@dataclass(frozen=True, slots=True)
+class MachineInfo:
+    ref: ObjectRef
+    cluster: str
+    version: str | None
+    role: str
+    created: datetime
+    owner: ObjectRef | None = None  # the MD or KCP this machine belongs to
+    machine_set: str | None = None
+    node_name: str = ""
+    deleting: bool = False
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    infra: InfraMachineInfo | None = None
+
+    @property
+    def running_version_annotation(self) -> str | None:
+        return self.annotations.get(ANN_MACHINE_RUNNING_VERSION)
+
+    def sort_key(self) -> tuple[datetime, str]:
+        return (self.created, self.ref.name)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """A workload-cluster Node, or the autopilot ControlNode of a pure controller."""
+
+    name: str
+    kind: str = KIND_NODE
+    ready: bool = True
+    unschedulable: bool = False
+    running_version: str | None = None
+    signal: SignalData | None = None
+    signal_error: str | None = None
+    autopilot_signal: str | None = None  # raw autopilot signal-data (executor autopilot)
+    cordoned_by: str | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.ready and not self.unschedulable
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlanInfo:
+    ref: ObjectRef
+    cluster: str
+    machine: str
+    node: str
+    role: str
+    owner_kind: str
+    owner_name: str
+    version: str
+    url: str = ""
+    sha256: str = ""
+    allow_unverified: bool = False
+    force: bool = False
+    executor: str = EXECUTOR_AGENT
+    source: str = "controller"
+    created: datetime | None = None
+    deleting: bool = False
+    finalizers: tuple[str, ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    # status
+    phase: str = NodePlanPhase.PENDING
+    node_state: str = ""
+    message: str = ""
+    reason: str = ""
+    attempts: int = 0
+    started_at: datetime | None = None
+    phase_since: datetime | None = None
+    completed_at: datetime | None = None
+    traceparent: str = ""
+    conditions: tuple[Condition, ...] = ()
+
+    @property
+    def plan_id(self) -> str:
+        """The signal's planId: which NodePlan a node signal belongs to."""
+        return f"{self.ref.namespace}/{self.ref.name}"
+
+    @property
+    def started(self) -> bool:
+        return self.started_at is not None
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in (NodePlanPhase.COMPLETED, NodePlanPhase.FAILED)
+
+    @property
+    def owner_ref(self) -> ObjectRef:
+        return ObjectRef(self.owner_kind, self.ref.namespace, self.owner_name)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything one planning pass looks at. ``nodes[cluster]`` is None when unknown."""
+
+    now: datetime
+    clusters: Mapping[ClusterKey, ClusterInfo] = field(default_factory=dict)
+    deployments: Mapping[tuple[str, str], MachineDeploymentInfo] = field(default_factory=dict)
+    machine_sets: Mapping[tuple[str, str], MachineSetInfo] = field(default_factory=dict)
+    control_planes: Mapping[tuple[str, str], ControlPlaneInfo] = field(default_factory=dict)
+    machines: Mapping[tuple[str, str], MachineInfo] = field(default_factory=dict)
+    nodeplans: Mapping[tuple[str, str], NodePlanInfo] = field(default_factory=dict)
+    nodes: Mapping[ClusterKey, Mapping[str, NodeInfo] | None] = field(default_factory=dict)
+
+
+# -- parsing ---------------------------------------------------------------------------
+
+
+def parse_time(value: Any) -> datetime | None:
+    if not value or not isinstance(value, str):
+        return None
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def format_time(t: datetime) -> str:
+    """RFC 3339 in UTC with microseconds, so a time written and read back compares equal."""
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _ref(kind: str, obj: Mapping[str, Any]) -> ObjectRef:
+    m = _meta(obj)
+    return ObjectRef(kind, m.get("namespace") or "", m.get("name") or "", m.get("uid") or "")
+
+
+def _template_ref(raw: Any) -> TemplateRef | None:
+    if not isinstance(raw, dict) or not raw.get("name"):
+        return None
+    group = raw.get("apiGroup")
+    if group is None and raw.get("apiVersion"):
+        av = str(raw["apiVersion"])
+        group = av.split("/", 1)[0] if "/" in av else ""
+    return TemplateRef(group=str(group or ""), kind=str(raw.get("kind") or ""),
+                       name=str(raw["name"]))
+
+
+def parse_conditions(raw: Any) -> tuple[Condition, ...]:
+    out: list[Condition] = []
+    for c in raw or []:
+        if isinstance(c, dict) and c.get("type"):
+            out.append(Condition(str(c["type"]), str(c.get("status") or "Unknown"),
+                                 str(c.get("reason") or ""), str(c.get("message") or "")))
+    return tuple(out)
+
+
+def _rollout_status(obj: Mapping[str, Any]) -> RolloutStatus:
+    status = obj.get("status") or {}
+    return RolloutStatus(conditions=parse_conditions(status.get("conditions")),
+                         counts=dict(status.get("k0sFleet") or {}))
+
+
+def _annotations(obj: Mapping[str, Any]) -> dict[str, str]:
+    return dict(_meta(obj).get("annotations") or {})
+
+
+def cluster_from(obj: Mapping[str, Any], *, executor: str = EXECUTOR_AGENT) -> ClusterInfo:
+    m = _meta(obj)
+    return ClusterInfo(namespace=m.get("namespace") or "", name=m.get("name") or "",
+                       paused=bool((obj.get("spec") or {}).get("paused")), executor=executor)
+
+
+def deployment_from(obj: Mapping[str, Any]) -> MachineDeploymentInfo:
+    spec = obj.get("spec") or {}
+    tspec = (spec.get("template") or {}).get("spec") or {}
+    rollout = spec.get("rollout") or {}
+    # v1beta2 keeps the strategy under spec.rollout; v1beta1 had spec.strategy.
+    strategy = rollout.get("strategy") or spec.get("strategy") or {}
+    rolling = strategy.get("rollingUpdate") or {}
+    return MachineDeploymentInfo(
+        ref=_ref(KIND_MD, obj),
+        cluster=str(spec.get("clusterName") or tspec.get("clusterName") or ""),
+        replicas=_int(spec.get("replicas"), 1),
+        version=tspec.get("version"),
+        max_unavailable=rolling.get("maxUnavailable"),
+        strategy=str(strategy.get("type") or "RollingUpdate"),
+        bootstrap=_template_ref((tspec.get("bootstrap") or {}).get("configRef")),
+        infrastructure=_template_ref(tspec.get("infrastructureRef")),
+        failure_domain=tspec.get("failureDomain"),
+        paused=bool(spec.get("paused")),
+        annotations=_annotations(obj),
+        status=_rollout_status(obj),
+    )
+
+
+def machine_set_from(obj: Mapping[str, Any]) -> MachineSetInfo:
+    spec = obj.get("spec") or {}
+    tspec = (spec.get("template") or {}).get("spec") or {}
+    labels = _meta(obj).get("labels") or {}
+    return MachineSetInfo(
+        ref=_ref("MachineSet", obj),
+        cluster=str(spec.get("clusterName") or ""),
+        deployment=labels.get(LABEL_DEPLOYMENT_NAME),
+        bootstrap=_template_ref((tspec.get("bootstrap") or {}).get("configRef")),
+        infrastructure=_template_ref(tspec.get("infrastructureRef")),
+        failure_domain=tspec.get("failureDomain"),
+    )
+
+
+def comparable_k0s_config(spec: Any) -> dict[str, Any]:
+    """k0sConfigSpec as k0smotron compares it: without ``k0s`` (dynamic config)."""
+    if not isinstance(spec, dict):
+        return {}
+    return {k: v for k, v in spec.items() if k != "k0s"}
+
+
+def control_plane_from(obj: Mapping[str, Any]) -> ControlPlaneInfo:
+    spec = obj.get("spec") or {}
+    labels = _meta(obj).get("labels") or {}
+    return ControlPlaneInfo(
+        ref=_ref(KIND_KCP, obj),
+        cluster=str(labels.get(LABEL_CLUSTER_NAME) or ""),
+        replicas=_int(spec.get("replicas"), 1),
+        version=spec.get("version"),
+        update_strategy=str(spec.get("updateStrategy") or "InPlace"),
+        infrastructure=_template_ref((spec.get("machineTemplate") or {}).get("infrastructureRef")),
+        k0s_config=comparable_k0s_config(spec.get("k0sConfigSpec") or {}),
+        annotations=_annotations(obj),
+        status=_rollout_status(obj),
+    )
+
+
+def machine_from(obj: Mapping[str, Any], infra: InfraMachineInfo | None = None) -> MachineInfo:
+    m = _meta(obj)
+    spec = obj.get("spec") or {}
+    labels = m.get("labels") or {}
+    ns = m.get("namespace") or ""
+    role = ROLE_CONTROLLER if LABEL_CONTROL_PLANE in labels else ROLE_WORKER
+    owner: ObjectRef | None = None
+    if role == ROLE_CONTROLLER:
+        kcp = next((o for o in m.get("ownerReferences") or [] if o.get("kind") == KIND_KCP), None)
+        name = (kcp or {}).get("name") or labels.get(LABEL_CONTROL_PLANE_NAME)
+        if name:
+            owner = ObjectRef(KIND_KCP, ns, name)
+    elif labels.get(LABEL_DEPLOYMENT_NAME):
+        owner = ObjectRef(KIND_MD, ns, labels[LABEL_DEPLOYMENT_NAME])
+    machine_set = labels.get(LABEL_SET_NAME) or next(
+        (o.get("name") for o in m.get("ownerReferences") or [] if o.get("kind") == "MachineSet"),
+        None)
+    node_ref = ((obj.get("status") or {}).get("nodeRef") or {}).get("name")
+    return MachineInfo(
+        ref=_ref(KIND_MACHINE, obj),
+        cluster=str(spec.get("clusterName") or labels.get(LABEL_CLUSTER_NAME) or ""),
+        version=spec.get("version"),
+        role=role,
+        created=parse_time(m.get("creationTimestamp")) or _EPOCH,
+        owner=owner,
+        machine_set=machine_set,
+        # k0smotron names Nodes after the Machine unless told otherwise (PROTOCOLS §1).
+        node_name=str(node_ref or m.get("name") or ""),
+        deleting=bool(m.get("deletionTimestamp")),
+        annotations=_annotations(obj),
+        infra=infra,
+    )
+
+
+def infra_machine_from(obj: Mapping[str, Any]) -> InfraMachineInfo:
+    ann = _annotations(obj)
+    return InfraMachineInfo(cloned_from_name=ann.get(ANN_CLONED_FROM_NAME),
+                            cloned_from_group_kind=ann.get(ANN_CLONED_FROM_GROUPKIND))
+
+
+def _ready(conditions: Any, default: bool) -> bool:
+    for c in conditions or []:
+        if isinstance(c, dict) and c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return default
+
+
+def node_from(obj: Mapping[str, Any]) -> NodeInfo:
+    """A Node, or an autopilot ControlNode (which has no Ready condition: Ready unless told)."""
+    kind = obj.get("kind") or KIND_NODE
+    ann = _annotations(obj)
+    status = obj.get("status") or {}
+    signal: SignalData | None = None
+    signal_error: str | None = None
+    try:
+        signal = parse_signal(ann)
+    except InvalidSignalError as e:
+        signal_error = str(e)
+    return NodeInfo(
+        name=_meta(obj).get("name") or "",
+        kind=kind,
+        ready=_ready(status.get("conditions"), default=(kind == KIND_CONTROL_NODE)),
+        unschedulable=bool((obj.get("spec") or {}).get("unschedulable")),
+        running_version=ann.get(RUNNING_VERSION_KEY),
+        signal=signal,
+        signal_error=signal_error,
+        autopilot_signal=ann.get(AUTOPILOT_SIGNAL_DATA_KEY),
+        cordoned_by=ann.get(CORDONED_BY_KEY),
+    )
+
+
+def nodeplan_from(obj: Mapping[str, Any]) -> NodePlanInfo:
+    m = _meta(obj)
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    return NodePlanInfo(
+        ref=_ref(KIND_NODEPLAN, obj),
+        cluster=str(spec.get("clusterName") or ""),
+        machine=str(spec.get("machineName") or ""),
+        node=str(spec.get("nodeName") or ""),
+        role=str(spec.get("role") or ROLE_WORKER),
+        owner_kind=str(spec.get("ownerKind") or ""),
+        owner_name=str(spec.get("ownerName") or ""),
+        version=str(spec.get("version") or ""),
+        url=str(spec.get("url") or ""),
+        sha256=str(spec.get("sha256") or ""),
+        allow_unverified=bool(spec.get("allowUnverified")),
+        force=bool(spec.get("forceUpdate")),
+        executor=str(spec.get("executor") or EXECUTOR_AGENT),
+        source=str(spec.get("source") or "controller"),
+        created=parse_time(m.get("creationTimestamp")),
+        deleting=bool(m.get("deletionTimestamp")),
+        finalizers=tuple(m.get("finalizers") or ()),
+        annotations=_annotations(obj),
+        phase=str(status.get("phase") or NodePlanPhase.PENDING),
+        node_state=str(status.get("nodeState") or ""),
+        message=str(status.get("message") or ""),
+        reason=next((c.get("reason") or "" for c in status.get("conditions") or []
+                     if c.get("type") == "Failed" and c.get("status") == "True"), ""),
+        attempts=int(status.get("attempts") or 0),
+        started_at=parse_time(status.get("startedAt")),
+        phase_since=parse_time(status.get("phaseSince")),
+        completed_at=parse_time(status.get("completedAt")),
+        traceparent=str(status.get("traceparent") or ""),
+        conditions=parse_conditions(status.get("conditions")),
+    )
+
+
+# -- autopilot signal (executor "autopilot") ---------------------------------------------
+
+# autopilot's node-side states, mapped to k0s-fleet's (PROTOCOLS §3).
+AUTOPILOT_STATES: Mapping[str, SignalState] = {
+    "Downloading": SignalState.DOWNLOADING,
+    "Cordoning": SignalState.CORDONING,
+    "ApplyingUpdate": SignalState.APPLYING_UPDATE,
+    "Restart": SignalState.RESTARTING,
+    "UnCordoning": SignalState.UNCORDONING,
+    "Completed": SignalState.COMPLETED,
+    "FailedDownload": SignalState.FAILED_DOWNLOAD,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AutopilotSignal:
+    plan_id: str
+    created: str
+    command_id: int
+    version: str
+    state: SignalState | None
+    raw_state: str
+
+
+def parse_autopilot_signal(raw: str | None) -> AutopilotSignal | None:
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+        cmd = data.get("command") or {}
+        status = data.get("status") or {}
+        raw_state = str(status.get("status") or "")
+        return AutopilotSignal(
+            plan_id=str(data.get("planId") or ""), created=str(data.get("created") or ""),
+            command_id=int(cmd.get("id") or 0),
+            version=str((cmd.get("k0supdate") or {}).get("version") or ""),
+            state=AUTOPILOT_STATES.get(raw_state), raw_state=raw_state)
+    except (ValueError, AttributeError, TypeError):
+        return None

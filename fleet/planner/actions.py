@@ -1,0 +1,224 @@
+"""What the planner asks for. Each action is idempotent when performed by the dispatcher."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from fleet.model import ClusterKey, Condition, ObjectRef
+
+
+@dataclass(frozen=True, slots=True)
+class CreateNodePlan:
+    """Dispatch one node: create its NodePlan (AlreadyExists = already dispatched)."""
+
+    cluster: ClusterKey
+    owner: ObjectRef
+    machine: ObjectRef
+    node: str
+    node_kind: str
+    role: str
+    version: str
+    executor: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StartNodePlan:
+    """Record the request identity (startedAt, attempts) before the node is signalled."""
+
+    plan: ObjectRef
+    attempts: int
+    started_at: datetime
+    previous_phase: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SignalNode:
+    """Write the NodePlan's request into the node signal (agent or autopilot keys)."""
+
+    plan: ObjectRef
+    cluster: ClusterKey
+    node: str
+    node_kind: str
+    executor: str
+    plan_id: str
+    created: datetime
+    attempt: int
+    version: str
+    url: str
+    sha256: str
+    allow_unverified: bool
+    force: bool
+    traceparent: str
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateNodePlanStatus:
+    """Mirror what the node says into NodePlan status (phase, node state, conditions)."""
+
+    plan: ObjectRef
+    phase: str
+    node_state: str
+    message: str
+    phase_since: datetime | None
+    completed_at: datetime | None
+    running_version: str | None
+    conditions: tuple[Condition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MarkNodePlanFailed:
+    """A node failed or missed a progress deadline."""
+
+    plan: ObjectRef
+    reason: str
+    message: str
+    node_state: str
+    deadline: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RetryNodePlan:
+    """Reset a Failed NodePlan for another attempt (operator asked with the retry annotation)."""
+
+    plan: ObjectRef
+    attempts: int
+    started_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveAnnotation:
+    obj: ObjectRef
+    key: str
+    value: str  # only removed while it still has this value
+
+
+@dataclass(frozen=True, slots=True)
+class ClearSignal:
+    """Take a request off a node (its NodePlan is gone or being deleted)."""
+
+    cluster: ClusterKey
+    node: str
+    node_kind: str
+    executor: str
+    plan_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class UncordonNode:
+    """Uncordon a node k0s-fleet cordoned and no request is active on any more."""
+
+    cluster: ClusterKey
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseNodePlan:
+    """Remove the NodePlan finalizer once its node carries no request of it."""
+
+    plan: ObjectRef
+
+
+@dataclass(frozen=True, slots=True)
+class PatchMachineVersion:
+    """Control plane done: Machine.spec.version = what now runs (as k0smotron does)."""
+
+    machine: ObjectRef
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class AnnotateWorkerVersion:
+    """Worker done: record the running k0s version on the Machine."""
+
+    machine: ObjectRef
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutCounts:
+    target_version: str
+    updated: int
+    total: int
+    in_flight: int
+    failed: int
+    unavailable: int
+    max_unavailable: int
+    not_in_place: int
+    halted: bool
+
+    def as_status(self) -> dict[str, object]:
+        return {
+            "targetVersion": self.target_version, "updated": self.updated, "total": self.total,
+            "summary": f"{self.updated}/{self.total}", "inFlight": self.in_flight,
+            "failed": self.failed, "unavailable": self.unavailable,
+            "maxUnavailable": self.max_unavailable, "notInPlace": self.not_in_place,
+            "halted": self.halted,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SetRolloutStatus:
+    """Conditions and ``updated/total`` counts on a MachineDeployment or K0sControlPlane."""
+
+    owner: ObjectRef
+    conditions: tuple[Condition, ...]
+    counts: RolloutCounts
+
+
+@dataclass(frozen=True, slots=True)
+class HaltObject:
+    """The object's failure budget is spent: no new dispatches until failures are cleared."""
+
+    owner: ObjectRef
+    failed: int
+    budget: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReportNotInPlace:
+    """Some machines need more than a version change: Cluster API's job; say why."""
+
+    owner: ObjectRef
+    reason: str  # NotInPlace | MaxUnavailableZero | InvalidMaxUnavailable
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class RecordEvent:
+    regarding: ObjectRef
+    reason: str
+    note: str
+    type: str = "Normal"
+    action: str = "Upgrade"
+
+
+Action = (
+    CreateNodePlan | StartNodePlan | SignalNode | UpdateNodePlanStatus | MarkNodePlanFailed
+    | RetryNodePlan | RemoveAnnotation | ClearSignal | UncordonNode | ReleaseNodePlan
+    | PatchMachineVersion | AnnotateWorkerVersion | SetRolloutStatus | HaltObject
+    | ReportNotInPlace | RecordEvent
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Why the planner did what it did for one object (for spans, logs and `plan`)."""
+
+    owner: ObjectRef
+    target: str
+    updated: int
+    total: int
+    unavailable: int
+    max_unavailable: int
+    dispatched: tuple[str, ...] = ()
+    waiting: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanResult:
+    actions: list[Action] = field(default_factory=list)
+    wake_at: datetime | None = None
+    decisions: list[Decision] = field(default_factory=list)

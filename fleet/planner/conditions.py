@@ -1,0 +1,35 @@
+"""Condition types and reasons k0s-fleet writes on MachineDeployments, K0sControlPlanes
+and NodePlans. Names are stable API: `kubectl wait --for=condition=<type>` uses them."""
+
+from __future__ import annotations
+
+# On MachineDeployment / K0sControlPlane (status.conditions, next to Cluster API's own).
+UP_TO_DATE = "K0sFleetUpToDate"  # every machine runs the target version
+PROGRESSING = "K0sFleetProgressing"  # nodes are being upgraded in place right now
+HALTED = "K0sFleetHalted"  # failure budget spent; new dispatches stopped
+IN_PLACE = "K0sFleetInPlace"  # False: some change is not "only the version"
+
+# On NodePlan.
+NP_DISPATCHED = "Dispatched"  # the node carries the request
+NP_COMPLETED = "Completed"  # node on the target version and Ready
+NP_FAILED = "Failed"
+
+# Reasons.
+R_UP_TO_DATE = "UpToDate"
+R_UPGRADING = "Upgrading"
+R_WAITING = "Waiting"
+R_IDLE = "Idle"
+R_NODES_UPGRADING = "NodesUpgrading"
+R_HALTED = "FailureBudgetExceeded"
+R_WITHIN_BUDGET = "WithinFailureBudget"
+R_IN_PLACE = "InPlace"
+R_NOT_IN_PLACE = "NotInPlace"
+R_MAX_UNAVAILABLE_ZERO = "MaxUnavailableZero"
+R_INVALID_MAX_UNAVAILABLE = "InvalidMaxUnavailable"
+R_INVALID_VERSION = "InvalidVersion"
+R_DEADLINE = "ProgressDeadlineExceeded"
+R_NODE_FAILED = "NodeFailed"
+R_SIGNALLED = "Signalled"
+R_NOT_SIGNALLED = "NotSignalled"
+R_COMPLETED = "Completed"
+R_IN_PROGRESS = "InProgress"

@@ -1,0 +1,316 @@
+"""An in-memory fleet that performs planner actions the way the dispatcher does.
+
+Used by the property tests (random fleets, states and event orders), and usable for
+dry-run estimates: it plays the node side with a model of the agent's state machine.
+Nothing here talks to an API server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from fleet.model import (
+    ANN_K0S_CONFIG,
+    ANN_MACHINE_RUNNING_VERSION,
+    EXECUTOR_AUTOPILOT,
+    KIND_KCP,
+    KIND_MD,
+    KIND_NODEPLAN,
+    NODEPLAN_FINALIZER,
+    ROLE_CONTROLLER,
+    ROLE_WORKER,
+    ClusterInfo,
+    ClusterKey,
+    Condition,
+    ControlPlaneInfo,
+    InfraMachineInfo,
+    MachineDeploymentInfo,
+    MachineInfo,
+    MachineSetInfo,
+    NodeInfo,
+    NodePlanInfo,
+    ObjectRef,
+    RolloutStatus,
+    Snapshot,
+    TemplateRef,
+)
+from fleet.nodeplan import NodePlanPhase, nodeplan_name
+from fleet.planner.actions import (
+    Action,
+    AnnotateWorkerVersion,
+    ClearSignal,
+    CreateNodePlan,
+    MarkNodePlanFailed,
+    PatchMachineVersion,
+    ReleaseNodePlan,
+    RemoveAnnotation,
+    RetryNodePlan,
+    SetRolloutStatus,
+    SignalNode,
+    StartNodePlan,
+    UncordonNode,
+    UpdateNodePlanStatus,
+)
+from fleet.planner.conditions import NP_FAILED, R_DEADLINE
+from fleet.signal import (
+    HAPPY_PATH,
+    K0sUpdateCommand,
+    SignalCommand,
+    SignalData,
+    SignalState,
+    SignalStatus,
+)
+
+AGENT = "sim-agent"
+
+
+@dataclass
+class SimFleet:
+    """Mutable world; ``snapshot()`` freezes it for the planner."""
+
+    now: datetime
+    clusters: dict[ClusterKey, ClusterInfo] = field(default_factory=dict)
+    deployments: dict[tuple[str, str], MachineDeploymentInfo] = field(default_factory=dict)
+    machine_sets: dict[tuple[str, str], MachineSetInfo] = field(default_factory=dict)
+    control_planes: dict[tuple[str, str], ControlPlaneInfo] = field(default_factory=dict)
+    machines: dict[tuple[str, str], MachineInfo] = field(default_factory=dict)
+    nodeplans: dict[tuple[str, str], NodePlanInfo] = field(default_factory=dict)
+    nodes: dict[ClusterKey, dict[str, NodeInfo] | None] = field(default_factory=dict)
+    log: list[Action] = field(default_factory=list)
+    created: list[CreateNodePlan] = field(default_factory=list)
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            now=self.now, clusters=dict(self.clusters), deployments=dict(self.deployments),
+            machine_sets=dict(self.machine_sets), control_planes=dict(self.control_planes),
+            machines=dict(self.machines), nodeplans=dict(self.nodeplans),
+            nodes={k: (None if v is None else dict(v)) for k, v in self.nodes.items()},
+        )
+
+    # -- controller side ---------------------------------------------------------------
+    def apply_all(self, actions: Iterable[Action]) -> None:
+        for a in actions:
+            self.apply(a)
+
+    def apply(self, a: Action) -> None:
+        self.log.append(a)
+        if isinstance(a, CreateNodePlan):
+            key = (a.machine.namespace, nodeplan_name(a.machine.name, a.version))
+            if key in self.nodeplans:
+                return
+            self.created.append(a)
+            self.nodeplans[key] = NodePlanInfo(
+                ref=ObjectRef(KIND_NODEPLAN, key[0], key[1], uid=f"uid-{key[1]}"),
+                cluster=a.cluster[1], machine=a.machine.name, node=a.node, role=a.role,
+                owner_kind=a.owner.kind, owner_name=a.owner.name, version=a.version,
+                url=f"https://example.invalid/k0s-{a.version}", sha256="0" * 64,
+                executor=a.executor, created=self.now, finalizers=(NODEPLAN_FINALIZER,))
+        elif isinstance(a, StartNodePlan | RetryNodePlan):
+            self._plan(a.plan, started_at=a.started_at, phase_since=a.started_at,
+                       attempts=a.attempts, phase=NodePlanPhase.PENDING, node_state="",
+                       message="", reason="")
+        elif isinstance(a, SignalNode):
+            nodes = self.nodes.get(a.cluster)
+            if nodes is None or a.node not in nodes:
+                return
+            node = nodes[a.node]
+            if a.executor == EXECUTOR_AUTOPILOT:
+                raise NotImplementedError("the simulator plays the agent protocol only")
+            data = SignalData(planId=a.plan_id, created=a.created, command=SignalCommand(
+                id=a.attempt, k0supdate=K0sUpdateCommand(
+                    url=a.url, version=a.version, sha256=a.sha256 or None)))
+            nodes[a.node] = dataclasses.replace(node, signal=data)
+        elif isinstance(a, UpdateNodePlanStatus):
+            self._plan(a.plan, phase=a.phase, node_state=a.node_state, message=a.message,
+                       phase_since=a.phase_since, completed_at=a.completed_at)
+        elif isinstance(a, MarkNodePlanFailed):
+            self._plan(a.plan, phase=NodePlanPhase.FAILED, node_state=a.node_state,
+                       message=a.message, reason=a.reason, phase_since=self.now,
+                       conditions=(Condition(NP_FAILED, "True", a.reason, a.message),))
+        elif isinstance(a, RemoveAnnotation):
+            self._remove_annotation(a)
+        elif isinstance(a, ClearSignal):
+            nodes = self.nodes.get(a.cluster)
+            if nodes and a.node in nodes and nodes[a.node].signal is not None \
+                    and nodes[a.node].signal.planId == a.plan_id:  # type: ignore[union-attr]
+                nodes[a.node] = dataclasses.replace(nodes[a.node], signal=None)
+        elif isinstance(a, UncordonNode):
+            nodes = self.nodes.get(a.cluster)
+            if nodes and a.node in nodes:
+                nodes[a.node] = dataclasses.replace(nodes[a.node], unschedulable=False,
+                                                    cordoned_by=None)
+        elif isinstance(a, ReleaseNodePlan):
+            key = (a.plan.namespace, a.plan.name)
+            if key in self.nodeplans and self.nodeplans[key].deleting:
+                del self.nodeplans[key]
+        elif isinstance(a, PatchMachineVersion):
+            m = self.machines[(a.machine.namespace, a.machine.name)]
+            self.machines[(a.machine.namespace, a.machine.name)] = dataclasses.replace(
+                m, version=a.version)
+        elif isinstance(a, AnnotateWorkerVersion):
+            m = self.machines[(a.machine.namespace, a.machine.name)]
+            self.machines[(a.machine.namespace, a.machine.name)] = dataclasses.replace(
+                m, annotations={**m.annotations, ANN_MACHINE_RUNNING_VERSION: a.version})
+        elif isinstance(a, SetRolloutStatus):
+            key = (a.owner.namespace, a.owner.name)
+            status = RolloutStatus(conditions=a.conditions, counts=a.counts.as_status())
+            if a.owner.kind == KIND_MD and key in self.deployments:
+                self.deployments[key] = dataclasses.replace(self.deployments[key], status=status)
+            elif a.owner.kind == KIND_KCP and key in self.control_planes:
+                self.control_planes[key] = dataclasses.replace(self.control_planes[key],
+                                                               status=status)
+        # HaltObject, ReportNotInPlace, RecordEvent: events only.
+
+    def _plan(self, ref: ObjectRef, **changes: object) -> None:
+        key = (ref.namespace, ref.name)
+        if key in self.nodeplans:
+            self.nodeplans[key] = dataclasses.replace(self.nodeplans[key], **changes)  # type: ignore[arg-type]
+
+    def _remove_annotation(self, a: RemoveAnnotation) -> None:
+        key = (a.obj.namespace, a.obj.name)
+        table: dict[tuple[str, str], object] | None = {
+            KIND_NODEPLAN: self.nodeplans, KIND_MD: self.deployments,
+            KIND_KCP: self.control_planes}.get(a.obj.kind)  # type: ignore[assignment]
+        if table is None or key not in table:
+            return
+        obj = table[key]
+        anns = dict(obj.annotations)  # type: ignore[attr-defined]
+        if anns.get(a.key) == a.value:
+            anns.pop(a.key)
+            table[key] = dataclasses.replace(obj, annotations=anns)  # type: ignore[type-var]
+
+    # -- operator side -----------------------------------------------------------------
+    def delete_plan(self, key: tuple[str, str]) -> None:
+        p = self.nodeplans[key]
+        if p.finalizers:
+            self.nodeplans[key] = dataclasses.replace(p, deleting=True)
+        else:
+            del self.nodeplans[key]
+
+    def annotate(self, kind: str, key: tuple[str, str], name: str, value: str) -> None:
+        table: dict[tuple[str, str], object] = {
+            KIND_NODEPLAN: self.nodeplans, KIND_MD: self.deployments,
+            KIND_KCP: self.control_planes}[kind]  # type: ignore[assignment]
+        obj = table[key]
+        table[key] = dataclasses.replace(  # type: ignore[type-var]
+            obj, annotations={**obj.annotations, name: value})  # type: ignore[attr-defined]
+
+    # -- node side (a model of the agent) ----------------------------------------------
+    def active_requests(self) -> list[tuple[ClusterKey, str]]:
+        out = []
+        for ckey, nodes in sorted(self.nodes.items()):
+            for name, n in sorted((nodes or {}).items()):
+                if n.signal is not None and (n.signal.status is None
+                                             or not n.signal.status.status.terminal):
+                    out.append((ckey, name))
+        return out
+
+    def step_node(self, ckey: ClusterKey, name: str, *, fail: SignalState | None = None) -> None:
+        """Advance one node's request by one state (or fail it)."""
+        nodes = self.nodes[ckey]
+        assert nodes is not None
+        n = nodes[name]
+        sig = n.signal
+        if sig is None or (sig.status is not None and sig.status.status.terminal):
+            return
+        if fail is not None:
+            nodes[name] = dataclasses.replace(
+                n, signal=sig.with_status(SignalStatus(status=fail, timestamp=self.now,
+                                                       reason="simulated failure")),
+                unschedulable=False if n.cordoned_by else n.unschedulable, cordoned_by=None,
+                ready=True)
+            return
+        cur = sig.status.status if sig.status else None
+        nxt = HAPPY_PATH[0] if cur is None else HAPPY_PATH[HAPPY_PATH.index(cur) + 1]
+        if cur is None and n.running_version == sig.command.k0supdate.version:
+            nxt = SignalState.COMPLETED
+        changes: dict[str, object] = {
+            "signal": sig.with_status(SignalStatus(status=nxt, timestamp=self.now))}
+        if nxt == SignalState.CORDONING and not n.unschedulable:
+            changes.update(unschedulable=True, cordoned_by=AGENT)
+        elif nxt == SignalState.RESTARTING:
+            changes.update(ready=False)
+        elif nxt == SignalState.VERIFYING:
+            changes.update(ready=True, running_version=sig.command.k0supdate.version)
+        elif nxt == SignalState.UNCORDONING and n.cordoned_by:
+            changes.update(unschedulable=False, cordoned_by=None)
+        nodes[name] = dataclasses.replace(n, **changes)  # type: ignore[arg-type]
+
+    def finish_node(self, ckey: ClusterKey, name: str) -> None:
+        for _ in range(len(HAPPY_PATH) + 1):
+            self.step_node(ckey, name)
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def deadline_failed(p: NodePlanInfo) -> bool:
+    return p.phase == NodePlanPhase.FAILED and p.reason == R_DEADLINE
+
+
+def add_cluster(
+    sim: SimFleet,
+    name: str,
+    *,
+    namespace: str = "default",
+    control_planes: int = 3,
+    workers: int = 6,
+    max_unavailable: int | str | None = 2,
+    version: str = "v1.31.2+k0s.0",
+    executor: str = "agent",
+) -> ClusterKey:
+    """A CAPI cluster as k0smotron builds it: KCP + MD + MS + Machines + Nodes, all on
+    ``version`` and Ready."""
+    ckey = (namespace, name)
+    sim.clusters[ckey] = ClusterInfo(namespace, name, executor=executor)
+    nodes: dict[str, NodeInfo] = {}
+    infra_cp = TemplateRef("infrastructure.cluster.x-k8s.io", "SimMachineTemplate", f"{name}-cp")
+    if control_planes:
+        kcp = ControlPlaneInfo(
+            ref=ObjectRef(KIND_KCP, namespace, f"{name}-cp"), cluster=name,
+            replicas=control_planes, version=version, infrastructure=infra_cp,
+            k0s_config={"args": ["--debug"]})
+        sim.control_planes[(namespace, kcp.ref.name)] = kcp
+        for i in range(control_planes):
+            mname = f"{name}-cp-{i}"
+            sim.machines[(namespace, mname)] = MachineInfo(
+                ref=ObjectRef("Machine", namespace, mname), cluster=name, version=version,
+                role=ROLE_CONTROLLER, created=sim.now + timedelta(seconds=i), owner=kcp.ref,
+                node_name=mname, annotations={ANN_K0S_CONFIG: '{"args": ["--debug"]}'},
+                infra=InfraMachineInfo(infra_cp.name, infra_cp.group_kind))
+            nodes[mname] = NodeInfo(mname, running_version=version)
+    if workers:
+        boot = TemplateRef("bootstrap.cluster.x-k8s.io", "K0sWorkerConfigTemplate", f"{name}-w")
+        infra = TemplateRef("infrastructure.cluster.x-k8s.io", "SimMachineTemplate", f"{name}-w")
+        md = MachineDeploymentInfo(
+            ref=ObjectRef(KIND_MD, namespace, f"{name}-md"), cluster=name, replicas=workers,
+            version=version, max_unavailable=max_unavailable, bootstrap=boot,
+            infrastructure=infra)
+        sim.deployments[(namespace, md.ref.name)] = md
+        ms = MachineSetInfo(ref=ObjectRef("MachineSet", namespace, f"{name}-md-ms"),
+                            cluster=name, deployment=md.ref.name, bootstrap=boot,
+                            infrastructure=infra)
+        sim.machine_sets[(namespace, ms.ref.name)] = ms
+        for i in range(workers):
+            mname = f"{name}-md-{i}"
+            sim.machines[(namespace, mname)] = MachineInfo(
+                ref=ObjectRef("Machine", namespace, mname), cluster=name, version=version,
+                role=ROLE_WORKER, created=sim.now + timedelta(seconds=100 + i), owner=md.ref,
+                machine_set=ms.ref.name, node_name=mname)
+            nodes[mname] = NodeInfo(mname, running_version=version)
+    sim.nodes[ckey] = nodes
+    return ckey
+
+
+def bump(sim: SimFleet, cluster: ClusterKey, version: str, *, control_plane: bool = True,
+         workers: bool = True) -> None:
+    """Set the target version of a cluster's KCP and/or MD."""
+    for key, kcp in list(sim.control_planes.items()):
+        if control_plane and (kcp.ref.namespace, kcp.cluster) == cluster:
+            sim.control_planes[key] = dataclasses.replace(kcp, version=version)
+    for key, md in list(sim.deployments.items()):
+        if workers and (md.ref.namespace, md.cluster) == cluster:
+            sim.deployments[key] = dataclasses.replace(md, version=version)

@@ -1,0 +1,525 @@
+"""Planner rules, example by example (no server: the in-memory SimFleet plays the world)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from fleet.model import (
+    ANN_RETRY,
+    KIND_KCP,
+    KIND_MD,
+    KIND_NODEPLAN,
+    ClusterKey,
+    MachineDeploymentInfo,
+    NodeInfo,
+    NodePlanInfo,
+    format_time,
+)
+from fleet.nodeplan import NodePlanPhase, nodeplan_name
+from fleet.planner import PENDING, PlannerSettings, plan
+from fleet.planner import conditions as C
+from fleet.planner.actions import (
+    Action,
+    AnnotateWorkerVersion,
+    ClearSignal,
+    CreateNodePlan,
+    HaltObject,
+    MarkNodePlanFailed,
+    PatchMachineVersion,
+    ReleaseNodePlan,
+    RemoveAnnotation,
+    ReportNotInPlace,
+    RetryNodePlan,
+    SetRolloutStatus,
+    SignalNode,
+    StartNodePlan,
+    UncordonNode,
+    UpdateNodePlanStatus,
+)
+from fleet.planner.simulate import SimFleet, add_cluster, bump
+from fleet.signal import SignalState
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+V1, V2 = "v1.31.2+k0s.0", "v1.31.3+k0s.0"
+SETTINGS = PlannerSettings(deadlines={PENDING: timedelta(seconds=30)},
+                           default_deadline=timedelta(seconds=120), failure_budget=0)
+
+
+def fleet(**kw: object) -> tuple[SimFleet, ClusterKey]:
+    sim = SimFleet(now=T0)
+    return sim, add_cluster(sim, "c1", **kw)  # type: ignore[arg-type]
+
+
+def of(actions: list[Action], kind: type) -> list:  # type: ignore[type-arg]
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def creates(actions: list[Action]) -> list[str]:
+    return [a.machine.name for a in of(actions, CreateNodePlan)]
+
+
+def step(sim: SimFleet, settings: PlannerSettings = SETTINGS) -> list[Action]:
+    result = plan(sim.snapshot(), settings)
+    sim.apply_all(result.actions)
+    return result.actions
+
+
+def settle(sim: SimFleet, settings: PlannerSettings = SETTINGS) -> None:
+    """Plan until nothing changes (nodes do not move)."""
+    for _ in range(20):
+        if not [a for a in plan(sim.snapshot(), settings).actions]:
+            return
+        step(sim, settings)
+    raise AssertionError("planner does not settle")
+
+
+def run_to_completion(sim: SimFleet, *, max_steps: int = 500) -> list[str]:
+    order: list[str] = []
+    for _ in range(max_steps):
+        actions = step(sim)
+        order += creates(actions)
+        for ckey, name in sim.active_requests():
+            sim.step_node(ckey, name)
+        sim.advance(1)
+        if not actions and not sim.active_requests():
+            return order
+    raise AssertionError("rollout did not finish")
+
+
+def md_of(sim: SimFleet) -> MachineDeploymentInfo:
+    return next(iter(sim.deployments.values()))
+
+
+def cond(sim: SimFleet, kind: str, ctype: str) -> tuple[str, str, str]:
+    obj = md_of(sim) if kind == KIND_MD else next(iter(sim.control_planes.values()))
+    c = obj.status.condition(ctype)
+    assert c is not None
+    return (c.status, c.reason, c.message)
+
+
+class TestWorkers:
+    def test_int_max_unavailable_dispatches_oldest_first(self) -> None:
+        sim, ck = fleet(control_planes=0, workers=6, max_unavailable=2)
+        bump(sim, ck, V2)
+        actions = step(sim)
+        assert creates(actions) == ["c1-md-0", "c1-md-1"]
+        assert not creates(step(sim))  # budget used: nothing more, however often we plan
+        assert not creates(step(sim))
+
+    @pytest.mark.parametrize(("pct", "n"), [("50%", 3), ("34%", 2), ("10%", 0)])
+    def test_percent_max_unavailable(self, pct: str, n: int) -> None:
+        sim, ck = fleet(control_planes=0, workers=6, max_unavailable=pct)
+        bump(sim, ck, V2)
+        assert len(creates(step(sim))) == n
+
+    def test_full_rollout_in_order(self) -> None:
+        sim, ck = fleet(control_planes=0, workers=5, max_unavailable=2)
+        bump(sim, ck, V2)
+        assert run_to_completion(sim) == [f"c1-md-{i}" for i in range(5)]
+        assert cond(sim, KIND_MD, C.UP_TO_DATE)[0] == "True"
+        assert md_of(sim).status.counts["summary"] == "5/5"
+        assert all(m.running_version_annotation == V2 for m in sim.machines.values())
+
+    @pytest.mark.parametrize("value", [0, "0%", None, "20%"])
+    def test_zero_max_unavailable_is_reported_and_nothing_happens(self, value: object) -> None:
+        sim, ck = fleet(control_planes=0, workers=4, max_unavailable=value)
+        bump(sim, ck, V2)
+        actions = step(sim)
+        assert not creates(actions)
+        reports = of(actions, ReportNotInPlace)
+        assert [r.reason for r in reports] == [C.R_MAX_UNAVAILABLE_ZERO]
+        assert cond(sim, KIND_MD, C.IN_PLACE)[:2] == ("False", C.R_MAX_UNAVAILABLE_ZERO)
+        assert not of(step(sim), ReportNotInPlace)  # reported once, not on every pass
+
+    def test_invalid_max_unavailable_is_reported(self) -> None:
+        sim, ck = fleet(control_planes=0, workers=4, max_unavailable="lots")
+        bump(sim, ck, V2)
+        actions = step(sim)
+        assert not creates(actions)
+        assert [r.reason for r in of(actions, ReportNotInPlace)] == [C.R_INVALID_MAX_UNAVAILABLE]
+
+    def test_not_ready_and_cordoned_nodes_use_the_budget(self) -> None:
+        sim, ck = fleet(control_planes=0, workers=6, max_unavailable=3)
+        nodes = sim.nodes[ck]
+        assert nodes is not None
+        nodes["c1-md-0"] = dataclasses.replace(nodes["c1-md-0"], ready=False)
+        nodes["c1-md-5"] = dataclasses.replace(nodes["c1-md-5"], unschedulable=True)
+        bump(sim, ck, V2)
+        assert creates(step(sim)) == ["c1-md-1"]
+
+    def test_missing_replicas_use_the_budget(self) -> None:
+        sim, ck = fleet(control_planes=0, workers=4, max_unavailable=2)
+        key = next(iter(sim.deployments))
+        sim.deployments[key] = dataclasses.replace(sim.deployments[key], replicas=5)
+        bump(sim, ck, V2)
+        assert creates(step(sim)) == ["c1-md-0"]
+
+    def test_budget_exhausted_by_unavailable_nodes_waits_and_says_why(self) -> None:
+        sim, ck = fleet(control_planes=0, workers=3, max_unavailable=1)
+        nodes = sim.nodes[ck]
+        assert nodes is not None
+        nodes["c1-md-2"] = dataclasses.replace(nodes["c1-md-2"], ready=False)
+        bump(sim, ck, V2)
+        assert not creates(step(sim))
+        status, reason, message = cond(sim, KIND_MD, C.UP_TO_DATE)
+        assert (status, reason) == ("False", C.R_WAITING)
+        assert "1 unavailable of maxUnavailable 1" in message
+
+    def test_not_in_place_machines_are_left_alone_and_reported(self) -> None:
+        sim, ck = fleet(control_planes=0, workers=3, max_unavailable=3)
+        key = next(iter(sim.machine_sets))
+        ms = sim.machine_sets[key]
+        sim.machine_sets[key] = dataclasses.replace(
+            ms, infrastructure=dataclasses.replace(ms.infrastructure, name="old"))  # type: ignore[type-var]
+        bump(sim, ck, V2)
+        actions = step(sim)
+        assert not creates(actions)
+        [report] = of(actions, ReportNotInPlace)
+        assert report.reason == C.R_NOT_IN_PLACE
+        assert "infrastructure template changed" in report.message
+        assert "c1-md-0" in report.message
+        assert cond(sim, KIND_MD, C.IN_PLACE)[0] == "False"
+
+    def test_workers_wait_for_control_planes(self) -> None:
+        sim, ck = fleet(control_planes=3, workers=3, max_unavailable=3)
+        bump(sim, ck, V2)
+        actions = step(sim)
+        assert creates(actions) == ["c1-cp-0"]
+        assert "control plane" in cond(sim, KIND_MD, C.UP_TO_DATE)[2]
+
+    def test_workers_never_newer_than_control_planes(self) -> None:
+        sim, ck = fleet(control_planes=1, workers=2, max_unavailable=1)
+        bump(sim, ck, V2, control_plane=False)
+        assert not creates(step(sim))
+        assert "newer version" in cond(sim, KIND_MD, C.UP_TO_DATE)[2]
+
+    def test_only_workers_bumped_when_control_planes_are_ahead(self) -> None:
+        sim, ck = fleet(control_planes=1, workers=2, max_unavailable=1, version=V1)
+        bump(sim, ck, V2)
+        run_to_completion(sim)
+        bump(sim, ck, V2, control_plane=False)
+        assert not creates(step(sim))  # all already there
+
+    def test_unreachable_cluster_dispatches_nothing(self) -> None:
+        sim, ck = fleet(control_planes=0, workers=2, max_unavailable=1)
+        sim.nodes[ck] = None
+        bump(sim, ck, V2)
+        assert not creates(step(sim))
+        assert "unreachable" in cond(sim, KIND_MD, C.UP_TO_DATE)[2]
+
+    def test_paused_cluster_and_md(self) -> None:
+        sim, ck = fleet(control_planes=0, workers=2, max_unavailable=1)
+        sim.clusters[ck] = dataclasses.replace(sim.clusters[ck], paused=True)
+        bump(sim, ck, V2)
+        assert not creates(step(sim))
+        sim.clusters[ck] = dataclasses.replace(sim.clusters[ck], paused=False)
+        key = next(iter(sim.deployments))
+        sim.deployments[key] = dataclasses.replace(sim.deployments[key], paused=True)
+        assert not creates(step(sim))
+
+    def test_deterministic(self) -> None:
+        sim, ck = fleet(control_planes=3, workers=6, max_unavailable=2)
+        bump(sim, ck, V2)
+        snap = sim.snapshot()
+        assert plan(snap, SETTINGS) == plan(snap, SETTINGS)
+
+
+class TestControlPlanes:
+    def test_one_at_a_time_oldest_first(self) -> None:
+        sim, ck = fleet(control_planes=3, workers=0)
+        bump(sim, ck, V2)
+        assert run_to_completion(sim) == ["c1-cp-0", "c1-cp-1", "c1-cp-2"]
+        assert all(m.version == V2 for m in sim.machines.values())
+        assert cond(sim, KIND_KCP, C.UP_TO_DATE)[0] == "True"
+
+    def test_waits_for_not_ready_peer(self) -> None:
+        sim, ck = fleet(control_planes=3, workers=0)
+        nodes = sim.nodes[ck]
+        assert nodes is not None
+        nodes["c1-cp-2"] = dataclasses.replace(nodes["c1-cp-2"], ready=False)
+        bump(sim, ck, V2)
+        assert not creates(step(sim))
+        assert "c1-cp-2 NotReady" in cond(sim, KIND_KCP, C.UP_TO_DATE)[2]
+        nodes["c1-cp-2"] = dataclasses.replace(nodes["c1-cp-2"], ready=True)
+        assert creates(step(sim)) == ["c1-cp-0"]
+
+    def test_second_waits_while_first_in_flight(self) -> None:
+        sim, ck = fleet(control_planes=3, workers=0)
+        bump(sim, ck, V2)
+        assert creates(step(sim)) == ["c1-cp-0"]
+        for _ in range(4):
+            step(sim)
+            sim.step_node(ck, "c1-cp-0")
+            assert not creates(step(sim))
+
+    def test_pure_controller_via_control_node(self) -> None:
+        sim, ck = fleet(control_planes=1, workers=0)
+        nodes = sim.nodes[ck]
+        assert nodes is not None
+        nodes["c1-cp-0"] = dataclasses.replace(nodes["c1-cp-0"], kind="ControlNode")
+        bump(sim, ck, V2)
+        [create] = of(step(sim), CreateNodePlan)
+        assert create.node_kind == "ControlNode"
+
+    def test_failed_control_plane_blocks_the_next(self) -> None:
+        sim, ck = fleet(control_planes=3, workers=0)
+        bump(sim, ck, V2)
+        step(sim)
+        settle(sim)  # start + signal
+        sim.step_node(ck, "c1-cp-0", fail=SignalState.ROLLED_BACK)
+        actions = step(sim)
+        assert of(actions, MarkNodePlanFailed)
+        for _ in range(3):
+            assert not creates(step(sim))
+
+
+class TestNodePlanLifecycle:
+    def _dispatched(self) -> tuple[SimFleet, ClusterKey, tuple[str, str]]:
+        sim, ck = fleet(control_planes=0, workers=2, max_unavailable=1)
+        bump(sim, ck, V2)
+        step(sim)
+        return sim, ck, ("default", nodeplan_name("c1-md-0", V2))
+
+    def test_start_then_signal(self) -> None:
+        sim, ck, key = self._dispatched()
+        actions = step(sim)
+        assert of(actions, StartNodePlan) and not of(actions, SignalNode)
+        actions = step(sim)
+        [sig] = of(actions, SignalNode)
+        p = sim.nodeplans[key]
+        assert (sig.plan_id, sig.created, sig.version) == (p.plan_id, p.started_at, V2)
+        node = sim.nodes[ck]["c1-md-0"]  # type: ignore[index]
+        assert node.signal is not None and node.signal.planId == p.plan_id
+
+    def test_mirrors_node_state(self) -> None:
+        sim, ck, key = self._dispatched()
+        settle(sim)
+        sim.step_node(ck, "c1-md-0")
+        [upd] = of(step(sim), UpdateNodePlanStatus)
+        assert (upd.phase, upd.node_state) == (NodePlanPhase.IN_PROGRESS, "Downloading")
+        assert sim.nodeplans[key].phase_since == T0
+
+    def test_completion_needs_ready_and_version(self) -> None:
+        sim, ck, key = self._dispatched()
+        settle(sim)
+        sim.finish_node(ck, "c1-md-0")
+        nodes = sim.nodes[ck]
+        assert nodes is not None
+        nodes["c1-md-0"] = dataclasses.replace(nodes["c1-md-0"], ready=False)
+        actions = step(sim)
+        assert not of(actions, AnnotateWorkerVersion)
+        assert sim.nodeplans[key].phase == NodePlanPhase.IN_PROGRESS
+        assert "Ready" in sim.nodeplans[key].message
+        nodes["c1-md-0"] = dataclasses.replace(nodes["c1-md-0"], ready=True,
+                                               running_version=V1)
+        step(sim)
+        assert sim.nodeplans[key].phase == NodePlanPhase.IN_PROGRESS
+        nodes["c1-md-0"] = dataclasses.replace(nodes["c1-md-0"], running_version=V2)
+        actions = step(sim)
+        assert of(actions, AnnotateWorkerVersion)
+        assert creates(actions) == ["c1-md-1"]  # next node in the same pass
+        assert sim.nodeplans[key].phase == NodePlanPhase.COMPLETED
+
+    def test_control_plane_completion_patches_machine_version(self) -> None:
+        sim, ck = fleet(control_planes=1, workers=0)
+        bump(sim, ck, V2)
+        settle(sim)
+        sim.finish_node(ck, "c1-cp-0")
+        assert [a.version for a in of(step(sim), PatchMachineVersion)] == [V2]
+
+    def test_silent_node_hits_the_pending_deadline_then_halts(self) -> None:
+        sim, _ck, _key = self._dispatched()
+        settle(sim)
+        result = plan(sim.snapshot(), SETTINGS)
+        assert result.wake_at == T0 + timedelta(seconds=30)
+        sim.advance(29)
+        assert not of(step(sim), MarkNodePlanFailed)
+        sim.advance(1)
+        actions = step(sim)
+        [failed] = of(actions, MarkNodePlanFailed)
+        assert failed.reason == C.R_DEADLINE and "Pending" in failed.message
+        assert not creates(actions)  # the failure uses the budget, and the budget (0) halts
+        assert of(actions, HaltObject)
+        assert not of(step(sim), HaltObject)  # said once
+        assert cond(sim, KIND_MD, C.HALTED)[:2] == ("True", C.R_HALTED)
+        assert not creates(step(sim))
+
+    def test_deadline_per_phase(self) -> None:
+        sim, ck, _key = self._dispatched()
+        settings = dataclasses.replace(SETTINGS, deadlines={
+            PENDING: timedelta(seconds=30), "Downloading": timedelta(seconds=5)})
+        settle(sim, settings)
+        sim.step_node(ck, "c1-md-0")
+        step(sim, settings)  # observed Downloading at T0
+        sim.advance(5)
+        [failed] = of(step(sim, settings), MarkNodePlanFailed)
+        assert "Downloading" in failed.message
+
+    def test_progress_restarts_the_deadline(self) -> None:
+        sim, ck, _key = self._dispatched()
+        settle(sim)
+        for _ in range(6):
+            sim.advance(25)
+            sim.step_node(ck, "c1-md-0")
+            assert not of(step(sim), MarkNodePlanFailed)
+
+    def test_node_failure(self) -> None:
+        sim, ck, _key = self._dispatched()
+        settle(sim)
+        sim.step_node(ck, "c1-md-0", fail=SignalState.FAILED_DOWNLOAD)
+        [failed] = of(step(sim), MarkNodePlanFailed)
+        assert failed.reason == C.R_NODE_FAILED and "FailedDownload" in failed.message
+
+    def test_failure_budget_allows_some_failures(self) -> None:
+        sim, ck = fleet(control_planes=0, workers=4, max_unavailable=2)
+        bump(sim, ck, V2)
+        settings = dataclasses.replace(SETTINGS, failure_budget=1)
+        step(sim, settings)
+        settle(sim, settings)
+        sim.step_node(ck, "c1-md-0", fail=SignalState.FAILED_VERIFY)
+        settle(sim, settings)
+        assert cond(sim, KIND_MD, C.HALTED)[0] == "False"
+        sim.step_node(ck, "c1-md-1", fail=SignalState.FAILED_VERIFY)
+        settle(sim, settings)
+        assert cond(sim, KIND_MD, C.HALTED)[0] == "True"
+
+    def test_retry_annotation_on_owner_resets_failures(self) -> None:
+        sim, ck, key = self._dispatched()
+        settle(sim)
+        sim.step_node(ck, "c1-md-0", fail=SignalState.FAILED_DOWNLOAD)
+        settle(sim)
+        assert cond(sim, KIND_MD, C.HALTED)[0] == "True"
+        sim.annotate(KIND_MD, next(iter(sim.deployments)), ANN_RETRY, "1")
+        actions = step(sim)
+        [retry] = of(actions, RetryNodePlan)
+        assert retry.attempts == 2
+        assert of(actions, RemoveAnnotation)
+        assert not creates(actions)  # the retried node still holds the one slot
+        settle(sim)
+        assert cond(sim, KIND_MD, C.HALTED)[0] == "False"
+        node = sim.nodes[ck]["c1-md-0"]  # type: ignore[index]
+        assert node.signal is not None and node.signal.created == sim.nodeplans[key].started_at
+        assert node.signal.status is None  # a fresh request
+        sim.finish_node(ck, "c1-md-0")
+        assert creates(step(sim)) == ["c1-md-1"]
+
+    def test_retry_annotation_on_plan(self) -> None:
+        sim, ck, key = self._dispatched()
+        settle(sim)
+        sim.step_node(ck, "c1-md-0", fail=SignalState.FAILED_DOWNLOAD)
+        settle(sim)
+        sim.annotate(KIND_NODEPLAN, key, ANN_RETRY, "x")
+        actions = step(sim)
+        assert of(actions, RetryNodePlan)
+        assert ANN_RETRY not in sim.nodeplans[key].annotations
+
+    def test_retry_annotation_on_a_healthy_plan_is_just_removed(self) -> None:
+        sim, _ck, key = self._dispatched()
+        settle(sim)
+        sim.annotate(KIND_NODEPLAN, key, ANN_RETRY, "x")
+        actions = step(sim)
+        assert not of(actions, RetryNodePlan) and of(actions, RemoveAnnotation)
+
+    def test_late_completion_after_deadline(self) -> None:
+        sim, ck, key = self._dispatched()
+        settle(sim)
+        sim.advance(31)
+        settle(sim)
+        assert sim.nodeplans[key].phase == NodePlanPhase.FAILED
+        sim.finish_node(ck, "c1-md-0")
+        step(sim)
+        assert sim.nodeplans[key].phase == NodePlanPhase.COMPLETED
+
+    def test_deleting_a_plan_clears_signal_uncordons_and_releases(self) -> None:
+        sim, ck, key = self._dispatched()
+        settle(sim)
+        sim.step_node(ck, "c1-md-0")
+        sim.step_node(ck, "c1-md-0")  # Cordoning: the agent cordoned the node
+        node = sim.nodes[ck]["c1-md-0"]  # type: ignore[index]
+        assert node.unschedulable and node.cordoned_by
+        sim.delete_plan(key)
+        assert [type(a) for a in step(sim) if not isinstance(a, SetRolloutStatus)] \
+            == [ClearSignal]
+        actions = step(sim)
+        assert of(actions, UncordonNode)
+        assert of(step(sim), ReleaseNodePlan)
+        assert key not in sim.nodeplans
+        node = sim.nodes[ck]["c1-md-0"]  # type: ignore[index]
+        assert not node.unschedulable and node.signal is None
+        # The machine is still out of date: dispatched again later (a fresh NodePlan).
+        assert "c1-md-0" in run_to_completion(sim)
+
+    def test_orphan_signal_is_cleared(self) -> None:
+        sim, _ck, key = self._dispatched()
+        settle(sim)
+        del sim.nodeplans[key]  # gone without the finalizer (e.g. force-removed)
+        assert of(step(sim), ClearSignal)
+
+    def test_busy_node_is_not_overwritten(self) -> None:
+        sim, _ck, key = self._dispatched()
+        settle(sim)
+        other = dataclasses.replace(sim.nodeplans[key], ref=dataclasses.replace(
+            sim.nodeplans[key].ref, name="other"), started_at=None, phase=NodePlanPhase.PENDING)
+        sim.nodeplans[("default", "other")] = other
+        step(sim)  # starts the other plan
+        actions = step(sim)
+        assert not [s for s in of(actions, SignalNode) if s.plan.name == "other"]
+        assert "busy" in sim.nodeplans[("default", "other")].message
+
+    def test_version_change_mid_rollout_keeps_in_flight_in_the_budget(self) -> None:
+        sim, ck = fleet(control_planes=0, workers=4, max_unavailable=2)
+        bump(sim, ck, V2)
+        step(sim)
+        settle(sim)
+        bump(sim, ck, "v1.31.4+k0s.0")
+        assert not creates(step(sim))  # the two V2 upgrades still occupy the budget
+        sim.finish_node(ck, "c1-md-0")
+        actions = step(sim)
+        assert of(actions, AnnotateWorkerVersion)  # it runs V2 now
+        assert creates(actions) == ["c1-md-0"]  # and is the oldest machine not on V3
+
+    def test_autopilot_signal_is_understood(self) -> None:
+        sim, ck = fleet(control_planes=0, workers=1, max_unavailable=1, executor="autopilot")
+        bump(sim, ck, V2)
+        step(sim)
+        step(sim)  # start
+        key = ("default", nodeplan_name("c1-md-0", V2))
+        p = sim.nodeplans[key]
+        assert p.executor == "autopilot"
+        nodes = sim.nodes[ck]
+        assert nodes is not None
+        for raw, phase in [("Restart", NodePlanPhase.IN_PROGRESS),
+                           ("Completed", NodePlanPhase.COMPLETED)]:
+            data = {"planId": p.plan_id, "created": format_time(p.started_at),  # type: ignore[arg-type]
+                    "command": {"id": 1, "k0supdate": {"version": V2}},
+                    "status": {"status": raw, "timestamp": "x"}}
+            nodes["c1-md-0"] = NodeInfo("c1-md-0", autopilot_signal=json.dumps(data))
+            step(sim)
+            assert sim.nodeplans[key].phase == phase
+            if raw == "Restart":
+                assert sim.nodeplans[key].node_state == "Restarting"
+
+
+def test_every_action_for_an_empty_world_is_none() -> None:
+    assert plan(SimFleet(now=T0).snapshot(), SETTINGS).actions == []
+
+
+def test_extension_sourced_plans_do_not_touch_machines() -> None:
+    sim, ck = fleet(control_planes=1, workers=0)
+    bump(sim, ck, V2)
+    step(sim)
+    key = ("default", nodeplan_name("c1-cp-0", V2))
+    sim.nodeplans[key] = dataclasses.replace(sim.nodeplans[key], source="runtime-extension")
+    settle(sim)
+    sim.finish_node(ck, "c1-cp-0")
+    actions = step(sim)
+    assert sim.nodeplans[key].phase == NodePlanPhase.COMPLETED
+    assert not of(actions, PatchMachineVersion)
+
+
+def _unused(p: NodePlanInfo) -> None:  # keep type imports honest
+    del p
