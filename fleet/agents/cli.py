@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--host-namespace", choices=["auto", "always", "never"], default=S,
       help="run systemctl/commands via nsenter into pid 1's namespaces")
     a("--version-source", choices=["status-socket", "binary"], default=S)
-    a("--status-socket", type=Path, default=S, help="k0s status socket (/run/k0s/status.sock)")
+    a("--status-socket", type=_optional_path, default=S,
+      help="k0s status socket (/run/k0s/status.sock; '' for none)")
     a("--pid-file", type=Path, default=S, help="k0s pid file (when there is no status socket)")
     a("--download-attempts", type=int, default=S)
     a("--download-stall-timeout", type=float, default=S, help="seconds without data")
@@ -56,6 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--log-level", default=S)
     a("--otlp-endpoint", default=S, help="OTLP/HTTP collector for spans")
     a("--trace-file", type=Path, default=S, help="append spans as JSON lines")
+
+
+def _optional_path(value: str) -> Path | None:
+    return Path(value) if value else None
 
 
 def run(args: argparse.Namespace) -> int:

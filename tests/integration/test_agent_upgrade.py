@@ -207,6 +207,26 @@ async def test_controlnode_of_a_pure_controller(sim: Any, releases: ReleaseServe
         assert await node.running_version() == NEW and node.restarts == 1
 
 
+@pytest.mark.parametrize("strategy", ["command", "pid-file"])
+async def test_other_restart_and_version_strategies(sim: Any, releases: ReleaseServer,
+                                                    tmp_path: Path, strategy: str) -> None:
+    """``command`` restart; and no status socket: pid file + ``k0s version``."""
+    pid_file = tmp_path / "run" / "k0s.pid"
+    if strategy == "command":
+        args = ["--restart-strategy", "command",
+                "--restart-command", f"sh -c 'kill -TERM \"$(cat {pid_file})\"'"]
+    else:
+        args = ["--status-socket", "", "--version-source", "binary",
+                "--verify-stable-seconds", "0.5"]
+    async with sim(agent_args=args) as node:
+        plan = await node.request(releases.releases[NEW])
+        sig = await node.wait_for(plan, TERMINAL, timeout=60)
+        assert sig.status is not None
+        assert sig.status.status is SignalState.COMPLETED, sig.status.reason
+        assert node.states(plan) == [str(s) for s in HAPPY_PATH]
+        assert await node.running_version() == NEW and node.restarts == 1
+
+
 # -- download failures: the installed binary is untouched --------------------------------------
 @pytest.mark.parametrize(("version", "needle"), [
     (MANGLED, "sha256 mismatch"),
