@@ -82,6 +82,7 @@ class ClusterGate:
     allowed: bool
     reason: str = ""  # why it may not start new node upgrades ("" when allowed)
     admitted_now: bool = False
+    paused: str | None = None  # the cluster's own pause (config entry, annotation, spec)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +167,8 @@ class RolloutGate:
         self.config = config
 
     # -- cluster-level holds -------------------------------------------------------------
-    def _cluster_hold(self, c: ClusterProgress, now: datetime,
-                      wakeups: list[datetime]) -> str | None:
+    def cluster_pause(self, c: ClusterProgress) -> str | None:
+        """Why this one cluster is paused (by whom), or None."""
         entry = self.config.clusters.entry_for(c.namespace, c.name)
         if c.spec_paused:
             return "Cluster is paused (spec.paused)"
@@ -176,6 +177,12 @@ class RolloutGate:
                 f": {reason}" if reason else "")
         if entry is not None and entry.paused:
             return "paused in the fleet config (clusters.entries[].paused)"
+        return None
+
+    def _cluster_hold(self, c: ClusterProgress, now: datetime,
+                      wakeups: list[datetime]) -> str | None:
+        if (paused := self.cluster_pause(c)) is not None:
+            return paused
         if not c.observed:
             return "workload cluster not observed (unreachable or not synced yet)"
         windows = self.config.for_cluster(c.namespace, c.name, c.labels).maintenance_windows
@@ -311,7 +318,8 @@ class RolloutGate:
                             f": {o.paused}" if o.paused else "")
                 gates[c.key] = ClusterGate(c.key, w.name, phases[c.key], c.key in allowed,
                                            "" if c.key in allowed else reasons[c.key],
-                                           admitted_now=c.key in newly)
+                                           admitted_now=c.key in newly,
+                                           paused=self.cluster_pause(c))
 
             # The wave's own record and phase.
             upgrading = sum(1 for p in phases.values() if p is ClusterPhase.UPGRADING)

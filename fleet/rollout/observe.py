@@ -1,0 +1,224 @@
+"""One-shot, read-only observation of the fleet, for ``k0s-fleet plan`` and ``status``.
+
+Lists the Cluster API objects and NodePlans of the management cluster, reads each
+workload cluster's Nodes through its kubeconfig Secret, and returns the same
+:class:`~fleet.model.Snapshot` the controller plans on, plus each Cluster's labels and
+annotations for the wave gate. Nothing is written anywhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import yaml
+
+from fleet.config import FleetConfig, parse_label_selector
+from fleet.kube import KubeClient, KubeError
+from fleet.kube.resources import (
+    CLUSTERS,
+    CONFIGMAPS,
+    CONTROL_NODES,
+    K0S_CONTROL_PLANES,
+    MACHINE_DEPLOYMENTS,
+    MACHINE_SETS,
+    MACHINES,
+    NODE_PLANS,
+    NODES,
+    SECRETS,
+    Resource,
+)
+from fleet.model import (
+    ClusterInfo,
+    ClusterKey,
+    InfraMachineInfo,
+    MachineInfo,
+    NodeInfo,
+    Snapshot,
+    cluster_from,
+    control_plane_from,
+    deployment_from,
+    infra_machine_from,
+    machine_from,
+    machine_set_from,
+    node_from,
+    nodeplan_from,
+)
+from fleet.rollout.annotations import ROLLOUT_CONFIGMAP, STATE_KEY
+from fleet.rollout.gate import FleetControls
+from fleet.rollout.state import RolloutState
+
+log = logging.getLogger(__name__)
+
+ClusterMeta = tuple[Mapping[str, str], Mapping[str, str]]
+
+
+@dataclass
+class Observation:
+    snapshot: Snapshot
+    meta: dict[ClusterKey, ClusterMeta] = field(default_factory=dict)
+    controls: FleetControls = field(default_factory=FleetControls)
+    state: RolloutState = field(default_factory=RolloutState)
+    problems: dict[ClusterKey, str] = field(default_factory=dict)  # unreachable clusters
+
+
+async def management_client(config: FleetConfig) -> KubeClient:
+    m = config.management
+    if m.kubeconfig:
+        return await KubeClient.from_kubeconfig_file(m.kubeconfig, name="management",
+                                                     context=m.context)
+    return KubeClient.in_cluster(name="management")
+
+
+def _in_fleet(config: FleetConfig, obj: Mapping[str, Any]) -> bool:
+    meta = obj.get("metadata") or {}
+    ns, name = meta.get("namespace") or "", meta.get("name") or ""
+    if config.clusters.entry_for(ns, name) is not None:
+        return True
+    if config.clusters.namespaces and ns not in config.clusters.namespaces:
+        return False
+    return parse_label_selector(config.clusters.label_selector).matches(
+        meta.get("labels") or {})
+
+
+async def _list(client: KubeClient, res: Resource, namespaces: list[str]) -> list[dict[str, Any]]:
+    if not namespaces:
+        return (await client.list(res)).items
+    out: list[dict[str, Any]] = []
+    for ns in namespaces:
+        out.extend((await client.list(res, ns)).items)
+    return out
+
+
+class _Plurals:
+    """kind -> plural for infrastructure objects, learned from API discovery."""
+
+    def __init__(self, client: KubeClient) -> None:
+        self.client = client
+        self.cache: dict[str, dict[str, tuple[str, str]]] = {}
+
+    async def resource(self, group: str, kind: str) -> Resource | None:
+        if group not in self.cache:
+            self.cache[group] = {}
+            try:
+                g = await self.client.request("GET", f"/apis/{group}")
+                version = g["preferredVersion"]["version"]
+                rl = await self.client.request("GET", f"/apis/{group}/{version}")
+                for r in rl.get("resources") or []:
+                    if "/" not in r["name"]:
+                        self.cache[group][r["kind"]] = (version, r["name"])
+            except (KubeError, KeyError, TypeError):
+                pass
+        found = self.cache[group].get(kind)
+        if found is None:
+            return None
+        return Resource(group, found[0], found[1], kind, namespaced=True)
+
+
+async def _infra(plurals: _Plurals, machine: Mapping[str, Any]) -> InfraMachineInfo:
+    ref = (machine.get("spec") or {}).get("infrastructureRef") or {}
+    group = ref.get("apiGroup") or str(ref.get("apiVersion") or "").split("/")[0]
+    ns = (machine.get("metadata") or {}).get("namespace")
+    if not ref.get("name") or not group:
+        return InfraMachineInfo(error="no infrastructureRef")
+    res = await plurals.resource(group, str(ref.get("kind")))
+    if res is None:
+        return InfraMachineInfo(error=f"{ref.get('kind')}.{group} is not served")
+    try:
+        return infra_machine_from(await plurals.client.get(res, ref["name"], ns))
+    except KubeError as e:
+        return InfraMachineInfo(error=str(e))
+
+
+async def workload_client(mgmt: KubeClient, config: FleetConfig, namespace: str,
+                          name: str) -> KubeClient:
+    secret_name = config.for_cluster(namespace, name).kubeconfig_secret
+    secret = await mgmt.get(SECRETS, secret_name, namespace)
+    raw = base64.b64decode((secret.get("data") or {})["value"])
+    return await KubeClient.from_kubeconfig(yaml.safe_load(raw), name=name)
+
+
+async def _nodes(mgmt: KubeClient, config: FleetConfig, key: ClusterKey,
+                 timeout: float) -> dict[str, NodeInfo]:
+    with anyio.fail_after(timeout):
+        async with await workload_client(mgmt, config, *key) as wl:
+            nodes = {n.name: n for n in map(node_from, (await wl.list(NODES)).items)}
+            try:
+                for obj in (await wl.list(CONTROL_NODES)).items:
+                    cn = node_from(obj)
+                    nodes.setdefault(cn.name, cn)
+            except KubeError:
+                pass  # no autopilot CRD: no pure controllers to see
+            return nodes
+
+
+async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None = None,
+                  node_timeout: float = 10.0) -> Observation:
+    """Read the whole fleet once."""
+    namespaces = list(config.clusters.namespaces)
+    for e in config.clusters.entries:
+        if namespaces and e.namespace not in namespaces:
+            namespaces.append(e.namespace)
+    raw_clusters = [c for c in await _list(mgmt, CLUSTERS, namespaces) if _in_fleet(config, c)]
+    keys = {((c["metadata"].get("namespace") or ""), c["metadata"]["name"])
+            for c in raw_clusters}
+    clusters: dict[ClusterKey, ClusterInfo] = {}
+    meta: dict[ClusterKey, ClusterMeta] = {}
+    for c in raw_clusters:
+        m = c["metadata"]
+        key = (m.get("namespace") or "", m["name"])
+        settings = config.for_cluster(key[0], key[1], m.get("labels") or {})
+        clusters[key] = cluster_from(c, executor=settings.executor.value)
+        meta[key] = (dict(m.get("labels") or {}), dict(m.get("annotations") or {}))
+
+    def mine(objs: list[dict[str, Any]], cluster_of: Any) -> list[dict[str, Any]]:
+        return [o for o in objs if ((o["metadata"].get("namespace") or ""), cluster_of(o))
+                in keys]
+
+    deployments = [deployment_from(o) for o in await _list(mgmt, MACHINE_DEPLOYMENTS, namespaces)]
+    machine_sets = [machine_set_from(o) for o in await _list(mgmt, MACHINE_SETS, namespaces)]
+    kcps = [control_plane_from(o) for o in await _list(mgmt, K0S_CONTROL_PLANES, namespaces)]
+    raw_machines = mine(await _list(mgmt, MACHINES, namespaces),
+                        lambda o: (o.get("spec") or {}).get("clusterName"))
+    plurals = _Plurals(mgmt)
+    machines: list[MachineInfo] = []
+    for o in raw_machines:
+        cp = "cluster.x-k8s.io/control-plane" in ((o["metadata"].get("labels")) or {})
+        machines.append(machine_from(o, await _infra(plurals, o) if cp else None))
+    plans = [nodeplan_from(o) for o in await _list(mgmt, NODE_PLANS, namespaces)]
+
+    nodes: dict[ClusterKey, Mapping[str, NodeInfo] | None] = {}
+    problems: dict[ClusterKey, str] = {}
+    for key in sorted(keys):
+        try:
+            nodes[key] = await _nodes(mgmt, config, key, node_timeout)
+        except (KubeError, KeyError, ValueError, TimeoutError, yaml.YAMLError) as e:
+            nodes[key] = None
+            problems[key] = f"workload cluster unreachable: {e!r}"[:300]
+
+    controls, state = FleetControls(), RolloutState()
+    cm = await mgmt.get_or_none(CONFIGMAPS, ROLLOUT_CONFIGMAP, config.management.namespace)
+    if cm is not None:
+        controls = FleetControls.from_annotations(
+            (cm.get("metadata") or {}).get("annotations") or {})
+        state = RolloutState.from_json((cm.get("data") or {}).get(STATE_KEY))
+
+    snapshot = Snapshot(
+        now=now or datetime.now(UTC), clusters=clusters,
+        deployments={(d.ref.namespace, d.ref.name): d for d in deployments
+                     if (d.ref.namespace, d.cluster) in keys},
+        machine_sets={(s.ref.namespace, s.ref.name): s for s in machine_sets
+                      if (s.ref.namespace, s.cluster) in keys},
+        control_planes={(k.ref.namespace, k.ref.name): k for k in kcps
+                        if (k.ref.namespace, k.cluster) in keys},
+        machines={(m.ref.namespace, m.ref.name): m for m in machines},
+        nodeplans={(p.ref.namespace, p.ref.name): p for p in plans
+                   if (p.ref.namespace, p.cluster) in keys},
+        nodes=nodes)
+    return Observation(snapshot=snapshot, meta=meta, controls=controls, state=state,
+                       problems=problems)

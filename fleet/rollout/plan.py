@@ -1,0 +1,246 @@
+"""``k0s-fleet plan``: what the rollout would do from here, computed without writing.
+
+The dry run replays the real decision code on an in-memory copy of the observed fleet:
+every pass evaluates the wave gate (fleet.rollout.gate) and the controller's planner
+(fleet.planner), drops the dispatches the gate holds (exactly as the controller does),
+and lets fleet.planner.simulate play the nodes along the agent's happy path, one phase
+per ``node_duration / phases``. So the order printed is the order the controller takes
+as long as every node succeeds at that pace; soaks and maintenance windows are waited
+out on the simulated clock, and what can never start (paused, halted, left to Cluster
+API, unreachable) is reported as blocked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from fleet.config import FleetConfig
+from fleet.model import EXECUTOR_AGENT, ClusterKey, ObjectRef, format_time
+from fleet.planner import PlannerSettings, plan
+from fleet.planner.actions import (
+    Action,
+    CreateNodePlan,
+    HaltObject,
+    RecordEvent,
+    ReportNotInPlace,
+    SetRolloutStatus,
+)
+from fleet.planner.simulate import SimFleet
+from fleet.rollout.gate import FleetView, GateDecision, RolloutGate
+from fleet.rollout.observe import Observation
+from fleet.rollout.progress import ClusterProgress, NodeState, clusters_from_snapshot
+from fleet.schedule import format_duration
+from fleet.signal import HAPPY_PATH
+
+_QUIET = (SetRolloutStatus, RecordEvent, ReportNotInPlace, HaltObject)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStep:
+    """One dispatch: nodes of one object started together."""
+
+    at: datetime
+    cluster: ClusterKey
+    wave: str
+    owner: ObjectRef
+    nodes: tuple[str, ...]
+    unavailable: int  # nodes of the object unavailable once these started
+    max_unavailable: int
+
+
+@dataclass
+class DryRun:
+    start: datetime
+    decision: GateDecision  # the gate's answer right now
+    clusters: list[ClusterProgress]  # progress right now
+    steps: list[PlanStep] = field(default_factory=list)
+    end: datetime | None = None  # when the last node would finish (None: blocked)
+    blocked: dict[ClusterKey, str] = field(default_factory=dict)
+    waiting: dict[ObjectRef, str] = field(default_factory=dict)
+
+    @property
+    def duration(self) -> timedelta | None:
+        return None if self.end is None else self.end - self.start
+
+
+def _planner_settings(config: FleetConfig) -> PlannerSettings:
+    # Config: "failed nodes at which an object halts"; planner: failures tolerated.
+    return PlannerSettings(failure_budget=config.rollout.failure_budget - 1)
+
+
+def dry_run(obs: Observation, config: FleetConfig, *, now: datetime,
+            node_duration: timedelta = timedelta(minutes=3),
+            max_passes: int = 20000) -> DryRun:
+    snap = obs.snapshot
+    sim = SimFleet(
+        now=now,
+        # The simulator plays the agent protocol; the order does not depend on it.
+        clusters={k: dataclasses.replace(v, executor=EXECUTOR_AGENT)
+                  for k, v in snap.clusters.items()},
+        deployments=dict(snap.deployments), machine_sets=dict(snap.machine_sets),
+        control_planes=dict(snap.control_planes), machines=dict(snap.machines),
+        nodeplans=dict(snap.nodeplans),
+        nodes={k: (None if v is None else dict(v)) for k, v in snap.nodes.items()})
+    gate = RolloutGate(config)
+    settings = _planner_settings(config)
+    phase_time = node_duration / len(HAPPY_PATH)
+    state = obs.state
+    result: DryRun | None = None
+    last: GateDecision | None = None
+    progress: list[ClusterProgress] = []
+    for _ in range(max_passes):
+        snapshot = dataclasses.replace(sim.snapshot(), now=sim.now)
+        progress = clusters_from_snapshot(snapshot, obs.meta)
+        decision = gate.evaluate(FleetView(progress, obs.controls, state), sim.now)
+        state = decision.state
+        last = decision
+        if result is None:
+            result = DryRun(start=now, decision=decision, clusters=progress)
+        if all(c.complete for c in progress):
+            result.end = sim.now
+            break
+        planned = plan(snapshot, settings)
+        actions: list[Action] = [
+            a for a in planned.actions
+            if not (isinstance(a, CreateNodePlan) and decision.hold(a.cluster, a.owner))]
+        by_owner: dict[ObjectRef, list[CreateNodePlan]] = {}
+        for a in actions:
+            if isinstance(a, CreateNodePlan):
+                by_owner.setdefault(a.owner, []).append(a)
+        for d in planned.decisions:
+            creates = by_owner.get(d.owner)
+            if not creates:
+                if d.waiting:
+                    result.waiting[d.owner] = d.waiting
+                continue
+            result.waiting.pop(d.owner, None)
+            key = creates[0].cluster
+            result.steps.append(PlanStep(
+                at=sim.now, cluster=key, wave=decision.clusters[key].wave
+                if key in decision.clusters else "", owner=d.owner,
+                nodes=tuple(a.node for a in creates), unavailable=d.unavailable,
+                max_unavailable=d.max_unavailable))
+        sim.apply_all(actions)
+        moving = [a for a in actions if not isinstance(a, _QUIET)]
+        active = sim.active_requests()
+        if active:
+            for ckey, node in active:
+                sim.step_node(ckey, node)
+            sim.advance(phase_time.total_seconds())
+        elif not moving:
+            if decision.next_wakeup is None:
+                break  # blocked for good (paused, halted, left to Cluster API, ...)
+            sim.now = max(sim.now, decision.next_wakeup)
+    assert result is not None
+    if result.end is None and last is not None:
+        result.blocked = {c.key: last.reasons.get(c.key, "") for c in progress
+                          if not c.complete}
+    return result
+
+
+# -- rendering -----------------------------------------------------------------------------
+
+
+def _offset(run: DryRun, t: datetime) -> str:
+    return "+" + format_duration(timedelta(seconds=int((t - run.start).total_seconds())))
+
+
+def plan_document(run: DryRun) -> dict[str, Any]:
+    """The dry run as JSON (``k0s-fleet plan --output json``)."""
+    d = run.decision
+    by_key = {c.key: c for c in run.clusters}
+    steps_by_owner: dict[ObjectRef, list[PlanStep]] = {}
+    for s in run.steps:
+        steps_by_owner.setdefault(s.owner, []).append(s)
+    waves: list[dict[str, Any]] = []
+    for w in d.waves:
+        clusters: list[dict[str, Any]] = []
+        for key in w.clusters:
+            c = by_key[key]
+            g = d.clusters[key]
+            objects: list[dict[str, Any]] = []
+            for o in c.objects:
+                steps = steps_by_owner.get(o.ref, [])
+                objects.append({
+                    "kind": o.ref.kind, "namespace": o.ref.namespace, "name": o.ref.name,
+                    "target": o.target, "replicas": o.replicas,
+                    "inPlace": [n.machine for n in o.nodes
+                                if n.state in (NodeState.WAITING, NodeState.UPGRADING)],
+                    "clusterAPI": [{"machine": n.machine, "reason": n.message}
+                                   for n in o.nodes if n.state is NodeState.CLUSTER_API],
+                    "upToDate": [n.machine for n in o.nodes if n.state is NodeState.UP_TO_DATE],
+                    "failed": [n.machine for n in o.nodes if n.state is NodeState.FAILED],
+                    "nodeOrder": [n for s in steps for n in s.nodes],
+                    "steps": [{"at": format_time(s.at), "offset": _offset(run, s.at),
+                               "nodes": list(s.nodes), "unavailable": s.unavailable,
+                               "maxUnavailable": s.max_unavailable} for s in steps],
+                    "waiting": run.waiting.get(o.ref),
+                })
+            clusters.append({"namespace": key[0], "name": key[1], "phase": g.phase.value,
+                             "allowedNow": g.allowed, "reason": g.reason or None,
+                             "blocked": run.blocked.get(key), "objects": objects})
+        waves.append({"name": w.name, "canary": w.canary, "phase": w.phase.value,
+                      "maxConcurrentClusters": w.max_concurrent,
+                      "soak": format_duration(w.soak),
+                      "toleratedFailures": w.tolerated_failures, "clusters": clusters})
+    return {
+        "generatedAt": format_time(run.start),
+        "rollout": {"paused": d.paused, "halted": d.halted, "emergencyStop": d.emergency_stop},
+        "waves": waves,
+        "steps": [{"at": format_time(s.at), "offset": _offset(run, s.at), "wave": s.wave,
+                   "cluster": f"{s.cluster[0]}/{s.cluster[1]}", "kind": s.owner.kind,
+                   "object": s.owner.name, "nodes": list(s.nodes),
+                   "unavailable": s.unavailable, "maxUnavailable": s.max_unavailable}
+                  for s in run.steps],
+        "estimatedDuration": None if run.duration is None else format_duration(
+            timedelta(seconds=int(run.duration.total_seconds()))),
+        "finishesAt": None if run.end is None else format_time(run.end),
+        "blocked": [{"cluster": f"{k[0]}/{k[1]}", "reason": r}
+                    for k, r in sorted(run.blocked.items())],
+    }
+
+
+def plan_text(doc: dict[str, Any]) -> list[str]:
+    """A readable rendering of :func:`plan_document`."""
+    out: list[str] = []
+    r = doc["rollout"]
+    for k in ("emergencyStop", "halted", "paused"):
+        if r[k]:
+            out.append(f"!! {k}: {r[k]}")
+    for w in doc["waves"]:
+        canary = " canary" if w["canary"] else ""
+        out.append(f"wave {w['name']}{canary} [{w['phase']}] maxConcurrentClusters="
+                   f"{w['maxConcurrentClusters']} soak={w['soak']} "
+                   f"failureBudget={w['toleratedFailures']}")
+        for c in w["clusters"]:
+            out.append(f"  cluster {c['namespace']}/{c['name']} [{c['phase']}]"
+                       + (f" blocked: {c['blocked']}" if c["blocked"] else ""))
+            for o in c["objects"]:
+                out.append(f"    {o['kind']} {o['name']} -> {o['target']}: "
+                           f"{len(o['upToDate'])}/{o['replicas']} up to date, "
+                           f"{len(o['inPlace'])} in place, {len(o['clusterAPI'])} left to "
+                           "Cluster API")
+                for s in o["steps"]:
+                    out.append(f"      {s['offset']:>8}  start {', '.join(s['nodes'])}  "
+                               f"(unavailable {s['unavailable']}/{s['maxUnavailable']})")
+                for m in o["clusterAPI"]:
+                    out.append(f"      Cluster API replaces {m['machine']}: {m['reason']}")
+                if o["waiting"] and not o["steps"]:
+                    out.append(f"      waiting: {o['waiting']}")
+    if doc["estimatedDuration"] is not None:
+        out.append(f"estimated duration: {doc['estimatedDuration']} "
+                   f"(finishes {doc['finishesAt']})")
+    else:
+        out.append("the rollout cannot finish from here:")
+        out.extend(f"  {b['cluster']}: {b['reason']}" for b in doc["blocked"])
+    return out
+
+
+def render_plan(doc: dict[str, Any]) -> str:
+    return "\n".join(plan_text(doc))
+
+
+__all__ = ["DryRun", "PlanStep", "dry_run", "plan_document", "plan_text", "render_plan"]

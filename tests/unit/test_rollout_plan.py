@@ -1,0 +1,94 @@
+"""The dry run (k0s-fleet plan) on in-memory fleets: real gate + real planner."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+
+from fleet.model import TemplateRef
+from fleet.planner.simulate import SimFleet, add_cluster, bump
+from fleet.rollout.gate import FleetControls
+from fleet.rollout.observe import Observation
+from fleet.rollout.plan import dry_run, plan_document, render_plan
+from fleet.schedule import parse_duration
+from tests.unit.test_rollout_gate import CANARY, PROD, T0, TARGET, config, waves_config
+
+
+def _fleet() -> tuple[SimFleet, dict[tuple[str, str], tuple[dict[str, str], dict[str, str]]]]:
+    sim = SimFleet(now=T0)
+    meta: dict[tuple[str, str], tuple[dict[str, str], dict[str, str]]] = {}
+    for name, labels, workers in (("can", CANARY, 2), ("p1", PROD, 3), ("p2", PROD, 2)):
+        key = add_cluster(sim, name, namespace="fleet", control_planes=1, workers=workers,
+                          max_unavailable=2)
+        bump(sim, key, TARGET)
+        meta[key] = (labels, {})
+    return sim, meta
+
+
+def test_plan_orders_waves_control_planes_first_and_waits_out_the_soak() -> None:
+    sim, meta = _fleet()
+    obs = Observation(snapshot=sim.snapshot(), meta=meta)
+    run = dry_run(obs, waves_config(), now=T0, node_duration=timedelta(minutes=6))
+    doc = plan_document(run)
+    clusters = [s["cluster"] for s in doc["steps"]]
+    assert clusters[:2] == ["fleet/can", "fleet/can"]
+    assert set(clusters[2:]) == {"fleet/p1", "fleet/p2"}
+    first = doc["steps"][0]
+    assert first["kind"] == "K0sControlPlane" and first["nodes"] == ["can-cp-0"]
+    assert doc["steps"][1]["nodes"] == ["can-md-0", "can-md-1"]  # maxUnavailable 2
+    assert all(s["unavailable"] <= s["maxUnavailable"] for s in doc["steps"])
+    can_done = max(s["at"] for s in doc["steps"] if s["cluster"] == "fleet/can")
+    prod_start = min(s["at"] for s in doc["steps"] if s["cluster"] != "fleet/can")
+    assert prod_start > can_done
+    # canary: CP 6m then workers 6m, then 30m soak, before any prod step
+    assert parse_duration(doc["steps"][2]["offset"].lstrip("+")) >= timedelta(minutes=41)
+    assert doc["estimatedDuration"] is not None
+    p1 = doc["waves"][1]["clusters"][0]["objects"]
+    md = next(o for o in p1 if o["kind"] == "MachineDeployment")
+    assert md["nodeOrder"] == ["p1-md-0", "p1-md-1", "p1-md-2"]
+    assert md["inPlace"] == ["p1-md-0", "p1-md-1", "p1-md-2"]
+    text = render_plan(doc)
+    assert "wave canary canary" in text and "estimated duration" in text
+    # Nothing was written: the observed snapshot is untouched.
+    assert obs.snapshot.nodeplans == {}
+
+
+def test_plan_reports_objects_left_to_cluster_api_and_blocked_clusters() -> None:
+    sim, meta = _fleet()
+    key = ("fleet", "p2")
+    md = sim.deployments[("fleet", "p2-md")]
+    sim.deployments[("fleet", "p2-md")] = dataclasses.replace(
+        md, infrastructure=TemplateRef("infrastructure.cluster.x-k8s.io", "SimMachineTemplate",
+                                       "p2-w-v2"))
+    meta[key] = (PROD, {"fleet.k0s-fleet.io/paused": "maintenance"})
+    obs = Observation(snapshot=sim.snapshot(), meta=meta)
+    doc = plan_document(dry_run(obs, waves_config(), now=T0))
+    p2 = doc["waves"][1]["clusters"][1]
+    md_doc = next(o for o in p2["objects"] if o["kind"] == "MachineDeployment")
+    assert len(md_doc["clusterAPI"]) == 2
+    assert "infrastructure template changed" in md_doc["clusterAPI"][0]["reason"]
+    assert doc["estimatedDuration"] is None
+    assert any(b["cluster"] == "fleet/p2" and "maintenance" in b["reason"]
+               for b in doc["blocked"])
+
+
+def test_plan_of_a_paused_fleet_starts_nothing() -> None:
+    sim, meta = _fleet()
+    obs = Observation(snapshot=sim.snapshot(), meta=meta,
+                      controls=FleetControls(paused="freeze"))
+    doc = plan_document(dry_run(obs, config(), now=T0))
+    assert doc["steps"] == []
+    assert doc["rollout"]["paused"] is not None
+    assert len(doc["blocked"]) == 3
+
+
+def test_plan_waits_for_maintenance_windows() -> None:
+    sim, meta = _fleet()
+    obs = Observation(snapshot=sim.snapshot(), meta=meta)
+    cfg = config(maxConcurrentClusters=3, maintenanceWindows=[
+        {"schedule": "0 22 * * *", "duration": "1h"}])
+    doc = plan_document(dry_run(obs, cfg, now=T0, node_duration=timedelta(minutes=6)))
+    assert doc["steps"][0]["at"].startswith("2026-03-02T22:00:00")
+    # A node in flight at 23:00 finishes; nothing new starts until the next night.
+    late = [s for s in doc["steps"] if s["at"] >= "2026-03-02T23:00"]
+    assert all(s["at"] >= "2026-03-03T22:00" for s in late)
