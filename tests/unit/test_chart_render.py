@@ -56,7 +56,8 @@ def helm_env() -> dict[str, str]:
     home = Path(tempfile.mkdtemp(prefix="k0s-fleet-helm-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("HELM_")}
     env.update(HELM_CONFIG_HOME=str(home / "config"), HELM_CACHE_HOME=str(home / "cache"),
-               HELM_DATA_HOME=str(home / "data"), KUBECONFIG=str(home / "no-kubeconfig"))
+               HELM_DATA_HOME=str(home / "data"), HELM_CONTENT_CACHE=str(home / "content"),
+               KUBECONFIG=str(home / "no-kubeconfig"))
     return env
 
 
