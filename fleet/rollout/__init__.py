@@ -2,9 +2,7 @@
 
 ``gate`` is the pure wave engine the controller consults before each dispatch;
 ``progress`` builds its input from the controller's snapshot; ``state`` is the durable
-record kept in the rollout ConfigMap.
+record kept in the rollout ConfigMap; ``coordinator`` does the gate's I/O (record,
+Events); ``plan`` is the dry run behind ``k0s-fleet plan``. (Nothing is imported here,
+so that ``k0s-fleet --help`` stays fast.)
 """
-
-from fleet.rollout.gate import FleetControls, FleetView, GateDecision, RolloutGate
-
-__all__ = ["FleetControls", "FleetView", "GateDecision", "RolloutGate"]

@@ -1,0 +1,93 @@
+"""The work behind ``k0s-fleet status`` (see fleet.status.cli).
+
+By default it observes the fleet itself (read-only: the management cluster from the
+fleet config's kubeconfig, each workload cluster through its kubeconfig Secret) and
+evaluates the rollout gate exactly as the controller does; ``--url`` reads the
+controller's own ``/status`` instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import anyio
+from rich.console import Console
+from rich.live import Live
+
+from fleet.config import ConfigError, FleetConfig, load_config
+from fleet.kube import KubeError
+from fleet.rollout.gate import FleetView, RolloutGate
+from fleet.rollout.observe import management_client, observe
+from fleet.rollout.progress import clusters_from_snapshot
+from fleet.schedule import parse_duration
+from fleet.status.model import build_status
+from fleet.status.view import render
+
+
+def load(args: argparse.Namespace) -> FleetConfig:
+    config = load_config(args.config)
+    if args.kubeconfig or args.context:
+        mgmt = config.management.model_copy(update={
+            "kubeconfig": args.kubeconfig or config.management.kubeconfig,
+            "context": args.context or config.management.context})
+        config = config.model_copy(update={"management": mgmt})
+    return config
+
+
+async def fleet_status(config: FleetConfig, *, now: datetime | None = None) -> dict[str, Any]:
+    """Observe the fleet once and compute its status document (writes nothing)."""
+    async with await management_client(config) as mgmt:
+        obs = await observe(mgmt, config, now=now)
+    clusters = clusters_from_snapshot(obs.snapshot, obs.meta)
+    decision = RolloutGate(config).evaluate(FleetView(clusters, obs.controls, obs.state),
+                                            obs.snapshot.now)
+    return build_status(decision, clusters, problems=obs.problems)
+
+
+async def _from_url(url: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as s, s.get(url.rstrip("/") + "/status") as r:
+        r.raise_for_status()
+        doc: dict[str, Any] = await r.json()
+        return doc
+
+
+async def _once(args: argparse.Namespace, config: FleetConfig | None) -> dict[str, Any]:
+    if args.url:
+        return await _from_url(args.url)
+    assert config is not None
+    return await fleet_status(config, now=datetime.now(UTC))
+
+
+async def _run(args: argparse.Namespace) -> int:
+    config = None if args.url else load(args)
+    console = Console()
+    if args.output == "json":
+        doc = await _once(args, config)
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return 0
+    if args.once:
+        console.print(render(await _once(args, config)))
+        return 0
+    interval = parse_duration(args.interval).total_seconds()
+    with Live(console=console, auto_refresh=False, screen=False) as live:
+        while True:
+            live.update(render(await _once(args, config)), refresh=True)
+            await anyio.sleep(interval)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    try:
+        return anyio.run(_run, args)
+    except ConfigError as e:
+        print(f"k0s-fleet status: bad fleet config:\n{e}", file=sys.stderr)
+        return 2
+    except (KubeError, aiohttp.ClientError, OSError) as e:
+        print(f"k0s-fleet status: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
