@@ -57,7 +57,7 @@ from fleet.agents.state import (
     request_id,
 )
 from fleet.agents.verify import wait_running
-from fleet.kube import KubeClient, KubeObject, patch_with_retry
+from fleet.kube import KubeClient, KubeError, KubeObject, patch_with_retry
 from fleet.kube.backoff import Backoff
 from fleet.kube.resources import CONTROL_NODES, NODES
 from fleet.kube.watch import Reflector, WatchEvent
@@ -240,7 +240,12 @@ class Agent:
                 log.warning("status of %s changed under us (now %s); resuming from there",
                             sig.planId, moved.status.status if moved.status else None)
                 sig = moved
-            except Exception:
+            except KubeError as e:  # the API server is unreachable, throttling, ...
+                delay = backoff.next_delay()
+                log.warning("step %s of %s: %s; retrying in %.1fs",
+                            sig.status.status if sig.status else "start", sig.planId, e, delay)
+                await anyio.sleep(delay)
+            except Exception:  # a bug or an unforeseen local failure: never a crash loop
                 delay = backoff.next_delay()
                 log.exception("step %s of %s failed; retrying in %.1fs",
                               sig.status.status if sig.status else "start", sig.planId, delay)

@@ -100,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
         anyio.run(serve, settings, tracer)
     except KeyboardInterrupt:
         pass
+    except OSError as e:  # unreadable kubeconfig, unwritable state directory, ...
+        print(f"k0s-fleet agent: {e}", file=sys.stderr)
+        return 1
     finally:
         if provider is not None:
             provider.shutdown()
