@@ -61,7 +61,7 @@ ClusterMeta = tuple[Mapping[str, str], Mapping[str, str]]
 @dataclass
 class Observation:
     snapshot: Snapshot
-    meta: dict[ClusterKey, ClusterMeta] = field(default_factory=dict)
+    meta: Mapping[ClusterKey, ClusterMeta] = field(default_factory=dict)
     controls: FleetControls = field(default_factory=FleetControls)
     state: RolloutState = field(default_factory=RolloutState)
     problems: dict[ClusterKey, str] = field(default_factory=dict)  # unreachable clusters

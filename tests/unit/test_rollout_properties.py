@@ -12,8 +12,10 @@ the simulated world checks:
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -115,7 +117,7 @@ class Sim:
                     c.started = True
 
 
-def _fleet(draw: st.DrawFn) -> Sim:
+def _fleet(draw: Callable[[st.SearchStrategy[Any]], Any]) -> Sim:
     n = draw(st.integers(1, 7))
     rings = draw(st.lists(st.sampled_from(["canary", "prod", "none"]), min_size=n, max_size=n))
     sizes = draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))

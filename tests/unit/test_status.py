@@ -1,0 +1,156 @@
+"""Status document, metrics, terminal view and the HTTP endpoints (no API server)."""
+
+from __future__ import annotations
+
+import io
+from datetime import timedelta
+
+import aiohttp
+import anyio
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+
+from fleet.model import NodePlanInfo, ObjectRef
+from fleet.nodeplan import NodePlanPhase
+from fleet.planner.actions import CreateNodePlan, MarkNodePlanFailed, UpdateNodePlanStatus
+from fleet.rollout.gate import FleetControls
+from fleet.status.metrics import FleetMetrics
+from fleet.status.model import build_status
+from fleet.status.server import StatusBoard, make_app, serve
+from fleet.status.view import render
+from tests.unit.test_rollout_gate import (
+    CANARY,
+    PROD,
+    T0,
+    cluster,
+    evaluate,
+    waves_config,
+)
+
+
+def _doc(**kw: object) -> dict:  # type: ignore[type-arg]
+    cs = [cluster("can", "ug", labels=CANARY), cluster("p1", "ww", labels=PROD),
+          cluster("p2", "uu", labels=PROD, object_annotation="hold")]
+    d = evaluate(waves_config(), cs, **kw)  # type: ignore[arg-type]
+    return build_status(d, cs)
+
+
+def test_status_document_shape() -> None:
+    doc = _doc()
+    assert doc["rollout"]["phase"] == "Progressing"
+    assert doc["summary"]["nodes"] == 6 and doc["summary"]["nodesUpToDate"] == 3
+    assert doc["summary"]["nodesByState"]["Upgrading"] == 1
+    assert [w["name"] for w in doc["waves"]] == ["canary", "prod", "default"]
+    can = doc["waves"][0]["clusters"][0]
+    assert can["phase"] == "Upgrading" and can["allowed"] and can["reason"] is None
+    p1 = doc["waves"][1]["clusters"][0]
+    assert not p1["allowed"] and "waiting for wave canary" in p1["reason"]
+    assert p1["objects"][0]["nodes"][0]["state"] == "Waiting"
+    assert doc["waves"][1]["soak"] == "10m"
+
+
+def test_status_lists_halted_and_paused() -> None:
+    cs = [cluster("can", "fw", labels=CANARY)]
+    d = evaluate(waves_config(), cs, controls=FleetControls(paused="freeze"))
+    doc = build_status(d, cs)
+    assert doc["rollout"]["phase"] == "Halted"
+    assert doc["haltedObjects"][0]["name"] == "can-md"
+    assert "1 failed node upgrade" in doc["haltedObjects"][0]["reason"]
+    assert doc["rollout"]["paused"] is not None
+
+
+def test_terminal_view_renders_every_wave_and_reason() -> None:
+    doc = _doc()
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(render(doc))
+    text = out.getvalue()
+    for needle in ("wave canary", "wave prod", "fleet/p1", "waiting for wave canary",
+                   "UpToDate:1", "3/6 nodes up to date"):
+        assert needle in text, needle
+
+
+def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for fam in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_metrics_follow_the_status_and_the_actions() -> None:
+    reg = CollectorRegistry()
+    m = FleetMetrics(reg)
+    m.update_from_status(_doc())
+    s = _samples(reg)
+    assert s[("k0s_fleet_nodes", (("state", "UpToDate"),))] == 3
+    assert s[("k0s_fleet_rollout_progress_ratio", ())] == 0.5
+    assert s[("k0s_fleet_wave_phase", (("phase", "Progressing"), ("wave", "canary")))] == 1
+    assert s[("k0s_fleet_rollout_phase", (("phase", "Progressing"),))] == 1
+    ref = ObjectRef("NodePlan", "fleet", "m1-v1")
+    p = NodePlanInfo(ref=ref, cluster="c", machine="m1", node="m1", role="worker",
+                     owner_kind="MachineDeployment", owner_name="md", version="v1.31.3+k0s.0",
+                     phase=NodePlanPhase.IN_PROGRESS, node_state="Downloading",
+                     started_at=T0, phase_since=T0 + timedelta(seconds=10))
+    plans = {("fleet", "m1-v1"): p}
+    m.observe_actions([
+        CreateNodePlan(cluster=("fleet", "c"), owner=ObjectRef("MachineDeployment", "fleet", "md"),
+                       machine=ObjectRef("Machine", "fleet", "m2"), node="m2", node_kind="Node",
+                       role="worker", version="v1.31.3+k0s.0", executor="agent"),
+        UpdateNodePlanStatus(ref, phase=NodePlanPhase.COMPLETED, node_state="Completed",
+                             message="", phase_since=T0 + timedelta(seconds=70),
+                             completed_at=T0 + timedelta(seconds=70), running_version=None,
+                             conditions=()),
+        MarkNodePlanFailed(ref, reason="x", message="", node_state="", deadline=True),
+    ], plans)
+    s = _samples(reg)
+    assert s[("k0s_fleet_node_upgrades_started_total", (("role", "worker"),))] == 1
+    assert s[("k0s_fleet_node_upgrades_completed_total", ())] == 1
+    assert s[("k0s_fleet_node_upgrades_failed_total", (("reason", "deadline"),))] == 1
+    assert s[("k0s_fleet_node_phase_duration_seconds_sum", (("phase", "Downloading"),))] == 60
+    assert s[("k0s_fleet_node_upgrade_duration_seconds_sum", ())] == 70
+    # A wave that disappears from the config disappears from the metrics.
+    doc = _doc()
+    doc["waves"] = doc["waves"][:1]
+    m.update_from_status(doc)
+    assert not any(k[0] == "k0s_fleet_wave_phase" and ("wave", "prod") in k[1]
+                   for k in _samples(reg))
+
+
+def test_registries_are_independent() -> None:
+    a, b = StatusBoard(), StatusBoard()
+    a.metrics.progress.set(0.5)
+    assert _samples(b.registry)[("k0s_fleet_rollout_progress_ratio", ())] == 0.0
+
+
+@pytest.mark.anyio
+async def test_http_endpoints() -> None:
+    board = StatusBoard()
+    ready = {"ok": False}
+    app = make_app(board, ready=lambda: ready["ok"])
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(lambda task_status: serve(app, host="127.0.0.1", port=0,
+                                                        task_status=task_status))
+        base = f"http://127.0.0.1:{port}"
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"{base}/status") as r:
+                assert r.status == 503
+            async with s.get(f"{base}/readyz") as r:
+                assert r.status == 503
+            ready["ok"] = True
+            async with s.get(f"{base}/readyz") as r:
+                assert r.status == 200
+            async with s.get(f"{base}/healthz") as r:
+                assert r.status == 200
+            cs = [cluster("can", "ug", labels=CANARY)]
+            doc = board.publish(evaluate(waves_config(), cs), cs)
+            async with s.get(f"{base}/status") as r:
+                assert r.status == 200
+                assert await r.json() == doc
+            async with s.get(f"{base}/metrics") as r:
+                assert r.status == 200
+                text = await r.text()
+                assert 'k0s_fleet_nodes{state="UpToDate"} 1.0' in text
+                assert r.headers["Content-Type"].startswith("text/plain")
+        tg.cancel_scope.cancel()
