@@ -66,7 +66,8 @@ def sim(wl1: KubeClient, crds_installed: World, releases: ReleaseServer,
 
     def make(**kw: Any) -> Any:
         kw.setdefault("initial", releases.releases[OLD])
-        return SimNode.running(wl1, kw.pop("kubeconfig", kubeconfig), tmp_path, **kw)
+        root = kw.pop("root", tmp_path)
+        return SimNode.running(wl1, kw.pop("kubeconfig", kubeconfig), root, **kw)
 
     return make
 
@@ -328,33 +329,50 @@ async def test_replaced_request_is_abandoned(sim: Any, releases: ReleaseServer) 
         await wait_clean(node)
 
 
-async def test_conflict_storm(sim: Any, wl1: KubeClient, releases: ReleaseServer) -> None:
-    """Another writer patches the Node every 20-50 ms; no transition is lost."""
-    writes = 0
-    async with sim(agent_args=["--log-level", "DEBUG"]) as node:
-        async def storm() -> None:
-            nonlocal writes
-            while True:
-                await wl1.patch(NODES, node.name, {"metadata": {"annotations": {
-                    "example.com/heartbeat": str(writes)}}})
-                writes += 1
-                await anyio.sleep(random.uniform(0.02, 0.05))
+async def test_conflict_storm(sim: Any, wl1: KubeClient, releases: ReleaseServer,
+                             tmp_path: Path) -> None:
+    """Another writer patches each Node every 20-50 ms; no transition is lost.
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(storm)
-            with anyio.fail_after(20):
-                while writes < 10:
-                    await anyio.sleep(0.05)
-            plan = await node.request(releases.releases[NEW])
-            sig = await node.wait_for(plan, TERMINAL, timeout=90)
-            tg.cancel_scope.cancel()
-        assert sig.status is not None and sig.status.status is SignalState.COMPLETED, \
-            sig.status.reason
-        assert node.states(plan) == [str(s) for s in HAPPY_PATH]
-        conflicts = node.log_text().count("conflict patching")
-        record_timing(f"agent_conflict_storm storm_writes={writes} agent_conflicts={conflicts}")
-        assert conflicts > 0, "the storm never made the agent conflict: the test proves nothing"
-        assert node.restarts == 1
+    Three nodes upgrade at once, each under its own storm, so that conflicts are all but
+    certain to happen (one upgrade makes only about ten writes)."""
+    results: list[tuple[str, list[str], int, int, str]] = []
+
+    async def one(i: int) -> None:
+        writes = 0
+        async with sim(agent_args=["--log-level", "DEBUG"], root=tmp_path / f"n{i}") as node:
+            async def storm() -> None:
+                nonlocal writes
+                while True:
+                    await wl1.patch(NODES, node.name, {"metadata": {"annotations": {
+                        "example.com/heartbeat": str(writes)}}})
+                    writes += 1
+                    await anyio.sleep(random.uniform(0.02, 0.05))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(storm)
+                with anyio.fail_after(20):
+                    while writes < 10:
+                        await anyio.sleep(0.05)
+                plan = await node.request(releases.releases[NEW])
+                sig = await node.wait_for(plan, TERMINAL, timeout=90)
+                tg.cancel_scope.cancel()
+            assert sig.status is not None
+            results.append((str(sig.status.status), node.states(plan), node.restarts, writes,
+                            node.log_text()))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(3):
+            tg.start_soon(one, i)
+    conflicts = 0
+    for state, states, restarts, _, log in results:
+        assert state == "Completed"
+        assert states == [str(s) for s in HAPPY_PATH]  # every transition, once, in order
+        assert restarts == 1
+        conflicts += log.count("conflict patching")
+    writes = sum(r[3] for r in results)
+    record_timing(f"agent_conflict_storm nodes=3 storm_writes={writes} "
+                  f"agent_conflicts={conflicts}")
+    assert conflicts > 0, "the storms never made an agent conflict: the test proves nothing"
 
 
 # -- malformed and hostile requests ----------------------------------------------------------
