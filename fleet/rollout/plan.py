@@ -2,7 +2,7 @@
 
 The dry run replays the real decision code on an in-memory copy of the observed fleet:
 every pass evaluates the wave gate (fleet.rollout.gate) and the controller's planner
-(fleet.planner), drops the dispatches the gate holds (exactly as the controller does),
+(fleet.planner) with the gate's ``hold`` (exactly as the controller calls it),
 and lets fleet.planner.simulate play the nodes along the agent's happy path, one phase
 per ``node_duration / phases``. So the order printed is the order the controller takes
 as long as every node succeeds at that pace; soaks and maintenance windows are waited
@@ -67,8 +67,7 @@ class DryRun:
 
 
 def _planner_settings(config: FleetConfig) -> PlannerSettings:
-    # Config: "failed nodes at which an object halts"; planner: failures tolerated.
-    return PlannerSettings(failure_budget=config.rollout.failure_budget - 1)
+    return PlannerSettings(halt_at_failures=config.rollout.failure_budget)
 
 
 def dry_run(obs: Observation, config: FleetConfig, *, now: datetime,
@@ -102,10 +101,9 @@ def dry_run(obs: Observation, config: FleetConfig, *, now: datetime,
         if all(c.complete for c in progress):
             result.end = sim.now
             break
-        planned = plan(snapshot, settings)
-        actions: list[Action] = [
-            a for a in planned.actions
-            if not (isinstance(a, CreateNodePlan) and decision.hold(a.cluster, a.owner))]
+        # The controller's own call: the gate's hold is the planner's hold.
+        planned = plan(snapshot, settings, hold=decision.hold)
+        actions: list[Action] = list(planned.actions)
         by_owner: dict[ObjectRef, list[CreateNodePlan]] = {}
         for a in actions:
             if isinstance(a, CreateNodePlan):
