@@ -1,0 +1,82 @@
+"""Agent configuration: flags over environment, consistency checks, restart commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from fleet.agents import restart as restart_mod
+from fleet.agents.restart import NSENTER, K0sProbe, Restarter, RestartError
+from fleet.agents.settings import AgentSettings, HostNamespace, RestartStrategy
+from fleet.cli import build_parser
+
+pytestmark = pytest.mark.anyio
+
+
+def settings_from(argv: list[str]) -> AgentSettings:
+    args = build_parser().parse_args(["agent", *argv])
+    return AgentSettings(**{k: v for k, v in vars(args).items() if k not in ("command", "func")})
+
+
+def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("K0S_FLEET_AGENT_NODE_NAME", "from-env")
+    monkeypatch.setenv("K0S_FLEET_AGENT_DRAIN_TIMEOUT", "42")
+    monkeypatch.setenv("K0S_FLEET_AGENT_CRASH_AT", "ignored:by-settings")
+    s = settings_from(["--drain-timeout", "7", "--file-url-root", "/a", "--file-url-root", "/b",
+                       "--no-drain", "--status-socket", "", "--pid-file", "/run/k0s.pid",
+                       "--version-source", "binary"])
+    assert s.node_name == "from-env" and s.drain_timeout == 7 and not s.drain
+    assert s.file_url_roots == (Path("/a"), Path("/b"))
+    assert s.status_socket is None and s.unit == "k0sworker"
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--restart-strategy", "command"], "restart_command"),
+    (["--status-socket", "", "--version-source", "status-socket"], "status_socket"),
+    (["--status-socket", "", "--version-source", "binary"], "status_socket or pid_file"),
+    (["--drain-timeout", "0"], "greater than 0"),
+])
+def test_inconsistent_settings_are_refused(argv: list[str], needle: str) -> None:
+    with pytest.raises(ValidationError, match=needle):
+        settings_from(["--node-name", "n", *argv])
+
+
+async def test_systemd_restart_goes_through_nsenter(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+
+    async def fake_run(argv: list[str], *, timeout: float = 60.0) -> tuple[int, str]:
+        calls.append(argv)
+        return (0, "4242") if "show" in argv else (0, "")
+
+    monkeypatch.setattr(restart_mod, "run_command", fake_run)
+    s = AgentSettings(node_name="n", restart_strategy=RestartStrategy.SYSTEMD, role="controller",
+                      host_namespace=HostNamespace.ALWAYS, status_socket=None,
+                      version_source="binary")
+    await Restarter(s).restart(None)
+    assert calls[-1] == [*NSENTER, "systemctl", "restart", "k0scontroller"]
+    assert await K0sProbe(s).pid() == 4242
+    assert calls[-1][:len(NSENTER)] == list(NSENTER)
+
+    never = s.model_copy(update={"host_namespace": HostNamespace.NEVER})
+    await Restarter(never).restart(None)
+    assert calls[-1] == ["systemctl", "restart", "k0scontroller"]
+
+
+async def test_failed_restart_command_is_an_error(tmp_path: Path) -> None:
+    s = AgentSettings(node_name="n", restart_strategy=RestartStrategy.COMMAND,
+                      restart_command="sh -c 'echo nope >&2; exit 3'",
+                      host_namespace=HostNamespace.NEVER, status_socket=tmp_path / "s")
+    with pytest.raises(RestartError, match="exited 3: nope"):
+        await Restarter(s).restart(None)
+    missing = s.model_copy(update={"restart_command": "/nonexistent/restart-k0s"})
+    with pytest.raises(RestartError, match="exited 127"):
+        await Restarter(missing).restart(None)
+
+
+async def test_signal_strategy_without_a_process(tmp_path: Path) -> None:
+    s = AgentSettings(node_name="n", status_socket=tmp_path / "missing.sock")
+    assert "init system" in await Restarter(s).restart(None)
+    assert await K0sProbe(s).running() is None
+    assert await K0sProbe(s).pid() is None
