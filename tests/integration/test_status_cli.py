@@ -1,0 +1,99 @@
+"""`k0s-fleet status` / `k0s-fleet plan` as real subprocesses against the test world, and
+the controller's HTTP status serving the same document."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import aiohttp
+import anyio
+import pytest
+import yaml
+
+from fleet.kube import KubeClient
+from fleet.kube.resources import CONFIGMAPS, NODE_PLANS
+from fleet.rollout.annotations import ROLLOUT_CONFIGMAP
+from fleet.status.live import fleet_status
+from fleet.status.server import StatusBoard, make_app, serve
+from fleet.testing.binaries import REPO_ROOT
+from fleet.testing.world import World
+from tests.integration.test_rollout_waves import (
+    CANARY,
+    T0,
+    WAVES,
+    RolloutDriver,
+    fleet_config,
+    make_cluster,
+)
+
+
+async def _cli(*args: str) -> str:
+    env = {**os.environ, "COLUMNS": "200"}
+    result = await anyio.run_process([sys.executable, "-m", "fleet.cli", *args],
+                                     cwd=REPO_ROOT, check=False, env=env)
+    assert result.returncode == 0, result.stderr.decode()
+    return result.stdout.decode()
+
+
+@pytest.mark.anyio
+async def test_status_and_plan_commands_and_http(  # noqa: PLR0917 (fixtures)
+        world: World, mgmt: KubeClient, wl1: KubeClient, wl2: KubeClient, namespace: str,
+        tmp_path: Path) -> None:
+    clusters = [
+        await make_cluster(mgmt, world["wl1"], wl1, namespace, "can", labels=CANARY),
+        await make_cluster(mgmt, world["wl2"], wl2, namespace, "other", workers=1),
+    ]
+    kubeconfig = world["mgmt"].write_kubeconfig(tmp_path / "mgmt.yaml")
+    cfg_file = tmp_path / "fleet.yaml"
+    cfg_file.write_text(yaml.safe_dump({
+        "management": {"namespace": namespace, "kubeconfig": str(kubeconfig)},
+        "clusters": {"namespaces": [namespace]}, "rollout": {"waves": WAVES}}))
+
+    plan_doc = json.loads(await _cli("plan", "--config", str(cfg_file), "--output", "json",
+                                     "--now", "2026-03-02T12:00:00Z"))
+    assert [s["cluster"] for s in plan_doc["steps"]] == [
+        f"{namespace}/can", f"{namespace}/can", f"{namespace}/other"]
+    assert plan_doc["steps"][0]["unavailable"] == 1
+    assert plan_doc["steps"][0]["maxUnavailable"] == 1
+    # Nothing written by either command.
+    assert await mgmt.get_or_none(CONFIGMAPS, ROLLOUT_CONFIGMAP, namespace) is None
+    assert (await mgmt.list(NODE_PLANS, namespace)).items == []
+
+    # One real pass, then the status as the CLI, the library and the HTTP server see it.
+    config = fleet_config(namespace, str(kubeconfig), waves=WAVES)
+    driver = RolloutDriver(mgmt, config, clusters)
+    await driver.step()
+    decision = await driver.step()  # observes the NodePlan the first pass created
+    status = json.loads(await _cli("status", "--config", str(cfg_file), "--once",
+                                   "--output", "json"))
+    assert status["rollout"]["phase"] == "Progressing"
+    assert status["summary"]["nodes"] == 3
+    assert status["summary"]["nodesByState"]["Upgrading"] == 1
+    waves = {w["name"]: w for w in status["waves"]}
+    can = waves["canary"]["clusters"][0]
+    assert can["phase"] == "Upgrading" and can["allowed"]
+    other = waves["default"]["clusters"][0]
+    assert not other["allowed"] and "waiting for wave canary" in other["reason"]
+    text = await _cli("status", "--config", str(cfg_file), "--once")
+    assert "wave canary" in text and f"{namespace}/other" in text
+
+    board = StatusBoard()
+    doc = board.publish(decision, driver.progress)
+    app = make_app(board)
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(lambda task_status: serve(app, host="127.0.0.1", port=0,
+                                                        task_status=task_status))
+        url = f"http://127.0.0.1:{port}"
+        via_url = json.loads(await _cli("status", "--url", url, "--output", "json"))
+        assert via_url == doc
+        async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
+            metrics = await r.text()
+        assert 'k0s_fleet_nodes{state="Upgrading"} 1.0' in metrics
+        assert 'k0s_fleet_wave_phase{phase="Progressing",wave="canary"} 1.0' in metrics
+        tg.cancel_scope.cancel()
+    # The library call agrees with the controller's document on everything but time.
+    again = await fleet_status(config, now=T0)
+    assert again["waves"] == doc["waves"]
