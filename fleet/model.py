@@ -184,6 +184,7 @@ class MachineInfo:
     deleting: bool = False
     annotations: Mapping[str, str] = field(default_factory=dict)
     infra: InfraMachineInfo | None = None
+    infrastructure: TemplateRef | None = None  # spec.infrastructureRef
 
     @property
     def running_version_annotation(self) -> str | None:
@@ -206,6 +207,7 @@ class NodeInfo:
     signal_error: str | None = None
     autopilot_signal: str | None = None  # raw autopilot signal-data (executor autopilot)
     cordoned_by: str | None = None
+    arch: str = "amd64"
 
     @property
     def available(self) -> bool:
@@ -440,6 +442,7 @@ def machine_from(obj: Mapping[str, Any], infra: InfraMachineInfo | None = None) 
         deleting=bool(m.get("deletionTimestamp")),
         annotations=_annotations(obj),
         infra=infra,
+        infrastructure=_template_ref(spec.get("infrastructureRef")),
     )
 
 
@@ -477,6 +480,8 @@ def node_from(obj: Mapping[str, Any]) -> NodeInfo:
         signal_error=signal_error,
         autopilot_signal=ann.get(AUTOPILOT_SIGNAL_DATA_KEY),
         cordoned_by=ann.get(CORDONED_BY_KEY),
+        arch=str(((status.get("nodeInfo") or {}).get("architecture"))
+                 or (_meta(obj).get("labels") or {}).get("kubernetes.io/arch") or "amd64"),
     )
 
 

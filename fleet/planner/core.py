@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -102,9 +102,18 @@ class PlanView:
     completed: bool
 
 
-def plan(snapshot: Snapshot, settings: PlannerSettings) -> PlanResult:
-    """Compute the actions for one pass. Pure: same snapshot, same answer."""
-    return _Pass(snapshot, settings).run()
+Hold = Callable[[ClusterKey, ObjectRef], "str | None"]
+
+
+def plan(snapshot: Snapshot, settings: PlannerSettings, *, hold: Hold | None = None
+         ) -> PlanResult:
+    """Compute the actions for one pass. Pure: same snapshot, same answer.
+
+    ``hold(cluster, owner)`` may name a reason to start no new node upgrade for that
+    object now (the fleet rollout's waves, windows and pauses); nodes already in flight
+    are looked after regardless.
+    """
+    return _Pass(snapshot, settings, hold).run()
 
 
 def _truncate(text: str) -> str:
@@ -121,7 +130,9 @@ def _valid_version(v: str | None) -> str | None:
 
 
 class _Pass:
-    def __init__(self, snapshot: Snapshot, settings: PlannerSettings) -> None:
+    def __init__(self, snapshot: Snapshot, settings: PlannerSettings,
+                 hold: Hold | None = None) -> None:
+        self.hold = hold or (lambda _cluster, _owner: None)
         self.s = snapshot
         self.settings = settings
         self.now = snapshot.now
@@ -599,7 +610,7 @@ class _Pass:
         missing = max(0, kcp.replicas - len(live))
         budget = UnavailabilityBudget.one()
         failed = self._failed_for(kcp.ref, target)
-        halted = len(failed) > self.settings.failure_budget
+        halted = len(failed) >= max(1, self.settings.halt_at_failures)
         not_in_place = {n: e for n, e in elig.items() if not e.up_to_date and not e.in_place}
         in_flight = [m.ref.name for m in machines
                      if any(v.in_flight for v in self.by_machine.get((ns, m.ref.name), []))]
@@ -617,6 +628,8 @@ class _Pass:
                 waiting = f"Cluster {kcp.cluster} is paused"
             elif halted:
                 waiting = "halted: failure budget exceeded"
+            elif (held := self.hold(ckey, kcp.ref)) is not None:
+                waiting = f"held: {held or 'paused'}"
             elif self._control_plane_busy(ns, kcp.cluster):
                 waiting = "another control plane is being upgraded"
             elif unavailable or missing:
@@ -695,7 +708,7 @@ class _Pass:
                        if (r := self._machine_unavailable(m, target, nodes)) is not None}
         missing = max(0, md.replicas - len(live))
         failed = self._failed_for(md.ref, target)
-        halted = len(failed) > self.settings.failure_budget
+        halted = len(failed) >= max(1, self.settings.halt_at_failures)
         not_in_place = {n: e for n, e in elig.items() if not e.up_to_date and not e.in_place}
         in_flight = [m.ref.name for m in machines
                      if any(v.in_flight for v in self.by_machine.get((ns, m.ref.name), []))]
@@ -717,6 +730,8 @@ class _Pass:
                 waiting = f"{'Cluster' if cluster.paused else 'MachineDeployment'} is paused"
             elif halted:
                 waiting = "halted: failure budget exceeded"
+            elif (held := self.hold(ckey, md.ref)) is not None:
+                waiting = f"held: {held or 'paused'}"
             elif blocked := self._workers_blocked(ns, md.cluster, target):
                 waiting = blocked
             else:
@@ -787,8 +802,8 @@ class _Pass:
         if counts.halted:
             failed_names = ", ".join(sorted(v.plan.ref.name for v in failed))
             halt_msg = _truncate(
-                f"{len(failed)} failed node upgrade(s) exceed the failure budget of "
-                f"{self.settings.failure_budget}: {failed_names}; annotate the object or the "
+                f"{len(failed)} failed node upgrade(s) reached the failure budget of "
+                f"{self.settings.halt_at_failures}: {failed_names}; annotate the object or the "
                 f"NodePlans with {ANN_RETRY}=<anything> to retry, or delete the NodePlans")
             halt = Condition(C.HALTED, "True", C.R_HALTED, halt_msg)
         else:
@@ -805,7 +820,7 @@ class _Pass:
         conds = (up, prog, halt, inplace)
         self._set_status(ref, status, conds, counts)
         if halt.status == "True" and not halt.same_as(status.condition(C.HALTED)):
-            self.emit(HaltObject(ref, failed=len(failed), budget=self.settings.failure_budget,
+            self.emit(HaltObject(ref, failed=len(failed), budget=self.settings.halt_at_failures,
                                  message=halt.message))
         if inplace.status == "False" and not inplace.same_as(status.condition(C.IN_PLACE)):
             self.emit(ReportNotInPlace(ref, inplace.reason, inplace.message))

@@ -15,13 +15,14 @@ COMPLETING = "Completing"  # the node said Completed; waiting for Ready + the ta
 class PlannerSettings:
     """``deadlines`` maps a phase key to how long a node may stay in it without progress.
 
-    ``failure_budget`` is how many failed nodes an MD/KCP tolerates for one target version;
-    one more halts its rollout.
+    ``halt_at_failures`` (the fleet YAML's ``rollout.failureBudget``): this many failed
+    nodes of one MD/KCP, for its current target version, halt that object's rollout
+    (1 = the first failure halts it).
     """
 
     deadlines: Mapping[str, timedelta] = field(default_factory=dict)
     default_deadline: timedelta = timedelta(minutes=15)
-    failure_budget: int = 0
+    halt_at_failures: int = 1
 
     def deadline(self, key: str) -> timedelta:
         return self.deadlines.get(key, self.default_deadline)

@@ -46,7 +46,7 @@ from fleet.signal import SignalState
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 V1, V2 = "v1.31.2+k0s.0", "v1.31.3+k0s.0"
 SETTINGS = PlannerSettings(deadlines={PENDING: timedelta(seconds=30)},
-                           default_deadline=timedelta(seconds=120), failure_budget=0)
+                           default_deadline=timedelta(seconds=120), halt_at_failures=1)
 
 
 def fleet(**kw: object) -> tuple[SimFleet, ClusterKey]:
@@ -377,7 +377,7 @@ class TestNodePlanLifecycle:
     def test_failure_budget_allows_some_failures(self) -> None:
         sim, ck = fleet(control_planes=0, workers=4, max_unavailable=2)
         bump(sim, ck, V2)
-        settings = dataclasses.replace(SETTINGS, failure_budget=1)
+        settings = dataclasses.replace(SETTINGS, halt_at_failures=2)
         step(sim, settings)
         settle(sim, settings)
         sim.step_node(ck, "c1-md-0", fail=SignalState.FAILED_VERIFY)

@@ -174,7 +174,7 @@ def fleets(draw: st.DrawFn) -> tuple[SimFleet, PlannerSettings]:
     cfg = PlannerSettings(
         deadlines={PENDING: timedelta(seconds=draw(st.integers(5, 60)))},
         default_deadline=timedelta(seconds=draw(st.integers(10, 120))),
-        failure_budget=draw(st.integers(0, 2)))
+        halt_at_failures=draw(st.integers(1, 3)))
     return sim, cfg
 
 

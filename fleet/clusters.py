@@ -1,0 +1,266 @@
+"""Workload clusters: one client and one set of watches per cluster, built from CAPI's
+``<cluster>-kubeconfig`` Secret (key ``value``) and rebuilt whenever that Secret changes.
+
+The controller says which clusters it wants and under which Secret name
+(:meth:`ClusterRegistry.want`); the registry watches those clusters' Nodes and autopilot
+ControlNodes and reports every change through ``on_change``. A rotated Secret (new
+token, new CA, new server) replaces the client and its watches; a cluster no longer
+wanted is closed. Clients are created inside the running event loop and always closed.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+import yaml
+
+from fleet.controllers.cache import ObjectCache
+from fleet.kube import KubeClient, KubeError, KubeObject, NotFoundError
+from fleet.kube.backoff import Backoff
+from fleet.kube.resources import CONTROL_NODES, NODES, SECRETS
+from fleet.kube.watch import Reflector
+from fleet.model import ClusterKey
+
+log = logging.getLogger(__name__)
+
+KUBECONFIG_KEY = "value"
+
+ClientFactory = Callable[[Mapping[str, Any], str], Awaitable[KubeClient]]
+
+
+class KubeconfigSecretError(ValueError):
+    """The Secret exists but holds no usable kubeconfig."""
+
+
+def kubeconfig_from_secret(secret: KubeObject) -> dict[str, Any]:
+    """The kubeconfig in ``data.value`` (base64) or ``stringData.value``."""
+    name = f"{(secret.get('metadata') or {}).get('namespace')}/" \
+           f"{(secret.get('metadata') or {}).get('name')}"
+    raw: str | None = None
+    data = secret.get("data") or {}
+    if KUBECONFIG_KEY in data:
+        try:
+            raw = base64.b64decode(data[KUBECONFIG_KEY]).decode("utf-8")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise KubeconfigSecretError(f"Secret {name}: key {KUBECONFIG_KEY!r} is not "
+                                        f"base64 text: {e}") from None
+    elif KUBECONFIG_KEY in (secret.get("stringData") or {}):
+        raw = str(secret["stringData"][KUBECONFIG_KEY])
+    if raw is None:
+        raise KubeconfigSecretError(f"Secret {name} has no key {KUBECONFIG_KEY!r}")
+    try:
+        config = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise KubeconfigSecretError(f"Secret {name}: {KUBECONFIG_KEY!r} is not YAML: "
+                                    f"{e}") from None
+    if not isinstance(config, dict) or not config.get("clusters"):
+        raise KubeconfigSecretError(f"Secret {name}: {KUBECONFIG_KEY!r} is not a kubeconfig")
+    return config
+
+
+def secret_digest(secret: KubeObject | None) -> str:
+    if secret is None:
+        return ""
+    value = (secret.get("data") or {}).get(KUBECONFIG_KEY) or (
+        secret.get("stringData") or {}).get(KUBECONFIG_KEY) or ""
+    return hashlib.sha256(str(value).encode()).hexdigest()[:16]
+
+
+async def _default_factory(kubeconfig: Mapping[str, Any], name: str) -> KubeClient:
+    return await KubeClient.from_kubeconfig(kubeconfig, name=name)
+
+
+@dataclass
+class WorkloadCluster:
+    """The live connection to one workload cluster."""
+
+    key: ClusterKey
+    secret_name: str
+    digest: str
+    nodes: ObjectCache
+    control_nodes: ObjectCache
+    client: KubeClient | None = None
+    error: str | None = None
+    generation: int = 0  # bumped on every rebuild (a rotated Secret)
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    node_reflector: Reflector | None = None
+    control_node_reflector: Reflector | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.key[0]}/{self.key[1]}"
+
+    @property
+    def observed(self) -> bool:
+        """Nodes are known (listed at least once since this client was built)."""
+        return self.client is not None and self.nodes.synced
+
+
+class ClusterRegistry:
+    """Workload cluster clients keyed by CAPI Cluster, following their kubeconfig Secrets."""
+
+    def __init__(self, secrets: ObjectCache, *, on_change: Callable[[], None],
+                 client_factory: ClientFactory = _default_factory,
+                 watch_timeout: int = 120) -> None:
+        self.secrets = secrets
+        self.on_change = on_change
+        self.client_factory = client_factory
+        self.watch_timeout = watch_timeout
+        self.clusters: dict[ClusterKey, WorkloadCluster] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+        self.rebuilds = 0
+
+    def get(self, key: ClusterKey) -> WorkloadCluster | None:
+        return self.clusters.get(key)
+
+    def client(self, key: ClusterKey) -> KubeClient | None:
+        wc = self.clusters.get(key)
+        return None if wc is None else wc.client
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Own the workload watches until cancelled; then close every client."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                task_status.started()
+                await anyio.sleep_forever()
+        finally:
+            self._tg = None
+            for wc in list(self.clusters.values()):
+                wc.scope.cancel()
+            with anyio.CancelScope(shield=True):
+                for wc in list(self.clusters.values()):
+                    await self._close(wc)
+            self.clusters.clear()
+
+    def want(self, wanted: Mapping[ClusterKey, str]) -> None:
+        """Make the set of connections match ``wanted`` (cluster -> kubeconfig Secret name).
+
+        Cheap when nothing changed: called on every planning pass.
+        """
+        if self._tg is None:
+            return
+        for key in list(self.clusters):
+            if key not in wanted:
+                log.info("workload cluster %s/%s no longer wanted; closing", *key)
+                self._drop(key)
+        for key, secret_name in wanted.items():
+            secret = self.secrets.get(secret_name, key[0])
+            digest = secret_digest(secret)
+            wc = self.clusters.get(key)
+            if wc is not None and wc.digest == digest and wc.secret_name == secret_name:
+                continue
+            if wc is not None:
+                log.info("kubeconfig Secret %s/%s of cluster %s changed; reconnecting",
+                         key[0], secret_name, key[1])
+                self._drop(key)
+            self._start(key, secret_name, secret, digest)
+
+    def _drop(self, key: ClusterKey) -> None:
+        wc = self.clusters.pop(key)
+        wc.scope.cancel()
+        self.on_change()
+
+    def _start(self, key: ClusterKey, secret_name: str, secret: KubeObject | None,
+               digest: str) -> None:
+        assert self._tg is not None
+        wc = WorkloadCluster(key=key, secret_name=secret_name, digest=digest,
+                             nodes=ObjectCache("Node", on_change=self.on_change),
+                             control_nodes=ObjectCache("ControlNode", on_change=self.on_change))
+        self.clusters[key] = wc
+        self.rebuilds += 1
+        if secret is None:
+            wc.error = f"kubeconfig Secret {key[0]}/{secret_name} not found"
+            self.on_change()
+            return
+        self._tg.start_soon(self._connect, wc, secret)
+
+    async def _connect(self, wc: WorkloadCluster, secret: KubeObject) -> None:
+        with wc.scope:
+            try:
+                try:
+                    kubeconfig = kubeconfig_from_secret(secret)
+                    wc.client = await self.client_factory(kubeconfig, f"workload:{wc.name}")
+                except (KubeconfigSecretError, KubeError, ValueError, OSError) as e:
+                    wc.error = str(e)
+                    log.warning("workload cluster %s: %s", wc.name, e)
+                    self.on_change()
+                    return
+                wc.error = None
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._watch_nodes, wc)
+                    tg.start_soon(self._watch_control_nodes, wc)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self._close(wc)
+
+    async def _watch_nodes(self, wc: WorkloadCluster) -> None:
+        assert wc.client is not None
+        cache = wc.nodes
+        reflector = Reflector(wc.client, NODES, listener=cache.on_event,
+                              watch_timeout=self.watch_timeout,
+                              backoff=Backoff(initial=0.1, maximum=5.0))
+        wc.node_reflector = reflector
+
+        async def mark_synced() -> None:
+            await reflector.synced.wait()
+            cache.mark_synced()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(mark_synced)
+            await reflector.run()
+
+    async def _watch_control_nodes(self, wc: WorkloadCluster) -> None:
+        """ControlNodes exist where k0s autopilot runs; a cluster without the CRD has none."""
+        assert wc.client is not None
+        backoff = Backoff(initial=1.0, maximum=60.0)
+        while True:
+            try:
+                await wc.client.list(CONTROL_NODES, page_size=1)
+                break
+            except NotFoundError:
+                wc.control_nodes.mark_synced()
+                await anyio.sleep(backoff.next_delay())
+            except KubeError:
+                await anyio.sleep(backoff.next_delay())
+        reflector = Reflector(wc.client, CONTROL_NODES, listener=wc.control_nodes.on_event,
+                              watch_timeout=self.watch_timeout)
+        wc.control_node_reflector = reflector
+
+        async def mark_synced() -> None:
+            await reflector.synced.wait()
+            wc.control_nodes.mark_synced()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(mark_synced)
+            await reflector.run()
+
+    @staticmethod
+    async def _close(wc: WorkloadCluster) -> None:
+        client, wc.client = wc.client, None
+        if client is not None:
+            try:
+                await client.close()
+            except Exception as e:  # closing must never mask the reason we stopped
+                log.debug("closing client of %s: %s", wc.name, e)
+
+
+def kubeconfig_secret(name: str, namespace: str, cluster: str, kubeconfig: Mapping[str, Any]
+                      ) -> KubeObject:
+    """The Secret CAPI writes for a workload cluster (used by tests and the demo)."""
+    return {
+        "apiVersion": SECRETS.api_version, "kind": SECRETS.kind,
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
+        "type": "cluster.x-k8s.io/secret",
+        "data": {KUBECONFIG_KEY: base64.b64encode(
+            yaml.safe_dump(dict(kubeconfig)).encode()).decode()},
+    }

@@ -1,0 +1,1 @@
+"""Reconcilers: watch the management and workload clusters, plan, dispatch."""

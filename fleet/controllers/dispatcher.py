@@ -1,0 +1,635 @@
+"""Act: perform the planner's actions against the API servers, idempotently.
+
+Every write is either a create (AlreadyExists = someone did it already) or a
+``patch_with_retry`` whose mutation re-checks, on the freshest object, that the change
+is still wanted: performing an action twice, or after another controller did, changes
+nothing. Whatever a write returns goes into the caches at once (write-through), so the
+next planning pass sees it even before the watch does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import anyio
+from opentelemetry import trace
+
+from fleet.clusters import ClusterRegistry
+from fleet.config import (
+    DownloadResolutionError,
+    FleetConfig,
+    digest_manifest_url,
+    parse_digest_manifest,
+    resolve_download,
+)
+from fleet.controllers.cache import ObjectCache
+from fleet.controllers.observe import ManagementView
+from fleet.events import NORMAL, WARNING, EventRecorder
+from fleet.kube import (
+    AlreadyExistsError,
+    KubeClient,
+    KubeError,
+    KubeObject,
+    NotFoundError,
+    UnreachableError,
+)
+from fleet.kube.patch import patch_with_retry
+from fleet.kube.resources import (
+    CLUSTERS,
+    CONTROL_NODES,
+    K0S_CONTROL_PLANES,
+    MACHINE_DEPLOYMENTS,
+    MACHINES,
+    NODE_PLANS,
+    NODES,
+    Resource,
+)
+from fleet.model import (
+    ANN_MACHINE_RUNNING_VERSION,
+    EXECUTOR_AUTOPILOT,
+    KIND_CONTROL_NODE,
+    KIND_KCP,
+    KIND_MD,
+    KIND_NODEPLAN,
+    NODEPLAN_FINALIZER,
+    Condition,
+    ObjectRef,
+    format_time,
+    node_from,
+    nodeplan_from,
+    parse_autopilot_signal,
+)
+from fleet.nodeplan import TRACEPARENT_ANNOTATION, NodePlanPhase, build_nodeplan, nodeplan_name
+from fleet.planner import conditions as C
+from fleet.planner.actions import (
+    Action,
+    AnnotateWorkerVersion,
+    ClearSignal,
+    CreateNodePlan,
+    HaltObject,
+    MarkNodePlanFailed,
+    PatchMachineVersion,
+    RecordEvent,
+    ReleaseNodePlan,
+    RemoveAnnotation,
+    ReportNotInPlace,
+    RetryNodePlan,
+    SetRolloutStatus,
+    SignalNode,
+    StartNodePlan,
+    UncordonNode,
+    UpdateNodePlanStatus,
+)
+from fleet.signal import (
+    AUTOPILOT_SIGNAL_DATA_KEY,
+    AUTOPILOT_SIGNAL_VERSION_KEY,
+    CORDONED_BY_KEY,
+    SIGNAL_DATA_KEY,
+    SIGNAL_VERSION,
+    SIGNAL_VERSION_KEY,
+    K0sUpdateCommand,
+    SignalCommand,
+    SignalData,
+    parse_signal,
+)
+from fleet.telemetry import context_from_traceparent, current_traceparent
+
+log = logging.getLogger(__name__)
+
+OWNER_RESOURCES: dict[str, Resource] = {KIND_MD: MACHINE_DEPLOYMENTS, KIND_KCP: K0S_CONTROL_PLANES,
+                                        KIND_NODEPLAN: NODE_PLANS, "Machine": MACHINES}
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class DispatchStats:
+    """What the dispatcher did (for tests and benchmarks)."""
+
+    writes: int = 0
+    creates: int = 0
+    already: int = 0
+    declined: int = 0
+    errors: int = 0
+    by_action: dict[str, int] = field(default_factory=dict)
+
+    def count(self, action: Action) -> None:
+        name = type(action).__name__
+        self.by_action[name] = self.by_action.get(name, 0) + 1
+
+
+class DownloadResolver:
+    """URL and digest per (version, arch), from the fleet YAML and its digest manifest."""
+
+    def __init__(self, config: FleetConfig) -> None:
+        self.config = config
+        self._manifests: dict[str, dict[str, str]] = {}
+
+    async def _manifest(self, version: str) -> dict[str, str] | None:
+        url = digest_manifest_url(self.config, version)
+        if url is None:
+            return None
+        if url in self._manifests:
+            return self._manifests[url]
+        if url.startswith("file://"):
+            text = await anyio.Path(url.removeprefix("file://")).read_text()
+        else:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s, \
+                    s.get(url) as resp:
+                resp.raise_for_status()
+                text = await resp.text()
+        manifest = parse_digest_manifest(text)
+        self._manifests[url] = manifest
+        return manifest
+
+    async def resolve(self, version: str, arch: str) -> tuple[str, str | None]:
+        try:
+            manifest = await self._manifest(version)
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
+            raise DownloadResolutionError(f"digest manifest for {version}: {e}",
+                                          version=version, arch=arch) from e
+        return resolve_download(self.config, version, arch, manifest=manifest)
+
+
+def _condition_list(existing: list[dict[str, Any]], wanted: tuple[Condition, ...],
+                    now: datetime) -> list[dict[str, Any]]:
+    """Conditions with ours replaced; lastTransitionTime moves only when status changes."""
+    by_type = {c.get("type"): c for c in existing if isinstance(c, dict)}
+    out = [c for c in existing if isinstance(c, dict)
+           and c.get("type") not in {w.type for w in wanted}]
+    for w in wanted:
+        old = by_type.get(w.type)
+        ltt = old.get("lastTransitionTime") if old and old.get("status") == w.status else None
+        out.append({"type": w.type, "status": w.status, "reason": w.reason or w.status,
+                    "message": w.message, "lastTransitionTime": ltt or format_time(now)})
+    return out
+
+
+def _failed_conditions(reason: str, message: str) -> tuple[Condition, ...]:
+    return (Condition(C.NP_COMPLETED, "False", reason, ""),
+            Condition(C.NP_FAILED, "True", reason, message))
+
+
+class Dispatcher:
+    def __init__(self, *, mgmt: KubeClient, view: ManagementView, registry: ClusterRegistry,
+                 config: FleetConfig, recorder: EventRecorder, tracer: trace.Tracer,
+                 clock: Callable[[], datetime] = _now) -> None:
+        self.mgmt = mgmt
+        self.view = view
+        self.registry = registry
+        self.config = config
+        self.recorder = recorder
+        self.tracer = tracer
+        self.clock = clock
+        self.downloads = DownloadResolver(config)
+        self.stats = DispatchStats()
+        self.unsure: set[tuple[str, str]] = set()
+
+    async def settle_unsure(self) -> bool:
+        """Learn the fate of creates that got no answer. False while that is unknown."""
+        for key in sorted(self.unsure):
+            try:
+                obj = await self.mgmt.get_or_none(NODE_PLANS, key[1], key[0])
+            except KubeError as e:
+                log.warning("cannot tell whether NodePlan %s/%s exists: %s", *key, e)
+                return False
+            self._remember(NODE_PLANS, obj)
+            self.unsure.discard(key)
+        return True
+
+    # -- plumbing ------------------------------------------------------------------------
+    def _cache_for(self, res: Resource) -> ObjectCache | None:
+        return self.view.caches.get(res)
+
+    def _remember(self, res: Resource, obj: KubeObject | None) -> None:
+        cache = self._cache_for(res)
+        if cache is not None and obj:
+            obj.setdefault("kind", res.kind)
+            obj.setdefault("apiVersion", res.api_version)
+            cache.observe(obj)
+
+    async def _patch(self, client: KubeClient, res: Resource, name: str, namespace: str | None,
+                     mutate: Callable[[KubeObject], dict[str, Any] | None], *,
+                     subresource: str | None = None, cache: ObjectCache | None = None
+                     ) -> KubeObject | None:
+        current = (cache or self._cache_for(res) or ObjectCache("x")).get(name, namespace or "")
+        try:
+            obj = await patch_with_retry(client, res, name, mutate, namespace,
+                                         subresource=subresource, current=current)
+        except NotFoundError:
+            if current is None:
+                raise
+            # The cached object was stale (deleted and recreated?): retry from a fresh read.
+            obj = await patch_with_retry(client, res, name, mutate, namespace,
+                                         subresource=subresource)
+        if obj is None:
+            self.stats.declined += 1
+            return None
+        self.stats.writes += 1
+        obj.setdefault("kind", res.kind)
+        obj.setdefault("apiVersion", res.api_version)
+        if cache is not None:
+            cache.observe(obj)
+        else:
+            self._remember(res, obj)
+        return obj
+
+    async def perform(self, action: Action) -> None:
+        """Perform one action. Raises KubeError for the caller to log and retry later."""
+        self.stats.count(action)
+        handler = getattr(self, f"_do_{type(action).__name__}")
+        await handler(action)
+
+    async def event(self, regarding: Any, reason: str, note: str, *, type: str = NORMAL,
+                    action: str = "Upgrade", related: Any = None, key: str = "") -> None:
+        await self.recorder.emit(regarding, reason=reason, action=action, note=note, type=type,
+                                 related=related, key=key)
+
+    # -- NodePlans -------------------------------------------------------------------------
+    async def _do_CreateNodePlan(self, a: CreateNodePlan) -> None:
+        machine = self.view[MACHINES].get(a.machine.name, a.machine.namespace)
+        if machine is None:
+            return
+        wc = self.registry.get(a.cluster)
+        node_obj = None
+        if wc is not None:
+            cache = wc.control_nodes if a.node_kind == KIND_CONTROL_NODE else wc.nodes
+            node_obj = cache.get(a.node)
+        arch = node_from(node_obj).arch if node_obj else "amd64"
+        try:
+            url, sha = await self.downloads.resolve(a.version, arch)
+        except DownloadResolutionError as e:
+            await self.event(a.owner, "DownloadUnresolved", f"{a.machine.name}: {e}",
+                             type=WARNING)
+            log.warning("%s: cannot dispatch %s: %s", a.owner, a.machine.name, e)
+            return
+        with self.tracer.start_as_current_span(
+                "node-upgrade.dispatch", context=trace.set_span_in_context(
+                    trace.INVALID_SPAN),  # every node upgrade is a trace of its own
+                attributes={"k0s_fleet.cluster": a.cluster[1], "k0s_fleet.node": a.node,
+                            "k0s_fleet.machine": a.machine.name, "k0s_fleet.role": a.role,
+                            "k0s_fleet.version": a.version, "k0s_fleet.owner": str(a.owner),
+                            "k0s_fleet.executor": a.executor}):
+            traceparent = current_traceparent()
+        body = build_nodeplan(
+            machine=machine, node_name=a.node, role=a.role, version=a.version, url=url,
+            sha256=sha, allow_unverified=sha is None, executor=a.executor,
+            owner_kind=a.owner.kind, owner_name=a.owner.name, traceparent=traceparent)
+        body["metadata"]["finalizers"] = [NODEPLAN_FINALIZER]
+        key = (a.machine.namespace, body["metadata"]["name"])
+        try:
+            created = await self.mgmt.create(NODE_PLANS, body, a.machine.namespace)
+        except AlreadyExistsError:
+            # Dispatched already (by us before a restart, or by the runtime extension):
+            # make sure the cache knows, so the budget counts it.
+            self.stats.already += 1
+            self._remember(NODE_PLANS, await self.mgmt.get_or_none(NODE_PLANS, key[1], key[0]))
+            return
+        except UnreachableError:
+            # The create may have landed without us hearing back: until we know, no pass
+            # may count this node as not dispatched (it would spend its budget twice).
+            self.unsure.add(key)
+            raise
+        self.stats.creates += 1
+        self.stats.writes += 1
+        self._remember(NODE_PLANS, created)
+        plan = nodeplan_from(created)
+        await self.event(created, "NodeUpgradeDispatched",
+                         f"upgrading node {a.node} ({a.role}) of cluster {a.cluster[1]} to "
+                         f"{a.version}: {a.reason}", related=a.owner, action="Dispatch")
+        # Start and signal at once: the next pass would do the same, a round trip later.
+        started = await self._start(plan.ref, attempts=1, started_at=self.clock())
+        if started is not None:
+            p = nodeplan_from(started)
+            assert p.started_at is not None
+            await self._do_SignalNode(SignalNode(
+                plan=p.ref, cluster=a.cluster, node=a.node, node_kind=a.node_kind,
+                executor=p.executor, plan_id=p.plan_id, created=p.started_at,
+                attempt=max(1, p.attempts), version=p.version, url=p.url, sha256=p.sha256,
+                allow_unverified=p.allow_unverified, force=p.force,
+                traceparent=traceparent or ""))
+
+    async def _start(self, ref: ObjectRef, *, attempts: int, started_at: datetime,
+                     retry: bool = False) -> KubeObject | None:
+        def mutate(obj: KubeObject) -> dict[str, Any] | None:
+            status = obj.get("status") or {}
+            if not retry and status.get("startedAt"):
+                return None  # started already
+            if retry and status.get("phase") != NodePlanPhase.FAILED:
+                return None  # nothing to retry (any more)
+            traceparent = ((obj.get("metadata") or {}).get("annotations") or {}).get(
+                TRACEPARENT_ANNOTATION, "")
+            conds = (Condition(C.NP_DISPATCHED, "False", C.R_NOT_SIGNALLED, "signalling"),
+                     Condition(C.NP_COMPLETED, "False", C.R_IN_PROGRESS, ""),
+                     Condition(C.NP_FAILED, "False", C.R_IN_PROGRESS, ""))
+            return {"status": {
+                "phase": NodePlanPhase.PENDING, "nodeState": "", "attempts": attempts,
+                "message": "retry requested" if retry else "dispatched",
+                "startedAt": format_time(started_at), "phaseSince": format_time(started_at),
+                "completedAt": None, "traceparent": traceparent,
+                "observedGeneration": (obj.get("metadata") or {}).get("generation"),
+                "conditions": _condition_list(status.get("conditions") or [], conds,
+                                              self.clock()),
+            }}
+
+        return await self._patch(self.mgmt, NODE_PLANS, ref.name, ref.namespace, mutate,
+                                 subresource="status")
+
+    async def _do_StartNodePlan(self, a: StartNodePlan) -> None:
+        await self._start(a.plan, attempts=a.attempts, started_at=a.started_at)
+
+    async def _do_RetryNodePlan(self, a: RetryNodePlan) -> None:
+        obj = await self._start(a.plan, attempts=a.attempts, started_at=a.started_at,
+                                retry=True)
+        if obj is not None:
+            await self.event(obj, "NodeUpgradeRetried", f"attempt {a.attempts} requested",
+                             action="Retry")
+
+    async def _do_SignalNode(self, a: SignalNode) -> None:
+        wc = self.registry.get(a.cluster)
+        if wc is None or wc.client is None:
+            return
+        res = CONTROL_NODES if a.node_kind == KIND_CONTROL_NODE else NODES
+        cache = wc.control_nodes if a.node_kind == KIND_CONTROL_NODE else wc.nodes
+        if a.executor == EXECUTOR_AUTOPILOT:
+            key, value = AUTOPILOT_SIGNAL_DATA_KEY, json.dumps({
+                "planId": a.plan_id, "created": format_time(a.created),
+                "command": {"id": a.attempt, "k0supdate": {
+                    "url": a.url, "version": a.version, "sha256": a.sha256,
+                    "forceupdate": a.force}}}, separators=(",", ":"))
+            version_key = AUTOPILOT_SIGNAL_VERSION_KEY
+        else:
+            data = SignalData(
+                planId=a.plan_id, created=a.created, traceparent=a.traceparent or None,
+                command=SignalCommand(id=a.attempt, k0supdate=K0sUpdateCommand(
+                    url=a.url, version=a.version, sha256=a.sha256 or None,
+                    forceupdate=a.force, allowunverified=a.allow_unverified)))
+            key, value, version_key = SIGNAL_DATA_KEY, data.to_json(), SIGNAL_VERSION_KEY
+
+        def mutate(node: KubeObject) -> dict[str, Any] | None:
+            ann = (node.get("metadata") or {}).get("annotations") or {}
+            if a.executor == EXECUTOR_AUTOPILOT:
+                cur = parse_autopilot_signal(ann.get(key))
+                if cur is not None and (cur.plan_id, cur.created, cur.command_id) == (
+                        a.plan_id, format_time(a.created), a.attempt):
+                    return None
+                if cur is not None and cur.plan_id != a.plan_id and not (
+                        cur.state is not None and cur.state.terminal):
+                    return None  # another live request: the planner waits for it
+            else:
+                try:
+                    cur_sig = parse_signal(ann)
+                except ValueError:
+                    cur_sig = None
+                if cur_sig is not None and (cur_sig.planId, cur_sig.created,
+                                            cur_sig.command.id) == (a.plan_id, a.created,
+                                                                    a.attempt):
+                    return None  # carries this very request already
+                if cur_sig is not None and cur_sig.planId != a.plan_id and not (
+                        cur_sig.status is not None and cur_sig.status.status.terminal) \
+                        and self._plan_alive(cur_sig.planId):
+                    return None
+            return {"metadata": {"annotations": {version_key: SIGNAL_VERSION, key: value}}}
+
+        await self._patch(wc.client, res, a.node, None, mutate, cache=cache)
+        plan_obj = self.view[NODE_PLANS].get(a.plan.name, a.plan.namespace)
+        if plan_obj is not None and a.attempt == 1:
+            await self.event(plan_obj, "NodeSignalled", f"request written to {a.node_kind} "
+                             f"{a.node}", action="Signal")
+
+    def _plan_alive(self, plan_id: str) -> bool:
+        ns, _, name = plan_id.partition("/")
+        obj = self.view[NODE_PLANS].get(name, ns)
+        if obj is None:
+            return False
+        phase = (obj.get("status") or {}).get("phase")
+        return phase not in (NodePlanPhase.COMPLETED, NodePlanPhase.FAILED)
+
+    async def _do_UpdateNodePlanStatus(self, a: UpdateNodePlanStatus) -> None:
+        now = self.clock()
+
+        def mutate(obj: KubeObject) -> dict[str, Any] | None:
+            status = obj.get("status") or {}
+            phase = status.get("phase")
+            late = phase == NodePlanPhase.FAILED and a.phase == NodePlanPhase.COMPLETED
+            if phase in (NodePlanPhase.COMPLETED, NodePlanPhase.FAILED) and not late:
+                return None  # terminal; only a late completion may still land
+            patch: dict[str, Any] = {
+                "phase": a.phase, "nodeState": a.node_state, "message": a.message,
+                "phaseSince": format_time(a.phase_since or now),
+                "conditions": _condition_list(status.get("conditions") or [], a.conditions,
+                                              now)}
+            if a.completed_at is not None:
+                patch["completedAt"] = format_time(a.completed_at)
+            if a.running_version is not None:
+                patch["runningVersion"] = a.running_version
+            return {"status": patch}
+
+        obj = await self._patch(self.mgmt, NODE_PLANS, a.plan.name, a.plan.namespace, mutate,
+                                subresource="status")
+        if obj is not None and a.phase == NodePlanPhase.COMPLETED:
+            self._trace_result(obj, "Completed", "")
+            p = nodeplan_from(obj)
+            took = ""
+            if p.started_at and p.completed_at:
+                took = f" in {(p.completed_at - p.started_at).total_seconds():.1f}s"
+            await self.event(obj, "NodeUpgraded", f"node {p.node} runs {p.version}{took}",
+                             related=p.owner_ref, action="Complete")
+
+    async def _do_MarkNodePlanFailed(self, a: MarkNodePlanFailed) -> None:
+        now = self.clock()
+
+        def mutate(obj: KubeObject) -> dict[str, Any] | None:
+            status = obj.get("status") or {}
+            if status.get("phase") in (NodePlanPhase.COMPLETED, NodePlanPhase.FAILED):
+                return None
+            return {"status": {
+                "phase": NodePlanPhase.FAILED, "nodeState": a.node_state, "message": a.message,
+                "phaseSince": format_time(now),
+                "conditions": _condition_list(status.get("conditions") or [],
+                                              _failed_conditions(a.reason, a.message), now)}}
+
+        obj = await self._patch(self.mgmt, NODE_PLANS, a.plan.name, a.plan.namespace, mutate,
+                                subresource="status")
+        if obj is not None:
+            self._trace_result(obj, "Failed", a.message)
+            p = nodeplan_from(obj)
+            await self.event(obj, "NodeUpgradeFailed", a.message, type=WARNING,
+                             related=p.owner_ref, action="Fail")
+
+    def _trace_result(self, obj: KubeObject, outcome: str, message: str) -> None:
+        """One span covering a node upgrade from request to outcome, in its own trace."""
+        p = nodeplan_from(obj)
+        ctx = context_from_traceparent(p.traceparent or p.annotations.get(
+            TRACEPARENT_ANNOTATION))
+        start = p.started_at or p.created or self.clock()
+        span = self.tracer.start_span(
+            "node-upgrade", context=ctx, start_time=int(start.timestamp() * 1e9),
+            attributes={"k0s_fleet.cluster": p.cluster, "k0s_fleet.node": p.node,
+                        "k0s_fleet.machine": p.machine, "k0s_fleet.role": p.role,
+                        "k0s_fleet.version": p.version, "k0s_fleet.outcome": outcome,
+                        "k0s_fleet.attempts": p.attempts, "k0s_fleet.nodeplan": p.plan_id})
+        if outcome == "Failed":
+            span.set_status(trace.Status(trace.StatusCode.ERROR, message))
+        span.end()
+
+    async def _do_ReleaseNodePlan(self, a: ReleaseNodePlan) -> None:
+        def mutate(obj: KubeObject) -> dict[str, Any] | None:
+            fins = list((obj.get("metadata") or {}).get("finalizers") or [])
+            if NODEPLAN_FINALIZER not in fins:
+                return None
+            return {"metadata": {"finalizers": [f for f in fins if f != NODEPLAN_FINALIZER]}}
+
+        try:
+            obj = await self._patch(self.mgmt, NODE_PLANS, a.plan.name, a.plan.namespace, mutate)
+        except NotFoundError:
+            return
+        if obj is not None and not obj.get("metadata", {}).get("finalizers"):
+            # Without finalizers a deleting object is gone; the watch will say so too.
+            self.view[NODE_PLANS].forget(obj)
+
+    # -- nodes -----------------------------------------------------------------------------
+    async def _do_ClearSignal(self, a: ClearSignal) -> None:
+        wc = self.registry.get(a.cluster)
+        if wc is None or wc.client is None:
+            return
+        res = CONTROL_NODES if a.node_kind == KIND_CONTROL_NODE else NODES
+        cache = wc.control_nodes if a.node_kind == KIND_CONTROL_NODE else wc.nodes
+
+        def mutate(node: KubeObject) -> dict[str, Any] | None:
+            ann = (node.get("metadata") or {}).get("annotations") or {}
+            if a.executor == EXECUTOR_AUTOPILOT:
+                cur = parse_autopilot_signal(ann.get(AUTOPILOT_SIGNAL_DATA_KEY))
+                if cur is None or cur.plan_id != a.plan_id:
+                    return None
+                keys = (AUTOPILOT_SIGNAL_DATA_KEY, AUTOPILOT_SIGNAL_VERSION_KEY)
+            else:
+                raw = ann.get(SIGNAL_DATA_KEY)
+                try:
+                    cur_id = json.loads(raw).get("planId") if raw else None
+                except (ValueError, AttributeError):
+                    cur_id = None
+                if cur_id != a.plan_id:
+                    return None
+                keys = (SIGNAL_DATA_KEY, SIGNAL_VERSION_KEY)
+            return {"metadata": {"annotations": dict.fromkeys(keys)}}
+
+        try:
+            obj = await self._patch(wc.client, res, a.node, None, mutate, cache=cache)
+        except NotFoundError:
+            return
+        if obj is not None:
+            log.info("cleared request %s from %s %s", a.plan_id, a.node_kind, a.node)
+
+    async def _do_UncordonNode(self, a: UncordonNode) -> None:
+        wc = self.registry.get(a.cluster)
+        if wc is None or wc.client is None:
+            return
+
+        def mutate(node: KubeObject) -> dict[str, Any] | None:
+            ann = (node.get("metadata") or {}).get("annotations") or {}
+            if CORDONED_BY_KEY not in ann:
+                return None  # not our cordon: never lift someone else's
+            try:
+                sig = parse_signal(ann)
+            except ValueError:
+                sig = None
+            if sig is not None and (sig.status is None or not sig.status.status.terminal) \
+                    and self._plan_alive(sig.planId):
+                return None
+            return {"spec": {"unschedulable": None},
+                    "metadata": {"annotations": {CORDONED_BY_KEY: None}}}
+
+        try:
+            obj = await self._patch(wc.client, NODES, a.node, None, mutate, cache=wc.nodes)
+        except NotFoundError:
+            return
+        if obj is not None:
+            cluster = self.view[CLUSTERS].get(a.cluster[1], a.cluster[0])
+            await self.event(cluster or ObjectRef("Cluster", *a.cluster), "NodeUncordoned",
+                             f"uncordoned node {a.node}: its upgrade request was withdrawn",
+                             action="Uncordon")
+
+    # -- Machines and owners ------------------------------------------------------------------
+    async def _do_PatchMachineVersion(self, a: PatchMachineVersion) -> None:
+        def mutate(obj: KubeObject) -> dict[str, Any] | None:
+            if (obj.get("spec") or {}).get("version") == a.version:
+                return None
+            return {"spec": {"version": a.version}}
+
+        await self._patch(self.mgmt, MACHINES, a.machine.name, a.machine.namespace, mutate)
+
+    async def _do_AnnotateWorkerVersion(self, a: AnnotateWorkerVersion) -> None:
+        def mutate(obj: KubeObject) -> dict[str, Any] | None:
+            ann = (obj.get("metadata") or {}).get("annotations") or {}
+            if ann.get(ANN_MACHINE_RUNNING_VERSION) == a.version:
+                return None
+            return {"metadata": {"annotations": {ANN_MACHINE_RUNNING_VERSION: a.version}}}
+
+        await self._patch(self.mgmt, MACHINES, a.machine.name, a.machine.namespace, mutate)
+
+    async def _do_SetRolloutStatus(self, a: SetRolloutStatus) -> None:
+        res = OWNER_RESOURCES[a.owner.kind]
+        now = self.clock()
+        counts = a.counts.as_status()
+
+        def mutate(obj: KubeObject) -> dict[str, Any] | None:
+            status = obj.get("status") or {}
+            conds = _condition_list(status.get("conditions") or [], a.conditions, now)
+            if conds == status.get("conditions") and status.get("k0sFleet") == counts:
+                return None
+            return {"status": {"conditions": conds, "k0sFleet": counts}}
+
+        await self._patch(self.mgmt, res, a.owner.name, a.owner.namespace, mutate,
+                          subresource="status")
+
+    async def _do_RemoveAnnotation(self, a: RemoveAnnotation) -> None:
+        res = OWNER_RESOURCES[a.obj.kind]
+
+        def mutate(obj: KubeObject) -> dict[str, Any] | None:
+            ann = (obj.get("metadata") or {}).get("annotations") or {}
+            if ann.get(a.key) != a.value:
+                return None
+            return {"metadata": {"annotations": {a.key: None}}}
+
+        await self._patch(self.mgmt, res, a.obj.name, a.obj.namespace, mutate)
+
+    async def _do_HaltObject(self, a: HaltObject) -> None:
+        obj = self._owner_obj(a.owner)
+        await self.event(obj or a.owner, "RolloutHalted", a.message, type=WARNING,
+                         action="Halt")
+
+    async def _do_ReportNotInPlace(self, a: ReportNotInPlace) -> None:
+        obj = self._owner_obj(a.owner)
+        await self.event(obj or a.owner, a.reason, a.message, type=WARNING, action="Plan")
+
+    async def _do_RecordEvent(self, a: RecordEvent) -> None:
+        obj = self._owner_obj(a.regarding)
+        await self.event(obj or a.regarding, a.reason, a.note, type=a.type, action=a.action)
+
+    def _owner_obj(self, ref: ObjectRef) -> KubeObject | None:
+        res = OWNER_RESOURCES.get(ref.kind)
+        return None if res is None else self.view[res].get(ref.name, ref.namespace)
+
+
+def action_target(action: Action) -> tuple[str, ...]:
+    """Actions on the same object run in order; different objects run concurrently."""
+    if isinstance(action, CreateNodePlan):
+        return ("NodePlan", action.machine.namespace,
+                nodeplan_name(action.machine.name, action.version))
+    for attr in ("plan", "machine", "owner", "obj", "regarding"):
+        ref = getattr(action, attr, None)
+        if isinstance(ref, ObjectRef):
+            return (ref.kind, ref.namespace, ref.name)
+    if isinstance(action, SignalNode | ClearSignal | UncordonNode):
+        return ("Node", *action.cluster, action.node)
+    return ("other",)
+

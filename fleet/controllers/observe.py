@@ -1,0 +1,185 @@
+"""Observe: watches on the management cluster, and the snapshot the planner decides on."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+
+import anyio
+import anyio.abc
+
+from fleet.clusters import ClusterRegistry
+from fleet.config import FleetConfig
+from fleet.controllers.cache import ObjectCache
+from fleet.kube import KubeClient
+from fleet.kube.resources import (
+    CLUSTERS,
+    K0S_CONTROL_PLANES,
+    MACHINE_DEPLOYMENTS,
+    MACHINE_SETS,
+    MACHINES,
+    NODE_PLANS,
+    SECRETS,
+    Resource,
+)
+from fleet.kube.watch import Reflector
+from fleet.model import (
+    KIND_CONTROL_NODE,
+    KIND_NODE,
+    ROLE_CONTROLLER,
+    ClusterInfo,
+    ClusterKey,
+    InfraMachineInfo,
+    MachineInfo,
+    NodeInfo,
+    Snapshot,
+    cluster_from,
+    control_plane_from,
+    deployment_from,
+    machine_from,
+    machine_set_from,
+    node_from,
+    nodeplan_from,
+)
+from fleet.versions import same_version
+
+log = logging.getLogger(__name__)
+
+WATCHED = (CLUSTERS, MACHINE_DEPLOYMENTS, MACHINE_SETS, MACHINES, K0S_CONTROL_PLANES,
+           NODE_PLANS, SECRETS)
+# Only CAPI's kubeconfig Secrets are cached (never every Secret of the namespace).
+SECRET_FIELD_SELECTOR = "type=cluster.x-k8s.io/secret"
+
+
+class ManagementView:
+    """Caches of the management cluster's objects, kept current by Reflectors."""
+
+    def __init__(self, client: KubeClient, *, namespaces: Iterable[str] = (),
+                 on_change: Callable[[], None] | None = None, watch_timeout: int = 120) -> None:
+        self.client = client
+        self.namespaces: list[str | None] = list(namespaces) or [None]
+        self.caches = {res: ObjectCache(res.kind, on_change=on_change) for res in WATCHED}
+        self.reflectors: list[Reflector] = []
+        self.watch_timeout = watch_timeout
+
+    def __getitem__(self, res: Resource) -> ObjectCache:
+        return self.caches[res]
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        async with anyio.create_task_group() as tg:
+            for res in WATCHED:
+                for ns in self.namespaces:
+                    r = Reflector(
+                        self.client, res, namespace=ns, listener=self.caches[res].on_event,
+                        field_selector=SECRET_FIELD_SELECTOR if res is SECRETS else None,
+                        watch_timeout=self.watch_timeout)
+                    self.reflectors.append(r)
+                    tg.start_soon(r.run)
+            for r in self.reflectors:
+                await r.synced.wait()
+            for cache in self.caches.values():
+                cache.mark_synced()
+            task_status.started()
+
+    @property
+    def requests(self) -> int:
+        """List requests made by the watches (relists), for the benchmarks."""
+        return sum(r.relists for r in self.reflectors)
+
+
+def fleet_clusters(config: FleetConfig, clusters: ObjectCache
+                   ) -> dict[ClusterKey, ClusterInfo]:
+    """The CAPI Clusters that make up the fleet, with their effective settings."""
+    selector = config.clusters.selector
+    namespaces = set(config.clusters.namespaces)
+    out: dict[ClusterKey, ClusterInfo] = {}
+    for obj in clusters:
+        meta = obj.get("metadata") or {}
+        ns, name = meta.get("namespace") or "", meta.get("name") or ""
+        labels = meta.get("labels") or {}
+        explicit = config.clusters.entry_for(ns, name) is not None
+        if not explicit and ((namespaces and ns not in namespaces)
+                             or not selector.matches(labels)):
+            continue
+        settings = config.for_cluster(ns, name, labels)
+        info = cluster_from(obj, executor=settings.executor.value)
+        if settings.paused and not info.paused:
+            info = ClusterInfo(ns, name, paused=True, executor=info.executor)
+        out[(ns, name)] = info
+    return out
+
+
+def kubeconfig_secrets(config: FleetConfig, clusters: Iterable[ClusterKey]
+                       ) -> dict[ClusterKey, str]:
+    return {key: config.for_cluster(key[0], key[1]).kubeconfig_secret for key in clusters}
+
+
+def workload_nodes(registry: ClusterRegistry, key: ClusterKey) -> dict[str, NodeInfo] | None:
+    wc = registry.get(key)
+    if wc is None or not wc.observed:
+        return None
+    nodes = {n.name: n for n in (node_from({**o, "kind": KIND_NODE}) for o in wc.nodes)}
+    for obj in wc.control_nodes:
+        cn = node_from({**obj, "kind": KIND_CONTROL_NODE})
+        nodes.setdefault(cn.name, cn)  # a controller that also runs a kubelet has a Node
+    return nodes
+
+
+def control_planes_needing_infra(view: ManagementView, clusters: Mapping[ClusterKey, ClusterInfo]
+                                 ) -> list[MachineInfo]:
+    """Control-plane Machines whose eligibility depends on their infrastructure object."""
+    targets = {}
+    for obj in view[K0S_CONTROL_PLANES]:
+        kcp = control_plane_from(obj)
+        targets[(kcp.ref.namespace, kcp.ref.name)] = kcp.version
+    out = []
+    for obj in view[MACHINES]:
+        m = machine_from(obj)
+        if m.role != ROLE_CONTROLLER or m.owner is None or m.deleting:
+            continue
+        if (m.ref.namespace, m.cluster) not in clusters:
+            continue
+        target = targets.get((m.owner.namespace, m.owner.name))
+        if target and not same_version(m.version, target):
+            out.append(m)
+    return out
+
+
+def build_snapshot(*, now: datetime, view: ManagementView, registry: ClusterRegistry,
+                   clusters: Mapping[ClusterKey, ClusterInfo],
+                   infra: Mapping[tuple[str, str], InfraMachineInfo]) -> Snapshot:
+    def in_fleet(ns: str, cluster: str) -> bool:
+        return (ns, cluster) in clusters
+
+    deployments = {}
+    for obj in view[MACHINE_DEPLOYMENTS]:
+        md = deployment_from(obj)
+        if in_fleet(md.ref.namespace, md.cluster):
+            deployments[(md.ref.namespace, md.ref.name)] = md
+    machine_sets = {}
+    for obj in view[MACHINE_SETS]:
+        ms = machine_set_from(obj)
+        if in_fleet(ms.ref.namespace, ms.cluster):
+            machine_sets[(ms.ref.namespace, ms.ref.name)] = ms
+    control_planes = {}
+    for obj in view[K0S_CONTROL_PLANES]:
+        kcp = control_plane_from(obj)
+        if in_fleet(kcp.ref.namespace, kcp.cluster):
+            control_planes[(kcp.ref.namespace, kcp.ref.name)] = kcp
+    machines = {}
+    for obj in view[MACHINES]:
+        m = machine_from(obj)
+        if in_fleet(m.ref.namespace, m.cluster):
+            key = (m.ref.namespace, m.ref.name)
+            machines[key] = machine_from(obj, infra.get(key)) if key in infra else m
+    nodeplans = {}
+    for obj in view[NODE_PLANS]:
+        p = nodeplan_from(obj)
+        if in_fleet(p.ref.namespace, p.cluster):
+            nodeplans[(p.ref.namespace, p.ref.name)] = p
+    nodes = {key: workload_nodes(registry, key) for key in clusters}
+    return Snapshot(now=now, clusters=dict(clusters), deployments=deployments,
+                    machine_sets=machine_sets, control_planes=control_planes,
+                    machines=machines, nodeplans=nodeplans, nodes=nodes)

@@ -1,0 +1,262 @@
+"""The controller loop: observe -> decide -> act, woken by every change it watches.
+
+Any watch event (management objects, workload Nodes, kubeconfig Secrets) and every write
+of its own pokes a :class:`Trigger`; the loop then plans from a fresh snapshot and
+performs the actions. A node's completion is therefore followed by the next node's
+dispatch within one API round trip or two, not a polling period. Progress deadlines are
+honoured by sleeping until the planner's ``wake_at``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import anyio
+import anyio.abc
+from opentelemetry import trace
+
+from fleet.clusters import ClientFactory, ClusterRegistry
+from fleet.config import FleetConfig
+from fleet.controllers.dispatcher import Dispatcher, action_target
+from fleet.controllers.infra import InfraMachines
+from fleet.controllers.observe import (
+    ManagementView,
+    build_snapshot,
+    control_planes_needing_infra,
+    fleet_clusters,
+    kubeconfig_secrets,
+)
+from fleet.events import EventRecorder
+from fleet.kube import KubeClient, KubeError
+from fleet.kube.backoff import Backoff
+from fleet.kube.resources import CLUSTERS, SECRETS
+from fleet.model import (
+    ClusterInfo,
+    ClusterKey,
+    InfraMachineInfo,
+    MachineInfo,
+    ObjectRef,
+    Snapshot,
+)
+from fleet.planner import COMPLETING, PENDING, PlannerSettings, PlanResult, plan
+from fleet.planner.actions import (
+    Action,
+    CreateNodePlan,
+    RetryNodePlan,
+    SignalNode,
+    StartNodePlan,
+)
+from fleet.signal import SignalState
+from fleet.telemetry import get_tracer, link_from_traceparent
+
+log = logging.getLogger(__name__)
+
+Hold = Callable[[ClusterKey, ObjectRef], "str | None"]
+# A fleet policy (waves, windows, pauses) consulted before each pass.
+Policy = Callable[[Snapshot], Awaitable[Hold | None]]
+PassListener = Callable[[Snapshot, PlanResult], None]
+
+_STARTS = (CreateNodePlan, StartNodePlan, SignalNode, RetryNodePlan)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def planner_settings(config: FleetConfig) -> PlannerSettings:
+    """The planner's knobs from the fleet YAML."""
+    d = config.rollout.progress_deadlines
+    deadlines: dict[str, timedelta] = {PENDING: d.pending, COMPLETING: d.verifying}
+    for state in SignalState:
+        limit = d.for_state(state)
+        if limit is not None:
+            deadlines[state.value] = limit
+    return PlannerSettings(deadlines=deadlines, default_deadline=max(deadlines.values()),
+                           halt_at_failures=config.rollout.failure_budget)
+
+
+class Trigger:
+    """Level-triggered wake-up: any number of pokes while busy make one more pass."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+        self.pokes = 0
+
+    def poke(self) -> None:
+        self.pokes += 1
+        self._event.set()
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Wait for a poke (or the timeout); True when poked."""
+        poked = self._event.is_set()
+        if not poked:
+            with anyio.move_on_after(math.inf if timeout is None else max(0.0, timeout)):
+                await self._event.wait()
+                poked = True
+        self._event = anyio.Event()
+        return poked
+
+
+@dataclass
+class ControllerStats:
+    passes: int = 0
+    actions: int = 0
+    errors: int = 0
+    plan_seconds: float = 0.0
+    last_pass: datetime | None = None
+    by_type: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+class FleetController:
+    """One controller instance (run it only while holding the leader Lease)."""
+
+    def __init__(self, mgmt: KubeClient, config: FleetConfig, *,
+                 tracer: trace.Tracer | None = None, recorder: EventRecorder | None = None,
+                 clock: Callable[[], datetime] = _now, identity: str = "k0s-fleet",
+                 settings: PlannerSettings | None = None, policy: Policy | None = None,
+                 on_pass: PassListener | None = None,
+                 client_factory: ClientFactory | None = None,
+                 concurrency: int = 16, watch_timeout: int = 120) -> None:
+        self.mgmt = mgmt
+        self.config = config
+        self.clock = clock
+        self.identity = identity
+        self.settings = settings or planner_settings(config)
+        self.policy = policy
+        self.on_pass = on_pass
+        self.tracer = tracer or get_tracer("fleet.controller")
+        self.trigger = Trigger()
+        self.view = ManagementView(mgmt, namespaces=config.clusters.namespaces,
+                                   on_change=self.trigger.poke, watch_timeout=watch_timeout)
+        registry_kw = {"client_factory": client_factory} if client_factory else {}
+        self.registry = ClusterRegistry(self.view[SECRETS], on_change=self.trigger.poke,
+                                        watch_timeout=watch_timeout, **registry_kw)
+        self.recorder = recorder or EventRecorder(
+            mgmt, instance=identity, default_namespace=config.management.namespace)
+        self.dispatcher = Dispatcher(mgmt=mgmt, view=self.view, registry=self.registry,
+                                     config=config, recorder=self.recorder, tracer=self.tracer,
+                                     clock=clock)
+        self.infra = InfraMachines(mgmt)
+        self.limiter = anyio.CapacityLimiter(concurrency)
+        self.stats = ControllerStats()
+        self.ready = anyio.Event()
+        self._retry_at: datetime | None = None
+        self._backoff = Backoff(initial=0.2, maximum=10.0)
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Watch, plan and act until cancelled."""
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.registry.run)
+            await tg.start(self.view.run)
+            log.info("%s: management caches synced; controlling", self.identity)
+            self.ready.set()
+            task_status.started()
+            await self.loop()
+
+    async def loop(self) -> None:
+        timeout: float | None = 0.0
+        while True:
+            await self.trigger.wait(timeout)
+            result = await self.reconcile_once()
+            wake = result.wake_at
+            if self._retry_at is not None and (wake is None or self._retry_at < wake):
+                wake = self._retry_at
+            timeout = None if wake is None else (wake - self.clock()).total_seconds()
+
+    async def _infra(self, clusters: Mapping[ClusterKey, ClusterInfo]
+                     ) -> dict[tuple[str, str], InfraMachineInfo]:
+        needed = control_planes_needing_infra(self.view, clusters)
+        out: dict[tuple[str, str], InfraMachineInfo] = {}
+
+        async def one(m: MachineInfo) -> None:
+            out[(m.ref.namespace, m.ref.name)] = await self.infra.lookup(
+                m.infrastructure, m.ref.namespace)
+
+        async with anyio.create_task_group() as tg:
+            for m in needed:
+                tg.start_soon(one, m)
+        return out
+
+    async def reconcile_once(self) -> PlanResult:
+        """One observe -> decide -> act pass."""
+        t0 = time.perf_counter()
+        if not await self.dispatcher.settle_unsure():
+            self._retry_at = self.clock() + timedelta(seconds=self._backoff.next_delay())
+            return PlanResult()
+        clusters = fleet_clusters(self.config, self.view[CLUSTERS])
+        self.registry.want(kubeconfig_secrets(self.config, clusters))
+        infra = await self._infra(clusters)
+        snapshot = build_snapshot(now=self.clock(), view=self.view, registry=self.registry,
+                                  clusters=clusters, infra=infra)
+        hold = await self.policy(snapshot) if self.policy is not None else None
+        result = plan(snapshot, self.settings, hold=hold)
+        actions = result.actions
+        if self.config.rollout.emergency_stop:
+            actions = [a for a in actions if not isinstance(a, _STARTS)]
+        self.stats.passes += 1
+        self.stats.plan_seconds += time.perf_counter() - t0
+        self.stats.last_pass = snapshot.now
+        if actions:
+            await self._act(snapshot, result, actions)
+        if self.on_pass is not None:
+            self.on_pass(snapshot, result)
+        return result
+
+    async def _act(self, snapshot: Snapshot, result: PlanResult, actions: list[Action]) -> None:
+        links: list[trace.Link] = []
+        for a in actions:
+            ref = getattr(a, "plan", None)
+            p = snapshot.nodeplans.get((ref.namespace, ref.name)) if isinstance(
+                ref, ObjectRef) else None
+            if p is not None and p.traceparent and len(links) < 32:
+                link = link_from_traceparent(p.traceparent)
+                if link is not None:
+                    links.append(link)
+        with self.tracer.start_as_current_span(
+                "reconcile", links=links,
+                attributes={"k0s_fleet.actions": len(actions),
+                            "k0s_fleet.dispatched": sum(isinstance(a, CreateNodePlan)
+                                                        for a in actions)}) as span:
+            for d in result.decisions:
+                if d.dispatched or d.waiting:
+                    span.add_event("decision", {
+                        "owner": str(d.owner), "target": d.target,
+                        "updated": d.updated, "total": d.total,
+                        "unavailable": d.unavailable, "max_unavailable": d.max_unavailable,
+                        "dispatched": list(d.dispatched), "waiting": d.waiting})
+            groups: dict[tuple[str, ...], list[Action]] = defaultdict(list)
+            for a in actions:
+                groups[action_target(a)].append(a)
+            failed = 0
+
+            async def run_group(group: list[Action]) -> None:
+                nonlocal failed
+                async with self.limiter:
+                    for a in group:
+                        self.stats.actions += 1
+                        self.stats.by_type[type(a).__name__] += 1
+                        try:
+                            await self.dispatcher.perform(a)
+                        except KubeError as e:
+                            failed += 1
+                            self.stats.errors += 1
+                            log.warning("%s failed: %s", type(a).__name__, e)
+                            return  # later actions of this object depend on this one
+
+            async with anyio.create_task_group() as tg:
+                for group in groups.values():
+                    tg.start_soon(run_group, group)
+            if failed:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, f"{failed} failed"))
+                delay = self._backoff.next_delay()
+                self._retry_at = self.clock() + timedelta(seconds=delay)
+            else:
+                self._backoff.reset()
+                self._retry_at = None

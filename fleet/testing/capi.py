@@ -1,0 +1,262 @@
+"""Cluster API objects as k0smotron creates them, for tests, the demo and the benchmarks.
+
+``create_cluster`` writes, in the management cluster: the CAPI ``Cluster``, its
+``<name>-kubeconfig`` Secret (pointing at a workload API server of the test world), a
+``K0sControlPlane`` with its control-plane Machines (and their infrastructure Machines,
+cloned from the KCP's template), a ``MachineDeployment`` with one ``MachineSet`` and its
+worker Machines; and in the workload cluster one Ready Node per Machine, named after it.
+Nothing here runs in production.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+
+from fleet.clusters import kubeconfig_secret
+from fleet.kube import AlreadyExistsError, KubeClient, KubeObject, patch_with_retry
+from fleet.kube.resources import (
+    CLUSTERS,
+    K0S_CONTROL_PLANES,
+    MACHINE_DEPLOYMENTS,
+    MACHINE_SETS,
+    MACHINES,
+    NODES,
+    SECRETS,
+    Resource,
+)
+from fleet.model import (
+    ANN_CLONED_FROM_GROUPKIND,
+    ANN_CLONED_FROM_NAME,
+    ANN_K0S_CONFIG,
+    LABEL_CLUSTER_NAME,
+    LABEL_CONTROL_PLANE,
+    LABEL_CONTROL_PLANE_NAME,
+    LABEL_DEPLOYMENT_NAME,
+    LABEL_SET_NAME,
+)
+from fleet.signal import RUNNING_VERSION_KEY
+from fleet.testing.world import install_crds
+
+INFRA_GROUP = "infrastructure.k0s-fleet.test"
+INFRA_MACHINES = Resource(INFRA_GROUP, "v1beta1", "simmachines", "SimMachine", namespaced=True)
+INFRA_TEMPLATE_KIND = "SimMachineTemplate"
+BOOTSTRAP_GROUP = "bootstrap.cluster.x-k8s.io"
+
+INFRA_CRD: KubeObject = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": f"simmachines.{INFRA_GROUP}"},
+    "spec": {"group": INFRA_GROUP, "scope": "Namespaced",
+             "names": {"kind": "SimMachine", "plural": "simmachines",
+                       "singular": "simmachine", "listKind": "SimMachineList"},
+             "versions": [{"name": "v1beta1", "served": True, "storage": True,
+                           "schema": {"openAPIV3Schema": {
+                               "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]},
+}
+
+K0S_CONFIG_SPEC: dict[str, Any] = {"args": ["--enable-metrics-scraper"],
+                                   "k0s": {"spec": {"api": {"sans": ["10.0.0.1"]}}}}
+
+
+async def ensure_infra_crd(mgmt: KubeClient) -> None:
+    await install_crds(mgmt, [INFRA_CRD])
+
+
+async def _create(client: KubeClient, res: Resource, body: KubeObject,
+                  namespace: str | None = None) -> KubeObject:
+    try:
+        return await client.create(res, body, namespace)
+    except AlreadyExistsError:
+        meta = body["metadata"]
+        return await client.get(res, meta["name"], meta.get("namespace"))
+
+
+async def set_node_ready(client: KubeClient, name: str, ready: bool) -> None:
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    await client.patch(NODES, name, {"status": {"conditions": [{
+        "type": "Ready", "status": "True" if ready else "False",
+        "reason": "KubeletReady" if ready else "KubeletNotReady", "message": "test",
+        "lastHeartbeatTime": now, "lastTransitionTime": now}]}}, subresource="status")
+
+
+@dataclass
+class FleetCluster:
+    namespace: str
+    name: str
+    version: str
+    control_planes: list[str] = field(default_factory=list)
+    workers: list[str] = field(default_factory=list)
+    kcp: str | None = None
+    md: str | None = None
+    machine_set: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    @property
+    def machines(self) -> list[str]:
+        return self.control_planes + self.workers
+
+
+async def create_cluster(
+    mgmt: KubeClient,
+    workload: KubeClient,
+    workload_kubeconfig: dict[str, Any],
+    *,
+    namespace: str,
+    name: str,
+    version: str = "v1.31.2+k0s.0",
+    control_planes: int = 3,
+    workers: int = 6,
+    max_unavailable: int | str | None = 2,
+    node_prefix: str | None = None,
+    create_nodes: bool = True,
+) -> FleetCluster:
+    """All objects of one CAPI cluster, every Machine on ``version`` with a Ready Node.
+
+    Machine (and Node) names start with ``node_prefix`` (default: ``name``): Nodes are
+    cluster-scoped, so tests sharing a workload API server need distinct prefixes.
+    """
+    prefix = node_prefix or name
+    fc = FleetCluster(namespace, name, version)
+    cluster = await _create(mgmt, CLUSTERS, {
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"controlPlaneRef": {"apiGroup": K0S_CONTROL_PLANES.group,
+                                     "kind": K0S_CONTROL_PLANES.kind, "name": f"{name}-cp"}}})
+    await _create(mgmt, SECRETS, kubeconfig_secret(f"{name}-kubeconfig", namespace, name,
+                                                    workload_kubeconfig))
+    owner = {"apiVersion": CLUSTERS.api_version, "kind": "Cluster", "name": name,
+             "uid": cluster["metadata"]["uid"]}
+    labels = {LABEL_CLUSTER_NAME: name}
+    width = max(1, len(str(max(control_planes, workers) - 1)))
+    async with anyio.create_task_group() as tg:
+        if control_planes:
+            fc.kcp = f"{name}-cp"
+            kcp = await _create(mgmt, K0S_CONTROL_PLANES, {
+                "metadata": {"name": fc.kcp, "namespace": namespace, "labels": labels,
+                             "ownerReferences": [owner]},
+                "spec": {"version": version, "replicas": control_planes,
+                         "updateStrategy": "InPlace",
+                         "machineTemplate": {"infrastructureRef": {
+                             "apiGroup": INFRA_GROUP, "kind": INFRA_TEMPLATE_KIND,
+                             "name": f"{name}-cp"}},
+                         "k0sConfigSpec": K0S_CONFIG_SPEC}})
+            kcp_owner = {"apiVersion": K0S_CONTROL_PLANES.api_version,
+                         "kind": K0S_CONTROL_PLANES.kind, "name": fc.kcp,
+                         "uid": kcp["metadata"]["uid"], "controller": True}
+            for i in range(control_planes):
+                mname = f"{prefix}-cp-{i:0{width}d}"
+                fc.control_planes.append(mname)
+                tg.start_soon(_control_plane_machine, mgmt, workload, namespace, name, mname,
+                              version, kcp_owner, create_nodes)
+        if workers:
+            fc.md = f"{name}-md"
+            fc.machine_set = f"{name}-md-ms"
+            tspec = {"clusterName": name, "version": version,
+                     "bootstrap": {"configRef": {"apiGroup": BOOTSTRAP_GROUP,
+                                                 "kind": "K0sWorkerConfigTemplate",
+                                                 "name": f"{name}-w"}},
+                     "infrastructureRef": {"apiGroup": INFRA_GROUP, "kind": INFRA_TEMPLATE_KIND,
+                                           "name": f"{name}-w"}}
+            await _create(mgmt, MACHINE_DEPLOYMENTS, {
+                "metadata": {"name": fc.md, "namespace": namespace, "labels": labels},
+                "spec": {"clusterName": name, "replicas": workers,
+                         "selector": {"matchLabels": {LABEL_DEPLOYMENT_NAME: fc.md}},
+                         "rollout": {"strategy": {"type": "RollingUpdate", "rollingUpdate": {
+                             "maxUnavailable": max_unavailable, "maxSurge": 0}}}
+                         if max_unavailable is not None else {},
+                         "template": {"metadata": {"labels": {LABEL_DEPLOYMENT_NAME: fc.md}},
+                                      "spec": tspec}}})
+            await _create(mgmt, MACHINE_SETS, {
+                "metadata": {"name": fc.machine_set, "namespace": namespace,
+                             "labels": {**labels, LABEL_DEPLOYMENT_NAME: fc.md}},
+                "spec": {"clusterName": name, "replicas": workers,
+                         "template": {"spec": tspec}}})
+            for i in range(workers):
+                mname = f"{prefix}-md-{i:0{width}d}"
+                fc.workers.append(mname)
+                tg.start_soon(_worker_machine, mgmt, workload, namespace, name, mname, version,
+                              fc.md, fc.machine_set, create_nodes)
+    return fc
+
+
+async def _machine(mgmt: KubeClient, body: KubeObject, node: str) -> None:
+    obj = await _create(mgmt, MACHINES, body)
+    await mgmt.patch(MACHINES, obj["metadata"]["name"], {"status": {
+        "nodeRef": {"apiVersion": "v1", "kind": "Node", "name": node},
+        "phase": "Running"}}, obj["metadata"]["namespace"], subresource="status")
+
+
+async def create_node(workload: KubeClient, name: str, version: str, *,
+                      control_plane: bool = False, ready: bool = True) -> None:
+    labels = {"kubernetes.io/arch": "amd64", "k0smotron.io/machine-name": name}
+    if control_plane:
+        labels["node-role.kubernetes.io/control-plane"] = "true"
+    await _create(workload, NODES, {"metadata": {
+        "name": name, "labels": labels, "annotations": {RUNNING_VERSION_KEY: version}}})
+    await set_node_ready(workload, name, ready)
+
+
+async def _control_plane_machine(  # noqa: PLR0917 - started with start_soon
+        mgmt: KubeClient, workload: KubeClient, namespace: str,
+                                 cluster: str, name: str, version: str,
+                                 kcp_owner: dict[str, Any], create_nodes: bool) -> None:
+    await _create(mgmt, INFRA_MACHINES, {
+        "metadata": {"name": name, "namespace": namespace, "annotations": {
+            ANN_CLONED_FROM_NAME: f"{cluster}-cp",
+            ANN_CLONED_FROM_GROUPKIND: f"{INFRA_TEMPLATE_KIND}.{INFRA_GROUP}"}},
+        "spec": {}})
+    config = json.loads(json.dumps(K0S_CONFIG_SPEC))
+    config["k0s"]["spec"]["storage"] = {"etcd": {"extraArgs": {"name": name}}}
+    await _machine(mgmt, {
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {LABEL_CLUSTER_NAME: cluster, LABEL_CONTROL_PLANE: "true",
+                                LABEL_CONTROL_PLANE_NAME: kcp_owner["name"]},
+                     "annotations": {ANN_K0S_CONFIG: json.dumps(config)},
+                     "ownerReferences": [kcp_owner]},
+        "spec": {"clusterName": cluster, "version": version,
+                 "bootstrap": {"configRef": {"apiGroup": BOOTSTRAP_GROUP,
+                                             "kind": "K0sControllerConfig", "name": name}},
+                 "infrastructureRef": {"apiGroup": INFRA_GROUP, "kind": "SimMachine",
+                                       "name": name}}}, name)
+    if create_nodes:
+        await create_node(workload, name, version, control_plane=True)
+
+
+async def _worker_machine(  # noqa: PLR0917 - started with start_soon
+        mgmt: KubeClient, workload: KubeClient, namespace: str,
+                          cluster: str, name: str, version: str, md: str, ms: str,
+                          create_nodes: bool) -> None:
+    await _machine(mgmt, {
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {LABEL_CLUSTER_NAME: cluster, LABEL_DEPLOYMENT_NAME: md,
+                                LABEL_SET_NAME: ms}},
+        "spec": {"clusterName": cluster, "version": version,
+                 "bootstrap": {"configRef": {"apiGroup": BOOTSTRAP_GROUP,
+                                             "kind": "K0sWorkerConfig", "name": name}},
+                 "infrastructureRef": {"apiGroup": INFRA_GROUP, "kind": "SimMachine",
+                                       "name": name}}}, name)
+    if create_nodes:
+        await create_node(workload, name, version)
+
+
+async def bump(mgmt: KubeClient, fc: FleetCluster, version: str, *,
+               control_plane: bool = True, workers: bool = True) -> None:
+    """Set the target version, as an operator would."""
+    if control_plane and fc.kcp:
+        await mgmt.patch(K0S_CONTROL_PLANES, fc.kcp, {"spec": {"version": version}},
+                         fc.namespace)
+    if workers and fc.md:
+        await mgmt.patch(MACHINE_DEPLOYMENTS, fc.md,
+                         {"spec": {"template": {"spec": {"version": version}}}}, fc.namespace)
+
+
+async def annotate(client: KubeClient, res: Resource, name: str, namespace: str | None,
+                   annotations: dict[str, str | None]) -> None:
+    await patch_with_retry(client, res, name,
+                           lambda _o: {"metadata": {"annotations": annotations}}, namespace)

@@ -1,0 +1,167 @@
+"""A scripted stand-in for the node agents of one workload cluster.
+
+It watches the cluster's Nodes and answers every k0s-fleet request the way the agent's
+protocol does (Downloading -> Cordoning -> ApplyingUpdate -> Restarting -> Verifying ->
+UnCordoning -> Completed, cordoning, NotReady while restarting, reporting the running
+version), with a fixed time per step, so that controller tests and benchmarks control
+the node side exactly: a node can be told to stay silent or to fail at a given state.
+The real agent is tested on its own (tests/integration/test_agent_*.py). Test-only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import anyio
+import anyio.abc
+
+from fleet.kube import KubeClient, KubeError, KubeObject, patch_with_retry
+from fleet.kube.resources import NODES
+from fleet.kube.watch import Reflector, WatchEvent
+from fleet.signal import (
+    CORDONED_BY_KEY,
+    HAPPY_PATH,
+    RUNNING_VERSION_KEY,
+    SIGNAL_DATA_KEY,
+    InvalidSignalError,
+    SignalData,
+    SignalState,
+    SignalStatus,
+    parse_signal,
+)
+from fleet.testing.capi import set_node_ready
+
+log = logging.getLogger(__name__)
+
+RESPONDER = "test-responder"
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """How one node answers: ``silent`` never answers; ``fail_at`` fails on entering that
+    state (with ``SignalState.FAILED_*`` named by ``failure``); ``stall_at`` stops there."""
+
+    silent: bool = False
+    fail_at: SignalState | None = None
+    failure: SignalState = SignalState.FAILED_DOWNLOAD
+    stall_at: SignalState | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    node: str
+    plan_id: str
+    state: str
+    at: float  # time.monotonic()
+
+
+@dataclass
+class NodeResponder:
+    client: KubeClient
+    step_seconds: float = 0.0
+    behaviours: dict[str, Behaviour] = field(default_factory=dict)
+    only: Callable[[str], bool] = field(default=lambda _n: True)
+    steps: list[Step] = field(default_factory=list)
+    requests: dict[str, list[tuple[str, datetime, int]]] = field(default_factory=dict)
+    _busy: dict[str, tuple[str, datetime, int]] = field(default_factory=dict)
+    _tg: anyio.abc.TaskGroup | None = None
+
+    def behave(self, node: str, behaviour: Behaviour) -> None:
+        self.behaviours[node] = behaviour
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        reflector = Reflector(self.client, NODES, listener=self._on_event, watch_timeout=60)
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(reflector.run)
+            await reflector.synced.wait()
+            task_status.started()
+
+    async def _on_event(self, event: WatchEvent) -> None:
+        if event.type == "DELETED" or self._tg is None:
+            return
+        node = event.object
+        name = node["metadata"]["name"]
+        if not self.only(name):
+            return
+        try:
+            sig = parse_signal((node.get("metadata") or {}).get("annotations"))
+        except InvalidSignalError:
+            return
+        if sig is None or (sig.status is not None and sig.status.status.terminal):
+            return
+        key = (sig.planId, sig.created, sig.command.id)
+        if self._busy.get(name) == key:
+            return
+        if key not in self.requests.setdefault(name, []):
+            self.requests[name].append(key)
+        self._busy[name] = key
+        self._tg.start_soon(self._walk, name, sig)
+
+    async def _walk(self, name: str, sig: SignalData) -> None:
+        behaviour = self.behaviours.get(name, Behaviour())
+        key = (sig.planId, sig.created, sig.command.id)
+        try:
+            if behaviour.silent:
+                return
+            state = sig.status.status if sig.status else None
+            order = list(HAPPY_PATH)
+            start = 0 if state is None else order.index(state) + 1
+            for nxt in order[start:]:
+                await anyio.sleep(self.step_seconds)
+                if self._busy.get(name) != key:
+                    return  # replaced or withdrawn
+                if behaviour.stall_at == nxt:
+                    return
+                if behaviour.fail_at == nxt:
+                    await self._write(name, sig, behaviour.failure, "scripted failure")
+                    return
+                if not await self._write(name, sig, nxt, ""):
+                    return
+        except KubeError as e:
+            log.warning("responder %s: %s", name, e)
+        finally:
+            if self._busy.get(name) == key:
+                self._busy.pop(name, None)
+
+    async def _write(self, name: str, sig: SignalData, state: SignalState, reason: str) -> bool:
+        version = sig.command.k0supdate.version
+        if state == SignalState.RESTARTING:
+            await set_node_ready(self.client, name, False)
+        elif state == SignalState.VERIFYING:
+            await set_node_ready(self.client, name, True)
+
+        def mutate(node: KubeObject) -> dict[str, object] | None:
+            ann = (node.get("metadata") or {}).get("annotations") or {}
+            try:
+                cur = parse_signal(ann)
+            except InvalidSignalError:
+                return None
+            if cur is None or not cur.same_request(sig) or cur.command.id != sig.command.id:
+                return None
+            data = cur.with_status(SignalStatus(status=state, timestamp=datetime.now(UTC),
+                                                reason=reason))
+            patch: dict[str, object] = {}
+            annotations: dict[str, str | None] = {SIGNAL_DATA_KEY: data.to_json()}
+            if state == SignalState.CORDONING and not (node.get("spec") or {}).get(
+                    "unschedulable"):
+                patch["spec"] = {"unschedulable": True}
+                annotations[CORDONED_BY_KEY] = RESPONDER
+            if state == SignalState.VERIFYING:
+                annotations[RUNNING_VERSION_KEY] = version
+            if (state == SignalState.UNCORDONING or state.failed) and CORDONED_BY_KEY in ann:
+                patch["spec"] = {"unschedulable": None}
+                annotations[CORDONED_BY_KEY] = None
+            patch["metadata"] = {"annotations": annotations}
+            return patch
+
+        result = await patch_with_retry(self.client, NODES, name, mutate)
+        if result is None:
+            return False
+        self.steps.append(Step(name, sig.planId, state.value, time.monotonic()))
+        return True

@@ -1,0 +1,449 @@
+"""The controller on real API servers: management (mgmt) + workload clusters (wl1, wl2).
+
+The node side is a scripted responder playing the agent's protocol
+(fleet.testing.responder); the real agent is exercised in test_controller_e2e.py. An
+independent watcher checks the invariants at every event it observes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from fleet.config import FleetConfig
+from fleet.controllers.runner import FleetController
+from fleet.events import list_events
+from fleet.kube import KubeClient, KubeObject
+from fleet.kube.resources import (
+    K0S_CONTROL_PLANES,
+    MACHINE_DEPLOYMENTS,
+    MACHINES,
+    NODE_PLANS,
+    NODES,
+)
+from fleet.kube.watch import Reflector, WatchEvent
+from fleet.model import ANN_RETRY
+from fleet.nodeplan import NodePlanPhase
+from fleet.planner import conditions as C
+from fleet.signal import RUNNING_VERSION_KEY, InvalidSignalError, SignalState, parse_signal
+from fleet.testing.capi import (
+    FleetCluster,
+    annotate,
+    bump,
+    create_cluster,
+    ensure_infra_crd,
+    set_node_ready,
+)
+from fleet.testing.responder import Behaviour, NodeResponder
+from fleet.testing.world import World
+from fleet.versions import same_version
+from tests.conftest import unique
+
+V1, V2 = "v1.31.2+k0s.0", "v1.31.3+k0s.0"
+
+
+def fleet_config(namespace: str, **rollout: Any) -> FleetConfig:
+    return FleetConfig.model_validate({
+        "management": {"namespace": namespace},
+        "clusters": {"namespaces": [namespace]},
+        "download": {"urlTemplate": "https://releases.invalid/{version}/k0s-{arch}",
+                     "allowUnverified": True},
+        "agent": {"drainTimeout": "1s", "verifyTimeout": "1s"},
+        "rollout": {"failureBudget": 1,
+                    "progressDeadlines": {"pending": "3s", "downloading": "5s",
+                                          "cordoning": "5s", "applyingUpdate": "5s",
+                                          "restarting": "5s", "verifying": "5s",
+                                          "unCordoning": "5s"},
+                    **rollout},
+    })
+
+
+@pytest.fixture(scope="module")
+async def infra_crd(mgmt: KubeClient) -> None:
+    await ensure_infra_crd(mgmt)
+
+
+# -- the independent invariant watcher -----------------------------------------------------
+
+@dataclass
+class InvariantWatcher:
+    """Checks, at every Node event of the workload cluster and every NodePlan event, that
+    no rule was broken. Uses only facts of one watch stream per rule (no cross-stream
+    ordering assumptions)."""
+
+    fc: FleetCluster
+    max_unavailable: int
+    cp_target: str | None = None
+    nodes: dict[str, KubeObject] = field(default_factory=dict)
+    plan_uids: dict[str, set[str]] = field(default_factory=dict)
+    requests: dict[str, set[tuple[str, str, int]]] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    events: int = 0
+    max_seen_unavailable: int = 0
+    max_seen_cp: int = 0
+    armed: bool = False  # checks start once the initial listing is complete
+
+    def _live(self, name: str) -> bool:
+        node = self.nodes.get(name)
+        if node is None:
+            return False
+        try:
+            sig = parse_signal((node.get("metadata") or {}).get("annotations"))
+        except InvalidSignalError:
+            return False
+        return sig is not None and (sig.status is None or not sig.status.status.terminal)
+
+    def _unavailable(self, name: str) -> bool:
+        node = self.nodes.get(name)
+        if node is None:
+            return True
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in (node.get("status") or {}).get("conditions") or [])
+        return not ready or bool((node.get("spec") or {}).get("unschedulable")) \
+            or self._live(name)
+
+    async def on_node(self, ev: WatchEvent) -> None:
+        name = ev.object["metadata"]["name"]
+        if name not in self.fc.machines:
+            return
+        self.events += 1
+        if ev.type == "DELETED":
+            self.nodes.pop(name, None)
+        else:
+            self.nodes[name] = ev.object
+            try:
+                sig = parse_signal((ev.object.get("metadata") or {}).get("annotations"))
+            except InvalidSignalError:
+                sig = None
+            if sig is not None:
+                self.requests.setdefault(name, set()).add(
+                    (sig.planId, sig.created.isoformat(), sig.command.id))
+        self.check()
+
+    async def on_plan(self, ev: WatchEvent) -> None:
+        meta = ev.object["metadata"]
+        self.events += 1
+        self.plan_uids.setdefault(meta["name"], set()).add(meta["uid"])
+        if len(self.plan_uids[meta["name"]]) > 1:
+            self.violations.append(f"NodePlan {meta['name']} created twice")
+
+    def check(self) -> None:
+        if not self.armed:
+            return
+        unavailable = [w for w in self.fc.workers if self._unavailable(w)]
+        self.max_seen_unavailable = max(self.max_seen_unavailable, len(unavailable))
+        if len(unavailable) > self.max_unavailable:
+            self.violations.append(f"{len(unavailable)} workers unavailable: {unavailable}")
+        cps = [c for c in self.fc.control_planes if self._live(c)]
+        self.max_seen_cp = max(self.max_seen_cp, len(cps))
+        if len(cps) > 1:
+            self.violations.append(f"two control planes at once: {cps}")
+        if any(self._live(w) for w in self.fc.workers) and self.cp_target:
+            for c in self.fc.control_planes:
+                node = self.nodes.get(c) or {}
+                running = ((node.get("metadata") or {}).get("annotations") or {}).get(
+                    RUNNING_VERSION_KEY)
+                if self._live(c) or not same_version(running, self.cp_target):
+                    self.violations.append(f"worker upgrading while control plane {c} is not "
+                                           f"done ({running})")
+
+    async def run(self, mgmt: KubeClient, workload: KubeClient, *,
+                  task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        nodes = Reflector(workload, NODES, listener=self.on_node, watch_timeout=60)
+        plans = Reflector(mgmt, NODE_PLANS, namespace=self.fc.namespace,
+                          listener=self.on_plan, watch_timeout=60)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(nodes.run)
+            tg.start_soon(plans.run)
+            await nodes.synced.wait()
+            await plans.synced.wait()
+            self.armed = True
+            self.check()
+            task_status.started()
+
+
+SPANS = InMemorySpanExporter()
+PROVIDER = TracerProvider()
+PROVIDER.add_span_processor(SimpleSpanProcessor(SPANS))
+
+
+@contextlib.asynccontextmanager
+async def running_controller(mgmt: KubeClient, config: FleetConfig, **kw: Any
+                             ) -> AsyncIterator[FleetController]:
+    kw.setdefault("tracer", PROVIDER.get_tracer("test"))
+    controller = FleetController(mgmt, config, watch_timeout=30, **kw)
+    async with anyio.create_task_group() as tg:
+        await tg.start(controller.run)
+        try:
+            yield controller
+        finally:
+            tg.cancel_scope.cancel()
+
+
+async def machine_versions(mgmt: KubeClient, fc: FleetCluster) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for m in (await mgmt.list(MACHINES, fc.namespace)).items:
+        name = m["metadata"]["name"]
+        ann = m["metadata"].get("annotations") or {}
+        out[name] = ann.get(RUNNING_VERSION_KEY) or m["spec"].get("version")
+    return out
+
+
+async def wait_condition(  # noqa: PLR0917
+        mgmt: KubeClient, res: Any, name: str, namespace: str, ctype: str,
+                         status: str = "True", *, timeout: float = 60) -> KubeObject:
+    with anyio.fail_after(timeout):
+        while True:
+            obj = await mgmt.get(res, name, namespace)
+            for c in (obj.get("status") or {}).get("conditions") or []:
+                if c.get("type") == ctype and c.get("status") == status:
+                    return obj
+            await anyio.sleep(0.05)
+
+
+async def wait_rollout(mgmt: KubeClient, fc: FleetCluster, timeout: float = 90) -> None:
+    if fc.kcp:
+        await wait_condition(mgmt, K0S_CONTROL_PLANES, fc.kcp, fc.namespace, C.UP_TO_DATE,
+                             timeout=timeout)
+    if fc.md:
+        await wait_condition(mgmt, MACHINE_DEPLOYMENTS, fc.md, fc.namespace, C.UP_TO_DATE,
+                             timeout=timeout)
+
+
+def cond(obj: KubeObject, ctype: str) -> dict[str, Any]:
+    return next(c for c in obj["status"]["conditions"] if c["type"] == ctype)
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("max_unavailable", "limit"), [(2, 2), ("50%", 3)])
+async def test_machine_deployment_rollout(  # noqa: PLR0917 - fixtures
+        mgmt: KubeClient, wl1: KubeClient, crds_installed: World, infra_crd: None,
+        namespace: str, max_unavailable: int | str, limit: int) -> None:
+    name = unique("md")
+    fc = await create_cluster(mgmt, wl1, crds_installed["wl1"].kubeconfig(), namespace=namespace,
+                              name=name, control_planes=0, workers=6,
+                              max_unavailable=max_unavailable)
+    watcher = InvariantWatcher(fc, max_unavailable=limit)
+    responder = NodeResponder(wl1, step_seconds=0.02, only=lambda n: n in fc.machines)
+    async with anyio.create_task_group() as tg:
+        await tg.start(watcher.run, mgmt, wl1)
+        await tg.start(responder.run)
+        async with running_controller(mgmt, fleet_config(namespace)):
+            await wait_rollout(mgmt, fc, timeout=15)  # nothing to do yet: up to date
+            await bump(mgmt, fc, V2)
+            await wait_condition(mgmt, MACHINE_DEPLOYMENTS, fc.md, namespace,  # type: ignore[arg-type]
+                                 C.UP_TO_DATE, "False", timeout=10)
+            await wait_rollout(mgmt, fc)
+        tg.cancel_scope.cancel()
+    assert watcher.violations == [], watcher.violations[:5]
+    assert watcher.max_seen_unavailable == limit  # the budget was used, never exceeded
+    assert set((await machine_versions(mgmt, fc)).values()) == {V2}
+    assert all(len(r) == 1 for r in responder.requests.values())  # one request per node
+    md = await mgmt.get(MACHINE_DEPLOYMENTS, fc.md, namespace)  # type: ignore[arg-type]
+    assert md["status"]["k0sFleet"]["summary"] == "6/6"
+    plans = (await mgmt.list(NODE_PLANS, namespace)).items
+    assert len(plans) == 6
+    assert {p["status"]["phase"] for p in plans} == {NodePlanPhase.COMPLETED}
+    traceparents = {p["metadata"]["annotations"]["tracing.k8s.io/traceparent"] for p in plans}
+    assert len(traceparents) == 6  # one trace per node upgrade
+    trace_ids = {tp.split("-")[1] for tp in traceparents}
+    done = [s for s in SPANS.get_finished_spans() if s.name == "node-upgrade"
+            and f"{s.context.trace_id:032x}" in trace_ids]
+    assert len(done) == 6
+    assert all((s.attributes or {}).get("k0s_fleet.outcome") == "Completed" for s in done)
+    reasons = {e["reason"] for e in await list_events(mgmt, namespace)}
+    assert {"NodeUpgradeDispatched", "NodeUpgraded"} <= reasons
+
+
+@pytest.mark.anyio
+async def test_control_planes_wait_for_a_not_ready_peer_then_go_one_by_one_before_workers(
+        mgmt: KubeClient, wl2: KubeClient, crds_installed: World, infra_crd: None,
+        namespace: str) -> None:
+    name = unique("kcp")
+    fc = await create_cluster(mgmt, wl2, crds_installed["wl2"].kubeconfig(), namespace=namespace,
+                              name=name, control_planes=3, workers=2, max_unavailable=1)
+    watcher = InvariantWatcher(fc, max_unavailable=1, cp_target=V2)
+    responder = NodeResponder(wl2, step_seconds=0.02, only=lambda n: n in fc.machines)
+    peer = fc.control_planes[2]
+    async with anyio.create_task_group() as tg:
+        await tg.start(watcher.run, mgmt, wl2)
+        await tg.start(responder.run)
+        await set_node_ready(wl2, peer, False)
+        async with running_controller(mgmt, fleet_config(namespace)):
+            await bump(mgmt, fc, V2)
+            kcp = await wait_condition(mgmt, K0S_CONTROL_PLANES, fc.kcp, namespace,  # type: ignore[arg-type]
+                                       C.UP_TO_DATE, "False", timeout=10)
+            with anyio.fail_after(10):
+                while f"{peer} NotReady" not in cond(kcp, C.UP_TO_DATE)["message"]:
+                    kcp = await mgmt.get(K0S_CONTROL_PLANES, fc.kcp, namespace)  # type: ignore[arg-type]
+                    await anyio.sleep(0.05)
+            await anyio.sleep(0.5)  # give it every chance to misbehave
+            assert (await mgmt.list(NODE_PLANS, namespace)).items == []
+            await set_node_ready(wl2, peer, True)
+            await wait_rollout(mgmt, fc)
+        tg.cancel_scope.cancel()
+    assert watcher.violations == [], watcher.violations[:5]
+    assert watcher.max_seen_cp == 1
+    order = [s.node for s in responder.steps if s.state == SignalState.DOWNLOADING]
+    assert order == [*fc.control_planes, *fc.workers]  # oldest first, CPs before workers
+    versions = await machine_versions(mgmt, fc)
+    assert {versions[c] for c in fc.control_planes} == {V2}
+
+
+@pytest.mark.anyio
+async def test_non_version_change_is_left_to_cluster_api(
+        mgmt: KubeClient, wl1: KubeClient, crds_installed: World, infra_crd: None,
+        namespace: str) -> None:
+    name = unique("niv")
+    fc = await create_cluster(mgmt, wl1, crds_installed["wl1"].kubeconfig(), namespace=namespace,
+                              name=name, control_planes=1, workers=2, max_unavailable=1)
+    # A new infrastructure template and a new version at once: not "only the version".
+    await mgmt.patch(MACHINE_DEPLOYMENTS, fc.md, {"spec": {"template": {"spec": {  # type: ignore[arg-type]
+        "version": V2, "infrastructureRef": {"name": f"{name}-w-v2"}}}}}, namespace)
+    await mgmt.patch(K0S_CONTROL_PLANES, fc.kcp, {"spec": {  # type: ignore[arg-type]
+        "version": V2, "k0sConfigSpec": {"args": ["--debug"]}}}, namespace)
+    async with running_controller(mgmt, fleet_config(namespace)):
+        md = await wait_condition(mgmt, MACHINE_DEPLOYMENTS, fc.md, namespace, C.IN_PLACE,  # type: ignore[arg-type]
+                                  "False")
+        kcp = await wait_condition(mgmt, K0S_CONTROL_PLANES, fc.kcp, namespace, C.IN_PLACE,  # type: ignore[arg-type]
+                                   "False")
+        await anyio.sleep(0.5)
+    assert cond(md, C.IN_PLACE)["reason"] == C.R_NOT_IN_PLACE
+    assert "infrastructure template changed" in cond(md, C.IN_PLACE)["message"]
+    assert "k0sConfigSpec changed (args)" in cond(kcp, C.IN_PLACE)["message"]
+    assert (await mgmt.list(NODE_PLANS, namespace)).items == []
+    events = await list_events(mgmt, namespace)
+    assert {e["regarding"]["name"] for e in events if e["reason"] == C.R_NOT_IN_PLACE} == {
+        fc.md, fc.kcp}
+
+
+@pytest.mark.anyio
+async def test_max_unavailable_zero_is_reported(
+        mgmt: KubeClient, wl1: KubeClient, crds_installed: World, infra_crd: None,
+        namespace: str) -> None:
+    fc = await create_cluster(mgmt, wl1, crds_installed["wl1"].kubeconfig(), namespace=namespace,
+                              name=unique("mu0"), control_planes=0, workers=2, max_unavailable=0)
+    await bump(mgmt, fc, V2)
+    async with running_controller(mgmt, fleet_config(namespace)):
+        md = await wait_condition(mgmt, MACHINE_DEPLOYMENTS, fc.md, namespace, C.IN_PLACE,  # type: ignore[arg-type]
+                                  "False")
+    assert cond(md, C.IN_PLACE)["reason"] == C.R_MAX_UNAVAILABLE_ZERO
+    assert (await mgmt.list(NODE_PLANS, namespace)).items == []
+
+
+@pytest.mark.anyio
+async def test_silent_node_fails_its_deadline_halts_and_retry_resumes(
+        mgmt: KubeClient, wl2: KubeClient, crds_installed: World, infra_crd: None,
+        namespace: str) -> None:
+    fc = await create_cluster(mgmt, wl2, crds_installed["wl2"].kubeconfig(), namespace=namespace,
+                              name=unique("dl"), control_planes=0, workers=3, max_unavailable=1)
+    silent = fc.workers[0]
+    responder = NodeResponder(wl2, step_seconds=0.02, only=lambda n: n in fc.machines,
+                              behaviours={silent: Behaviour(silent=True)})
+    async with anyio.create_task_group() as tg:
+        await tg.start(responder.run)
+        async with running_controller(mgmt, fleet_config(namespace)):
+            await bump(mgmt, fc, V2)
+            md = await wait_condition(mgmt, MACHINE_DEPLOYMENTS, fc.md, namespace,  # type: ignore[arg-type]
+                                      C.HALTED, timeout=20)
+            [plan] = (await mgmt.list(NODE_PLANS, namespace)).items
+            assert plan["spec"]["machineName"] == silent
+            assert plan["status"]["phase"] == NodePlanPhase.FAILED
+            assert "no progress in Pending" in plan["status"]["message"]
+            failed = cond(plan, "Failed")
+            assert (failed["status"], failed["reason"]) == ("True", C.R_DEADLINE)
+            assert "failure budget" in cond(md, C.HALTED)["message"]
+            await anyio.sleep(0.5)
+            assert len((await mgmt.list(NODE_PLANS, namespace)).items) == 1  # halted
+            # The operator fixes the node and asks for a retry on the MachineDeployment.
+            responder.behave(silent, Behaviour())
+            await annotate(mgmt, MACHINE_DEPLOYMENTS, fc.md, namespace, {ANN_RETRY: "1"})  # type: ignore[arg-type]
+            await wait_rollout(mgmt, fc)
+        tg.cancel_scope.cancel()
+    plans = {p["spec"]["machineName"]: p for p in (await mgmt.list(NODE_PLANS, namespace)).items}
+    assert plans[silent]["status"]["attempts"] == 2
+    assert plans[silent]["status"]["phase"] == NodePlanPhase.COMPLETED
+    md = await mgmt.get(MACHINE_DEPLOYMENTS, fc.md, namespace)  # type: ignore[arg-type]
+    assert ANN_RETRY not in (md["metadata"].get("annotations") or {})
+    reasons = [e["reason"] for e in await list_events(mgmt, namespace)]
+    assert "NodeUpgradeFailed" in reasons and "RolloutHalted" in reasons
+
+
+@pytest.mark.anyio
+async def test_deleting_a_nodeplan_never_leaves_its_node_cordoned(
+        mgmt: KubeClient, wl1: KubeClient, crds_installed: World, infra_crd: None,
+        namespace: str) -> None:
+    fc = await create_cluster(mgmt, wl1, crds_installed["wl1"].kubeconfig(), namespace=namespace,
+                              name=unique("del"), control_planes=0, workers=1, max_unavailable=1)
+    node = fc.workers[0]
+    responder = NodeResponder(wl1, step_seconds=0.02, only=lambda n: n in fc.machines,
+                              behaviours={node: Behaviour(stall_at=SignalState.APPLYING_UPDATE)})
+    async with anyio.create_task_group() as tg:
+        await tg.start(responder.run)
+        async with running_controller(mgmt, fleet_config(namespace)):
+            await bump(mgmt, fc, V2)
+            with anyio.fail_after(10):
+                while not (await wl1.get(NODES, node))["spec"].get("unschedulable"):
+                    await anyio.sleep(0.05)
+            [plan] = (await mgmt.list(NODE_PLANS, namespace)).items
+            await mgmt.delete(NODE_PLANS, plan["metadata"]["name"], namespace)
+            with anyio.fail_after(10):
+                while True:
+                    n = await wl1.get(NODES, node)
+                    ann = n["metadata"].get("annotations") or {}
+                    gone = await mgmt.get_or_none(NODE_PLANS, plan["metadata"]["name"], namespace)
+                    if (not n["spec"].get("unschedulable") and "fleet.k0s-fleet.io/signal-data"
+                            not in ann and (gone is None
+                                            or gone["metadata"]["uid"] != plan["metadata"]["uid"])):
+                        break
+                    await anyio.sleep(0.05)
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("cycles", [3])
+async def test_controller_killed_and_restarted_mid_rollout(  # noqa: PLR0917 - fixtures
+        mgmt: KubeClient, wl2: KubeClient, crds_installed: World, infra_crd: None,
+        namespace: str, cycles: int) -> None:
+    """Cancel the controller task at random moments mid-rollout and start a fresh one
+    (new caches, new everything); the watcher checks the rules at every event."""
+    fc = await create_cluster(mgmt, wl2, crds_installed["wl2"].kubeconfig(), namespace=namespace,
+                              name=unique("rs"), control_planes=3, workers=6, max_unavailable=2)
+    watcher = InvariantWatcher(fc, max_unavailable=2, cp_target=V2)
+    responder = NodeResponder(wl2, step_seconds=0.03, only=lambda n: n in fc.machines)
+    config = fleet_config(namespace)
+    rnd = random.Random(4)
+    async with anyio.create_task_group() as tg:
+        await tg.start(watcher.run, mgmt, wl2)
+        await tg.start(responder.run)
+        await bump(mgmt, fc, V2)
+        for _ in range(cycles):
+            async with running_controller(mgmt, config):
+                await anyio.sleep(rnd.uniform(0.3, 1.2))
+            # killed: a moment with no controller at all
+            await anyio.sleep(rnd.uniform(0.0, 0.3))
+        async with running_controller(mgmt, config):
+            await wait_rollout(mgmt, fc, timeout=120)
+        tg.cancel_scope.cancel()
+    assert watcher.violations == [], watcher.violations[:5]
+    assert set((await machine_versions(mgmt, fc)).values()) == {V2}
+    # no node was ever asked twice: one request per node, one NodePlan per machine
+    assert {n: len(r) for n, r in watcher.requests.items()} == dict.fromkeys(fc.machines, 1)
+    assert all(len(u) == 1 for u in watcher.plan_uids.values())
+    assert len(watcher.plan_uids) == len(fc.machines)
+
+
+def _dump(obj: Any) -> str:
+    return json.dumps(obj, indent=1, default=str)
