@@ -24,6 +24,7 @@ from typing import Any
 
 import anyio
 from aiohttp import web
+from opentelemetry.trace import Tracer
 from pydantic import ValidationError
 
 from fleet.config import FleetConfig
@@ -230,13 +231,14 @@ async def serve_extension(handlers: ExtensionHandlers, **kwargs: Any) -> None:
 
 def handlers_from_config(config: FleetConfig, *, mgmt: KubeClient,
                          workload_client: WorkloadClientGetter | None,
-                         fetch_manifest: ManifestFetcher | None = None) -> ExtensionHandlers:
+                         fetch_manifest: ManifestFetcher | None = None,
+                         tracer: Tracer | None = None) -> ExtensionHandlers:
     """The hooks as the fleet config says: mode, download policy, per-cluster settings."""
     return ExtensionHandlers(
         update=UpdateMachineService(
             mgmt=mgmt, workload_client=workload_client,
             resolve_artifact=ConfigArtifacts(config.download, fetch_manifest),
-            cluster_settings=config.for_cluster,
+            cluster_settings=config.for_cluster, tracer=tracer,
         ),
         mode=config.extension.mode,
     )
@@ -245,6 +247,7 @@ def handlers_from_config(config: FleetConfig, *, mgmt: KubeClient,
 async def serve_configured_extension(config: FleetConfig, *, mgmt: KubeClient,
                                      workload_client: WorkloadClientGetter | None,
                                      fetch_manifest: ManifestFetcher | None = None,
+                                     tracer: Tracer | None = None,
                                      host: str = "0.0.0.0") -> None:
     """Serve the extension per ``config.extension`` until cancelled; returns at once
     when it is not enabled."""
@@ -255,5 +258,5 @@ async def serve_configured_extension(config: FleetConfig, *, mgmt: KubeClient,
         raise ValueError("extension.certFile and extension.keyFile are required")
     await serve_extension(
         handlers_from_config(config, mgmt=mgmt, workload_client=workload_client,
-                             fetch_manifest=fetch_manifest),
+                             fetch_manifest=fetch_manifest, tracer=tracer),
         cert_file=ext.cert_file, key_file=ext.key_file, host=host, port=ext.port)

@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.trace import Tracer
+
 from fleet.config import (
     ClusterSettings,
     DownloadResolutionError,
@@ -34,6 +36,7 @@ from fleet.extension.wire import ResponseStatus, UpdateMachineRequest, UpdateMac
 from fleet.kube import AlreadyExistsError, KubeClient, KubeError, KubeObject, NotFoundError
 from fleet.kube.resources import CLUSTERS, MACHINES, NODE_PLANS, NODES
 from fleet.nodeplan import TRACEPARENT_ANNOTATION, build_nodeplan, nodeplan_name
+from fleet.telemetry import current_traceparent, link_from_traceparent
 from fleet.versions import InvalidVersionError, K0sVersion
 
 log = logging.getLogger(__name__)
@@ -146,6 +149,9 @@ class UpdateMachineService:
     retry_table: Mapping[str, int] = field(default_factory=lambda: dict(RETRY_AFTER_SECONDS))
     # Per-cluster executor and pause from the fleet config; None: executor "agent".
     cluster_settings: ClusterSettingsGetter | None = None
+    # Traces the dispatch; the NodePlan then carries this span's traceparent (else the
+    # Machine's own, if it has one).
+    tracer: Tracer | None = None
 
     async def handle(self, req: UpdateMachineRequest) -> UpdateMachineResponse:
         desired = req.desired.machine
@@ -180,7 +186,8 @@ class UpdateMachineService:
                 return UpdateMachineResponse(
                     status=ResponseStatus.SUCCESS,
                     message=f"{what}: node {node_name} already runs k0s {version} and is Ready")
-            if node is not None and node.error:
+            if node is not None and (node.error or not node.found):
+                # Nothing could carry the request out (or we cannot see): no blind dispatch.
                 return UpdateMachineResponse(
                     status=ResponseStatus.SUCCESS, retry_after_seconds=UNOBSERVABLE_RETRY_SECONDS,
                     message=f"{what}: waiting to dispatch: {node.describe()}")
@@ -194,7 +201,7 @@ class UpdateMachineService:
                                 f"config; not dispatching")
                 executor = str(settings.executor)
             try:
-                plan = await self._ensure_plan(machine, node_name, version, node, executor)
+                plan = await self._dispatch(machine, node_name, version, node, executor)
             except ArtifactError as e:
                 return UpdateMachineResponse.failure(f"{what}: {e}")
             log.info("UpdateMachine %s: dispatched as NodePlan %s", what, plan_name)
@@ -219,8 +226,26 @@ class UpdateMachineService:
         labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
         return self.cluster_settings(namespace, cluster, labels)
 
+    async def _dispatch(self, machine: KubeObject, node_name: str, version: str,
+                        node: NodeObservation | None, executor: str) -> KubeObject:
+        """Create (or adopt) the NodePlan, under a span the node's upgrade trace joins."""
+        meta = machine["metadata"]
+        machine_tp = (meta.get("annotations") or {}).get(TRACEPARENT_ANNOTATION)
+        if self.tracer is None:
+            return await self._ensure_plan(machine, node_name, version, node, executor,
+                                           traceparent=machine_tp)
+        link = link_from_traceparent(machine_tp)
+        with self.tracer.start_as_current_span(
+                "UpdateMachine dispatch", links=[link] if link else None,
+                attributes={"k8s.namespace.name": meta["namespace"],
+                            "capi.machine": meta["name"], "k0s.version": version,
+                            "k8s.node.name": node_name}):
+            return await self._ensure_plan(machine, node_name, version, node, executor,
+                                           traceparent=current_traceparent())
+
     async def _ensure_plan(self, machine: KubeObject, node_name: str, version: str,
-                           node: NodeObservation | None, executor: str) -> KubeObject:
+                           node: NodeObservation | None, executor: str, *,
+                           traceparent: str | None) -> KubeObject:
         meta = machine["metadata"]
         role = machine_role(machine)
         artifact = await self.resolve_artifact(ArtifactRequest(
@@ -232,7 +257,7 @@ class UpdateMachineService:
             url=artifact.url, sha256=artifact.sha256,
             allow_unverified=artifact.allow_unverified, executor=executor,
             source=SOURCE, owner_kind=owner_kind, owner_name=owner_name,
-            traceparent=(meta.get("annotations") or {}).get(TRACEPARENT_ANNOTATION),
+            traceparent=traceparent,
         )
         name = body["metadata"]["name"]
         for _ in range(3):

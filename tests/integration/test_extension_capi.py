@@ -31,6 +31,9 @@ import aiohttp
 import anyio
 import jsonpatch
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from fleet.config import DownloadSettings, FleetConfig
 from fleet.extension import (
@@ -47,7 +50,13 @@ from fleet.extension.selfsigned import make_cert_pair
 from fleet.extension.wire import Hook
 from fleet.kube import KubeClient, NotFoundError, UnreachableError
 from fleet.kube.resources import CLUSTERS, MACHINES, NODE_PLANS, NODES
-from fleet.nodeplan import LABEL_MACHINE, build_nodeplan, label_value, nodeplan_name
+from fleet.nodeplan import (
+    LABEL_MACHINE,
+    TRACEPARENT_ANNOTATION,
+    build_nodeplan,
+    label_value,
+    nodeplan_name,
+)
 from fleet.signal import HAPPY_PATH, RUNNING_VERSION_KEY, SignalState
 from tests.conftest import unique
 
@@ -480,3 +489,40 @@ async def test_fleet_config_executor_and_pause_apply(
             assert [p["spec"]["executor"] for p in plans] == ["autopilot"]
         else:
             assert plans == [] and "paused" in call.message
+
+
+async def test_dispatch_is_traced_and_the_nodeplan_carries_the_context(
+        mgmt: KubeClient, wl1: KubeClient, namespace: str, extension: Extension) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    extension.service.tracer = provider.get_tracer("test")
+    machine, _ = await make_machine(mgmt, wl1, namespace)
+    name = machine["metadata"]["name"]
+    machine_tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    await mgmt.patch(MACHINES, name, {"metadata": {"annotations": {
+        TRACEPARENT_ANNOTATION: machine_tp}}}, namespace)
+    driver = CapiDriver(extension, mgmt)
+    await driver.start_in_place(machine, NEW)
+    await driver.update_machine_once(name, namespace)
+    await driver.update_machine_once(name, namespace)  # adopting: no second dispatch span
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "UpdateMachine dispatch"
+    assert [f"{link.context.trace_id:032x}" for link in span.links] == [machine_tp.split("-")[1]]
+    (plan,) = await plans_for(mgmt, namespace, name)
+    tp = plan["metadata"]["annotations"][TRACEPARENT_ANNOTATION]
+    assert span.context is not None
+    assert tp.split("-")[1:3] == [f"{span.context.trace_id:032x}", f"{span.context.span_id:016x}"]
+    provider.shutdown()
+
+
+async def test_missing_node_is_not_dispatched(
+        mgmt: KubeClient, wl1: KubeClient, namespace: str, extension: Extension) -> None:
+    machine, node = await make_machine(mgmt, wl1, namespace)
+    name = machine["metadata"]["name"]
+    await wl1.delete(NODES, node)
+    driver = CapiDriver(extension, mgmt)
+    await driver.start_in_place(machine, NEW)
+    call = await driver.update_machine_once(name, namespace)
+    assert call.status == "Success" and call.retry_after > 0 and "not found" in call.message
+    assert await plans_for(mgmt, namespace, name) == []
