@@ -125,14 +125,16 @@ async def test_controller_chart_install_upgrade_uninstall(
                       api_versions=[])
     stored = await installed(mgmt, manifest)
     assert {o["kind"] for o in stored} >= {
-        "Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
-        "RoleBinding", "ConfigMap", "Service", "PodDisruptionBudget"}
+        "Deployment", "ServiceAccount", "ClusterRole", "Role", "RoleBinding", "ConfigMap",
+        "Service", "PodDisruptionBudget"}
     deploy = await mgmt.get(DEPLOYMENTS, release, ns)
     assert deploy["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
     assert deploy["spec"]["replicas"] == 2
-    # Secrets are readable only in the Clusters' namespace: a RoleBinding there, no CRB.
-    await mgmt.get(ROLE_BINDINGS, f"{release}-kubeconfig-reader", capi_ns)
-    assert await mgmt.get_or_none(CLUSTER_ROLE_BINDINGS, f"{release}-kubeconfig-reader") is None
+    # The controller works (Secrets included) only in the Clusters' namespace: a
+    # RoleBinding there, no ClusterRoleBinding; its guard policy is in place.
+    await mgmt.get(ROLE_BINDINGS, f"{release}-fleet", capi_ns)
+    assert await mgmt.get_or_none(CLUSTER_ROLE_BINDINGS, release) is None
+    await mgmt.get(VAPS, f"{release}-guard")
     cm = await mgmt.get(CONFIGMAPS, release, ns)
     assert yaml.safe_load(cm["data"]["fleet.yaml"])["rollout"] == {"maxConcurrentClusters": 2}
 

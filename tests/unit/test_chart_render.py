@@ -214,39 +214,56 @@ def test_controller_pod_meets_restricted_pod_security(values: Path | None) -> No
 
 
 # -- controller chart -------------------------------------------------------------------
-# The contract proven against a real API server in tests/integration/test_rbac_controller.py.
+# The contract proven against a real API server (tests/integration/test_rbac_*.py).
 CONTROLLER_RULES = {
     *{("cluster.x-k8s.io", r, v, "*")
       for r in ("clusters", "machinedeployments", "machinesets", "machines")
       for v in ("get", "list", "watch")},
     ("cluster.x-k8s.io", "machines", "patch", "*"),
+    ("cluster.x-k8s.io", "machinedeployments", "patch", "*"),
     ("cluster.x-k8s.io", "machinedeployments/status", "patch", "*"),
     *{("controlplane.cluster.x-k8s.io", "k0scontrolplanes", v, "*")
-      for v in ("get", "list", "watch")},
+      for v in ("get", "list", "watch", "patch")},
     ("controlplane.cluster.x-k8s.io", "k0scontrolplanes/status", "patch", "*"),
-    *{("runtime.cluster.x-k8s.io", "extensionconfigs", v, "*") for v in ("get", "list", "watch")},
     *{("fleet.k0s-fleet.io", "nodeplans", v, "*")
-      for v in ("get", "list", "watch", "create", "update", "patch", "delete")},
-    *{("fleet.k0s-fleet.io", "nodeplans/status", v, "*") for v in ("get", "update", "patch")},
+      for v in ("get", "list", "watch", "create", "patch")},
+    ("fleet.k0s-fleet.io", "nodeplans/status", "patch", "*"),
+    ("", "secrets", "list", "*"),
+    ("", "secrets", "watch", "*"),
     ("events.k8s.io", "events", "create", "*"),
-    ("events.k8s.io", "events", "patch", "*"),
 }
-SECRET_RULES = {("", "secrets", v, "*") for v in ("get", "list", "watch")}
+DEFAULT_INFRA = {("infrastructure.cluster.x-k8s.io", r, "get", "*") for r in (
+    "remotemachines", "pooledremotemachines", "dockermachines", "awsmachines",
+    "azuremachines", "gcpmachines", "openstackmachines", "vspheremachines", "hcloudmachines",
+    "proxmoxmachines", "metal3machines")}
+LOCAL_RULES = {
+    ("coordination.k8s.io", "leases", "create", "*"),
+    ("coordination.k8s.io", "leases", "get", "k0s-fleet-controller"),
+    ("coordination.k8s.io", "leases", "update", "k0s-fleet-controller"),
+    ("", "configmaps", "create", "*"),
+    ("", "configmaps", "get", "k0s-fleet-rollout"),
+    ("", "configmaps", "patch", "k0s-fleet-rollout"),
+    ("events.k8s.io", "events", "create", "*"),
+}
+SA_SUBJECT = [{"kind": "ServiceAccount", "name": "r1-k0s-fleet", "namespace": "fleet-system"}]
 
 
 def test_controller_default_objects() -> None:
     m = render(CONTROLLER_CHART)
     assert m.kinds() == sorted([
-        "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
-        "ConfigMap", "Deployment", "PodDisruptionBudget", "Role", "RoleBinding", "Service",
-        "ServiceAccount",
+        "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment",
+        "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
     ])
-    assert rbac_grants(m.one("ClusterRole", "r1-k0s-fleet")["rules"]) == CONTROLLER_RULES
-    reader = m.one("ClusterRole", "r1-k0s-fleet-kubeconfig-reader")
-    assert rbac_grants(reader["rules"]) == SECRET_RULES
-    crb = m.one("ClusterRoleBinding", "r1-k0s-fleet-kubeconfig-reader")
-    assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "r1-k0s-fleet",
-                                "namespace": "fleet-system"}]
+    assert rbac_grants(m.one("ClusterRole", "r1-k0s-fleet")["rules"]) == (
+        CONTROLLER_RULES | DEFAULT_INFRA)
+    # No namespaces configured: the one cluster-wide grant, and NOTES says so.
+    crb = m.one("ClusterRoleBinding", "r1-k0s-fleet")
+    assert crb["roleRef"]["name"] == "r1-k0s-fleet" and crb["subjects"] == SA_SUBJECT
+    role = m.one("Role", "r1-k0s-fleet")
+    assert role["metadata"]["namespace"] == "fleet-system"
+    assert rbac_grants(role["rules"]) == LOCAL_RULES
+    assert m.one("RoleBinding", "r1-k0s-fleet-local")["subjects"] == SA_SUBJECT
     view = m.one("ClusterRole", "r1-k0s-fleet-nodeplans-view")
     assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
     assert rbac_grants(view["rules"]) == {("fleet.k0s-fleet.io", "nodeplans", v, "*")
@@ -258,32 +275,53 @@ def test_controller_default_objects() -> None:
     assert spec["automountServiceAccountToken"] is True
     assert m.workload()["spec"]["replicas"] == 2
     assert spec["affinity"]["podAntiAffinity"]
+    args = spec["containers"][0]["args"]
+    assert args == ["controller", "--log-level=INFO", "--lease-seconds=15"]
+    env = _env(spec)
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # Lease identity
 
 
-def test_controller_secret_access_scoped_to_listed_namespaces() -> None:
+def test_controller_works_only_in_the_listed_namespaces() -> None:
     m = render(CONTROLLER_CHART, CONTROLLER_CHART / "ci" / "ha-values.yaml")
-    bindings = m.all("RoleBinding")
-    readers = {b["metadata"]["namespace"]: b for b in bindings
-               if b["roleRef"]["name"] == "r1-k0s-fleet-kubeconfig-reader"}
-    assert sorted(readers) == ["capi-prod", "capi-staging"]
-    assert all(b["roleRef"]["kind"] == "ClusterRole" for b in readers.values())
-    assert [b["metadata"]["name"] for b in m.all("ClusterRoleBinding")] == ["r1-k0s-fleet"]
+    bindings = {b["metadata"]["namespace"]: b for b in m.all("RoleBinding")
+                if b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                    "kind": "ClusterRole", "name": "r1-k0s-fleet"}}
+    assert sorted(bindings) == ["capi-prod", "capi-staging"]
+    assert all(b["subjects"] == SA_SUBJECT for b in bindings.values())
+    assert m.all("ClusterRoleBinding") == []
+    assert rbac_grants(m.one("ClusterRole", "r1-k0s-fleet")["rules"]) == CONTROLLER_RULES | {
+        ("infrastructure.cluster.x-k8s.io", "remotemachines", "get", "*"),
+        ("infrastructure.example.com", "bmmachines", "get", "*")}
 
 
-def test_leader_election_lease_is_the_only_lease_writable() -> None:
+def test_leader_election() -> None:
     m = render(CONTROLLER_CHART, CONTROLLER_CHART / "ci" / "ha-values.yaml")
     args = pod_spec(m.workload())["containers"][0]["args"]
-    assert "--leader-elect" in args
-    assert "--leader-election-lease=k0s-fleet-leader" in args
-    role = m.one("Role", "r1-k0s-fleet-leader-election")
-    assert role["metadata"]["namespace"] == "fleet-system"
-    assert rbac_grants(role["rules"]) == {
-        ("coordination.k8s.io", "leases", "create", "*"),
-        *{("coordination.k8s.io", "leases", v, "k0s-fleet-leader")
-          for v in ("get", "update", "patch")},
-    }
+    assert "--lease-seconds=30" in args
     assert m.workload()["spec"]["replicas"] == 3
     assert m.one("PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    single = render(CONTROLLER_CHART, sets=["replicaCount=1", "leaderElection.enabled=false"])
+    assert "--no-leader-elect" in pod_spec(single.workload())["containers"][0]["args"]
+    assert rbac_grants(single.one("Role")["rules"]) == {
+        g for g in LOCAL_RULES if g[1] != "leases"}
+    assert not single.all("PodDisruptionBudget")
+
+
+def test_guard_policy_targets_the_controller_identity() -> None:
+    m = render(CONTROLLER_CHART, namespace="k0s-fleet-system")
+    vap = m.one("ValidatingAdmissionPolicy")
+    (cond,) = vap["spec"]["matchConditions"]
+    assert cond["expression"] == (
+        'request.userInfo.username == "system:serviceaccount:k0s-fleet-system:r1-k0s-fleet"')
+    rules = vap["spec"]["matchConstraints"]["resourceRules"]
+    assert {r for rule in rules for r in rule["resources"]} == {
+        "machines", "machinedeployments", "k0scontrolplanes"}
+    assert all(rule["operations"] == ["UPDATE"] for rule in rules)
+    binding = m.one("ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": vap["metadata"]["name"], "validationActions": ["Deny"]}
+    assert not render(CONTROLLER_CHART, api_versions=[]).all("ValidatingAdmissionPolicy")
+    assert not render(CONTROLLER_CHART, sets=["rbac.guard=false"]).all(
+        "ValidatingAdmissionPolicy")
 
 
 def test_more_than_one_replica_needs_leader_election() -> None:
@@ -295,9 +333,9 @@ def test_more_than_one_replica_needs_leader_election() -> None:
     assert single.kinds() == ["ConfigMap", "Deployment", "Service"]
     spec = pod_spec(single.workload())
     assert spec["serviceAccountName"] == "k0s-fleet-preexisting"
+    assert "--no-leader-elect" in spec["containers"][0]["args"]
     assert yaml.safe_load(single.one("ConfigMap")["data"]["fleet.yaml"])["rollout"] == {
         "paused": True}
-    assert not any(a.startswith("--leader") for a in spec["containers"][0]["args"])
 
 
 FLEET_SAMPLE = {
@@ -322,11 +360,10 @@ def test_fleet_values_become_the_mounted_config_and_roll_the_pods(tmp_path: Path
         "fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["K0S_FLEET_STATUS__PORT"] == "8080"
     assert env["K0S_FLEET_EXTENSION__ENABLED"] == "false"
-    # Secrets are readable only where the fleet looks for Clusters.
-    readers = [b for b in m.all("RoleBinding")
-               if b["roleRef"]["name"] == "r1-k0s-fleet-kubeconfig-reader"]
-    assert sorted(b["metadata"]["namespace"] for b in readers) == ["capi-a", "capi-b"]
-    assert [b["metadata"]["name"] for b in m.all("ClusterRoleBinding")] == ["r1-k0s-fleet"]
+    # The controller works (and reads Secrets) only where the fleet looks for Clusters.
+    work = [b for b in m.all("RoleBinding") if b["metadata"]["name"] == "r1-k0s-fleet-fleet"]
+    assert sorted(b["metadata"]["namespace"] for b in work) == ["capi-a", "capi-b"]
+    assert m.all("ClusterRoleBinding") == []
     assert {"name": "config", "mountPath": "/etc/k0s-fleet/fleet.yaml", "subPath": "fleet.yaml",
             "readOnly": True} in c["volumeMounts"]
     default = render(CONTROLLER_CHART)
@@ -371,6 +408,9 @@ def test_service_monitor_only_when_enabled_and_the_api_exists() -> None:
 
 def test_extension_with_cert_manager() -> None:
     m = render(CONTROLLER_CHART, CONTROLLER_CHART / "ci" / "extension-certmanager-values.yaml")
+    assert rbac_grants(m.one("ClusterRole", "r1-k0s-fleet-extension")["rules"]) == {
+        ("runtime.cluster.x-k8s.io", "extensionconfigs", v, "*") for v in ("get", "list", "watch")}
+    assert m.one("ClusterRoleBinding", "r1-k0s-fleet-extension")["subjects"] == SA_SUBJECT
     svc = m.one("Service", "r1-k0s-fleet-extension")
     assert svc["spec"]["ports"][0]["targetPort"] == "extension"
     cert = m.one("Certificate")
@@ -539,7 +579,9 @@ BAD_VALUES = [
     (CONTROLLER_CHART, "metrics.port=70000", "/metrics/port"),
     (CONTROLLER_CHART, "extension.tls.mode=vault", "/extension/tls/mode"),
     (CONTROLLER_CHART, "image.digest=latest", "/image/digest"),
-    (CONTROLLER_CHART, "rbac.secrets.namespaces[0]=Not_A_Namespace", "/rbac/secrets/namespaces/0"),
+    (CONTROLLER_CHART, "rbac.namespaces[0]=Not_A_Namespace", "/rbac/namespaces/0"),
+    (CONTROLLER_CHART, "json:rbac.infrastructureMachines=[{\"group\":\"x.io\"}]", "'group'"),
+    (CONTROLLER_CHART, "leaderElection.leaseName=x", "'leaseName'"),
     (CONTROLLER_CHART, "json:resources={\"request\":{\"cpu\":\"1\"}}", "'request'"),
     (CONTROLLER_CHART, "json:tolerations=[{\"operatr\":\"Exists\"}]", "'operatr'"),
     (AGENT_CHART, "restart.strategy=reboot", "/restart/strategy"),

@@ -54,8 +54,16 @@ app.kubernetes.io/part-of: k0s-fleet
 {{- end }}
 {{- end }}
 
-{{- define "k0s-fleet.leaseName" -}}
-{{- default (include "k0s-fleet.fullname" .) .Values.leaderElection.leaseName }}
+{{/* Fixed names the controller uses in its own namespace (fleet/controllers/leader.py,
+fleet/rollout/annotations.py). */}}
+{{- define "k0s-fleet.leaseName" -}}k0s-fleet-controller{{- end }}
+{{- define "k0s-fleet.rolloutConfigMap" -}}k0s-fleet-rollout{{- end }}
+
+{{/* Namespaces the controller works in (JSON list): rbac.namespaces, else
+fleet.clusters.namespaces; empty = all namespaces. */}}
+{{- define "k0s-fleet.workNamespaces" -}}
+{{- $ns := .Values.rbac.namespaces | default ((.Values.fleet.clusters | default dict).namespaces) | default list }}
+{{- $ns | uniq | toJson }}
 {{- end }}
 
 {{- define "k0s-fleet.extensionName" -}}
