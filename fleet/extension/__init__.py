@@ -36,6 +36,7 @@ from fleet.extension.update import (
     ManifestFetcher,
     UpdateMachineService,
     WorkloadClientGetter,
+    workload_client_from_registry,
 )
 
 __all__ = [
@@ -61,4 +62,5 @@ __all__ = [
     "serve_extension",
     "serving_extension_configs",
     "start_extension_server",
+    "workload_client_from_registry",
 ]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry.trace import Tracer
 
@@ -33,8 +33,16 @@ from fleet.extension.progress import (
     update_progress,
 )
 from fleet.extension.wire import ResponseStatus, UpdateMachineRequest, UpdateMachineResponse
-from fleet.kube import AlreadyExistsError, KubeClient, KubeError, KubeObject, NotFoundError
+from fleet.kube import (
+    AlreadyExistsError,
+    KubeClient,
+    KubeError,
+    KubeObject,
+    NotFoundError,
+    UnreachableError,
+)
 from fleet.kube.resources import CLUSTERS, MACHINES, NODE_PLANS, NODES
+from fleet.model import NODEPLAN_FINALIZER
 from fleet.nodeplan import TRACEPARENT_ANNOTATION, build_nodeplan, nodeplan_name
 from fleet.telemetry import current_traceparent, link_from_traceparent
 from fleet.versions import InvalidVersionError, K0sVersion
@@ -108,6 +116,24 @@ class ConfigArtifacts:
             raise ArtifactError(str(e)) from e
         return Artifact(url=url, sha256=digest,
                         allow_unverified=digest is None and self.download.allow_unverified)
+
+
+class _Registry(Protocol):
+    def client(self, key: tuple[str, str]) -> KubeClient | None: ...
+
+
+def workload_client_from_registry(registry: _Registry) -> WorkloadClientGetter:
+    """Adapt the controller's :class:`fleet.clusters.ClusterRegistry` (cached clients)."""
+
+    async def get(namespace: str, cluster: str) -> KubeClient:
+        client = registry.client((namespace, cluster))
+        if client is None:
+            raise UnreachableError(
+                f"workload cluster {namespace}/{cluster} is not connected (not one of the "
+                f"fleet's clusters, or its kubeconfig Secret is missing or unusable)")
+        return client
+
+    return get
 
 
 def machine_role(machine: Mapping[str, Any]) -> str:
@@ -259,6 +285,9 @@ class UpdateMachineService:
             source=SOURCE, owner_kind=owner_kind, owner_name=owner_name,
             traceparent=traceparent,
         )
+        # Like the controller's own: its NodePlan reconciler takes the request off the
+        # node (and uncordons) before a deleted NodePlan goes away.
+        body["metadata"]["finalizers"] = [NODEPLAN_FINALIZER]
         name = body["metadata"]["name"]
         for _ in range(3):
             try:

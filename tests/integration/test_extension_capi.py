@@ -50,6 +50,7 @@ from fleet.extension.selfsigned import make_cert_pair
 from fleet.extension.wire import Hook
 from fleet.kube import KubeClient, NotFoundError, UnreachableError
 from fleet.kube.resources import CLUSTERS, MACHINES, NODE_PLANS, NODES
+from fleet.model import NODEPLAN_FINALIZER
 from fleet.nodeplan import (
     LABEL_MACHINE,
     TRACEPARENT_ANNOTATION,
@@ -332,6 +333,7 @@ async def test_in_place_update_driven_like_capi_to_completion(
     assert plan["spec"]["sha256"] == DIGEST and plan["spec"]["nodeName"] == node
     assert plan["spec"]["ownerKind"] == "MachineDeployment" and plan["spec"]["ownerName"] == "md-0"
     assert plan["metadata"]["ownerReferences"][0]["uid"] == machine["metadata"]["uid"]
+    assert plan["metadata"]["finalizers"] == [NODEPLAN_FINALIZER]
     # CAPI was told to come back sooner or later depending on the phase.
     by_phase = {}
     for c in driver.calls:
@@ -371,6 +373,10 @@ async def test_in_place_update_driven_like_capi_to_failure(
     assert len(await plans_for(mgmt, namespace, name)) == 1
     # Deleting the failed NodePlan (the documented retry) makes the next call start over.
     await mgmt.delete(NODE_PLANS, plan_name, namespace)
+    gone = await driver.update_machine_once(name, namespace)
+    assert gone.status == "Success" and "being deleted" in gone.message
+    # SIMULATED reconciler: takes the request off the node, then releases its finalizer.
+    await mgmt.patch(NODE_PLANS, plan_name, {"metadata": {"finalizers": None}}, namespace)
     with anyio.fail_after(30):
         while (await mgmt.get_or_none(NODE_PLANS, plan_name, namespace)) is not None:
             await anyio.sleep(0.02)
