@@ -134,14 +134,12 @@ class Agent:
         self._worker: _Worker | None = None
         self._cleaned: set[RequestKey] = set()
         self._aux_backoff = Backoff(initial=0.5, maximum=30.0)
-        self._tg: anyio.abc.TaskGroup | None = None
 
     # -- main loop ---------------------------------------------------------------------------
     async def run(self) -> None:
         unlink_quiet(partial_path(self.binary))  # a download a killed agent left behind
         self.s.state_dir.mkdir(parents=True, exist_ok=True)
         async with anyio.create_task_group() as tg:
-            self._tg = tg
             reflector = Reflector(self.client, self.res,
                                   field_selector=f"metadata.name={self.name}",
                                   listener=self._on_event)
