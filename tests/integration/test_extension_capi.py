@@ -157,7 +157,10 @@ class CapiDriver:
 
     async def post(self, hook: Hook, body: dict[str, Any]) -> dict[str, Any]:
         timeout = HANDLER_BY_HOOK[hook].timeout_seconds
-        url = f"{self.ext.server.url}{path_of(hook)}?timeout={timeout}s"
+        return await self.post_path(f"{path_of(hook)}?timeout={timeout}s", body)
+
+    async def post_path(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        url = f"{self.ext.server.url}{path}"
         async with aiohttp.ClientSession() as s, \
                 s.post(url, data=json.dumps(body).encode(), ssl=self.ext.ssl) as r:
             assert r.status == 200, await r.text()

@@ -1,0 +1,176 @@
+"""End to end: CAPI's in-place flow through the extension and the real controller.
+
+Everything here is real except Cluster API itself and the node agents:
+
+- the management objects (Cluster, kubeconfig Secret, MachineDeployment, MachineSet,
+  worker Machines) and the workload Nodes come from ``fleet.testing.capi``;
+- the ExtensionConfig is registered the way CAPI does it: a discovery call over HTTPS,
+  whose handlers are written into ``status.handlers`` as ``<handler>.<config name>``;
+- the k0s-fleet controller (``FleetController``) runs as in production: it does the
+  dispatching for NodePlans (start, node signal, status mirror, completion) whoever
+  created them; its standalone sequencer is told, through ``extension_active``, to leave
+  this cluster to CAPI;
+- the node side is ``fleet.testing.responder`` answering the agent protocol on the
+  workload API server (the real agent is tested in test_agent_*.py);
+- CAPI's part is played by ``CapiDriver`` from test_extension_capi.py: it marks one
+  Machine at a time (maxUnavailable 1) and calls UpdateMachine until it says done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from fleet.config import FleetConfig
+from fleet.controllers.runner import FleetController
+from fleet.extension import (
+    ExtensionEndpoint,
+    extension_active,
+    handlers_from_config,
+    start_extension_server,
+    workload_client_from_registry,
+)
+from fleet.extension.catalog import DISCOVERY_PATH
+from fleet.extension.selfsigned import make_cert_pair
+from fleet.kube import KubeClient
+from fleet.kube.resources import (
+    EXTENSION_CONFIGS,
+    MACHINE_DEPLOYMENTS,
+    MACHINES,
+    NODE_PLANS,
+    NODES,
+)
+from fleet.model import Snapshot
+from fleet.nodeplan import nodeplan_name
+from fleet.signal import RUNNING_VERSION_KEY
+from fleet.testing.capi import create_cluster, ensure_infra_crd
+from fleet.testing.responder import NodeResponder
+from fleet.testing.world import World
+from tests.conftest import unique
+from tests.integration.test_extension_capi import CapiDriver, Extension
+
+pytestmark = pytest.mark.anyio
+
+V1, V2 = "v1.31.2+k0s.0", "v1.31.3+k0s.0"
+SERVICE = ExtensionEndpoint(service_name="k0s-fleet-extension",
+                            service_namespace="k0s-fleet-system")
+
+
+def fleet_config(namespace: str) -> FleetConfig:
+    return FleetConfig.model_validate({
+        "management": {"namespace": namespace},
+        "clusters": {"namespaces": [namespace]},
+        "download": {"urlTemplate": "https://releases.invalid/{version}/k0s-{arch}",
+                     "digests": {V2: {"amd64": "d" * 64}}},
+        "agent": {"drainTimeout": "1s", "verifyTimeout": "1s"},
+    })
+
+
+async def register_extension(mgmt: KubeClient, driver: CapiDriver, name: str,
+                             namespace: str) -> dict[str, Any]:
+    """Create the ExtensionConfig and do what CAPI's ExtensionConfig controller does."""
+    await mgmt.create(EXTENSION_CONFIGS, {
+        "metadata": {"name": name},
+        "spec": {"clientConfig": {"service": {"name": SERVICE.service_name,
+                                              "namespace": SERVICE.service_namespace,
+                                              "port": 443}},
+                 "namespaceSelector": {"matchExpressions": [{
+                     "key": "kubernetes.io/metadata.name", "operator": "In",
+                     "values": [namespace]}]}}})
+    discovery = await driver.post_path(DISCOVERY_PATH, {
+        "apiVersion": "hooks.runtime.cluster.x-k8s.io/v1alpha1", "kind": "DiscoveryRequest"})
+    assert discovery["status"] == "Success"
+    handlers = [{**h, "name": f"{h['name']}.{name}"} for h in discovery["handlers"]]
+    return await mgmt.patch(EXTENSION_CONFIGS, name, {"status": {"handlers": handlers}},
+                            subresource="status")
+
+
+@contextlib.asynccontextmanager
+async def running_controller(mgmt: KubeClient, config: FleetConfig
+                             ) -> AsyncIterator[FleetController]:
+    async def policy(snapshot: Snapshot) -> Any:
+        configs = (await mgmt.list(EXTENSION_CONFIGS)).items
+
+        def hold(ckey: tuple[str, str], owner: Any) -> str | None:
+            cluster = {"metadata": {"namespace": ckey[0], "name": ckey[1]}}
+            if extension_active(cluster, configs, config.extension.mode, endpoint=SERVICE):
+                return "Cluster API drives in-place updates through the runtime extension"
+            return None
+
+        return hold
+
+    controller = FleetController(mgmt, config, watch_timeout=30, policy=policy)
+    async with anyio.create_task_group() as tg:
+        await tg.start(controller.run)
+        try:
+            yield controller
+        finally:
+            tg.cancel_scope.cancel()
+
+
+async def test_capi_in_place_rollout_through_extension_and_controller(
+        mgmt: KubeClient, wl1: KubeClient, crds_installed: World, namespace: str,
+        tmp_path: Path) -> None:
+    await ensure_infra_crd(mgmt)
+    config = fleet_config(namespace)
+    fc = await create_cluster(mgmt, wl1, crds_installed["wl1"].kubeconfig(),
+                              namespace=namespace, name=unique("c"), version=V1,
+                              control_planes=0, workers=3, max_unavailable=1,
+                              node_prefix=unique("e2e"))
+    cert, key, ca = make_cert_pair(["localhost"]).write(tmp_path / "tls")
+    responder = NodeResponder(wl1, step_seconds=0.02, only=lambda n: n in fc.machines)
+    ec_name = unique("k0s-fleet")
+    async with anyio.create_task_group() as tg:
+        await tg.start(responder.run)
+        async with running_controller(mgmt, config) as controller:
+            handlers = handlers_from_config(
+                config, mgmt=mgmt,
+                workload_client=workload_client_from_registry(controller.registry))
+            server = await start_extension_server(handlers, cert_file=str(cert),
+                                                  key_file=str(key), host="127.0.0.1", port=0)
+            try:
+                assert handlers.update is not None
+                ext = Extension(server, ssl.create_default_context(cafile=str(ca)),
+                                handlers.update)
+                driver = CapiDriver(ext, mgmt)
+                await register_extension(mgmt, driver, ec_name, namespace)
+                # The operator bumps the MachineDeployment; CAPI asks whether the new
+                # MachineSet can be reached in place, then walks the Machines one by one.
+                await mgmt.patch(MACHINE_DEPLOYMENTS, fc.md or "", {"spec": {"template": {
+                    "spec": {"version": V2}}}}, namespace)
+                with anyio.fail_after(120):
+                    for name in fc.workers:
+                        await driver.start_in_place(await mgmt.get(MACHINES, name, namespace),
+                                                    V2)
+                        final = await driver.drive(name, namespace)
+                        assert final.status == "Success" and final.retry_after == 0, \
+                            driver.calls[-3:]
+            finally:
+                await server.close()
+        tg.cancel_scope.cancel()
+
+    plans = (await mgmt.list(NODE_PLANS, namespace)).items
+    assert sorted(p["metadata"]["name"] for p in plans) == sorted(
+        nodeplan_name(w, V2) for w in fc.workers)
+    # Only the extension dispatched (the standalone sequencer held off), and the
+    # controller's NodePlan reconciler carried every plan to Completed.
+    assert {p["spec"]["source"] for p in plans} == {"runtime-extension"}
+    assert {p["status"]["phase"] for p in plans} == {"Completed"}
+    for w in fc.workers:
+        node = await wl1.get(NODES, w)
+        assert node["metadata"]["annotations"][RUNNING_VERSION_KEY] == V2
+    # One Machine at a time, as CAPI sequenced it: never two requests on nodes at once.
+    busy = sorted((s.at, s.node, s.state) for s in responder.steps)
+    live: set[str] = set()
+    for _, node_name, state in busy:
+        if state in ("Completed",):
+            live.discard(node_name)
+        else:
+            live.add(node_name)
+        assert len(live) <= 1, busy
