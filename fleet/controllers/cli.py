@@ -36,6 +36,7 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
     from fleet.controllers.leader import LeaderElector, LostLeadershipError  # noqa: PLC0415
     from fleet.controllers.runner import FleetController  # noqa: PLC0415
     from fleet.kube import KubeClient  # noqa: PLC0415
+    from fleet.rollout.policy import attach_rollout  # noqa: PLC0415
     from fleet.telemetry import get_tracer, setup_tracing  # noqa: PLC0415
 
     kubeconfig = args.kubeconfig or config.management.kubeconfig
@@ -48,6 +49,8 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
     try:
         controller = FleetController(mgmt, config, identity=args.identity,
                                      tracer=get_tracer("fleet.controller", provider))
+        # Fleet rollout policy (waves, windows, pauses) + /status, /metrics, health.
+        rollout = attach_rollout(controller)
 
         async def lead() -> None:
             await controller.run()
@@ -61,6 +64,7 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
                         return
 
             tg.start_soon(on_signal)
+            tg.start_soon(rollout.serve)
             try:
                 if args.leader_elect:
                     elector = LeaderElector(mgmt, namespace=config.management.namespace,

@@ -118,9 +118,11 @@ class RolloutRuntime:
         return self.policy.board
 
     async def serve(self, *, host: str = "0.0.0.0", port: int | None = None) -> None:
-        """HTTP endpoints + wake-ups, until cancelled. Ready = caches synced (leader)."""
+        """HTTP endpoints + wake-ups, until cancelled, on every replica. /readyz answers
+        as soon as the server runs: a standby replica must count as ready too, or an HA
+        Deployment never finishes rolling; /status is 503 until this replica leads."""
         c = self.controller
-        app = make_app(self.board, ready=c.ready.is_set)
+        app = make_app(self.board)
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: serve(app, host=host, port=port if port is not None
                                         else c.config.status.port))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from fleet.rollout.annotations import ROLLOUT_CONFIGMAP
 from fleet.status.live import fleet_status
 from fleet.status.server import StatusBoard, make_app, serve
 from fleet.testing.binaries import REPO_ROOT
-from fleet.testing.world import World
+from fleet.testing.world import World, free_port
 from tests.integration.test_rollout_waves import (
     CANARY,
     T0,
@@ -97,3 +98,47 @@ async def test_status_and_plan_commands_and_http(  # noqa: PLR0917 (fixtures)
     # The library call agrees with the controller's document on everything but time.
     again = await fleet_status(config, now=T0)
     assert again["waves"] == doc["waves"]
+
+
+@pytest.mark.anyio
+async def test_controller_process_serves_status_metrics_and_health(
+        world: World, mgmt: KubeClient, namespace: str, tmp_path: Path) -> None:
+    """`k0s-fleet controller` (the real entry point) serves the rollout status."""
+    kubeconfig = world["mgmt"].write_kubeconfig(tmp_path / "mgmt.yaml")
+    port = free_port()
+    cfg_file = tmp_path / "fleet.yaml"
+    cfg_file.write_text(yaml.safe_dump({
+        "management": {"namespace": namespace, "kubeconfig": str(kubeconfig)},
+        "clusters": {"namespaces": [namespace]}, "status": {"port": port},
+        "rollout": {"waves": WAVES}}))
+    log = (tmp_path / "controller.log").open("wb")
+    proc = await anyio.open_process(
+        [sys.executable, "-m", "fleet.cli", "controller", "--config", str(cfg_file),
+         "--no-leader-elect"], cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        async with aiohttp.ClientSession() as s:
+            with anyio.fail_after(30):
+                while True:
+                    try:
+                        async with s.get(f"{url}/status") as r:
+                            if r.status == 200:
+                                doc = await r.json()
+                                break
+                    except aiohttp.ClientError:
+                        pass
+                    await anyio.sleep(0.1)
+            async with s.get(f"{url}/healthz") as r:
+                assert r.status == 200
+            async with s.get(f"{url}/readyz") as r:
+                assert r.status == 200
+            async with s.get(f"{url}/metrics") as r:
+                assert "k0s_fleet_rollout_phase" in await r.text()
+        assert doc["rollout"]["phase"] == "Complete"  # no clusters: nothing to do
+        assert [w["name"] for w in doc["waves"]] == ["canary", "prod", "default"]
+        assert await mgmt.get_or_none(CONFIGMAPS, ROLLOUT_CONFIGMAP, namespace) is not None
+    finally:
+        proc.terminate()
+        with anyio.fail_after(15):
+            await proc.wait()
+        log.close()
