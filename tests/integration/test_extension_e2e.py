@@ -38,7 +38,7 @@ from fleet.extension import (
 )
 from fleet.extension.catalog import DISCOVERY_PATH
 from fleet.extension.selfsigned import make_cert_pair
-from fleet.kube import KubeClient
+from fleet.kube import KubeClient, NotFoundError
 from fleet.kube.resources import (
     EXTENSION_CONFIGS,
     MACHINE_DEPLOYMENTS,
@@ -153,6 +153,8 @@ async def test_capi_in_place_rollout_through_extension_and_controller(
                             driver.calls[-3:]
             finally:
                 await server.close()
+                with contextlib.suppress(NotFoundError):
+                    await mgmt.delete(EXTENSION_CONFIGS, ec_name)
         tg.cancel_scope.cancel()
 
     plans = (await mgmt.list(NODE_PLANS, namespace)).items
