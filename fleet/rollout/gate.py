@@ -170,13 +170,15 @@ class RolloutGate:
     def cluster_pause(self, c: ClusterProgress) -> str | None:
         """Why this one cluster is paused (by whom), or None."""
         entry = self.config.clusters.entry_for(c.namespace, c.name)
-        if c.spec_paused:
-            return "Cluster is paused (spec.paused)"
         if (reason := c.paused) is not None:
             return f"paused by annotation {ANN_PAUSED} on the Cluster" + (
                 f": {reason}" if reason else "")
         if entry is not None and entry.paused:
             return "paused in the fleet config (clusters.entries[].paused)"
+        # The controller's snapshot folds config pauses into ClusterInfo.paused; the
+        # fleet-wide one is reported as such, not per cluster.
+        if c.spec_paused and not self.config.rollout.paused:
+            return "Cluster is paused (spec.paused)"
         return None
 
     def _cluster_hold(self, c: ClusterProgress, now: datetime,

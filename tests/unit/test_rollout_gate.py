@@ -391,3 +391,12 @@ def test_evaluation_is_deterministic() -> None:
     a = evaluate(waves_config(), cs)
     b = evaluate(waves_config(), list(reversed(cs)))
     assert a == b
+
+
+def test_fleet_config_pause_is_not_reported_as_a_pause_of_every_cluster() -> None:
+    # The controller's snapshot marks every cluster paused when rollout.paused is set.
+    d = evaluate(config(paused=True), [cluster("a", spec_paused=True)])
+    assert d.clusters[("fleet", "a")].paused is None
+    assert d.reasons[("fleet", "a")].startswith("rollout paused")
+    d2 = evaluate(config(), [cluster("a", spec_paused=True)])
+    assert d2.clusters[("fleet", "a")].paused == "Cluster is paused (spec.paused)"
