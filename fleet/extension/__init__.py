@@ -38,6 +38,7 @@ from fleet.extension.update import (
     WorkloadClientGetter,
     workload_client_from_registry,
 )
+from fleet.extension.workload import SecretWorkloadClients
 
 __all__ = [
     "Artifact",
@@ -51,6 +52,7 @@ __all__ = [
     "ExtensionMode",
     "ExtensionServer",
     "ManifestFetcher",
+    "SecretWorkloadClients",
     "UpdateMachineService",
     "WorkloadClientGetter",
     "build_app",

@@ -45,6 +45,7 @@ from fleet.extension.wire import (
     ResponseBase,
     describe_validation_error,
 )
+from fleet.extension.workload import SecretWorkloadClients
 from fleet.kube import KubeClient, KubeError
 
 log = logging.getLogger(__name__)
@@ -245,18 +246,33 @@ def handlers_from_config(config: FleetConfig, *, mgmt: KubeClient,
 
 
 async def serve_configured_extension(config: FleetConfig, *, mgmt: KubeClient,
-                                     workload_client: WorkloadClientGetter | None,
+                                     workload_client: WorkloadClientGetter | None = None,
                                      fetch_manifest: ManifestFetcher | None = None,
                                      tracer: Tracer | None = None,
                                      host: str = "0.0.0.0") -> None:
     """Serve the extension per ``config.extension`` until cancelled; returns at once
-    when it is not enabled."""
+    when it is not enabled.
+
+    Without ``workload_client``, workload clusters are reached through their kubeconfig
+    Secrets (:class:`SecretWorkloadClients`), which works on every replica; the leader's
+    cluster registry exists only on the leader.
+    """
     ext = config.extension
     if not ext.enabled:
         return
     if not ext.cert_file or not ext.key_file:  # the config model already refuses this
         raise ValueError("extension.certFile and extension.keyFile are required")
-    await serve_extension(
-        handlers_from_config(config, mgmt=mgmt, workload_client=workload_client,
-                             fetch_manifest=fetch_manifest, tracer=tracer),
-        cert_file=ext.cert_file, key_file=ext.key_file, host=host, port=ext.port)
+    own: SecretWorkloadClients | None = None
+    if workload_client is None:
+        own = SecretWorkloadClients(
+            mgmt, secret_name=lambda ns, name: config.for_cluster(ns, name).kubeconfig_secret)
+        workload_client = own
+    try:
+        await serve_extension(
+            handlers_from_config(config, mgmt=mgmt, workload_client=workload_client,
+                                 fetch_manifest=fetch_manifest, tracer=tracer),
+            cert_file=ext.cert_file, key_file=ext.key_file, host=host, port=ext.port)
+    finally:
+        if own is not None:
+            with anyio.CancelScope(shield=True):
+                await own.close()

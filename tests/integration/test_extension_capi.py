@@ -35,11 +35,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from fleet.clusters import kubeconfig_secret
 from fleet.config import DownloadSettings, FleetConfig
 from fleet.extension import (
     ConfigArtifacts,
     ExtensionHandlers,
     ExtensionServer,
+    SecretWorkloadClients,
     UpdateMachineService,
     handlers_from_config,
     start_extension_server,
@@ -49,7 +51,7 @@ from fleet.extension.progress import RETRY_AFTER_SECONDS, UNOBSERVABLE_RETRY_SEC
 from fleet.extension.selfsigned import make_cert_pair
 from fleet.extension.wire import Hook
 from fleet.kube import KubeClient, NotFoundError, UnreachableError
-from fleet.kube.resources import CLUSTERS, MACHINES, NODE_PLANS, NODES
+from fleet.kube.resources import CLUSTERS, MACHINES, NODE_PLANS, NODES, SECRETS
 from fleet.model import NODEPLAN_FINALIZER
 from fleet.nodeplan import (
     LABEL_MACHINE,
@@ -59,6 +61,7 @@ from fleet.nodeplan import (
     nodeplan_name,
 )
 from fleet.signal import HAPPY_PATH, RUNNING_VERSION_KEY, SignalState
+from fleet.testing.world import World
 from tests.conftest import unique
 
 pytestmark = pytest.mark.anyio
@@ -535,3 +538,33 @@ async def test_missing_node_is_not_dispatched(
     call = await driver.update_machine_once(name, namespace)
     assert call.status == "Success" and call.retry_after > 0 and "not found" in call.message
     assert await plans_for(mgmt, namespace, name) == []
+
+
+async def test_workload_clients_from_kubeconfig_secrets(
+        mgmt: KubeClient, wl1: KubeClient, crds_installed: World, namespace: str) -> None:
+    """Non-leader replicas reach workload clusters through the kubeconfig Secret."""
+    clients = SecretWorkloadClients(mgmt)
+    try:
+        with pytest.raises(UnreachableError, match="not found"):
+            await clients(namespace, "c1")
+        kubeconfig = crds_installed["wl1"].kubeconfig()
+        await mgmt.create(SECRETS, kubeconfig_secret("c1-kubeconfig", namespace, "c1",
+                                                     kubeconfig))
+        first = await clients(namespace, "c1")
+        node = unique("node")
+        await wl1.create(NODES, {"metadata": {"name": node}})
+        assert (await first.get(NODES, node))["metadata"]["name"] == node
+        assert await clients(namespace, "c1") is first and clients.builds == 1
+        # A rotated Secret gets a new client.
+        rotated = {**kubeconfig, "preferences": {"colors": False}}
+        await mgmt.patch(SECRETS, "c1-kubeconfig", kubeconfig_secret(
+            "c1-kubeconfig", namespace, "c1", rotated), namespace)
+        second = await clients(namespace, "c1")
+        assert second is not first and clients.builds == 2
+        assert (await second.get(NODES, node))["metadata"]["name"] == node
+        await mgmt.patch(SECRETS, "c1-kubeconfig", {"data": {"value": "bm90IHlhbWw6IFs="}},
+                         namespace)
+        with pytest.raises(UnreachableError, match="c1"):
+            await clients(namespace, "c1")
+    finally:
+        await clients.close()

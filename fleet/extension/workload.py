@@ -1,0 +1,85 @@
+"""Workload cluster clients for the extension on every replica, leader or not.
+
+CAPI calls the extension's Service, which spreads calls over all controller replicas;
+the controller's :class:`fleet.clusters.ClusterRegistry` lives only on the leader. So
+the extension keeps its own small cache: one client per cluster, built from the
+cluster's kubeconfig Secret (read on every call, one cheap GET) and rebuilt when the
+Secret's content changes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from fleet.clusters import KubeconfigSecretError, kubeconfig_from_secret, secret_digest
+from fleet.kube import KubeClient, NotFoundError, UnreachableError
+from fleet.kube.resources import SECRETS
+
+log = logging.getLogger(__name__)
+
+ClientFactory = Callable[[Mapping[str, Any], str], Awaitable[KubeClient]]
+SecretName = Callable[[str, str], str]
+
+
+async def _factory(kubeconfig: Mapping[str, Any], name: str) -> KubeClient:
+    return await KubeClient.from_kubeconfig(kubeconfig, name=name)
+
+
+def default_secret_name(namespace: str, cluster: str) -> str:
+    """CAPI's convention (PROTOCOLS §1): ``<cluster>-kubeconfig`` next to the Cluster."""
+    return f"{cluster}-kubeconfig"
+
+
+@dataclass
+class _Entry:
+    digest: str
+    client: KubeClient
+
+
+class SecretWorkloadClients:
+    """A :data:`~fleet.extension.update.WorkloadClientGetter` from kubeconfig Secrets."""
+
+    def __init__(self, mgmt: KubeClient, *, secret_name: SecretName = default_secret_name,
+                 factory: ClientFactory = _factory) -> None:
+        self.mgmt = mgmt
+        self.secret_name = secret_name
+        self.factory = factory
+        self._entries: dict[tuple[str, str], _Entry] = {}
+        self._locks: dict[tuple[str, str], anyio.Lock] = {}
+        self.builds = 0
+
+    async def __call__(self, namespace: str, cluster: str) -> KubeClient:
+        key = (namespace, cluster)
+        name = self.secret_name(namespace, cluster)
+        try:
+            secret = await self.mgmt.get(SECRETS, name, namespace)
+        except NotFoundError:
+            raise UnreachableError(
+                f"kubeconfig Secret {namespace}/{name} of cluster {cluster} not found") from None
+        digest = secret_digest(secret)
+        lock = self._locks.setdefault(key, anyio.Lock())
+        async with lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry.digest == digest:
+                return entry.client
+            try:
+                client = await self.factory(kubeconfig_from_secret(secret),
+                                            f"workload:{namespace}/{cluster}")
+            except (KubeconfigSecretError, ValueError, OSError) as e:
+                raise UnreachableError(f"cluster {namespace}/{cluster}: {e}") from None
+            self._entries[key] = _Entry(digest, client)
+            self.builds += 1
+        if entry is not None:
+            log.info("kubeconfig of %s/%s changed; replaced its client", namespace, cluster)
+            await entry.client.close()
+        return client
+
+    async def close(self) -> None:
+        entries, self._entries = self._entries, {}
+        for e in entries.values():
+            await e.client.close()
