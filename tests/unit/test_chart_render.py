@@ -217,10 +217,9 @@ def test_controller_pod_meets_restricted_pod_security(values: Path | None) -> No
 # The contract proven against a real API server (tests/integration/test_rbac_*.py).
 CONTROLLER_RULES = {
     *{("cluster.x-k8s.io", r, v, "*")
-      for r in ("clusters", "machinedeployments", "machinesets", "machines")
-      for v in ("get", "list", "watch")},
-    ("cluster.x-k8s.io", "machines", "patch", "*"),
-    ("cluster.x-k8s.io", "machinedeployments", "patch", "*"),
+      for r in ("clusters", "machinesets") for v in ("list", "watch")},
+    *{("cluster.x-k8s.io", r, v, "*")
+      for r in ("machinedeployments", "machines") for v in ("get", "list", "watch", "patch")},
     ("cluster.x-k8s.io", "machinedeployments/status", "patch", "*"),
     *{("controlplane.cluster.x-k8s.io", "k0scontrolplanes", v, "*")
       for v in ("get", "list", "watch", "patch")},
@@ -408,6 +407,8 @@ def test_service_monitor_only_when_enabled_and_the_api_exists() -> None:
 
 def test_extension_with_cert_manager() -> None:
     m = render(CONTROLLER_CHART, CONTROLLER_CHART / "ci" / "extension-certmanager-values.yaml")
+    assert rbac_grants(m.one("ClusterRole", "r1-k0s-fleet")["rules"]) - (
+        CONTROLLER_RULES | DEFAULT_INFRA) == {("cluster.x-k8s.io", "clusters", "get", "*")}
     assert rbac_grants(m.one("ClusterRole", "r1-k0s-fleet-extension")["rules"]) == {
         ("runtime.cluster.x-k8s.io", "extensionconfigs", v, "*") for v in ("get", "list", "watch")}
     assert m.one("ClusterRoleBinding", "r1-k0s-fleet-extension")["subjects"] == SA_SUBJECT
