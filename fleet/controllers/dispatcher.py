@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 import anyio
+import anyio.abc
 from opentelemetry import trace
 
 from fleet.clusters import ClusterRegistry
@@ -192,6 +193,7 @@ class Dispatcher:
         self.downloads = DownloadResolver(config)
         self.stats = DispatchStats()
         self.unsure: set[tuple[str, str]] = set()
+        self.background: anyio.abc.TaskGroup | None = None
 
     async def settle_unsure(self) -> bool:
         """Learn the fate of creates that got no answer. False while that is unknown."""
@@ -201,6 +203,10 @@ class Dispatcher:
             except KubeError as e:
                 log.warning("cannot tell whether NodePlan %s/%s exists: %s", *key, e)
                 return False
+            if obj is None:
+                stale = self.view[NODE_PLANS].get(key[1], key[0])
+                if stale is not None and not (stale.get("metadata") or {}).get("uid"):
+                    self.view[NODE_PLANS].forget(stale)  # our provisional copy: never made
             self._remember(NODE_PLANS, obj)
             self.unsure.discard(key)
         return True
@@ -221,6 +227,8 @@ class Dispatcher:
                      subresource: str | None = None, cache: ObjectCache | None = None
                      ) -> KubeObject | None:
         current = (cache or self._cache_for(res) or ObjectCache("x")).get(name, namespace or "")
+        if current is not None and not (current.get("metadata") or {}).get("resourceVersion"):
+            current = None  # a provisional copy of ours: read the real thing
         try:
             obj = await patch_with_retry(client, res, name, mutate, namespace,
                                          subresource=subresource, current=current)
@@ -250,8 +258,16 @@ class Dispatcher:
 
     async def event(self, regarding: Any, reason: str, note: str, *, type: str = NORMAL,
                     action: str = "Upgrade", related: Any = None, key: str = "") -> None:
-        await self.recorder.emit(regarding, reason=reason, action=action, note=note, type=type,
-                                 related=related, key=key)
+        """Record an Event; in the background when the controller gave us a task group
+        (Events are for humans: they must never delay the next node)."""
+        async def emit() -> None:
+            await self.recorder.emit(regarding, reason=reason, action=action, note=note,
+                                     type=type, related=related, key=key)
+
+        if self.background is not None:
+            self.background.start_soon(emit)
+        else:
+            await emit()
 
     # -- NodePlans -------------------------------------------------------------------------
     async def _do_CreateNodePlan(self, a: CreateNodePlan) -> None:
@@ -285,18 +301,32 @@ class Dispatcher:
             owner_kind=a.owner.kind, owner_name=a.owner.name, traceparent=traceparent)
         body["metadata"]["finalizers"] = [NODEPLAN_FINALIZER]
         key = (a.machine.namespace, body["metadata"]["name"])
+        # Cached before it is sent: a pass planned while this request is on the wire must
+        # count the node as dispatched already.
+        provisional = {**body, "metadata": {**body["metadata"],
+                                            "creationTimestamp": format_time(self.clock())}}
+        cache = self.view[NODE_PLANS]
+        if cache.get(key[1], key[0]) is None:
+            cache.observe(provisional)
         try:
             created = await self.mgmt.create(NODE_PLANS, body, a.machine.namespace)
         except AlreadyExistsError:
             # Dispatched already (by us before a restart, or by the runtime extension):
             # make sure the cache knows, so the budget counts it.
             self.stats.already += 1
-            self._remember(NODE_PLANS, await self.mgmt.get_or_none(NODE_PLANS, key[1], key[0]))
+            existing = await self.mgmt.get_or_none(NODE_PLANS, key[1], key[0])
+            if existing is None and cache.get(key[1], key[0]) is provisional:
+                cache.forget(provisional)  # deleted meanwhile: the next pass decides again
+            self._remember(NODE_PLANS, existing)
             return
         except UnreachableError:
             # The create may have landed without us hearing back: until we know, no pass
             # may count this node as not dispatched (it would spend its budget twice).
             self.unsure.add(key)
+            raise
+        except KubeError:
+            if cache.get(key[1], key[0]) is provisional:
+                cache.forget(provisional)
             raise
         self.stats.creates += 1
         self.stats.writes += 1
@@ -305,17 +335,25 @@ class Dispatcher:
         await self.event(created, "NodeUpgradeDispatched",
                          f"upgrading node {a.node} ({a.role}) of cluster {a.cluster[1]} to "
                          f"{a.version}: {a.reason}", related=a.owner, action="Dispatch")
-        # Start and signal at once: the next pass would do the same, a round trip later.
-        started = await self._start(plan.ref, attempts=1, started_at=self.clock())
-        if started is not None:
-            p = nodeplan_from(started)
-            assert p.started_at is not None
-            await self._do_SignalNode(SignalNode(
-                plan=p.ref, cluster=a.cluster, node=a.node, node_kind=a.node_kind,
-                executor=p.executor, plan_id=p.plan_id, created=p.started_at,
-                attempt=max(1, p.attempts), version=p.version, url=p.url, sha256=p.sha256,
-                allow_unverified=p.allow_unverified, force=p.force,
-                traceparent=traceparent or ""))
+        # Start and signal at once (the next pass would do the same, a round trip later),
+        # and concurrently: should the status write fail after the signal landed, the
+        # next pass starts the plan afresh and its new request replaces this one.
+        started_at = self.clock()
+        signal = SignalNode(
+            plan=plan.ref, cluster=a.cluster, node=a.node, node_kind=a.node_kind,
+            executor=plan.executor, plan_id=plan.plan_id, created=started_at, attempt=1,
+            version=plan.version, url=plan.url, sha256=plan.sha256,
+            allow_unverified=plan.allow_unverified, force=plan.force,
+            traceparent=traceparent or "")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._start_quietly, plan.ref, started_at)
+            tg.start_soon(self._do_SignalNode, signal)
+
+    async def _start_quietly(self, ref: ObjectRef, started_at: datetime) -> None:
+        try:
+            await self._start(ref, attempts=1, started_at=started_at)
+        except KubeError as e:
+            log.warning("starting %s: %s (the next pass retries)", ref, e)
 
     async def _start(self, ref: ObjectRef, *, attempts: int, started_at: datetime,
                      retry: bool = False) -> KubeObject | None:

@@ -148,11 +148,17 @@ class FleetController:
         self.ready = anyio.Event()
         self._retry_at: datetime | None = None
         self._backoff = Backoff(initial=0.2, maximum=10.0)
+        self._inflight: set[tuple[str, ...]] = set()
+        self._cooldown: dict[tuple[str, ...], datetime] = {}
+        self._failures: dict[tuple[str, ...], Backoff] = {}
+        self._actions_tg: anyio.abc.TaskGroup | None = None
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
         """Watch, plan and act until cancelled."""
         async with anyio.create_task_group() as tg:
+            self.dispatcher.background = tg
+            self._actions_tg = tg
             await tg.start(self.registry.run)
             await tg.start(self.view.run)
             log.info("%s: management caches synced; controlling", self.identity)
@@ -166,9 +172,15 @@ class FleetController:
             await self.trigger.wait(timeout)
             result = await self.reconcile_once()
             wake = result.wake_at
-            if self._retry_at is not None and (wake is None or self._retry_at < wake):
-                wake = self._retry_at
+            for t in (self._retry_at, *self._cooldown.values()):
+                if t is not None and (wake is None or t < wake):
+                    wake = t
             timeout = None if wake is None else (wake - self.clock()).total_seconds()
+
+    async def idle(self) -> None:
+        """Wait until no action is in flight (for tests and benchmarks)."""
+        while self._inflight:
+            await anyio.sleep(0.005)
 
     async def _infra(self, clusters: Mapping[ClusterKey, ClusterInfo]
                      ) -> dict[tuple[str, str], InfraMachineInfo]:
@@ -185,11 +197,20 @@ class FleetController:
         return out
 
     async def reconcile_once(self) -> PlanResult:
-        """One observe -> decide -> act pass."""
+        """One observe -> decide -> act pass.
+
+        Actions run in the background, one object at a time: a pass never waits for the
+        writes of the previous one, so a node's completion is acted on at once even while
+        other objects' status is being written. An object with an action in flight (or
+        cooling down after a failure) gets no new action until that one is done; what
+        an in-flight action will change is already in the caches where it matters for
+        the budget (a NodePlan being created is cached before the request is sent).
+        """
         t0 = time.perf_counter()
         if not await self.dispatcher.settle_unsure():
             self._retry_at = self.clock() + timedelta(seconds=self._backoff.next_delay())
             return PlanResult()
+        self._retry_at = None
         clusters = fleet_clusters(self.config, self.view[CLUSTERS])
         self.registry.want(kubeconfig_secrets(self.config, clusters))
         infra = await self._infra(clusters)
@@ -200,11 +221,19 @@ class FleetController:
         actions = result.actions
         if self.config.rollout.emergency_stop:
             actions = [a for a in actions if not isinstance(a, _STARTS)]
+        now = self.clock()
+        for target, until in list(self._cooldown.items()):
+            if until <= now:
+                del self._cooldown[target]
+        actions = [a for a in actions if action_target(a) not in self._inflight
+                   and action_target(a) not in self._cooldown]
         self.stats.passes += 1
         self.stats.plan_seconds += time.perf_counter() - t0
         self.stats.last_pass = snapshot.now
         if actions:
             await self._act(snapshot, result, actions)
+        log.debug("pass %d: %d actions, %.1f ms", self.stats.passes, len(actions),
+                  (time.perf_counter() - t0) * 1000)
         if self.on_pass is not None:
             self.on_pass(snapshot, result)
         return result
@@ -219,9 +248,13 @@ class FleetController:
                 link = link_from_traceparent(p.traceparent)
                 if link is not None:
                     links.append(link)
+        groups: dict[tuple[str, ...], list[Action]] = defaultdict(list)
+        for a in actions:
+            groups[action_target(a)].append(a)
         with self.tracer.start_as_current_span(
                 "reconcile", links=links,
                 attributes={"k0s_fleet.actions": len(actions),
+                            "k0s_fleet.objects": len(groups),
                             "k0s_fleet.dispatched": sum(isinstance(a, CreateNodePlan)
                                                         for a in actions)}) as span:
             for d in result.decisions:
@@ -231,32 +264,32 @@ class FleetController:
                         "updated": d.updated, "total": d.total,
                         "unavailable": d.unavailable, "max_unavailable": d.max_unavailable,
                         "dispatched": list(d.dispatched), "waiting": d.waiting})
-            groups: dict[tuple[str, ...], list[Action]] = defaultdict(list)
             for a in actions:
-                groups[action_target(a)].append(a)
-            failed = 0
+                self.stats.actions += 1
+                self.stats.by_type[type(a).__name__] += 1
+            for target, group in groups.items():
+                self._inflight.add(target)
+                if self._actions_tg is not None:
+                    self._actions_tg.start_soon(self._run_group, target, group)
+                else:
+                    await self._run_group(target, group)
 
-            async def run_group(group: list[Action]) -> None:
-                nonlocal failed
-                async with self.limiter:
-                    for a in group:
-                        self.stats.actions += 1
-                        self.stats.by_type[type(a).__name__] += 1
-                        try:
-                            await self.dispatcher.perform(a)
-                        except KubeError as e:
-                            failed += 1
-                            self.stats.errors += 1
-                            log.warning("%s failed: %s", type(a).__name__, e)
-                            return  # later actions of this object depend on this one
-
-            async with anyio.create_task_group() as tg:
-                for group in groups.values():
-                    tg.start_soon(run_group, group)
-            if failed:
-                span.set_status(trace.Status(trace.StatusCode.ERROR, f"{failed} failed"))
-                delay = self._backoff.next_delay()
-                self._retry_at = self.clock() + timedelta(seconds=delay)
-            else:
-                self._backoff.reset()
-                self._retry_at = None
+    async def _run_group(self, target: tuple[str, ...], group: list[Action]) -> None:
+        try:
+            async with self.limiter:
+                for a in group:
+                    try:
+                        await self.dispatcher.perform(a)
+                    except KubeError as e:
+                        self.stats.errors += 1
+                        backoff = self._failures.setdefault(
+                            target, Backoff(initial=0.2, maximum=10.0))
+                        delay = backoff.next_delay()
+                        self._cooldown[target] = self.clock() + timedelta(seconds=delay)
+                        log.warning("%s on %s failed (retry in %.1fs): %s",
+                                    type(a).__name__, "/".join(target), delay, e)
+                        return  # later actions of this object depend on this one
+                self._failures.pop(target, None)
+        finally:
+            self._inflight.discard(target)
+            self.trigger.poke()

@@ -10,6 +10,7 @@ Nothing here runs in production.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -18,9 +19,10 @@ from typing import Any
 import anyio
 
 from fleet.clusters import kubeconfig_secret
-from fleet.kube import AlreadyExistsError, KubeClient, KubeObject, patch_with_retry
+from fleet.kube import AlreadyExistsError, KubeClient, KubeError, KubeObject, patch_with_retry
 from fleet.kube.resources import (
     CLUSTERS,
+    CRDS,
     K0S_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
@@ -40,7 +42,6 @@ from fleet.model import (
     LABEL_SET_NAME,
 )
 from fleet.signal import RUNNING_VERSION_KEY
-from fleet.testing.world import install_crds
 
 INFRA_GROUP = "infrastructure.k0s-fleet.test"
 INFRA_MACHINES = Resource(INFRA_GROUP, "v1beta1", "simmachines", "SimMachine", namespaced=True)
@@ -62,8 +63,28 @@ K0S_CONFIG_SPEC: dict[str, Any] = {"args": ["--enable-metrics-scraper"],
                                    "k0s": {"spec": {"api": {"sans": ["10.0.0.1"]}}}}
 
 
-async def ensure_infra_crd(mgmt: KubeClient) -> None:
-    await install_crds(mgmt, [INFRA_CRD])
+async def ensure_infra_crd(mgmt: KubeClient, timeout: float = 30.0) -> None:
+    """Install the SimMachine CRD and wait until it is served.
+
+    (Not fleet.testing.world.install_crds: it trips over a CRD whose status still says
+    ``conditions: null`` right after creation.)
+    """
+    with contextlib.suppress(AlreadyExistsError):
+        await mgmt.create(CRDS, INFRA_CRD)
+    with anyio.fail_after(timeout):
+        while True:
+            crd = await mgmt.get(CRDS, INFRA_CRD["metadata"]["name"])
+            conds = (crd.get("status") or {}).get("conditions") or []
+            if any(c.get("type") == "Established" and c.get("status") == "True"
+                   for c in conds):
+                break
+            await anyio.sleep(0.05)
+        while True:
+            try:
+                await mgmt.list(INFRA_MACHINES, page_size=1)
+                return
+            except KubeError:
+                await anyio.sleep(0.05)
 
 
 async def _create(client: KubeClient, res: Resource, body: KubeObject,

@@ -67,6 +67,8 @@ class NodeResponder:
     only: Callable[[str], bool] = field(default=lambda _n: True)
     steps: list[Step] = field(default_factory=list)
     requests: dict[str, list[tuple[str, datetime, int]]] = field(default_factory=dict)
+    # when each request was first seen: (node, planId) -> time.monotonic()
+    seen_at: dict[tuple[str, str], float] = field(default_factory=dict)
     _busy: dict[str, tuple[str, datetime, int]] = field(default_factory=dict)
     _tg: anyio.abc.TaskGroup | None = None
 
@@ -100,6 +102,7 @@ class NodeResponder:
             return
         if key not in self.requests.setdefault(name, []):
             self.requests[name].append(key)
+            self.seen_at.setdefault((name, sig.planId), time.monotonic())
         self._busy[name] = key
         self._tg.start_soon(self._walk, name, sig)
 
