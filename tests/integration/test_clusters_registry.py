@@ -1,0 +1,119 @@
+"""Workload cluster clients follow their kubeconfig Secrets (fleet.clusters)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import pytest
+
+from fleet.clusters import ClusterRegistry, kubeconfig_secret
+from fleet.controllers.cache import ObjectCache
+from fleet.controllers.observe import SECRET_FIELD_SELECTOR
+from fleet.kube import KubeClient
+from fleet.kube.resources import NODES, SECRETS
+from fleet.kube.watch import Reflector
+from fleet.testing.world import World
+from tests.conftest import unique
+
+
+class SpyClient(KubeClient):
+    closed: list[str] = []
+
+    async def close(self) -> None:
+        SpyClient.closed.append(self.name)
+        await super().close()
+
+
+async def spy_factory(kubeconfig: Mapping[str, Any], name: str) -> KubeClient:
+    plain = await KubeClient.from_kubeconfig(kubeconfig, name=name)
+    return SpyClient(plain._api, name=name)
+
+
+async def wait_for(predicate: Any, timeout: float = 20) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.02)
+
+
+@pytest.mark.anyio
+async def test_secret_rotation_reconnects_the_workload_client(
+        mgmt: KubeClient, wl1: KubeClient, wl2: KubeClient, crds_installed: World,
+        namespace: str) -> None:
+    on_wl1, on_wl2 = unique("only-wl1"), unique("only-wl2")
+    await wl1.create(NODES, {"metadata": {"name": on_wl1}})
+    await wl2.create(NODES, {"metadata": {"name": on_wl2}})
+    cluster, secret_name = "c1", "c1-kubeconfig"
+    key = (namespace, cluster)
+    bad = crds_installed["wl1"].kubeconfig(token="not-a-valid-token")
+    await mgmt.create(SECRETS, kubeconfig_secret(secret_name, namespace, cluster, bad))
+
+    secrets = ObjectCache("Secret")
+    reflector = Reflector(mgmt, SECRETS, namespace=namespace, listener=secrets.on_event,
+                          field_selector=SECRET_FIELD_SELECTOR)
+    changes = 0
+
+    def poke() -> None:
+        nonlocal changes
+        changes += 1
+
+    registry = ClusterRegistry(secrets, on_change=poke, client_factory=spy_factory,
+                               watch_timeout=30)
+    SpyClient.closed.clear()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reflector.run)
+        await reflector.synced.wait()
+        await tg.start(registry.run)
+
+        registry.want({key: secret_name})
+        wc = registry.get(key)
+        assert wc is not None
+        await wait_for(lambda: wc.client is not None and wc.node_reflector is not None)
+        await anyio.sleep(0.5)
+        assert not wc.observed  # 401: nothing listed with a wrong token
+        assert registry.want({key: secret_name}) is None and registry.get(key) is wc
+
+        # Rotate to a good token: the client is rebuilt and the Nodes appear.
+        good = crds_installed["wl1"].kubeconfig()
+        await mgmt.replace(SECRETS, {**kubeconfig_secret(secret_name, namespace, cluster, good),
+                                     "metadata": {**(await mgmt.get(SECRETS, secret_name,
+                                                                    namespace))["metadata"]}})
+        await wait_for(lambda: secrets.get(secret_name, namespace) is not None
+                       and registry.get(key) is not None
+                       and (registry.want({key: secret_name}) or True)
+                       and registry.get(key) is not wc)
+        wc2 = registry.get(key)
+        assert wc2 is not None
+        await wait_for(lambda: wc2.observed and wc2.nodes.get(on_wl1) is not None)
+        assert wc2.nodes.get(on_wl2) is None
+        await wait_for(lambda: "workload:" + f"{namespace}/{cluster}" in SpyClient.closed)
+
+        # Rotate to another API server altogether (a moved control plane).
+        moved = crds_installed["wl2"].kubeconfig()
+        await mgmt.patch(SECRETS, secret_name, {"data": kubeconfig_secret(
+            secret_name, namespace, cluster, moved)["data"]}, namespace)
+        await wait_for(lambda: (registry.want({key: secret_name}) or True)
+                       and registry.get(key) is not wc2)
+        wc3 = registry.get(key)
+        assert wc3 is not None
+        await wait_for(lambda: wc3.observed and wc3.nodes.get(on_wl2) is not None)
+        assert wc3.nodes.get(on_wl1) is None
+        assert registry.rebuilds == 3
+
+        # The Secret goes away: the cluster is no longer observed, and says why.
+        await mgmt.delete(SECRETS, secret_name, namespace)
+        await wait_for(lambda: (registry.want({key: secret_name}) or True)
+                       and registry.get(key) is not wc3)
+        wc4 = registry.get(key)
+        assert wc4 is not None and not wc4.observed
+        assert wc4.error is not None and "not found" in wc4.error
+
+        # Not wanted any more: dropped.
+        registry.want({})
+        assert registry.get(key) is None
+        tg.cancel_scope.cancel()
+    assert changes > 0
+    assert len(SpyClient.closed) == 3  # every client built was closed
+    await wl1.delete(NODES, on_wl1)
+    await wl2.delete(NODES, on_wl2)
