@@ -26,6 +26,8 @@ from fleet.kube.resources import (
     NAMESPACES,
     NODE_PLANS,
 )
+from fleet.model import ANN_RETRY
+from fleet.rollout.annotations import ANN_PAUSED, ROLLOUT_CONFIGMAP, switch
 from fleet.testing.binaries import REPO_ROOT, binary
 from fleet.testing.world import World
 from tests.integration.test_chart_install import DAEMONSETS, DEPLOYMENTS, kubeconfig_file
@@ -101,6 +103,9 @@ async def test_operations_guide_runs(crds_installed: World, mgmt: KubeClient,
         cm = await mgmt.get(CONFIGMAPS, "k0s-fleet", "k0s-fleet-system")
         fleet = yaml.safe_load(cm["data"]["fleet.yaml"])
         assert [w["name"] for w in fleet["rollout"]["waves"]] == ["canary", "production"]
+        # What the controller does first when it starts (there is no kubelet to run it).
+        await mgmt.create(CONFIGMAPS, {"metadata": {"name": ROLLOUT_CONFIGMAP}},
+                          "k0s-fleet-system")
 
     async def agent_installed() -> None:
         ds = await wl2.get(DAEMONSETS, "k0s-fleet-agent", "k0s-fleet-agent")
@@ -120,8 +125,14 @@ async def test_operations_guide_runs(crds_installed: World, mgmt: KubeClient,
         await mgmt.list(NODE_PLANS, "fleet-prod")
 
     async def paused() -> None:
-        cm = await mgmt.get(CONFIGMAPS, "k0s-fleet", "k0s-fleet-system")
-        assert yaml.safe_load(cm["data"]["fleet.yaml"])["rollout"]["paused"] is True
+        cm = await mgmt.get(CONFIGMAPS, ROLLOUT_CONFIGMAP, "k0s-fleet-system")
+        assert switch(cm["metadata"]["annotations"], ANN_PAUSED) == "change freeze until Monday"
+        md = await mgmt.get(MACHINE_DEPLOYMENTS, "edge-01-workers", "fleet-prod")
+        assert switch(md["metadata"]["annotations"], ANN_PAUSED) == ""
+
+    async def retried() -> None:
+        md = await mgmt.get(MACHINE_DEPLOYMENTS, "edge-01-workers", "fleet-prod")
+        assert md["metadata"]["annotations"][ANN_RETRY].isdigit()
 
     async def uninstalled() -> None:
         assert await mgmt.get_or_none(DEPLOYMENTS, "k0s-fleet", "k0s-fleet-system") is None
@@ -133,7 +144,7 @@ async def test_operations_guide_runs(crds_installed: World, mgmt: KubeClient,
         "Configure the fleet YAML": reconfigured,
         "Roll a version": version_bumped,
         "Watch it": nodeplans_listable,
-        "Recover from a failed node": nodeplans_listable,
+        "Recover from a failed node": retried,
         "Pause": paused,
         "Uninstall": uninstalled,
     }
