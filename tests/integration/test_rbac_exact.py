@@ -10,6 +10,7 @@ case"), and nothing was refused.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -30,7 +31,6 @@ from fleet.kube.resources import (
 )
 from fleet.model import ANN_RETRY
 from fleet.nodeplan import NodePlanPhase
-from fleet.signal import SignalState
 from fleet.testing.capi import bump, create_cluster, ensure_infra_crd
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.responder import NodeResponder
@@ -140,35 +140,75 @@ def _grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
     return {(g, r, v) for g, r, v, _ in rbac_grants(role["rules"])}
 
 
-async def test_agent_chart_grants_exactly_what_the_agent_uses(
+async def test_both_charts_upgrade_a_cluster_and_the_agent_uses_exactly_its_grants(
         audited: Audited, audited_admin: KubeClient, releases: ReleaseServer,
         tmp_path: Path) -> None:
-    ns, release = unique("kfa"), unique("k0s-fleet-agent")
-    await create_namespace(audited_admin, ns, pod_security="privileged")
-    await helm_cli("install", release, AGENT_CHART, "--namespace", ns, "--kubeconfig",
-                   kubeconfig_file(audited.server, tmp_path))
-    ds = await audited_admin.get(DAEMONSETS, release, ns)
-    inst = AgentInstall(ns, release, pod_spec(ds)["serviceAccountName"], ds)
-    name = unique("audited-node")
-    async with SimNode.running(audited_admin, audited.server.kubeconfig(), tmp_path / "node",
-                               releases.releases[OLD], name=name, start_agent=False) as node:
-        token = await token_for(audited_admin, inst,
-                                await agent_pod_on(audited_admin, inst, name))
-        kubeconfig = tmp_path / "agent.kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump(audited.server.kubeconfig(token=token)))
-        await audited_admin.create(PODS, {"metadata": {"name": unique("victim")}, "spec": {
-            "nodeName": name, "containers": [{"name": "c", "image": "busybox"}]}}, "default")
-        await node.start_agent(extra_args=["--kubeconfig", str(kubeconfig)])
-        plan = await node.request(releases.releases[NEW])
-        sig = await node.wait_for(plan, {s for s in SignalState if s.terminal}, timeout=90)
-        assert sig.status is not None and sig.status.status is SignalState.COMPLETED
+    """End to end with both charts' identities: the controller (its Deployment's command,
+    its ServiceAccount's token) upgrades a MachineDeployment whose nodes run the real agent
+    (its DaemonSet's ServiceAccount, pod-bound tokens), all on one audited API server."""
+    admin, server = audited_admin, audited.server
+    agent_ns, release = unique("kfa"), unique("k0s-fleet-agent")
+    await create_namespace(admin, agent_ns, pod_security="privileged")
+    await helm_cli("install", release, AGENT_CHART, "--namespace", agent_ns, "--kubeconfig",
+                   kubeconfig_file(server, tmp_path))
+    ds = await admin.get(DAEMONSETS, release, agent_ns)
+    agent = AgentInstall(agent_ns, release, pod_spec(ds)["serviceAccountName"], ds)
 
-    used, refused = audited.used(f"system:serviceaccount:{ns}:{inst.service_account}")
-    granted = _grants(await audited_admin.get(CLUSTER_ROLES, release))
+    capi_ns = unique("capi")
+    await create_namespace(admin, capi_ns)
+    values = chart_values(capi_ns)
+    values["fleet"]["download"] = {
+        "urlTemplate": releases.base_url + "/k0s/{version}?arch={arch}",
+        "digests": {NEW: {"amd64": releases.releases[NEW].sha256}}}
+    values["fleet"]["rollout"] = {"progressDeadlines": {"pending": "30s"}}
+    controller = await install_controller(server, admin, tmp_path, values,
+                                          namespace=unique("kf"), capi_namespace=capi_ns)
+    token = await service_account_token(admin, controller.namespace,
+                                        controller.service_account)
+    fc = await create_cluster(admin, admin, server.kubeconfig(), namespace=capi_ns,
+                              name=unique("e2e"), version=OLD, control_planes=0, workers=2,
+                              max_unavailable=1, create_nodes=False)
+    async with contextlib.AsyncExitStack() as stack:
+        nodes = []
+        for name in fc.workers:
+            node = await stack.enter_async_context(SimNode.running(
+                admin, server.kubeconfig(), tmp_path / name, releases.releases[OLD],
+                name=name, start_agent=False))
+            pod_token = await token_for(admin, agent, await agent_pod_on(admin, agent, name))
+            kubeconfig = tmp_path / f"{name}.kubeconfig"
+            kubeconfig.write_text(yaml.safe_dump(server.kubeconfig(token=pod_token)))
+            await node.start_agent(extra_args=["--kubeconfig", str(kubeconfig)])
+            nodes.append(node)
+            # A workload on the node: the drain must evict it.
+            await admin.create(PODS, {"metadata": {"name": f"app-{name}"}, "spec": {
+                "nodeName": name, "containers": [{"name": "c", "image": "busybox"}]}},
+                capi_ns)
+        async with anyio.create_task_group() as tg:
+            log = await tg.start(run_controller, controller, server, token, tmp_path)
+            await bump(admin, fc, NEW)
+
+            async def upgraded() -> bool:
+                plans = (await admin.list(NODE_PLANS, capi_ns)).items
+                return len(plans) == 2 and all(
+                    (p.get("status") or {}).get("phase") == NodePlanPhase.COMPLETED
+                    for p in plans)
+
+            await wait_for(upgraded, 120, "both nodes upgraded", log)
+            tg.cancel_scope.cancel()
+        for node in nodes:
+            assert await node.running_version() == NEW
+            assert node.restarts == 1
+
+    used, refused = audited.used(f"system:serviceaccount:{agent_ns}:{agent.service_account}")
+    granted = _grants(await admin.get(CLUSTER_ROLES, release))
     assert refused == []
     assert used <= granted
     assert granted - used == set(), f"granted but never used: {sorted(granted - used)}"
     print(f"\n[rbac] agent used exactly: {sorted(used)}")
+    ctl_used, ctl_refused = audited.used(
+        f"system:serviceaccount:{controller.namespace}:{controller.service_account}")
+    assert ctl_refused == []
+    assert ctl_used
 
 
 # Granted to the controller but not used by this scenario, and why they stay.
