@@ -5,7 +5,7 @@ service account) plays both the management and a workload cluster. Both charts a
 installed into it with helm, the components run an upgrade with the charts' own
 ServiceAccount tokens, and the audit log then says which (group, resource, verb) each
 identity used. Every rule a chart grants must have been used (nothing granted "just in
-case"), and nothing was refused.
+case") or be listed here with the reason this run cannot use it, and nothing was refused.
 """
 
 from __future__ import annotations
