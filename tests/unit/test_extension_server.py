@@ -216,7 +216,7 @@ bodies = st.one_of(
 )
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(path=st.sampled_from([*ALL_PATHS, "/", "/hooks.runtime.cluster.x-k8s.io/v1alpha1/x"]),
        body=bodies, query=st.sampled_from(["", "?timeout=10s", "?timeout=bogus"]))
 def test_fuzz_every_request_gets_a_well_formed_response(
