@@ -3,7 +3,7 @@
 CAPI calls the extension's Service, which spreads calls over all controller replicas;
 the controller's :class:`fleet.clusters.ClusterRegistry` lives only on the leader. So
 the extension keeps its own small cache: one client per cluster, built from the
-cluster's kubeconfig Secret (read on every call, one cheap GET) and rebuilt when the
+cluster's kubeconfig Secret (read on every call: one list by name) and rebuilt when the
 Secret's content changes.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 
 from fleet.clusters import KubeconfigSecretError, kubeconfig_from_secret, secret_digest
-from fleet.kube import KubeClient, NotFoundError, UnreachableError
+from fleet.kube import KubeClient, UnreachableError
 from fleet.kube.resources import SECRETS
 
 log = logging.getLogger(__name__)
@@ -56,11 +56,13 @@ class SecretWorkloadClients:
     async def __call__(self, namespace: str, cluster: str) -> KubeClient:
         key = (namespace, cluster)
         name = self.secret_name(namespace, cluster)
-        try:
-            secret = await self.mgmt.get(SECRETS, name, namespace)
-        except NotFoundError:
+        # A list by name, not a get: the controller's RBAC grants Secrets list+watch only
+        # (it watches the kubeconfig Secrets), and this needs no more than that.
+        listed = await self.mgmt.list(SECRETS, namespace, field_selector=f"metadata.name={name}")
+        if not listed.items:
             raise UnreachableError(
-                f"kubeconfig Secret {namespace}/{name} of cluster {cluster} not found") from None
+                f"kubeconfig Secret {namespace}/{name} of cluster {cluster} not found")
+        secret = listed.items[0]
         digest = secret_digest(secret)
         lock = self._locks.setdefault(key, anyio.Lock())
         async with lock:
