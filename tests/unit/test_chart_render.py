@@ -106,12 +106,19 @@ def template_args(chart: Path, *values_files: Path, sets: Sequence[str] = (),
     return args
 
 
+@functools.lru_cache(maxsize=256)
+def _template(args: tuple[str, ...], inputs: tuple[tuple[str, float], ...]) -> str:
+    """helm template output, cached per process (``inputs``: values files and mtimes)."""
+    return helm("template", *args).stdout
+
+
 def render(chart: Path, *values_files: Path, sets: Sequence[str] = (),
            api_versions: Iterable[str] = OPTIONAL_APIS, release: str = "r1",
            namespace: str = "fleet-system") -> Manifest:
-    out = helm("template", release, "--namespace", namespace,
-               *template_args(chart, *values_files, sets=sets, api_versions=api_versions))
-    return Manifest([d for d in yaml.safe_load_all(out.stdout) if d])
+    args = (release, "--namespace", namespace,
+            *template_args(chart, *values_files, sets=sets, api_versions=api_versions))
+    inputs = tuple((str(f), f.stat().st_mtime) for f in values_files)
+    return Manifest([d for d in yaml.safe_load_all(_template(args, inputs)) if d])
 
 
 def ci_values(chart: Path) -> list[Path]:
