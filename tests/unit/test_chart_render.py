@@ -483,8 +483,6 @@ AGENT_RULES = {
     ("", "pods", "list", "*"),
     ("", "pods/eviction", "create", "*"),
 }
-CONTROL_NODE_RULES = {("autopilot.k0sproject.io", "controlnodes", v, "*")
-                      for v in ("get", "list", "watch", "patch")}
 
 
 def _host_paths(spec: dict[str, Any]) -> dict[str, tuple[str, str, bool]]:
@@ -532,14 +530,14 @@ def test_agent_privileged_only_for_nsenter_strategies(values: str) -> None:
     assert _env(spec)["K0S_FLEET_AGENT_HOST_NAMESPACE"] == "always"
 
 
-def test_agent_custom_paths_and_control_nodes() -> None:
+def test_agent_custom_paths_and_controller_nodes() -> None:
     spec = pod_spec(render(AGENT_CHART, AGENT_CHART / "ci" / "custom-paths-values.yaml")
                     .workload())
     assert _host_paths(spec)["k0s-bin"] == ("/opt/bin", "/host/opt/bin", False)
     assert _host_paths(spec)["k0s-run"] == ("/var/run/k0s", "/host/var/run/k0s", True)
     assert _env(spec)["K0S_FLEET_AGENT_STATUS_SOCKET"] == "/host/var/run/k0s/status.sock"
     m = render(AGENT_CHART, AGENT_CHART / "ci" / "controller-role-values.yaml")
-    assert rbac_grants(m.one("ClusterRole")["rules"]) == AGENT_RULES | CONTROL_NODE_RULES
+    assert rbac_grants(m.one("ClusterRole")["rules"]) == AGENT_RULES
     assert pod_spec(m.workload())["nodeSelector"] == {
         "node-role.kubernetes.io/control-plane": "true"}
     assert "affinity" not in pod_spec(m.workload())
@@ -550,7 +548,7 @@ def test_agent_custom_paths_and_control_nodes() -> None:
 def test_agent_never_reads_secrets_or_touches_other_kinds(values: Path | None) -> None:
     m = render(AGENT_CHART, *([values] if values else []))
     grants = rbac_grants(r for role in m.all("ClusterRole") for r in role["rules"])
-    assert grants <= AGENT_RULES | CONTROL_NODE_RULES
+    assert grants == AGENT_RULES
     assert not m.all("Role")
 
 
