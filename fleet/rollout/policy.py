@@ -77,7 +77,7 @@ class RolloutPolicy:
         return decision.hold
 
     def on_pass(self, snapshot: Snapshot, result: PlanResult) -> None:
-        self.board.metrics.observe_actions(result.actions, snapshot.nodeplans)
+        self.board.metrics.observe_nodeplans(snapshot.nodeplans.values())
 
     async def wakeups(self, poke: Callable[[], None], clock: Callable[[], datetime]) -> None:
         """Poke the controller when the gate's next wake-up time comes (forever)."""

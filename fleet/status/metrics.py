@@ -1,25 +1,21 @@
 """Prometheus metrics of the fleet, in a registry passed in explicitly (never the global).
 
 Gauges are set from the status document (so /metrics and /status never disagree);
-counters and histograms are fed from the planner's actions by the controller
-(:meth:`FleetMetrics.observe_actions`), with the snapshot they were computed from.
+counters and histograms from the NodePlans observed in each snapshot
+(:meth:`FleetMetrics.observe_nodeplans`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from fleet.model import NodePlanInfo
 from fleet.nodeplan import NodePlanPhase
-from fleet.planner.actions import (
-    Action,
-    CreateNodePlan,
-    MarkNodePlanFailed,
-    RetryNodePlan,
-    UpdateNodePlanStatus,
-)
+from fleet.planner.conditions import R_DEADLINE
 from fleet.rollout.progress import NodeState
 
 PHASE_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
@@ -64,6 +60,10 @@ class FleetMetrics:
                                          "Time from dispatch to completion of a node upgrade.",
                                          buckets=UPGRADE_BUCKETS, registry=r)
         self._waves: set[str] = set()
+        self._seeded = False
+        self._started: set[tuple[str, str, int]] = set()
+        self._done: set[tuple[str, str, int]] = set()
+        self._phase: dict[tuple[str, str, int], tuple[str, datetime | None]] = {}
 
     # -- gauges from the status document ---------------------------------------------------
     def update_from_status(self, doc: Mapping[str, Any]) -> None:
@@ -90,28 +90,42 @@ class FleetMetrics:
                 self.wave_phase.remove(gone, p)
         self._waves = seen
 
-    # -- counters and histograms from planner actions ---------------------------------------
-    def observe_actions(self, actions: Iterable[Action], nodeplans: Mapping[Any, Any]) -> None:
-        """Count what one planning pass did. ``nodeplans`` is the snapshot's NodePlans
-        (keyed by (namespace, name)) the actions were computed from."""
-        for a in actions:
-            if isinstance(a, CreateNodePlan):
-                self.started.labels(a.role).inc()
-            elif isinstance(a, RetryNodePlan):
-                p = nodeplans.get((a.plan.namespace, a.plan.name))
-                self.started.labels(getattr(p, "role", "worker")).inc()
-            elif isinstance(a, MarkNodePlanFailed):
-                self.failed.labels("deadline" if a.deadline else "node").inc()
-            elif isinstance(a, UpdateNodePlanStatus):
-                p = nodeplans.get((a.plan.namespace, a.plan.name))
-                if p is None:
-                    continue
-                if a.node_state != p.node_state and p.phase_since is not None \
-                        and a.phase_since is not None:
-                    self.phase_seconds.labels(p.node_state or "Pending").observe(
-                        max(0.0, (a.phase_since - p.phase_since).total_seconds()))
-                if a.phase == NodePlanPhase.COMPLETED and p.phase != NodePlanPhase.COMPLETED:
+    # -- counters and histograms from observed NodePlans -----------------------------------
+    def observe_nodeplans(self, nodeplans: Iterable[NodePlanInfo]) -> None:
+        """Count transitions of NodePlans as observed pass after pass.
+
+        Observation-based (not from the planner's actions, which a controller acting in
+        the background may repeat): each NodePlan attempt counts once as started,
+        completed or failed, and each phase it leaves is timed from its ``phaseSince``.
+        The first call only learns what exists, so a restart does not count history.
+        """
+        seeding = not self._seeded
+        self._seeded = True
+        for p in nodeplans:
+            key = (p.ref.namespace, p.ref.name, max(1, p.attempts))
+            if p.started_at is not None and key not in self._started:
+                self._started.add(key)
+                if not seeding:
+                    self.started.labels(p.role or "worker").inc()
+            if p.phase == NodePlanPhase.COMPLETED and key not in self._done:
+                self._done.add(key)
+                if not seeding:
                     self.completed.inc()
-                    if p.started_at is not None and a.completed_at is not None:
+                    if p.started_at is not None and p.completed_at is not None:
                         self.upgrade_seconds.observe(
-                            max(0.0, (a.completed_at - p.started_at).total_seconds()))
+                            max(0.0, (p.completed_at - p.started_at).total_seconds()))
+            elif p.phase == NodePlanPhase.FAILED and key not in self._done:
+                self._done.add(key)
+                if not seeding:
+                    self.failed.labels(
+                        "deadline" if p.reason == R_DEADLINE else "node").inc()
+            prev = self._phase.get(key)
+            current = (p.node_state or "Pending", p.phase_since)
+            if prev is not None and prev[0] != current[0] and prev[1] is not None \
+                    and current[1] is not None and not seeding:
+                self.phase_seconds.labels(prev[0]).observe(
+                    max(0.0, (current[1] - prev[1]).total_seconds()))
+            if p.terminal:
+                self._phase.pop(key, None)
+            else:
+                self._phase[key] = current

@@ -440,7 +440,7 @@ async def test_events_are_deduplicated(mgmt: KubeClient, namespace: str) -> None
     assert await other.emit(cluster, reason="Tested", action="Test", note="hello", key="2")
     events = await list_events(mgmt, namespace, regarding_name="ev")
     assert len(events) == 2
-    e = events[0]
+    e = next(x for x in events if x["reportingInstance"] == "t1")
     assert e["regarding"]["uid"] == cluster["metadata"]["uid"]
     assert e["regarding"]["apiVersion"] == "cluster.x-k8s.io/v1beta2"
     assert e["reportingInstance"] == "t1" and e["type"] == "Normal"

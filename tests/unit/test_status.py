@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from datetime import timedelta
 
@@ -14,7 +15,6 @@ from rich.console import Console
 
 from fleet.model import NodePlanInfo, ObjectRef
 from fleet.nodeplan import NodePlanPhase
-from fleet.planner.actions import CreateNodePlan, MarkNodePlanFailed, UpdateNodePlanStatus
 from fleet.rollout.gate import FleetControls
 from fleet.status.metrics import FleetMetrics
 from fleet.status.model import build_status
@@ -89,25 +89,31 @@ def test_metrics_follow_the_status_and_the_actions() -> None:
     assert s[("k0s_fleet_wave_phase", (("phase", "Progressing"), ("wave", "canary")))] == 1
     assert s[("k0s_fleet_rollout_phase", (("phase", "Progressing"),))] == 1
     ref = ObjectRef("NodePlan", "fleet", "m1-v1")
-    p = NodePlanInfo(ref=ref, cluster="c", machine="m1", node="m1", role="worker",
-                     owner_kind="MachineDeployment", owner_name="md", version="v1.31.3+k0s.0",
-                     phase=NodePlanPhase.IN_PROGRESS, node_state="Downloading",
-                     started_at=T0, phase_since=T0 + timedelta(seconds=10))
-    plans = {("fleet", "m1-v1"): p}
-    m.observe_actions([
-        CreateNodePlan(cluster=("fleet", "c"), owner=ObjectRef("MachineDeployment", "fleet", "md"),
-                       machine=ObjectRef("Machine", "fleet", "m2"), node="m2", node_kind="Node",
-                       role="worker", version="v1.31.3+k0s.0", executor="agent"),
-        UpdateNodePlanStatus(ref, phase=NodePlanPhase.COMPLETED, node_state="Completed",
-                             message="", phase_since=T0 + timedelta(seconds=70),
-                             completed_at=T0 + timedelta(seconds=70), running_version=None,
-                             conditions=()),
-        MarkNodePlanFailed(ref, reason="x", message="", node_state="", deadline=True),
-    ], plans)
+    old = NodePlanInfo(ref=ObjectRef("NodePlan", "fleet", "old"), cluster="c", machine="m0",
+                       node="m0", role="worker", owner_kind="MachineDeployment",
+                       owner_name="md", version="v1.31.3+k0s.0", started_at=T0,
+                       phase=NodePlanPhase.COMPLETED, completed_at=T0)
+    pending = NodePlanInfo(ref=ref, cluster="c", machine="m1", node="m1", role="worker",
+                           owner_kind="MachineDeployment", owner_name="md",
+                           version="v1.31.3+k0s.0")
+    m.observe_nodeplans([old, pending])  # first sight: history is not counted
+    t = T0 + timedelta(seconds=1)
+    started = dataclasses.replace(pending, started_at=t, phase_since=t)
+    down = dataclasses.replace(started, phase=NodePlanPhase.IN_PROGRESS,
+                               node_state="Downloading", phase_since=t + timedelta(seconds=4))
+    done = dataclasses.replace(down, phase=NodePlanPhase.COMPLETED, node_state="Completed",
+                               phase_since=t + timedelta(seconds=64),
+                               completed_at=t + timedelta(seconds=70))
+    for snapshot in ([old, started], [old, started], [old, down], [old, done], [old, done]):
+        m.observe_nodeplans(snapshot)  # repeated observations count once
+    failed = dataclasses.replace(started, ref=ObjectRef("NodePlan", "fleet", "f"),
+                                 phase=NodePlanPhase.FAILED, reason="ProgressDeadlineExceeded")
+    m.observe_nodeplans([failed])
     s = _samples(reg)
-    assert s[("k0s_fleet_node_upgrades_started_total", (("role", "worker"),))] == 1
+    assert s[("k0s_fleet_node_upgrades_started_total", (("role", "worker"),))] == 2
     assert s[("k0s_fleet_node_upgrades_completed_total", ())] == 1
     assert s[("k0s_fleet_node_upgrades_failed_total", (("reason", "deadline"),))] == 1
+    assert s[("k0s_fleet_node_phase_duration_seconds_sum", (("phase", "Pending"),))] == 4
     assert s[("k0s_fleet_node_phase_duration_seconds_sum", (("phase", "Downloading"),))] == 60
     assert s[("k0s_fleet_node_upgrade_duration_seconds_sum", ())] == 70
     # A wave that disappears from the config disappears from the metrics.
