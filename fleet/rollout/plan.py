@@ -195,7 +195,8 @@ def plan_document(run: DryRun) -> dict[str, Any]:
                   for s in run.steps],
         "estimatedDuration": None if run.duration is None else format_duration(
             timedelta(seconds=int(run.duration.total_seconds()))),
-        "finishesAt": None if run.end is None else format_time(run.end),
+        "finishesAt": None if run.end is None else format_time(
+            run.end.replace(microsecond=0) + timedelta(seconds=run.end.microsecond > 0)),
         "blocked": [{"cluster": f"{k[0]}/{k[1]}", "reason": r}
                     for k, r in sorted(run.blocked.items())],
     }

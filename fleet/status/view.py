@@ -53,6 +53,8 @@ def render(doc: dict[str, Any], *, width: int = 30) -> RenderableType:
     if r["nextWakeup"]:
         parts.append(Text(f"next change expected at {r['nextWakeup']}", style="dim"))
     for w in doc["waves"]:
+        if not w["clusters"]:
+            continue
         title = Text.assemble((f"wave {w['name']}", "bold"), " ",
                               ("(canary) " if w["canary"] else ""), _phase(w["phase"]),
                               f"  {w['clustersComplete']}/{len(w['clusters'])} clusters, "
