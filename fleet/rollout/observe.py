@@ -72,7 +72,11 @@ async def management_client(config: FleetConfig) -> KubeClient:
     if m.kubeconfig:
         return await KubeClient.from_kubeconfig_file(m.kubeconfig, name="management",
                                                      context=m.context)
-    return KubeClient.in_cluster(name="management")
+    try:
+        return KubeClient.in_cluster(name="management")
+    except Exception as e:  # kubernetes_asyncio's ConfigException, not one of ours
+        raise ValueError("no management kubeconfig: pass --kubeconfig or set "
+                         f"management.kubeconfig (not running in a cluster: {e})") from None
 
 
 def _in_fleet(config: FleetConfig, obj: Mapping[str, Any]) -> bool:

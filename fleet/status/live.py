@@ -86,7 +86,7 @@ def run_status(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"k0s-fleet status: bad fleet config:\n{e}", file=sys.stderr)
         return 2
-    except (KubeError, aiohttp.ClientError, OSError) as e:
+    except (KubeError, aiohttp.ClientError, OSError, ValueError) as e:
         print(f"k0s-fleet status: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
