@@ -76,6 +76,12 @@ class RolloutPolicy:
             self._wakeup_changed.set()
         return decision.hold
 
+    @property
+    def stopped(self) -> bool:
+        """Emergency stop in force (config or annotation): the controller should also hold
+        starts and signals of NodePlans already created, as for rollout.emergencyStop."""
+        return self.decision is not None and self.decision.emergency_stop is not None
+
     def on_pass(self, snapshot: Snapshot, result: PlanResult) -> None:
         self.board.metrics.observe_nodeplans(snapshot.nodeplans.values())
 
