@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from fleet.config import FleetConfig
+from fleet.config import ClusterSettings, FleetConfig, MaintenanceWindow
 from fleet.model import ClusterKey, ObjectRef, format_time
 from fleet.rollout.annotations import ANN_EMERGENCY_STOP, ANN_PAUSED, ROLLOUT_CONFIGMAP, switch
 from fleet.rollout.progress import ClusterProgress, fingerprint
@@ -165,11 +165,38 @@ class RolloutGate:
 
     def __init__(self, config: FleetConfig) -> None:
         self.config = config
+        self._settings: dict[tuple[str, str, tuple[tuple[str, str], ...]], ClusterSettings] = {}
+        self._windows: dict[tuple[object, ...], tuple[bool, datetime | None]] = {}
+        self._windows_at: datetime | None = None
+        self._entries = {(e.namespace, e.name): e for e in config.clusters.entries}
+
+    def settings(self, c: ClusterProgress) -> ClusterSettings:
+        """The cluster's effective settings (cached: the config never changes)."""
+        key = (c.namespace, c.name, tuple(sorted(c.labels.items())))
+        found = self._settings.get(key)
+        if found is None:
+            if len(self._settings) > 100_000:
+                self._settings.clear()
+            found = self._settings[key] = self.config.for_cluster(c.namespace, c.name,
+                                                                  c.labels)
+        return found
+
+    def _window(self, windows: tuple[MaintenanceWindow, ...], now: datetime
+                ) -> tuple[bool, datetime | None]:
+        """(open now, next start) for a set of windows; computed once per instant."""
+        if self._windows_at != now:
+            self._windows, self._windows_at = {}, now
+        found = self._windows.get(windows)
+        if found is None:
+            is_open = window_open(windows, now)
+            found = self._windows[windows] = (
+                is_open, None if is_open else next_window_start(windows, now))
+        return found
 
     # -- cluster-level holds -------------------------------------------------------------
     def cluster_pause(self, c: ClusterProgress) -> str | None:
         """Why this one cluster is paused (by whom), or None."""
-        entry = self.config.clusters.entry_for(c.namespace, c.name)
+        entry = self._entries.get((c.namespace, c.name))
         if (reason := c.paused) is not None:
             return f"paused by annotation {ANN_PAUSED} on the Cluster" + (
                 f": {reason}" if reason else "")
@@ -187,9 +214,8 @@ class RolloutGate:
             return paused
         if not c.observed:
             return "workload cluster not observed (unreachable or not synced yet)"
-        windows = self.config.for_cluster(c.namespace, c.name, c.labels).maintenance_windows
-        if not window_open(windows, now):
-            nxt = next_window_start(windows, now)
+        is_open, nxt = self._window(self.settings(c).maintenance_windows, now)
+        if not is_open:
             if nxt is not None:
                 wakeups.append(nxt)
             return "outside its maintenance window" + (
@@ -202,7 +228,7 @@ class RolloutGate:
         waves = rollout.effective_waves
         members: dict[str, list[ClusterProgress]] = {w.name: [] for w in waves}
         for c in view.clusters:
-            wave = self.config.for_cluster(c.namespace, c.name, c.labels).wave
+            wave = self.settings(c).wave
             members[wave.name].append(c)
         for cs in members.values():
             cs.sort(key=lambda c: c.key)

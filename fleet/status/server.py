@@ -23,19 +23,38 @@ from fleet.status.model import build_status
 
 
 class StatusBoard:
-    """The latest fleet status, and the metrics registry that goes with it."""
+    """The latest fleet status, and the metrics registry that goes with it.
+
+    ``publish`` only keeps the decision (cheap, once per controller pass); the document
+    and the gauges are computed when someone asks (/status, /metrics), once per
+    decision.
+    """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = FleetMetrics(self.registry)
-        self.status: dict[str, Any] | None = None
+        self._latest: tuple[GateDecision, Sequence[ClusterProgress],
+                            dict[ClusterKey, str] | None] | None = None
+        self._doc: dict[str, Any] | None = None
+        self._gauges_from: dict[str, Any] | None = None
 
     def publish(self, decision: GateDecision, clusters: Sequence[ClusterProgress], *,
-                problems: dict[ClusterKey, str] | None = None) -> dict[str, Any]:
-        doc = build_status(decision, clusters, problems=problems)
-        self.status = doc
-        self.metrics.update_from_status(doc)
-        return doc
+                problems: dict[ClusterKey, str] | None = None) -> None:
+        self._latest = (decision, clusters, problems)
+        self._doc = None
+
+    @property
+    def status(self) -> dict[str, Any] | None:
+        if self._doc is None and self._latest is not None:
+            decision, clusters, problems = self._latest
+            self._doc = build_status(decision, clusters, problems=problems)
+        return self._doc
+
+    def refresh_metrics(self) -> None:
+        doc = self.status
+        if doc is not None and doc is not self._gauges_from:
+            self.metrics.update_from_status(doc)
+            self._gauges_from = doc
 
 
 def _always() -> bool:
@@ -60,6 +79,7 @@ def make_app(board: StatusBoard, *, ready: Callable[[], bool] = _always,
         return web.Response(text="ok\n" if ok else "not ready\n", status=200 if ok else 503)
 
     async def metrics(_: web.Request) -> web.Response:
+        board.refresh_metrics()
         body = generate_latest(board.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -82,7 +82,9 @@ async def test_status_and_plan_commands_and_http(  # noqa: PLR0917 (fixtures)
     assert "wave canary" in text and f"{namespace}/other" in text
 
     board = StatusBoard()
-    doc = board.publish(decision, driver.progress)
+    board.publish(decision, driver.progress)
+    doc = board.status
+    assert doc is not None
     app = make_app(board)
     async with anyio.create_task_group() as tg:
         port = await tg.start(lambda task_status: serve(app, host="127.0.0.1", port=0,

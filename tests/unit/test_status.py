@@ -150,7 +150,8 @@ async def test_http_endpoints() -> None:
             async with s.get(f"{base}/healthz") as r:
                 assert r.status == 200
             cs = [cluster("can", "ug", labels=CANARY)]
-            doc = board.publish(evaluate(waves_config(), cs), cs)
+            board.publish(evaluate(waves_config(), cs), cs)
+            doc = board.status
             async with s.get(f"{base}/status") as r:
                 assert r.status == 200
                 assert await r.json() == doc
