@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 from datetime import timedelta
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from fleet.model import TemplateRef
+from fleet.planner import PlannerSettings, plan
 from fleet.planner.simulate import SimFleet, add_cluster, bump
-from fleet.rollout.gate import FleetControls
+from fleet.rollout.gate import FleetControls, FleetView, RolloutGate
 from fleet.rollout.observe import Observation
 from fleet.rollout.plan import dry_run, plan_document, render_plan
+from fleet.rollout.progress import clusters_from_snapshot
+from fleet.rollout.state import RolloutState
 from fleet.schedule import parse_duration
 from tests.unit.test_rollout_gate import CANARY, PROD, T0, TARGET, config, waves_config
 
@@ -92,3 +99,57 @@ def test_plan_waits_for_maintenance_windows() -> None:
     # A node in flight at 23:00 finishes; nothing new starts until the next night.
     late = [s for s in doc["steps"] if s["at"] >= "2026-03-02T23:00"]
     assert all(s["at"] >= "2026-03-03T22:00" for s in late)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_plan_order_matches_a_rollout_at_random_node_speeds(data: st.DataObject) -> None:
+    """The dry run's per-object node order and per-wave cluster order are what a rollout
+    with nodes progressing at random speeds does (same gate, same planner)."""
+    sim = SimFleet(now=T0)
+    meta: dict[tuple[str, str], tuple[dict[str, str], dict[str, str]]] = {}
+    n = data.draw(st.integers(1, 4))
+    for i in range(n):
+        labels = data.draw(st.sampled_from([CANARY, PROD, {}]))
+        key = add_cluster(sim, f"c{i}", namespace="fleet",
+                          control_planes=data.draw(st.integers(0, 2)),
+                          workers=data.draw(st.integers(1, 4)),
+                          max_unavailable=data.draw(st.integers(1, 2)))
+        bump(sim, key, TARGET)
+        meta[key] = (labels, {})
+    cfg = waves_config(maxConcurrentClusters=data.draw(st.integers(1, 2)))
+    planned = plan_document(dry_run(Observation(snapshot=sim.snapshot(), meta=meta), cfg,
+                                    now=T0))
+    assert planned["estimatedDuration"] is not None
+
+    # The "actual" rollout: gate + planner each pass, nodes advance at random.
+    rnd = random.Random(data.draw(st.integers(0, 2**32)))
+    gate = RolloutGate(cfg)
+    state = RolloutState()
+    for _ in range(3000):
+        snap = sim.snapshot()
+        progress = clusters_from_snapshot(snap, meta)
+        if all(c.complete for c in progress):
+            break
+        decision = gate.evaluate(FleetView(progress, state=state), sim.now)
+        state = decision.state
+        sim.apply_all(plan(snap, PlannerSettings(), hold=decision.hold).actions)
+        for ckey, node in sim.active_requests():
+            if rnd.random() < 0.5:
+                sim.step_node(ckey, node)
+        sim.advance(rnd.choice([1, 30, 120]))
+        if decision.next_wakeup is not None and not sim.active_requests():
+            sim.now = max(sim.now, decision.next_wakeup)
+    else:
+        raise AssertionError("the rollout did not finish")
+    actual: dict[str, list[str]] = {}
+    for a in sim.created:
+        actual.setdefault(a.owner.name, []).append(a.node)
+    expected: dict[str, list[str]] = {}
+    for s in planned["steps"]:
+        expected.setdefault(s["object"], []).extend(s["nodes"])
+    assert actual == expected
+    wave_of = {f"{s['cluster']}": s["wave"] for s in planned["steps"]}
+    order = ["canary", "prod", "default"]
+    seen = [wave_of[f"{a.cluster[0]}/{a.cluster[1]}"] for a in sim.created]
+    assert seen == sorted(seen, key=order.index)
