@@ -49,6 +49,7 @@ from fleet.model import (
     Snapshot,
     format_time,
     parse_autopilot_signal,
+    parse_time,
 )
 from fleet.nodeplan import NodePlanPhase, nodeplan_name
 from fleet.planner import conditions as C
@@ -260,9 +261,24 @@ class _Pass:
         if retry is not None and self._retry_plan(p, node, retry):
             return
 
+        if not p.started and self.s.nodes.get(ckey) is None:
+            # Its node unseen (cluster not listed yet): it may carry a request of this plan
+            # already, which must be adopted, not replaced. Wait until it is seen.
+            self._add_view(p, NodePlanPhase.PENDING)
+            return
         if not p.started:
             attempts = max(1, p.attempts + (1 if p.phase == NodePlanPhase.FAILED else 0))
-            self.emit(StartNodePlan(p.ref, attempts=attempts, started_at=self.now,
+            # The node may carry this plan's request already (signalled, then the status
+            # write was lost to a crash): adopt it rather than replace it.
+            started = self.now
+            if node is not None and node.signal is not None \
+                    and node.signal.planId == p.plan_id and node.signal.command.id == attempts:
+                started = node.signal.created
+            else:
+                ap = parse_autopilot_signal(node.autopilot_signal) if node else None
+                if ap is not None and ap.plan_id == p.plan_id and ap.command_id == attempts:
+                    started = parse_time(ap.created) or self.now
+            self.emit(StartNodePlan(p.ref, attempts=attempts, started_at=started,
                                     previous_phase=p.phase))
             self._add_view(p, NodePlanPhase.PENDING)
             return

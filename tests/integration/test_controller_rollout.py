@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.abc
 import pytest
+import yaml
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -26,6 +31,7 @@ from fleet.events import list_events
 from fleet.kube import KubeClient, KubeObject
 from fleet.kube.resources import (
     K0S_CONTROL_PLANES,
+    LEASES,
     MACHINE_DEPLOYMENTS,
     MACHINES,
     NODE_PLANS,
@@ -36,6 +42,7 @@ from fleet.model import ANN_RETRY
 from fleet.nodeplan import NodePlanPhase
 from fleet.planner import conditions as C
 from fleet.signal import RUNNING_VERSION_KEY, InvalidSignalError, SignalState, parse_signal
+from fleet.testing.binaries import REPO_ROOT
 from fleet.testing.capi import (
     FleetCluster,
     annotate,
@@ -53,7 +60,11 @@ V1, V2 = "v1.31.2+k0s.0", "v1.31.3+k0s.0"
 
 
 def fleet_config(namespace: str, **rollout: Any) -> FleetConfig:
-    return FleetConfig.model_validate({
+    return FleetConfig.model_validate(fleet_config_dict(namespace, **rollout))
+
+
+def fleet_config_dict(namespace: str, **rollout: Any) -> dict[str, Any]:
+    return {
         "management": {"namespace": namespace},
         "clusters": {"namespaces": [namespace]},
         "download": {"urlTemplate": "https://releases.invalid/{version}/k0s-{arch}",
@@ -65,7 +76,7 @@ def fleet_config(namespace: str, **rollout: Any) -> FleetConfig:
                                           "restarting": "5s", "verifying": "5s",
                                           "unCordoning": "5s"},
                     **rollout},
-    })
+    }
 
 
 @pytest.fixture(scope="module")
@@ -447,3 +458,58 @@ async def test_controller_killed_and_restarted_mid_rollout(  # noqa: PLR0917 - f
 
 def _dump(obj: Any) -> str:
     return json.dumps(obj, indent=1, default=str)
+
+
+@pytest.mark.anyio
+async def test_controller_process_killed_and_replaced_mid_rollout(  # noqa: PLR0917 - fixtures
+        mgmt: KubeClient, wl1: KubeClient, crds_installed: World, infra_crd: None,
+        namespace: str, tmp_path: Any) -> None:
+    """`k0s-fleet controller` processes with leader election: SIGKILL the leader mid-rollout;
+    a second instance waits out the Lease, takes over and finishes, breaking no rule."""
+    fc = await create_cluster(mgmt, wl1, crds_installed["wl1"].kubeconfig(), namespace=namespace,
+                              name=unique("pk"), control_planes=1, workers=5, max_unavailable=2)
+    watcher = InvariantWatcher(fc, max_unavailable=2, cp_target=V2)
+    responder = NodeResponder(wl1, step_seconds=0.15, only=lambda n: n in fc.machines)
+    config = tmp_path / "fleet.yaml"
+    config.write_text(yaml.safe_dump(fleet_config_dict(namespace)))
+    kubeconfig = crds_installed["mgmt"].write_kubeconfig(tmp_path / "mgmt.yaml")
+
+    async def controller(identity: str) -> anyio.abc.Process:
+        with (tmp_path / f"{identity}.log").open("wb") as log:
+            return await anyio.open_process(
+                [sys.executable, "-m", "fleet.cli", "controller", "--config", str(config),
+                 "--kubeconfig", str(kubeconfig), "--identity", identity,
+                 "--lease-seconds", "2", "--log-level", "DEBUG"],
+                stdout=subprocess.DEVNULL, stderr=log, cwd=str(REPO_ROOT),
+                env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(watcher.run, mgmt, wl1)
+        await tg.start(responder.run)
+        first = await controller("first")
+        try:
+            await bump(mgmt, fc, V2)
+            with anyio.fail_after(60):  # mid-rollout: workers are being upgraded
+                while not any(responder.requests.get(w) for w in fc.workers):
+                    await anyio.sleep(0.02)
+            first.kill()  # SIGKILL: no release of the Lease, nothing cleaned up
+            await first.wait()
+            second = await controller("second")
+            try:
+                await wait_rollout(mgmt, fc, timeout=120)
+            finally:
+                second.terminate()
+                with anyio.fail_after(20):
+                    assert await second.wait() == 0  # a clean stop on SIGTERM
+        finally:
+            if first.returncode is None:
+                first.kill()
+        tg.cancel_scope.cancel()
+    assert watcher.violations == [], watcher.violations[:5]
+    assert {n: len(r) for n, r in watcher.requests.items()} == dict.fromkeys(fc.machines, 1), (
+        watcher.requests, (tmp_path / "first.log").read_text()[-3000:],
+        (tmp_path / "second.log").read_text()[:3000])
+    assert all(len(u) == 1 for u in watcher.plan_uids.values())
+    lease = await mgmt.get(LEASES, "k0s-fleet-controller", namespace)
+    assert lease["spec"].get("holderIdentity") in (None, "")  # released on SIGTERM
+    assert lease["spec"]["leaseTransitions"] >= 1

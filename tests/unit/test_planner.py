@@ -523,3 +523,23 @@ def test_extension_sourced_plans_do_not_touch_machines() -> None:
 
 def _unused(p: NodePlanInfo) -> None:  # keep type imports honest
     del p
+
+
+def test_a_request_on_the_node_is_adopted_by_a_plan_not_yet_started() -> None:
+    """Signalled, then the status write was lost (controller killed): adopt, never replace."""
+    sim, ck = fleet(control_planes=0, workers=1, max_unavailable=1)
+    bump(sim, ck, V2)
+    step(sim)  # create
+    key = ("default", nodeplan_name("c1-md-0", V2))
+    p = sim.nodeplans[key]
+    sim.apply(SignalNode(plan=p.ref, cluster=ck, node="c1-md-0", node_kind="Node",
+                         executor="agent", plan_id=p.plan_id, created=T0 - timedelta(seconds=5),
+                         attempt=1, version=V2, url=p.url, sha256=p.sha256,
+                         allow_unverified=False, force=False, traceparent=""))
+    nodes = sim.nodes[ck]
+    sim.nodes[ck] = None  # the workload cluster is not listed yet
+    assert not of(step(sim), StartNodePlan)
+    sim.nodes[ck] = nodes
+    [start] = of(step(sim), StartNodePlan)
+    assert start.started_at == T0 - timedelta(seconds=5)
+    assert not of(step(sim), SignalNode)  # the node carries exactly this request

@@ -229,7 +229,8 @@ def test_random_fleets_and_event_orders(fleet: tuple[SimFleet, PlannerSettings],
         d.ref: d.version for d in sim.deployments.values()}
     for _ in range(400):
         n = run_pass(sim, cfg)
-        for ckey, name in sim.active_requests():
+        active = sim.active_requests()
+        for ckey, name in active:
             sim.finish_node(ckey, name)
         retried = 0
         for key, p in sorted(sim.nodeplans.items()):
@@ -238,7 +239,7 @@ def test_random_fleets_and_event_orders(fleet: tuple[SimFleet, PlannerSettings],
                 sim.annotate("NodePlan", key, ANN_RETRY, "heal")
                 retried += 1
         sim.advance(1)
-        if n == 0 and not retried and not sim.active_requests():
+        if n == 0 and not retried and not active:
             break
     else:
         raise AssertionError("the fleet did not converge")
