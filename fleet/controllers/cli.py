@@ -8,10 +8,10 @@ import os
 import signal
 import socket
 import sys
+from typing import TYPE_CHECKING
 
-import anyio
-
-from fleet.config import ConfigError, FleetConfig, load_config
+if TYPE_CHECKING:  # the CLI imports this module for every subcommand: keep it light
+    from fleet.config import FleetConfig
 
 HELP = "run the controller: watch Cluster API objects and upgrade k0s in place"
 
@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
+    import anyio  # noqa: PLC0415
+
     # Imported here so that `k0s-fleet agent` never pays for the controller's imports.
     from fleet.controllers.leader import LeaderElector, LostLeadershipError  # noqa: PLC0415
     from fleet.controllers.runner import FleetController  # noqa: PLC0415
@@ -85,6 +87,10 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    import anyio  # noqa: PLC0415
+
+    from fleet.config import ConfigError, load_config  # noqa: PLC0415
+
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -148,6 +148,14 @@ class _Pass:
         for m in snapshot.machines.values():
             if m.owner is not None:
                 self.machines_by_owner[m.owner].append(m)
+        # Indexes, so that a pass stays linear in the size of the fleet.
+        self.plans_by_cluster: dict[ClusterKey, list[NodePlanInfo]] = defaultdict(list)
+        for p in snapshot.nodeplans.values():
+            self.plans_by_cluster[(p.ref.namespace, p.cluster)].append(p)
+        self.kcps_by_cluster: dict[ClusterKey, list[ControlPlaneInfo]] = defaultdict(list)
+        for k in snapshot.control_planes.values():
+            self.kcps_by_cluster[(k.ref.namespace, k.cluster)].append(k)
+        self.views_by_owner: dict[tuple[str, str, str], list[PlanView]] = defaultdict(list)
         for ms in self.machines_by_owner.values():
             ms.sort(key=MachineInfo.sort_key)
 
@@ -244,6 +252,7 @@ class _Pass:
         )
         self.views[(p.ref.namespace, p.ref.name)] = view
         self.by_machine[(p.ref.namespace, p.machine)].append(view)
+        self.views_by_owner[(p.ref.namespace, p.owner_kind, p.owner_name)].append(view)
         return view
 
     def _upkeep(self, p: NodePlanInfo) -> None:
@@ -514,8 +523,8 @@ class _Pass:
 
     def _control_plane_busy(self, namespace: str, cluster: str, *,
                             exclude: NodePlanInfo | None = None) -> bool:
-        for p in self.s.nodeplans.values():
-            if p is exclude or p.ref.namespace != namespace or p.cluster != cluster:
+        for p in self.plans_by_cluster.get((namespace, cluster), ()):
+            if p is exclude:
                 continue
             if p.role != ROLE_CONTROLLER:
                 continue
@@ -552,6 +561,8 @@ class _Pass:
     def _orphan_signals(self) -> None:
         """Requests on nodes whose NodePlan no longer exists, and nodes k0s-fleet left
         cordoned with no request of a live NodePlan on them: clear and uncordon."""
+        busy_nodes = {(v.plan.ref.namespace, v.plan.cluster, v.plan.node)
+                      for v in self.views.values() if v.in_flight}
         for ckey in sorted(self.s.nodes):
             nodes = self.s.nodes[ckey]
             if nodes is None or self.cluster(*ckey) is None:
@@ -568,9 +579,7 @@ class _Pass:
                         continue
                 if node.cordoned_by is None or not (sig is None or orphan):
                     continue
-                if any(v.in_flight and v.plan.node == name
-                       and (v.plan.ref.namespace, v.plan.cluster) == ckey
-                       for v in self.views.values()):
+                if (*ckey, name) in busy_nodes:
                     continue
                 self.emit(UncordonNode(ckey, name))
 
@@ -603,10 +612,8 @@ class _Pass:
         return (m.ref.namespace, nodeplan_name(m.ref.name, target)) in self.views
 
     def _failed_for(self, owner: ObjectRef, target: str | None) -> list[PlanView]:
-        return [v for v in self.views.values()
-                if v.failed and not v.plan.deleting and v.plan.ref.namespace == owner.namespace
-                and v.plan.owner_kind == owner.kind and v.plan.owner_name == owner.name
-                and same_version(v.plan.version, target)]
+        return [v for v in self.views_by_owner.get((owner.namespace, owner.kind, owner.name), ())
+                if v.failed and not v.plan.deleting and same_version(v.plan.version, target)]
 
     def _control_plane(self, kcp: ControlPlaneInfo) -> None:
         ns = kcp.ref.namespace
@@ -675,8 +682,7 @@ class _Pass:
 
     def _workers_blocked(self, ns: str, cluster: str, target: str) -> str:
         """Why workers of this cluster must wait for its control planes ('' = they need not)."""
-        cps = [k for k in self.s.control_planes.values()
-               if k.ref.namespace == ns and k.cluster == cluster]
+        cps = self.kcps_by_cluster.get((ns, cluster), [])
         oldest: K0sVersion | None = None
         for kcp in cps:
             kt = _valid_version(kcp.version)
