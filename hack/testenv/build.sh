@@ -18,8 +18,18 @@ export GOFLAGS=-mod=mod GOTOOLCHAIN=${GOTOOLCHAIN:-auto} CGO_ENABLED=0
 
 log() { printf '[testenv] %s\n' "$*" >&2; }
 
+# Stamp the version as the Kubernetes release build does, so /version (and helm's
+# kubeVersion checks, kubectl's skew warning) see v1.Y.Z rather than v0.0.0-master.
+version_ldflags() {
+  local v=${KUBE_VERSION#v} pkg=k8s.io/component-base/version
+  local major=${v%%.*} rest=${v#*.}
+  local minor=${rest%%.*}
+  printf -- '-X %s.gitVersion=%s -X %s.gitMajor=%s -X %s.gitMinor=%s -X %s.gitTreeState=clean' \
+    "$pkg" "$KUBE_VERSION" "$pkg" "$major" "$pkg" "$minor" "$pkg"
+}
+
 build_kube_apiserver() {
-  local out="$bin/kube-apiserver-$KUBE_VERSION"
+  local out="$bin/kube-apiserver-$KUBE_VERSION-$KUBE_BUILD_REV"
   [[ -x $out ]] && return
   local dir="$work/kube-apiserver-$KUBE_VERSION"
   rm -rf "$dir" && mkdir -p "$dir"
@@ -37,7 +47,8 @@ import _ "k8s.io/kubernetes/cmd/kube-apiserver"
 GO
   log "building kube-apiserver $KUBE_VERSION (cold: several minutes)"
   (cd "$dir" && go mod tidy >/dev/null 2>&1 || true
-   cd "$dir" && go build -trimpath -ldflags=-s -o "$out.tmp" k8s.io/kubernetes/cmd/kube-apiserver)
+   cd "$dir" && go build -trimpath -ldflags="-s $(version_ldflags)" -o "$out.tmp" \
+     k8s.io/kubernetes/cmd/kube-apiserver)
   mv "$out.tmp" "$out"
 }
 
@@ -74,7 +85,7 @@ build_etcd
 build_helm
 build_kube_apiserver
 # Stable names for the harness; the versioned files are the cache keys.
-ln -sf "kube-apiserver-$KUBE_VERSION" "$bin/kube-apiserver"
+ln -sf "kube-apiserver-$KUBE_VERSION-$KUBE_BUILD_REV" "$bin/kube-apiserver"
 ln -sf "etcd-$ETCD_VERSION" "$bin/etcd"
 ln -sf "helm-$HELM_VERSION" "$bin/helm"
 log "binaries ready in $(( $(date +%s) - start ))s"
