@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from fleet.model import (
@@ -19,7 +20,20 @@ from fleet.model import (
     MachineSetInfo,
     comparable_k0s_config,
 )
-from fleet.versions import InvalidVersionError, K0sVersion, same_version
+from fleet.versions import InvalidVersionError, K0sVersion
+from fleet.versions import same_version as _same_version
+
+# The planner compares the same few version strings thousands of times per pass.
+same_version = lru_cache(maxsize=65536)(_same_version)
+
+
+@lru_cache(maxsize=4096)
+def _parses(value: str) -> bool:
+    try:
+        K0sVersion.parse(value)
+    except InvalidVersionError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +55,7 @@ UP_TO_DATE = Eligibility(up_to_date=True, in_place=False)
 def _version_problem(label: str, value: str | None) -> str | None:
     if value is None or value == "":
         return f"{label} has no version"
-    try:
-        K0sVersion.parse(value)
-    except InvalidVersionError:
+    if not isinstance(value, str) or not _parses(value):
         return f"{label} version {value!r} is not a k0s version"
     return None
 

@@ -11,10 +11,12 @@ resourceVersion) is ignored.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from fleet.kube import KubeObject
 from fleet.kube.watch import ObjectKey, WatchEvent, object_key
+
+T = TypeVar("T")
 
 Listener = Callable[[], None]
 
@@ -43,6 +45,7 @@ class ObjectCache:
         self.on_change = on_change
         self.synced = False
         self.version = 0  # bumped on every change: cheap "did anything move?"
+        self._memo: dict[tuple[ObjectKey, str], tuple[str, Any]] = {}
 
     def __len__(self) -> int:
         return len(self._objects)
@@ -55,6 +58,23 @@ class ObjectCache:
 
     def items(self) -> list[KubeObject]:
         return list(self._objects.values())
+
+    def parsed(self, obj: KubeObject, parse: Callable[[KubeObject], T], tag: str = "") -> T:
+        """``parse(obj)``, remembered per object version: planning passes re-read
+        thousands of unchanged objects."""
+        rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        if not rv:
+            return parse(obj)
+        key = (object_key(obj), tag)
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] == rv:
+            return hit[1]  # type: ignore[no-any-return]
+        value = parse(obj)
+        self._memo[key] = (rv, value)
+        if len(self._memo) > 4 * len(self._objects) + 1024:
+            live = {object_key(o) for o in self._objects.values()}
+            self._memo = {k: v for k, v in self._memo.items() if k[0] in live}
+        return value
 
     def _changed(self) -> None:
         self.version += 1

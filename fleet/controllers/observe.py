@@ -116,13 +116,21 @@ def kubeconfig_secrets(config: FleetConfig, clusters: Iterable[ClusterKey]
     return {key: config.for_cluster(key[0], key[1]).kubeconfig_secret for key in clusters}
 
 
+def _as_node(obj: dict[str, object]) -> NodeInfo:
+    return node_from({**obj, "kind": KIND_NODE})
+
+
+def _as_control_node(obj: dict[str, object]) -> NodeInfo:
+    return node_from({**obj, "kind": KIND_CONTROL_NODE})
+
+
 def workload_nodes(registry: ClusterRegistry, key: ClusterKey) -> dict[str, NodeInfo] | None:
     wc = registry.get(key)
     if wc is None or not wc.observed:
         return None
-    nodes = {n.name: n for n in (node_from({**o, "kind": KIND_NODE}) for o in wc.nodes)}
+    nodes = {n.name: n for n in (wc.nodes.parsed(o, _as_node) for o in wc.nodes)}
     for obj in wc.control_nodes:
-        cn = node_from({**obj, "kind": KIND_CONTROL_NODE})
+        cn = wc.control_nodes.parsed(obj, _as_control_node)
         nodes.setdefault(cn.name, cn)  # a controller that also runs a kubelet has a Node
     return nodes
 
@@ -132,11 +140,11 @@ def control_planes_needing_infra(view: ManagementView, clusters: Mapping[Cluster
     """Control-plane Machines whose eligibility depends on their infrastructure object."""
     targets = {}
     for obj in view[K0S_CONTROL_PLANES]:
-        kcp = control_plane_from(obj)
+        kcp = view[K0S_CONTROL_PLANES].parsed(obj, control_plane_from)
         targets[(kcp.ref.namespace, kcp.ref.name)] = kcp.version
     out = []
     for obj in view[MACHINES]:
-        m = machine_from(obj)
+        m = view[MACHINES].parsed(obj, machine_from)
         if m.role != ROLE_CONTROLLER or m.owner is None or m.deleting:
             continue
         if (m.ref.namespace, m.cluster) not in clusters:
@@ -155,28 +163,28 @@ def build_snapshot(*, now: datetime, view: ManagementView, registry: ClusterRegi
 
     deployments = {}
     for obj in view[MACHINE_DEPLOYMENTS]:
-        md = deployment_from(obj)
+        md = view[MACHINE_DEPLOYMENTS].parsed(obj, deployment_from)
         if in_fleet(md.ref.namespace, md.cluster):
             deployments[(md.ref.namespace, md.ref.name)] = md
     machine_sets = {}
     for obj in view[MACHINE_SETS]:
-        ms = machine_set_from(obj)
+        ms = view[MACHINE_SETS].parsed(obj, machine_set_from)
         if in_fleet(ms.ref.namespace, ms.cluster):
             machine_sets[(ms.ref.namespace, ms.ref.name)] = ms
     control_planes = {}
     for obj in view[K0S_CONTROL_PLANES]:
-        kcp = control_plane_from(obj)
+        kcp = view[K0S_CONTROL_PLANES].parsed(obj, control_plane_from)
         if in_fleet(kcp.ref.namespace, kcp.cluster):
             control_planes[(kcp.ref.namespace, kcp.ref.name)] = kcp
     machines = {}
     for obj in view[MACHINES]:
-        m = machine_from(obj)
+        m = view[MACHINES].parsed(obj, machine_from)
         if in_fleet(m.ref.namespace, m.cluster):
             key = (m.ref.namespace, m.ref.name)
             machines[key] = machine_from(obj, infra.get(key)) if key in infra else m
     nodeplans = {}
     for obj in view[NODE_PLANS]:
-        p = nodeplan_from(obj)
+        p = view[NODE_PLANS].parsed(obj, nodeplan_from)
         if in_fleet(p.ref.namespace, p.cluster):
             nodeplans[(p.ref.namespace, p.ref.name)] = p
     nodes = {key: workload_nodes(registry, key) for key in clusters}

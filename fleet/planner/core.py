@@ -22,12 +22,14 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import lru_cache
 
 from fleet.budget import InvalidMaxUnavailableError, UnavailabilityBudget
 from fleet.eligibility import (
     Eligibility,
     control_plane_eligibility,
     machine_deployment_eligibility,
+    same_version,
 )
 from fleet.model import (
     ANN_RETRY,
@@ -51,7 +53,8 @@ from fleet.model import (
     parse_autopilot_signal,
     parse_time,
 )
-from fleet.nodeplan import NodePlanPhase, nodeplan_name
+from fleet.nodeplan import NodePlanPhase
+from fleet.nodeplan import nodeplan_name as _nodeplan_name
 from fleet.planner import conditions as C
 from fleet.planner.actions import (
     Action,
@@ -76,9 +79,10 @@ from fleet.planner.actions import (
 )
 from fleet.planner.settings import COMPLETING, PENDING, PlannerSettings
 from fleet.signal import SignalState
-from fleet.versions import InvalidVersionError, K0sVersion, normalize, same_version
+from fleet.versions import InvalidVersionError, K0sVersion, normalize
 
 _MAX_MESSAGE = 900
+nodeplan_name = lru_cache(maxsize=65536)(_nodeplan_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +125,9 @@ def _truncate(text: str) -> str:
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
 
 
+@lru_cache(maxsize=4096)
 def _valid_version(v: str | None) -> str | None:
-    if not v:
+    if not v or not isinstance(v, str):
         return None
     try:
         return normalize(v)
