@@ -103,7 +103,8 @@ async def controller_child(kubeconfig: str, config_path: str, out: str) -> None:
                     cpu, rss = _usage()
                     snap = {"counts": dict(CountingClient.counts), "cpu": cpu, "maxrss": rss,
                             "passes": controller.stats.passes,
-                            "actions": controller.stats.actions}
+                            "actions": controller.stats.actions,
+                            "reaction": list(controller.stats.dispatch_reaction)}
                     if sig == signal.SIGUSR1:
                         marks["start"] = snap
                     else:
@@ -179,9 +180,10 @@ async def one_run(world: Any, run: int, args: argparse.Namespace, workdir: Path
                     md = await mgmt.get(MACHINE_DEPLOYMENTS, str(fc.md), ns)
                     conds = {c["type"]: c for c in (md.get("status") or {}).get("conditions")
                              or []}
-                    summary = ((md.get("status") or {}).get("k0sFleet") or {}).get("summary")
+                    counts = (md.get("status") or {}).get("k0sFleet") or {}
                     if conds.get("K0sFleetUpToDate", {}).get("status") == "True" and \
-                            summary == f"{args.workers}/{args.workers}":
+                            counts.get("targetVersion") == V2 and \
+                            counts.get("summary") == f"{args.workers}/{args.workers}":
                         break
                     await anyio.sleep(0.02)
             makespan = time.monotonic() - t0
@@ -218,6 +220,7 @@ async def one_run(world: Any, run: int, args: argparse.Namespace, workdir: Path
         "cpu_seconds": end["cpu"] - start["cpu"],
         "peak_rss_mib": end["maxrss"] / 1024,
         "passes": end["passes"] - start["passes"],
+        "reaction": end["reaction"][len(start["reaction"]):],
         "actions": end["actions"] - start["actions"],
     }
 
@@ -248,6 +251,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "gap_ms_p99": round(percentile(gaps, 0.99) * 1000, 1),
             "gap_ms_max": round(max(gaps) * 1000, 1),
             "gap_samples": len(gaps),
+            "controller_reaction_ms_median": round(statistics.median(
+                x for r in runs for x in r["reaction"]) * 1000, 2),
+            "controller_reaction_ms_p99": round(percentile(
+                [x for r in runs for x in r["reaction"]], 0.99) * 1000, 2),
             "requests_per_node_upgrade": round(statistics.mean(
                 r["requests_per_node"] for r in runs), 1),
             "requests_by_verb_per_node": {k: round(v / (args.workers * len(runs)), 2)

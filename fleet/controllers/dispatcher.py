@@ -438,10 +438,6 @@ class Dispatcher:
             return {"metadata": {"annotations": {version_key: SIGNAL_VERSION, key: value}}}
 
         await self._patch(wc.client, res, a.node, None, mutate, cache=cache)
-        plan_obj = self.view[NODE_PLANS].get(a.plan.name, a.plan.namespace)
-        if plan_obj is not None and a.attempt == 1:
-            await self.event(plan_obj, "NodeSignalled", f"request written to {a.node_kind} "
-                             f"{a.node}", action="Signal")
 
     def _plan_alive(self, plan_id: str) -> bool:
         ns, _, name = plan_id.partition("/")

@@ -87,9 +87,13 @@ class Trigger:
     def __init__(self) -> None:
         self._event = anyio.Event()
         self.pokes = 0
+        self.first_poke: float | None = None  # monotonic time of the oldest unserved poke
+        self.served: float | None = None  # ... of the poke the current pass serves
 
     def poke(self) -> None:
         self.pokes += 1
+        if not self._event.is_set():
+            self.first_poke = time.monotonic()
         self._event.set()
 
     async def wait(self, timeout: float | None) -> bool:
@@ -100,6 +104,7 @@ class Trigger:
                 await self._event.wait()
                 poked = True
         self._event = anyio.Event()
+        self.served, self.first_poke = (self.first_poke if poked else None), None
         return poked
 
 
@@ -110,6 +115,9 @@ class ControllerStats:
     errors: int = 0
     plan_seconds: float = 0.0
     last_pass: datetime | None = None
+    # Seconds from the change that woke a pass to its dispatches being sent (the
+    # controller's own share of "one node completes -> the next one starts").
+    dispatch_reaction: list[float] = field(default_factory=list)
     by_type: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
@@ -267,6 +275,10 @@ class FleetController:
             for a in actions:
                 self.stats.actions += 1
                 self.stats.by_type[type(a).__name__] += 1
+            woke = self.trigger.served
+            if woke is not None and any(isinstance(a, CreateNodePlan) for a in actions) and \
+                    len(self.stats.dispatch_reaction) < 10_000:
+                self.stats.dispatch_reaction.append(time.monotonic() - woke)
             for target, group in groups.items():
                 self._inflight.add(target)
                 if self._actions_tg is not None:

@@ -212,23 +212,30 @@ async def machine_versions(mgmt: KubeClient, fc: FleetCluster) -> dict[str, str 
 
 async def wait_condition(  # noqa: PLR0917
         mgmt: KubeClient, res: Any, name: str, namespace: str, ctype: str,
-                         status: str = "True", *, timeout: float = 60) -> KubeObject:
+        status: str = "True", *, timeout: float = 60, target: str | None = None
+) -> KubeObject:
+    """Wait for a condition (written for ``target``, when given: a condition left from
+    before a version bump does not count)."""
     with anyio.fail_after(timeout):
         while True:
             obj = await mgmt.get(res, name, namespace)
-            for c in (obj.get("status") or {}).get("conditions") or []:
-                if c.get("type") == ctype and c.get("status") == status:
+            st = obj.get("status") or {}
+            fresh = target is None or (st.get("k0sFleet") or {}).get("targetVersion") == target
+            for c in st.get("conditions") or []:
+                if fresh and c.get("type") == ctype and c.get("status") == status:
                     return obj
             await anyio.sleep(0.05)
 
 
-async def wait_rollout(mgmt: KubeClient, fc: FleetCluster, timeout: float = 90) -> None:
+async def wait_rollout(mgmt: KubeClient, fc: FleetCluster, timeout: float = 90,
+                       target: str = V2) -> None:
+    """Every Machine of the cluster's KCP and MD on ``target``, as the controller says."""
     if fc.kcp:
         await wait_condition(mgmt, K0S_CONTROL_PLANES, fc.kcp, fc.namespace, C.UP_TO_DATE,
-                             timeout=timeout)
+                             timeout=timeout, target=target)
     if fc.md:
         await wait_condition(mgmt, MACHINE_DEPLOYMENTS, fc.md, fc.namespace, C.UP_TO_DATE,
-                             timeout=timeout)
+                             timeout=timeout, target=target)
 
 
 def cond(obj: KubeObject, ctype: str) -> dict[str, Any]:
@@ -252,7 +259,7 @@ async def test_machine_deployment_rollout(  # noqa: PLR0917 - fixtures
         await tg.start(watcher.run, mgmt, wl1)
         await tg.start(responder.run)
         async with running_controller(mgmt, fleet_config(namespace)):
-            await wait_rollout(mgmt, fc, timeout=15)  # nothing to do yet: up to date
+            await wait_rollout(mgmt, fc, timeout=15, target=V1)  # nothing to do yet
             await bump(mgmt, fc, V2)
             await wait_condition(mgmt, MACHINE_DEPLOYMENTS, fc.md, namespace,  # type: ignore[arg-type]
                                  C.UP_TO_DATE, "False", timeout=10)
