@@ -227,7 +227,9 @@ class FleetController:
         hold = await self.policy(snapshot) if self.policy is not None else None
         result = plan(snapshot, self.settings, hold=hold)
         actions = result.actions
-        if self.config.rollout.emergency_stop:
+        # Emergency stop (fleet YAML, or the rollout policy's annotation): start nothing,
+        # signal nothing; what nodes already run finishes and is still looked after.
+        if self.config.rollout.emergency_stop or getattr(self.policy, "stopped", False):
             actions = [a for a in actions if not isinstance(a, _STARTS)]
         now = self.clock()
         for target, until in list(self._cooldown.items()):
