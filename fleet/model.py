@@ -208,6 +208,7 @@ class NodeInfo:
     autopilot_signal: str | None = None  # raw autopilot signal-data (executor autopilot)
     cordoned_by: str | None = None
     arch: str = "amd64"
+    kubelet_version: str | None = None  # status.nodeInfo.kubeletVersion, e.g. v1.31.3+k0s
 
     @property
     def available(self) -> bool:
@@ -482,6 +483,7 @@ def node_from(obj: Mapping[str, Any]) -> NodeInfo:
         cordoned_by=ann.get(CORDONED_BY_KEY),
         arch=str(((status.get("nodeInfo") or {}).get("architecture"))
                  or (_meta(obj).get("labels") or {}).get("kubernetes.io/arch") or "amd64"),
+        kubelet_version=(status.get("nodeInfo") or {}).get("kubeletVersion") or None,
     )
 
 

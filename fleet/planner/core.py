@@ -18,6 +18,7 @@ Everything is recomputed from the snapshot on every pass: there is no memory her
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -123,6 +124,19 @@ def plan(snapshot: Snapshot, settings: PlannerSettings, *, hold: Hold | None = N
 
 def _truncate(text: str) -> str:
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
+
+
+_SEMVER = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
+
+
+def _kubelet_runs(node: NodeInfo, version: str) -> bool:
+    """Stock k0s nodes (executor autopilot) carry no k0s-fleet annotation: the kubelet's
+    version (v1.31.3+k0s) tells the Kubernetes release; a pure controller has none, and
+    autopilot's own Completed has to do."""
+    if node.kubelet_version is None:
+        return True
+    a, b = _SEMVER.match(node.kubelet_version), _SEMVER.match(version)
+    return a is not None and b is not None and a.groups() == b.groups()
 
 
 @lru_cache(maxsize=4096)
@@ -305,7 +319,7 @@ class _Pass:
         req = self._request_state(p, node)
         version_ok = node is not None and (
             same_version(node.running_version, p.version)
-            or (node.running_version is None and p.executor == EXECUTOR_AUTOPILOT))
+            or (p.executor == EXECUTOR_AUTOPILOT and _kubelet_runs(node, p.version)))
 
         if p.phase == NodePlanPhase.FAILED:
             # A node that missed a deadline but then finished is done after all.

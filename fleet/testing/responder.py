@@ -10,19 +10,22 @@ The real agent is tested on its own (tests/integration/test_agent_*.py). Test-on
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import anyio
 import anyio.abc
 
 from fleet.kube import KubeClient, KubeError, KubeObject, patch_with_retry
-from fleet.kube.resources import NODES
+from fleet.kube.resources import NODES, Resource
 from fleet.kube.watch import Reflector, WatchEvent
 from fleet.signal import (
+    AUTOPILOT_SIGNAL_DATA_KEY,
     CORDONED_BY_KEY,
     HAPPY_PATH,
     RUNNING_VERSION_KEY,
@@ -71,13 +74,15 @@ class NodeResponder:
     seen_at: dict[tuple[str, str], float] = field(default_factory=dict)
     _busy: dict[str, tuple[str, datetime, int]] = field(default_factory=dict)
     _tg: anyio.abc.TaskGroup | None = None
+    resource: Resource = NODES  # CONTROL_NODES: pure k0s controllers (no Node, no Ready)
 
     def behave(self, node: str, behaviour: Behaviour) -> None:
         self.behaviours[node] = behaviour
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
-        reflector = Reflector(self.client, NODES, listener=self._on_event, watch_timeout=60)
+        reflector = Reflector(self.client, self.resource, listener=self._on_event,
+                              watch_timeout=60)
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(reflector.run)
@@ -134,9 +139,9 @@ class NodeResponder:
 
     async def _write(self, name: str, sig: SignalData, state: SignalState, reason: str) -> bool:
         version = sig.command.k0supdate.version
-        if state == SignalState.RESTARTING:
+        if self.resource is NODES and state == SignalState.RESTARTING:
             await set_node_ready(self.client, name, False)
-        elif state == SignalState.VERIFYING:
+        elif self.resource is NODES and state == SignalState.VERIFYING:
             await set_node_ready(self.client, name, True)
 
         def mutate(node: KubeObject) -> dict[str, object] | None:
@@ -163,8 +168,103 @@ class NodeResponder:
             patch["metadata"] = {"annotations": annotations}
             return patch
 
-        result = await patch_with_retry(self.client, NODES, name, mutate)
+        result = await patch_with_retry(self.client, self.resource, name, mutate)
         if result is None:
             return False
         self.steps.append(Step(name, sig.planId, state.value, time.monotonic()))
         return True
+
+
+AUTOPILOT_PATH = ("Downloading", "Cordoning", "ApplyingUpdate", "Restart", "UnCordoning",
+                  "Completed")
+
+
+@dataclass
+class AutopilotResponder:
+    """Stock k0s autopilot's node side (PROTOCOLS.md section 3), for the ``autopilot``
+    executor: walks the autopilot signal's states, cordons, goes NotReady on Restart and
+    comes back with the new kubelet version. Test-only."""
+
+    client: KubeClient
+    step_seconds: float = 0.0
+    only: Callable[[str], bool] = field(default=lambda _n: True)
+    steps: list[Step] = field(default_factory=list)
+    _busy: dict[str, tuple[str, str, int]] = field(default_factory=dict)
+    _tg: anyio.abc.TaskGroup | None = None
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        reflector = Reflector(self.client, NODES, listener=self._on_event, watch_timeout=60)
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(reflector.run)
+            await reflector.synced.wait()
+            task_status.started()
+
+    @staticmethod
+    def _signal(node: KubeObject) -> dict[str, Any] | None:
+        raw = ((node.get("metadata") or {}).get("annotations") or {}).get(
+            AUTOPILOT_SIGNAL_DATA_KEY)
+        try:
+            data = json.loads(raw) if raw else None
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
+
+    async def _on_event(self, event: WatchEvent) -> None:
+        if event.type == "DELETED" or self._tg is None:
+            return
+        name = event.object["metadata"]["name"]
+        data = self._signal(event.object)
+        if not self.only(name) or data is None:
+            return
+        state = (data.get("status") or {}).get("status")
+        if state == "Completed" or str(state).startswith("Failed"):
+            return
+        key = (str(data.get("planId")), str(data.get("created")),
+               int((data.get("command") or {}).get("id") or 0))
+        if self._busy.get(name) == key:
+            return
+        self._busy[name] = key
+        self._tg.start_soon(self._walk, name, key, data)
+
+    async def _walk(self, name: str, key: tuple[str, str, int], data: dict[str, Any]) -> None:
+        version = str(((data.get("command") or {}).get("k0supdate") or {}).get("version"))
+        state = (data.get("status") or {}).get("status")
+        start = AUTOPILOT_PATH.index(state) + 1 if state in AUTOPILOT_PATH else 0
+        try:
+            for nxt in AUTOPILOT_PATH[start:]:
+                await anyio.sleep(self.step_seconds)
+                if self._busy.get(name) != key:
+                    return
+                if nxt == "Restart":
+                    await set_node_ready(self.client, name, False)
+                if nxt == "UnCordoning":
+                    kubelet = version.split("+", maxsplit=1)[0] + "+k0s"
+                    await self.client.patch(NODES, name, {"status": {"nodeInfo": {
+                        "kubeletVersion": kubelet}}}, subresource="status")
+                    await set_node_ready(self.client, name, True)
+
+                def mutate(node: KubeObject, nxt: str = nxt) -> dict[str, Any] | None:
+                    cur = self._signal(node)
+                    if cur is None or (str(cur.get("planId")), str(cur.get("created")),
+                                       int((cur.get("command") or {}).get("id") or 0)) != key:
+                        return None
+                    cur["status"] = {"status": nxt,
+                                     "timestamp": datetime.now(UTC).isoformat()}
+                    patch: dict[str, Any] = {"metadata": {"annotations": {
+                        AUTOPILOT_SIGNAL_DATA_KEY: json.dumps(cur)}}}
+                    if nxt == "Cordoning":
+                        patch["spec"] = {"unschedulable": True}
+                    elif nxt == "UnCordoning":
+                        patch["spec"] = {"unschedulable": None}
+                    return patch
+
+                if await patch_with_retry(self.client, NODES, name, mutate) is None:
+                    return
+                self.steps.append(Step(name, key[0], nxt, time.monotonic()))
+        except KubeError as e:
+            log.warning("autopilot responder %s: %s", name, e)
+        finally:
+            if self._busy.get(name) == key:
+                self._busy.pop(name, None)

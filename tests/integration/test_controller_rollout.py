@@ -30,6 +30,7 @@ from fleet.controllers.runner import FleetController
 from fleet.events import list_events
 from fleet.kube import KubeClient, KubeObject
 from fleet.kube.resources import (
+    CONTROL_NODES,
     K0S_CONTROL_PLANES,
     LEASES,
     MACHINE_DEPLOYMENTS,
@@ -51,7 +52,7 @@ from fleet.testing.capi import (
     ensure_infra_crd,
     set_node_ready,
 )
-from fleet.testing.responder import Behaviour, NodeResponder
+from fleet.testing.responder import AutopilotResponder, Behaviour, NodeResponder
 from fleet.testing.world import World
 from fleet.versions import same_version
 from tests.conftest import unique
@@ -520,3 +521,61 @@ async def test_controller_process_killed_and_replaced_mid_rollout(  # noqa: PLR0
     lease = await mgmt.get(LEASES, "k0s-fleet-controller", namespace)
     assert lease["spec"].get("holderIdentity") in (None, "")  # released on SIGTERM
     assert lease["spec"]["leaseTransitions"] >= 1
+
+
+@pytest.mark.anyio
+async def test_pure_controller_is_signalled_on_its_control_node(
+        mgmt: KubeClient, wl1: KubeClient, crds_installed: World, infra_crd: None,
+        namespace: str) -> None:
+    """A k0s controller without a kubelet has no Node: its request goes on its autopilot
+    ControlNode (named after the Machine, AUTOPILOT_HOSTNAME)."""
+    fc = await create_cluster(mgmt, wl1, crds_installed["wl1"].kubeconfig(), namespace=namespace,
+                              name=unique("pc"), control_planes=1, workers=0,
+                              create_nodes=False)
+    [cp] = fc.control_planes
+    await wl1.create(CONTROL_NODES, {"metadata": {"name": cp, "annotations": {
+        RUNNING_VERSION_KEY: V1}}})
+    responder = NodeResponder(wl1, step_seconds=0.02, resource=CONTROL_NODES,
+                              only=lambda n: n == cp)
+    async with anyio.create_task_group() as tg:
+        await tg.start(responder.run)
+        async with running_controller(mgmt, fleet_config(namespace)):
+            await bump(mgmt, fc, V2)
+            await wait_rollout(mgmt, fc)
+        tg.cancel_scope.cancel()
+    assert (await machine_versions(mgmt, fc))[cp] == V2
+    assert [s.state for s in responder.steps][-1] == SignalState.COMPLETED
+    control_node = await wl1.get(CONTROL_NODES, cp)
+    assert "fleet.k0s-fleet.io/signal-data" in control_node["metadata"]["annotations"]
+    await wl1.delete(CONTROL_NODES, cp)
+
+
+@pytest.mark.anyio
+async def test_autopilot_executor_drives_stock_k0s_nodes(
+        mgmt: KubeClient, wl2: KubeClient, crds_installed: World, infra_crd: None,
+        namespace: str) -> None:
+    """Executor `autopilot`: autopilot's own signal keys, states read back as they come."""
+    name = unique("ap")
+    fc = await create_cluster(mgmt, wl2, crds_installed["wl2"].kubeconfig(), namespace=namespace,
+                              name=name, control_planes=0, workers=2, max_unavailable=1)
+    config = FleetConfig.model_validate({**fleet_config_dict(namespace), "clusters": {
+        "namespaces": [namespace],
+        "entries": [{"name": name, "namespace": namespace, "executor": "autopilot"}]}})
+    responder = AutopilotResponder(wl2, step_seconds=0.02, only=lambda n: n in fc.machines)
+    async with anyio.create_task_group() as tg:
+        await tg.start(responder.run)
+        async with running_controller(mgmt, config):
+            await bump(mgmt, fc, V2)
+            await wait_rollout(mgmt, fc)
+        tg.cancel_scope.cancel()
+    for w in fc.workers:
+        ann = (await wl2.get(NODES, w))["metadata"]["annotations"]
+        assert "fleet.k0s-fleet.io/signal-data" not in ann  # stock autopilot keys only
+        data = json.loads(ann["k0sproject.io/autopilot-signal-data"])
+        assert data["status"]["status"] == "Completed"
+        assert data["command"]["k0supdate"]["version"] == V2
+    plans = (await mgmt.list(NODE_PLANS, namespace)).items
+    assert {p["spec"]["executor"] for p in plans} == {"autopilot"}
+    assert {p["status"]["phase"] for p in plans} == {NodePlanPhase.COMPLETED}
+    downloads = [s.node for s in responder.steps if s.state == "Downloading"]
+    assert downloads == fc.workers  # one at a time (maxUnavailable 1), oldest first

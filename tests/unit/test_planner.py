@@ -543,3 +543,25 @@ def test_a_request_on_the_node_is_adopted_by_a_plan_not_yet_started() -> None:
     [start] = of(step(sim), StartNodePlan)
     assert start.started_at == T0 - timedelta(seconds=5)
     assert not of(step(sim), SignalNode)  # the node carries exactly this request
+
+
+def test_autopilot_completion_needs_the_kubelet_on_the_new_release() -> None:
+    sim, ck = fleet(control_planes=0, workers=1, max_unavailable=1, executor="autopilot")
+    bump(sim, ck, V2)
+    step(sim)
+    step(sim)  # start
+    key = ("default", nodeplan_name("c1-md-0", V2))
+    p = sim.nodeplans[key]
+    data = {"planId": p.plan_id, "created": format_time(p.started_at),  # type: ignore[arg-type]
+            "command": {"id": 1, "k0supdate": {"version": V2}},
+            "status": {"status": "Completed", "timestamp": "x"}}
+    nodes = sim.nodes[ck]
+    assert nodes is not None
+    nodes["c1-md-0"] = NodeInfo("c1-md-0", autopilot_signal=json.dumps(data),
+                                running_version=V1, kubelet_version="v1.31.2+k0s")
+    step(sim)
+    assert sim.nodeplans[key].phase == NodePlanPhase.IN_PROGRESS
+    assert "reporting" in sim.nodeplans[key].message
+    nodes["c1-md-0"] = dataclasses.replace(nodes["c1-md-0"], kubelet_version="v1.31.3+k0s")
+    step(sim)
+    assert sim.nodeplans[key].phase == NodePlanPhase.COMPLETED
