@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
+from typing import TypeVar
 
 import anyio
 import anyio.abc
@@ -12,7 +14,7 @@ import anyio.abc
 from fleet.clusters import ClusterRegistry
 from fleet.config import FleetConfig
 from fleet.controllers.cache import ObjectCache
-from fleet.kube import KubeClient
+from fleet.kube import KubeClient, KubeObject
 from fleet.kube.resources import (
     CLUSTERS,
     K0S_CONTROL_PLANES,
@@ -116,11 +118,11 @@ def kubeconfig_secrets(config: FleetConfig, clusters: Iterable[ClusterKey]
     return {key: config.for_cluster(key[0], key[1]).kubeconfig_secret for key in clusters}
 
 
-def _as_node(obj: dict[str, object]) -> NodeInfo:
+def _as_node(obj: KubeObject) -> NodeInfo:
     return node_from({**obj, "kind": KIND_NODE})
 
 
-def _as_control_node(obj: dict[str, object]) -> NodeInfo:
+def _as_control_node(obj: KubeObject) -> NodeInfo:
     return node_from({**obj, "kind": KIND_CONTROL_NODE})
 
 
@@ -128,10 +130,12 @@ def workload_nodes(registry: ClusterRegistry, key: ClusterKey) -> dict[str, Node
     wc = registry.get(key)
     if wc is None or not wc.observed:
         return None
-    nodes = {n.name: n for n in (wc.nodes.parsed(o, _as_node) for o in wc.nodes)}
+    nodes = {n.name: n for n in (_parse(wc.nodes, o, _as_node) for o in wc.nodes)
+             if n is not None}
     for obj in wc.control_nodes:
-        cn = wc.control_nodes.parsed(obj, _as_control_node)
-        nodes.setdefault(cn.name, cn)  # a controller that also runs a kubelet has a Node
+        cn = _parse(wc.control_nodes, obj, _as_control_node)
+        if cn is not None:
+            nodes.setdefault(cn.name, cn)  # a controller that also runs a kubelet has a Node
     return nodes
 
 
@@ -140,11 +144,15 @@ def control_planes_needing_infra(view: ManagementView, clusters: Mapping[Cluster
     """Control-plane Machines whose eligibility depends on their infrastructure object."""
     targets = {}
     for obj in view[K0S_CONTROL_PLANES]:
-        kcp = view[K0S_CONTROL_PLANES].parsed(obj, control_plane_from)
+        kcp = _parse(view[K0S_CONTROL_PLANES], obj, control_plane_from)
+        if kcp is None:
+            continue
         targets[(kcp.ref.namespace, kcp.ref.name)] = kcp.version
     out = []
     for obj in view[MACHINES]:
-        m = view[MACHINES].parsed(obj, machine_from)
+        m = _parse(view[MACHINES], obj, machine_from)
+        if m is None:
+            continue
         if m.role != ROLE_CONTROLLER or m.owner is None or m.deleting:
             continue
         if (m.ref.namespace, m.cluster) not in clusters:
@@ -155,6 +163,25 @@ def control_planes_needing_infra(view: ManagementView, clusters: Mapping[Cluster
     return out
 
 
+T = TypeVar("T")
+_bad: set[tuple[str, str, str, str]] = set()
+
+
+def _parse(cache: ObjectCache, obj: KubeObject, parser: Callable[[KubeObject], T]) -> T | None:
+    """Parse one object; an object that cannot be understood is skipped (and logged once
+    per version), never allowed to stop the planning of the whole fleet."""
+    try:
+        return cache.parsed(obj, parser)
+    except (TypeError, ValueError, AttributeError, KeyError) as e:
+        meta = obj.get("metadata") or {}
+        key = (cache.kind, str(meta.get("namespace")), str(meta.get("name")),
+               str(meta.get("resourceVersion")))
+        if key not in _bad:
+            _bad.add(key)
+            log.warning("ignoring %s %s/%s: cannot read it: %r", *key[:3], e)
+        return None
+
+
 def build_snapshot(*, now: datetime, view: ManagementView, registry: ClusterRegistry,
                    clusters: Mapping[ClusterKey, ClusterInfo],
                    infra: Mapping[tuple[str, str], InfraMachineInfo]) -> Snapshot:
@@ -163,28 +190,34 @@ def build_snapshot(*, now: datetime, view: ManagementView, registry: ClusterRegi
 
     deployments = {}
     for obj in view[MACHINE_DEPLOYMENTS]:
-        md = view[MACHINE_DEPLOYMENTS].parsed(obj, deployment_from)
+        md = _parse(view[MACHINE_DEPLOYMENTS], obj, deployment_from)
+        if md is None:
+            continue
         if in_fleet(md.ref.namespace, md.cluster):
             deployments[(md.ref.namespace, md.ref.name)] = md
     machine_sets = {}
     for obj in view[MACHINE_SETS]:
-        ms = view[MACHINE_SETS].parsed(obj, machine_set_from)
+        ms = _parse(view[MACHINE_SETS], obj, machine_set_from)
+        if ms is None:
+            continue
         if in_fleet(ms.ref.namespace, ms.cluster):
             machine_sets[(ms.ref.namespace, ms.ref.name)] = ms
     control_planes = {}
     for obj in view[K0S_CONTROL_PLANES]:
-        kcp = view[K0S_CONTROL_PLANES].parsed(obj, control_plane_from)
-        if in_fleet(kcp.ref.namespace, kcp.cluster):
+        kcp = _parse(view[K0S_CONTROL_PLANES], obj, control_plane_from)
+        if kcp is not None and in_fleet(kcp.ref.namespace, kcp.cluster):
             control_planes[(kcp.ref.namespace, kcp.ref.name)] = kcp
     machines = {}
     for obj in view[MACHINES]:
-        m = view[MACHINES].parsed(obj, machine_from)
-        if in_fleet(m.ref.namespace, m.cluster):
+        m = _parse(view[MACHINES], obj, machine_from)
+        if m is not None and in_fleet(m.ref.namespace, m.cluster):
             key = (m.ref.namespace, m.ref.name)
-            machines[key] = machine_from(obj, infra.get(key)) if key in infra else m
+            machines[key] = dataclasses.replace(m, infra=infra[key]) if key in infra else m
     nodeplans = {}
     for obj in view[NODE_PLANS]:
-        p = view[NODE_PLANS].parsed(obj, nodeplan_from)
+        p = _parse(view[NODE_PLANS], obj, nodeplan_from)
+        if p is None:
+            continue
         if in_fleet(p.ref.namespace, p.cluster):
             nodeplans[(p.ref.namespace, p.ref.name)] = p
     nodes = {key: workload_nodes(registry, key) for key in clusters}

@@ -178,7 +178,15 @@ class FleetController:
         timeout: float | None = 0.0
         while True:
             await self.trigger.wait(timeout)
-            result = await self.reconcile_once()
+            try:
+                result = await self.reconcile_once()
+            except Exception:
+                # One unreadable object or a bug must not stop the fleet's controller.
+                self.stats.errors += 1
+                delay = self._backoff.next_delay()
+                log.exception("planning pass failed; next attempt in %.1fs", delay)
+                timeout = delay
+                continue
             wake = result.wake_at
             for t in (self._retry_at, *self._cooldown.values()):
                 if t is not None and (wake is None or t < wake):
@@ -294,7 +302,9 @@ class FleetController:
                 for a in group:
                     try:
                         await self.dispatcher.perform(a)
-                    except KubeError as e:
+                    except Exception as e:  # KubeError, or a bug: never kill the loop
+                        if not isinstance(e, KubeError):
+                            log.exception("%s on %s", type(a).__name__, "/".join(target))
                         self.stats.errors += 1
                         backoff = self._failures.setdefault(
                             target, Backoff(initial=0.2, maximum=10.0))

@@ -404,31 +404,48 @@ async def test_silent_node_fails_its_deadline_halts_and_retry_resumes(
 async def test_deleting_a_nodeplan_never_leaves_its_node_cordoned(
         mgmt: KubeClient, wl1: KubeClient, crds_installed: World, infra_crd: None,
         namespace: str) -> None:
+    """Delete a NodePlan whose node is cordoned mid-upgrade (the node side is stuck): the
+    request is taken off the node and the node uncordoned before the NodePlan goes; the
+    Machine, still out of date, is then dispatched afresh and completes."""
     fc = await create_cluster(mgmt, wl1, crds_installed["wl1"].kubeconfig(), namespace=namespace,
                               name=unique("del"), control_planes=0, workers=1, max_unavailable=1)
     node = fc.workers[0]
     responder = NodeResponder(wl1, step_seconds=0.02, only=lambda n: n in fc.machines,
                               behaviours={node: Behaviour(stall_at=SignalState.APPLYING_UPDATE)})
+    seen: list[tuple[bool, str | None]] = []  # every version of the Node: (cordoned, plan)
+
+    async def record(ev: WatchEvent) -> None:
+        ann = ev.object["metadata"].get("annotations") or {}
+        raw = ann.get("fleet.k0s-fleet.io/signal-data")
+        seen.append((bool(ev.object["spec"].get("unschedulable")),
+                     json.loads(raw)["planId"] if raw else None))
+
+    nodes = Reflector(wl1, NODES, field_selector=f"metadata.name={node}", listener=record)
     async with anyio.create_task_group() as tg:
+        tg.start_soon(nodes.run)
         await tg.start(responder.run)
         async with running_controller(mgmt, fleet_config(namespace)):
             await bump(mgmt, fc, V2)
             with anyio.fail_after(10):
                 while not (await wl1.get(NODES, node))["spec"].get("unschedulable"):
-                    await anyio.sleep(0.05)
+                    await anyio.sleep(0.02)
             [plan] = (await mgmt.list(NODE_PLANS, namespace)).items
+            responder.behave(node, Behaviour())  # the next request will be answered
+            mark = len(seen)
             await mgmt.delete(NODE_PLANS, plan["metadata"]["name"], namespace)
-            with anyio.fail_after(10):
-                while True:
-                    n = await wl1.get(NODES, node)
-                    ann = n["metadata"].get("annotations") or {}
-                    gone = await mgmt.get_or_none(NODE_PLANS, plan["metadata"]["name"], namespace)
-                    if (not n["spec"].get("unschedulable") and "fleet.k0s-fleet.io/signal-data"
-                            not in ann and (gone is None
-                                            or gone["metadata"]["uid"] != plan["metadata"]["uid"])):
-                        break
-                    await anyio.sleep(0.05)
+            await wait_rollout(mgmt, fc)
         tg.cancel_scope.cancel()
+    after = seen[mark:]
+    # Request taken off, then the node uncordoned, before any new request arrives: the
+    # Node passes through "no request, not cordoned".
+    first_clear = next(i for i, (_c, plan_id) in enumerate(after) if plan_id is None)
+    assert (False, None) in after[first_clear:], after
+    free = after.index((False, None), first_clear)
+    assert all(p is None for _c, p in after[first_clear:free]), after
+    assert not after[-1][0]
+    [new_plan] = (await mgmt.list(NODE_PLANS, namespace)).items
+    assert new_plan["metadata"]["uid"] != plan["metadata"]["uid"]
+    assert new_plan["status"]["phase"] == NodePlanPhase.COMPLETED
 
 
 @pytest.mark.anyio
