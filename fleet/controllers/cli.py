@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import signal
@@ -37,6 +38,8 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
     # Imported here so that `k0s-fleet agent` never pays for the controller's imports.
     from fleet.controllers.leader import LeaderElector, LostLeadershipError  # noqa: PLC0415
     from fleet.controllers.runner import FleetController  # noqa: PLC0415
+    from fleet.extension.exclusion import ExtensionExclusion  # noqa: PLC0415
+    from fleet.extension.server import serve_configured_extension  # noqa: PLC0415
     from fleet.kube import KubeClient  # noqa: PLC0415
     from fleet.rollout.policy import attach_rollout  # noqa: PLC0415
     from fleet.telemetry import get_tracer, setup_tracing  # noqa: PLC0415
@@ -53,6 +56,11 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
                                      tracer=get_tracer("fleet.controller", provider))
         # Fleet rollout policy (waves, windows, pauses) + /status, /metrics, health.
         rollout = attach_rollout(controller)
+        # Clusters whose in-place updates CAPI drives through our runtime extension are
+        # left to it by the standalone sequencer (extension.mode; docs/runtime-extension.md).
+        exclusion = ExtensionExclusion(mgmt, config, controller.policy,
+                                       on_change=controller.trigger.poke)
+        controller.policy = exclusion
 
         async def lead() -> None:
             await controller.run()
@@ -67,6 +75,12 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
 
             tg.start_soon(on_signal)
             tg.start_soon(rollout.serve)
+            tg.start_soon(exclusion.run)
+            # CAPI calls the hooks through the Service, i.e. on any replica: serve them on
+            # every replica, leader or not (returns at once when the extension is off).
+            tg.start_soon(functools.partial(
+                serve_configured_extension, config, mgmt=mgmt,
+                tracer=get_tracer("fleet.extension", provider)))
             try:
                 if args.leader_elect:
                     elector = LeaderElector(mgmt, namespace=config.management.namespace,

@@ -31,12 +31,12 @@ from fleet.config import FleetConfig
 from fleet.controllers.runner import FleetController
 from fleet.extension import (
     ExtensionEndpoint,
-    extension_active,
     handlers_from_config,
     start_extension_server,
     workload_client_from_registry,
 )
 from fleet.extension.catalog import DISCOVERY_PATH
+from fleet.extension.exclusion import ExtensionExclusion
 from fleet.extension.selfsigned import make_cert_pair
 from fleet.kube import KubeClient, NotFoundError
 from fleet.kube.resources import (
@@ -46,7 +46,6 @@ from fleet.kube.resources import (
     NODE_PLANS,
     NODES,
 )
-from fleet.model import Snapshot
 from fleet.nodeplan import nodeplan_name
 from fleet.signal import RUNNING_VERSION_KEY
 from fleet.testing.capi import create_cluster, ensure_infra_crd
@@ -62,9 +61,11 @@ SERVICE = ExtensionEndpoint(service_name="k0s-fleet-extension",
                             service_namespace="k0s-fleet-system")
 
 
-def fleet_config(namespace: str) -> FleetConfig:
+def fleet_config(namespace: str, cert: Path, key: Path) -> FleetConfig:
     return FleetConfig.model_validate({
         "management": {"namespace": namespace},
+        "extension": {"enabled": True, "mode": "auto", "certFile": str(cert),
+                      "keyFile": str(key)},
         "clusters": {"namespaces": [namespace]},
         "download": {"urlTemplate": "https://releases.invalid/{version}/k0s-{arch}",
                      "digests": {V2: {"amd64": "d" * 64}}},
@@ -94,19 +95,12 @@ async def register_extension(mgmt: KubeClient, driver: CapiDriver, name: str,
 @contextlib.asynccontextmanager
 async def running_controller(mgmt: KubeClient, config: FleetConfig
                              ) -> AsyncIterator[FleetController]:
-    async def policy(snapshot: Snapshot) -> Any:
-        configs = (await mgmt.list(EXTENSION_CONFIGS)).items
-
-        def hold(ckey: tuple[str, str], owner: Any) -> str | None:
-            cluster = {"metadata": {"namespace": ckey[0], "name": ckey[1]}}
-            if extension_active(cluster, configs, config.extension.mode, endpoint=SERVICE):
-                return "Cluster API drives in-place updates through the runtime extension"
-            return None
-
-        return hold
-
-    controller = FleetController(mgmt, config, watch_timeout=30, policy=policy)
+    # The production exclusion: ExtensionConfigs watched, extension-driven clusters held.
+    controller = FleetController(mgmt, config, watch_timeout=30)
+    controller.policy = ExtensionExclusion(mgmt, config, None, endpoint=SERVICE,
+                                           on_change=controller.trigger.poke)
     async with anyio.create_task_group() as tg:
+        tg.start_soon(controller.policy.run)
         await tg.start(controller.run)
         try:
             yield controller
@@ -118,12 +112,12 @@ async def test_capi_in_place_rollout_through_extension_and_controller(
         mgmt: KubeClient, wl1: KubeClient, crds_installed: World, namespace: str,
         tmp_path: Path) -> None:
     await ensure_infra_crd(mgmt)
-    config = fleet_config(namespace)
+    cert, key, ca = make_cert_pair(["localhost"]).write(tmp_path / "tls")
+    config = fleet_config(namespace, cert, key)
     fc = await create_cluster(mgmt, wl1, crds_installed["wl1"].kubeconfig(),
                               namespace=namespace, name=unique("c"), version=V1,
                               control_planes=0, workers=3, max_unavailable=1,
                               node_prefix=unique("e2e"))
-    cert, key, ca = make_cert_pair(["localhost"]).write(tmp_path / "tls")
     responder = NodeResponder(wl1, step_seconds=0.02, only=lambda n: n in fc.machines)
     ec_name = unique("k0s-fleet")
     async with anyio.create_task_group() as tg:
@@ -140,6 +134,13 @@ async def test_capi_in_place_rollout_through_extension_and_controller(
                                 handlers.update)
                 driver = CapiDriver(ext, mgmt)
                 await register_extension(mgmt, driver, ec_name, namespace)
+                # The controller must have seen the registration before the bump, as in a
+                # real installation where the ExtensionConfig precedes any rollout.
+                exclusion = controller.policy
+                assert isinstance(exclusion, ExtensionExclusion)
+                with anyio.fail_after(10):
+                    while not exclusion.owns(namespace, fc.name):
+                        await anyio.sleep(0.02)
                 # The operator bumps the MachineDeployment; CAPI asks whether the new
                 # MachineSet can be reached in place, then walks the Machines one by one.
                 await mgmt.patch(MACHINE_DEPLOYMENTS, fc.md or "", {"spec": {"template": {

@@ -1,0 +1,83 @@
+"""Mutual exclusion between CAPI's in-place path and the standalone sequencer.
+
+When Cluster API drives a cluster's in-place updates through our runtime extension (see
+:func:`fleet.extension.activation.extension_active`), the standalone sequencer must not
+also start upgrades there. :class:`ExtensionExclusion` wraps the controller's policy: it
+keeps the management cluster's ExtensionConfigs in a watched store and holds every
+cluster the extension path owns, then defers to the wrapped policy (waves, windows,
+pauses) for the rest. NodePlans already created, by either path, are still carried
+through by the NodePlan reconciler; only new starts are held.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fleet.config import ExtensionMode, FleetConfig
+from fleet.extension.activation import ExtensionEndpoint, extension_active
+from fleet.kube import KubeClient
+from fleet.kube.resources import EXTENSION_CONFIGS
+from fleet.kube.watch import Reflector, WatchEvent
+
+log = logging.getLogger(__name__)
+
+HOLD_REASON = "Cluster API drives in-place updates of this cluster through the runtime extension"
+SYNC_REASON = "waiting for the ExtensionConfigs to be read (runtime extension mode auto)"
+
+Hold = Callable[[Any, Any], "str | None"]
+Policy = Callable[[Any], Awaitable["Hold | None"]]
+
+
+class ExtensionExclusion:
+    """A controller policy: hold extension-driven clusters, then ask ``inner``."""
+
+    def __init__(self, mgmt: KubeClient, config: FleetConfig, inner: Policy | None, *,
+                 endpoint: ExtensionEndpoint | None = None,
+                 on_change: Callable[[], None] | None = None) -> None:
+        self.config = config
+        self.inner = inner
+        self.endpoint = endpoint
+        self.mode = config.extension.mode
+        # ExtensionConfigs can only point at us when we serve the hooks at all.
+        self.watching = config.extension.enabled and self.mode is ExtensionMode.AUTO
+        self._on_change = on_change
+        self.reflector = Reflector(mgmt, EXTENSION_CONFIGS, listener=self._changed)
+
+    async def _changed(self, _event: WatchEvent) -> None:
+        if self._on_change is not None:
+            self._on_change()
+
+    async def run(self) -> None:
+        """Keep the ExtensionConfig store current (only needed in mode auto)."""
+        if self.watching:
+            await self.reflector.run()
+
+    @property
+    def stopped(self) -> bool:
+        return bool(getattr(self.inner, "stopped", False))
+
+    def owns(self, namespace: str, name: str) -> bool:
+        """True when the extension path drives this cluster."""
+        if not self.config.extension.enabled or self.mode is ExtensionMode.NEVER:
+            return False
+        cluster = {"metadata": {"namespace": namespace, "name": name}}
+        return extension_active(cluster, self.reflector.items(), self.mode,
+                                endpoint=self.endpoint)
+
+    async def __call__(self, snapshot: Any) -> Hold | None:
+        inner_hold = await self.inner(snapshot) if self.inner is not None else None
+        if not self.config.extension.enabled or self.mode is ExtensionMode.NEVER:
+            return inner_hold
+        synced = not self.watching or self.reflector.synced.is_set()
+
+        def hold(cluster: Any, owner: Any) -> str | None:
+            if not synced:
+                return SYNC_REASON
+            namespace, name = cluster
+            if self.owns(namespace, name):
+                return HOLD_REASON
+            return inner_hold(cluster, owner) if inner_hold is not None else None
+
+        return hold
