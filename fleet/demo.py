@@ -107,8 +107,10 @@ class Board:
             for m in ms:
                 target = targets.get(m.owner) if m.owner else None
                 node = nodes.get(m.node_name)
-                up = same_version(m.version, target) or same_version(
-                    m.running_version_annotation, target)
+                # Done only on the demo's target: right after the bump, the snapshot may
+                # still hold the old target, which every node already runs.
+                up = same_version(target, TO) and (same_version(m.version, target) or same_version(
+                    m.running_version_annotation, target))
                 plan = snapshot.nodeplans.get((m.ref.namespace, nodeplan_name(
                     m.ref.name, target))) if target else None
                 if plan is not None and plan.phase == NodePlanPhase.FAILED:
