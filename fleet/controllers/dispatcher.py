@@ -618,8 +618,8 @@ class Dispatcher:
         def mutate(obj: KubeObject) -> dict[str, Any] | None:
             status = obj.get("status") or {}
             conds = _condition_list(status.get("conditions") or [], a.conditions, now)
-            if conds == status.get("conditions") and status.get("k0sFleet") == counts:
-                return None
+            if conds == status.get("conditions") and status.get("k0sFleet") in (None, counts):
+                return None  # (None: a CRD that prunes it; never write in a loop)
             return {"status": {"conditions": conds, "k0sFleet": counts}}
 
         await self._patch(self.mgmt, res, a.owner.name, a.owner.namespace, mutate,

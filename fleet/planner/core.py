@@ -869,6 +869,9 @@ class _Pass:
     def _set_status(self, ref: ObjectRef, status: RolloutStatus, conds: tuple[Condition, ...],
                     counts: RolloutCounts) -> None:
         same_conds = all(c.same_as(status.condition(c.type)) for c in conds)
-        if same_conds and dict(status.counts) == counts.as_status():
+        # status.k0sFleet only survives where the CRD keeps unknown status fields (Cluster
+        # API's own CRDs prune it); then only a condition change is worth a write, and the
+        # UpToDate message carries updated/total.
+        if same_conds and (not status.counts or dict(status.counts) == counts.as_status()):
             return
         self.emit(SetRolloutStatus(ref, conds, counts))

@@ -565,3 +565,16 @@ def test_autopilot_completion_needs_the_kubelet_on_the_new_release() -> None:
     nodes["c1-md-0"] = dataclasses.replace(nodes["c1-md-0"], kubelet_version="v1.31.3+k0s")
     step(sim)
     assert sim.nodeplans[key].phase == NodePlanPhase.COMPLETED
+
+
+def test_status_counts_pruned_by_the_crd_do_not_cause_endless_writes() -> None:
+    """Cluster API's CRDs prune status.k0sFleet: conditions alone decide a rewrite."""
+    sim, ck = fleet(control_planes=0, workers=2, max_unavailable=1)
+    bump(sim, ck, V2)
+    step(sim)
+    key = next(iter(sim.deployments))
+    md = sim.deployments[key]
+    sim.deployments[key] = dataclasses.replace(md, status=dataclasses.replace(md.status,
+                                                                              counts={}))
+    assert not [a for a in plan(sim.snapshot(), SETTINGS).actions
+                if isinstance(a, SetRolloutStatus)]
