@@ -249,8 +249,9 @@ async def install_crds(client: KubeClient, docs: list[dict[str, Any]],
         for doc in docs:
             while True:
                 crd = await client.get(CRDS, doc["metadata"]["name"])
+                # A fresh CRD's status may briefly hold `conditions: null`.
                 conds = {c["type"]: c["status"]
-                         for c in crd.get("status", {}).get("conditions", [])}
+                         for c in (crd.get("status") or {}).get("conditions") or []}
                 if conds.get("Established") == "True":
                     break
                 await anyio.sleep(0.05)
