@@ -91,7 +91,7 @@ class ManagementView:
         return sum(r.relists for r in self.reflectors)
 
 
-def fleet_clusters(config: FleetConfig, clusters: ObjectCache
+def fleet_clusters(config: FleetConfig, clusters: Iterable[KubeObject]
                    ) -> dict[ClusterKey, ClusterInfo]:
     """The CAPI Clusters that make up the fleet, with their effective settings."""
     selector = config.clusters.selector

@@ -8,7 +8,6 @@ annotations for the wave gate. Nothing is written anywhere.
 
 from __future__ import annotations
 
-import base64
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,9 +15,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio
-import yaml
 
-from fleet.config import FleetConfig, parse_label_selector
+from fleet.clusters import KubeconfigSecretError, kubeconfig_from_secret
+from fleet.config import FleetConfig
+from fleet.controllers.infra import InfraMachines
+from fleet.controllers.observe import fleet_clusters
 from fleet.kube import KubeClient, KubeError
 from fleet.kube.resources import (
     CLUSTERS,
@@ -34,16 +35,14 @@ from fleet.kube.resources import (
     Resource,
 )
 from fleet.model import (
+    ROLE_CONTROLLER,
     ClusterInfo,
     ClusterKey,
-    InfraMachineInfo,
     MachineInfo,
     NodeInfo,
     Snapshot,
-    cluster_from,
     control_plane_from,
     deployment_from,
-    infra_machine_from,
     machine_from,
     machine_set_from,
     node_from,
@@ -79,17 +78,6 @@ async def management_client(config: FleetConfig) -> KubeClient:
                          f"management.kubeconfig (not running in a cluster: {e})") from None
 
 
-def _in_fleet(config: FleetConfig, obj: Mapping[str, Any]) -> bool:
-    meta = obj.get("metadata") or {}
-    ns, name = meta.get("namespace") or "", meta.get("name") or ""
-    if config.clusters.entry_for(ns, name) is not None:
-        return True
-    if config.clusters.namespaces and ns not in config.clusters.namespaces:
-        return False
-    return parse_label_selector(config.clusters.label_selector).matches(
-        meta.get("labels") or {})
-
-
 async def _list(client: KubeClient, res: Resource, namespaces: list[str]) -> list[dict[str, Any]]:
     if not namespaces:
         return (await client.list(res)).items
@@ -99,52 +87,11 @@ async def _list(client: KubeClient, res: Resource, namespaces: list[str]) -> lis
     return out
 
 
-class _Plurals:
-    """kind -> plural for infrastructure objects, learned from API discovery."""
-
-    def __init__(self, client: KubeClient) -> None:
-        self.client = client
-        self.cache: dict[str, dict[str, tuple[str, str]]] = {}
-
-    async def resource(self, group: str, kind: str) -> Resource | None:
-        if group not in self.cache:
-            self.cache[group] = {}
-            try:
-                g = await self.client.request("GET", f"/apis/{group}")
-                version = g["preferredVersion"]["version"]
-                rl = await self.client.request("GET", f"/apis/{group}/{version}")
-                for r in rl.get("resources") or []:
-                    if "/" not in r["name"]:
-                        self.cache[group][r["kind"]] = (version, r["name"])
-            except (KubeError, KeyError, TypeError):
-                pass
-        found = self.cache[group].get(kind)
-        if found is None:
-            return None
-        return Resource(group, found[0], found[1], kind, namespaced=True)
-
-
-async def _infra(plurals: _Plurals, machine: Mapping[str, Any]) -> InfraMachineInfo:
-    ref = (machine.get("spec") or {}).get("infrastructureRef") or {}
-    group = ref.get("apiGroup") or str(ref.get("apiVersion") or "").split("/")[0]
-    ns = (machine.get("metadata") or {}).get("namespace")
-    if not ref.get("name") or not group:
-        return InfraMachineInfo(error="no infrastructureRef")
-    res = await plurals.resource(group, str(ref.get("kind")))
-    if res is None:
-        return InfraMachineInfo(error=f"{ref.get('kind')}.{group} is not served")
-    try:
-        return infra_machine_from(await plurals.client.get(res, ref["name"], ns))
-    except KubeError as e:
-        return InfraMachineInfo(error=str(e))
-
-
 async def workload_client(mgmt: KubeClient, config: FleetConfig, namespace: str,
                           name: str) -> KubeClient:
     secret_name = config.for_cluster(namespace, name).kubeconfig_secret
     secret = await mgmt.get(SECRETS, secret_name, namespace)
-    raw = base64.b64decode((secret.get("data") or {})["value"])
-    return await KubeClient.from_kubeconfig(yaml.safe_load(raw), name=name)
+    return await KubeClient.from_kubeconfig(kubeconfig_from_secret(secret), name=name)
 
 
 async def _nodes(mgmt: KubeClient, config: FleetConfig, key: ClusterKey,
@@ -168,17 +115,16 @@ async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None
     for e in config.clusters.entries:
         if namespaces and e.namespace not in namespaces:
             namespaces.append(e.namespace)
-    raw_clusters = [c for c in await _list(mgmt, CLUSTERS, namespaces) if _in_fleet(config, c)]
-    keys = {((c["metadata"].get("namespace") or ""), c["metadata"]["name"])
-            for c in raw_clusters}
-    clusters: dict[ClusterKey, ClusterInfo] = {}
+    all_clusters = await _list(mgmt, CLUSTERS, namespaces)
+    # The same fleet membership and per-cluster settings the controller plans with.
+    clusters: dict[ClusterKey, ClusterInfo] = fleet_clusters(config, all_clusters)
+    keys = set(clusters)
     meta: dict[ClusterKey, ClusterMeta] = {}
-    for c in raw_clusters:
+    for c in all_clusters:
         m = c["metadata"]
         key = (m.get("namespace") or "", m["name"])
-        settings = config.for_cluster(key[0], key[1], m.get("labels") or {})
-        clusters[key] = cluster_from(c, executor=settings.executor.value)
-        meta[key] = (dict(m.get("labels") or {}), dict(m.get("annotations") or {}))
+        if key in keys:
+            meta[key] = (dict(m.get("labels") or {}), dict(m.get("annotations") or {}))
 
     def mine(objs: list[dict[str, Any]], cluster_of: Any) -> list[dict[str, Any]]:
         return [o for o in objs if ((o["metadata"].get("namespace") or ""), cluster_of(o))
@@ -189,11 +135,13 @@ async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None
     kcps = [control_plane_from(o) for o in await _list(mgmt, K0S_CONTROL_PLANES, namespaces)]
     raw_machines = mine(await _list(mgmt, MACHINES, namespaces),
                         lambda o: (o.get("spec") or {}).get("clusterName"))
-    plurals = _Plurals(mgmt)
+    infra = InfraMachines(mgmt)
     machines: list[MachineInfo] = []
     for o in raw_machines:
-        cp = "cluster.x-k8s.io/control-plane" in ((o["metadata"].get("labels")) or {})
-        machines.append(machine_from(o, await _infra(plurals, o) if cp else None))
+        m = machine_from(o)
+        if m.role == ROLE_CONTROLLER:
+            m = machine_from(o, await infra.lookup(m.infrastructure, m.ref.namespace))
+        machines.append(m)
     plans = [nodeplan_from(o) for o in await _list(mgmt, NODE_PLANS, namespaces)]
 
     nodes: dict[ClusterKey, Mapping[str, NodeInfo] | None] = {}
@@ -201,7 +149,7 @@ async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None
     for key in sorted(keys):
         try:
             nodes[key] = await _nodes(mgmt, config, key, node_timeout)
-        except (KubeError, KeyError, ValueError, TimeoutError, yaml.YAMLError) as e:
+        except (KubeError, KubeconfigSecretError, TimeoutError) as e:
             nodes[key] = None
             problems[key] = f"workload cluster unreachable: {e!r}"[:300]
 
