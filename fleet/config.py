@@ -49,7 +49,7 @@ from pydantic.alias_generators import to_camel
 
 from fleet.schedule import CronError, DurationError, format_duration, parse_cron, parse_duration
 from fleet.schedule import zone as _zone
-from fleet.signal import ALLOWED_URL_SCHEMES, SignalState
+from fleet.signal import ALLOWED_URL_SCHEMES, MAX_POLICY_SECONDS, NodePolicy, SignalState
 from fleet.versions import InvalidVersionError, K0sVersion
 
 ENV_PREFIX = "K0S_FLEET_"
@@ -742,6 +742,22 @@ class AgentSettings(_Model):
         timedelta(minutes=5),
         description="How long the new version may take to become healthy before rollback.",
     )
+
+    @field_validator("drain_timeout", "verify_timeout")
+    @classmethod
+    def _fits_a_request(cls, v: timedelta) -> timedelta:
+        if v.total_seconds() > MAX_POLICY_SECONDS:
+            limit = format_duration(timedelta(seconds=MAX_POLICY_SECONDS))
+            raise ValueError(f"must be at most {limit}")
+        return v
+
+    def node_policy(self) -> NodePolicy:
+        """What each request to an agent carries (executor ``agent`` only)."""
+        return NodePolicy(
+            drainTimeoutSeconds=self.drain_timeout.total_seconds(),
+            drainTimeoutAction=self.drain_timeout_action.value,
+            verifyTimeoutSeconds=self.verify_timeout.total_seconds(),
+        )
 
 
 class TelemetrySettings(_Model):

@@ -14,12 +14,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from fleet.nodeplan import NodePlanPhase
 from fleet.signal import (
     AUTOPILOT_SIGNAL_DATA_KEY,
     CORDONED_BY_KEY,
     RUNNING_VERSION_KEY,
     InvalidSignalError,
+    NodePolicy,
     SignalData,
     SignalState,
     parse_signal,
@@ -231,6 +234,8 @@ class NodePlanInfo:
     force: bool = False
     executor: str = EXECUTOR_AGENT
     source: str = "controller"
+    # spec.nodePolicy: the drain/verify policy each request to an agent carries
+    node_policy: NodePolicy | None = None
     created: datetime | None = None
     deleting: bool = False
     finalizers: tuple[str, ...] = ()
@@ -487,6 +492,17 @@ def node_from(obj: Mapping[str, Any]) -> NodeInfo:
     )
 
 
+def _node_policy(raw: Any) -> NodePolicy | None:
+    """spec.nodePolicy; one the schema let through but the signal would refuse is left
+    out (the agent then uses its own settings) rather than making the plan unsignallable."""
+    if not isinstance(raw, Mapping) or not raw:
+        return None
+    try:
+        return NodePolicy.model_validate(raw)
+    except ValidationError:
+        return None
+
+
 def nodeplan_from(obj: Mapping[str, Any]) -> NodePlanInfo:
     m = _meta(obj)
     spec = obj.get("spec") or {}
@@ -506,6 +522,7 @@ def nodeplan_from(obj: Mapping[str, Any]) -> NodePlanInfo:
         force=bool(spec.get("forceUpdate")),
         executor=str(spec.get("executor") or EXECUTOR_AGENT),
         source=str(spec.get("source") or "controller"),
+        node_policy=_node_policy(spec.get("nodePolicy")),
         created=parse_time(m.get("creationTimestamp")),
         deleting=bool(m.get("deletionTimestamp")),
         finalizers=tuple(m.get("finalizers") or ()),

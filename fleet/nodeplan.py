@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from fleet.kube.resources import MACHINES, NODE_PLANS
-from fleet.signal import DOMAIN
+from fleet.signal import DOMAIN, NodePolicy
 from fleet.versions import K0sVersion
 
 LABEL_CLUSTER = "cluster.x-k8s.io/cluster-name"
@@ -71,8 +71,12 @@ def build_nodeplan(
     owner_kind: str = "",
     owner_name: str = "",
     traceparent: str | None = None,
+    node_policy: NodePolicy | None = None,
 ) -> dict[str, Any]:
-    """The NodePlan object for a Machine (owner reference = the Machine)."""
+    """The NodePlan object for a Machine (owner reference = the Machine).
+
+    ``node_policy`` (executor ``agent`` only) is the fleet's drain/verify policy, kept
+    in ``spec.nodePolicy`` so every (re)signal of this plan carries the same values."""
     meta = machine["metadata"]
     cluster = machine["spec"]["clusterName"]
     v = str(K0sVersion.parse(version))
@@ -113,5 +117,7 @@ def build_nodeplan(
             "forceUpdate": False,
             "executor": executor,
             "source": source,
+            **({"nodePolicy": node_policy.model_dump(mode="json", exclude_none=True)}
+               if node_policy is not None else {}),
         },
     }

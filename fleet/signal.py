@@ -13,7 +13,7 @@ import hashlib
 import json
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -95,6 +95,28 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+# Upper bound for a request's drain/verify timeout (30 days, the fleet config's own range):
+# far beyond any sane value, it keeps garbage (milliseconds for seconds, 1e300) out.
+MAX_POLICY_SECONDS = 30 * 86400.0
+
+
+class NodePolicy(BaseModel):
+    """Per-request node policy (the fleet config's ``agent:`` section).
+
+    When a request carries it, it overrides the agent's own settings for that request
+    only; without it the agent uses its own flags/environment. Agents that predate it
+    ignore it (extra="ignore"), and an absent field inside it means the agent's own value.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    drainTimeoutSeconds: float | None = Field(
+        None, gt=0, le=MAX_POLICY_SECONDS, strict=True, allow_inf_nan=False)
+    drainTimeoutAction: Literal["fail", "proceed"] | None = None
+    verifyTimeoutSeconds: float | None = Field(
+        None, gt=0, le=MAX_POLICY_SECONDS, strict=True, allow_inf_nan=False)
+
+
 class K0sUpdateCommand(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -104,6 +126,8 @@ class K0sUpdateCommand(BaseModel):
     forceupdate: bool = False
     # Explicit opt-in to install a binary without a digest (fleet download policy).
     allowunverified: bool = False
+    # executor "agent" only: the fleet's node policy for this request (see NodePolicy).
+    policy: NodePolicy | None = None
 
     @field_validator("version")
     @classmethod

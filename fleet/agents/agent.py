@@ -384,14 +384,15 @@ class Agent:
             await drain.cordon(self.client, self.name, f"k0s-fleet-agent:{sig.planId}",
                                current=self._latest)
             if self.s.drain:
+                pol = self.s.policy_for(sig.command.k0supdate.policy)
                 result = await drain.drain(self.client, self.name,
-                                           timeout=self._remaining(sig, self.s.drain_timeout))
+                                           timeout=self._remaining(sig, pol.drain_timeout))
                 span.set_attributes({"fleet.drain.evicted": len(result.evicted),
                                      "fleet.drain.timed_out": result.timed_out})
                 if result.timed_out:
-                    msg = f"drain did not finish within {self.s.drain_timeout:g}s: " \
+                    msg = f"drain did not finish within {pol.drain_timeout:g}s: " \
                           f"{result.summary()}"
-                    if self.s.drain_timeout_outcome is DrainTimeoutOutcome.FAIL:
+                    if pol.drain_timeout_outcome is DrainTimeoutOutcome.FAIL:
                         # the cordon is undone by housekeeping once the failure is recorded
                         return await self._transition(
                             sig, self._status(sig, SignalState.FAILED_DRAIN, reason=msg))
@@ -456,7 +457,8 @@ class Agent:
         cmd = sig.command.k0supdate
         restart = read_marker(self._marker(sig, "restart"))
         result = await wait_running(
-            self.probe, cmd.version, timeout=self._remaining(sig, self.s.verify_timeout),
+            self.probe, cmd.version,
+            timeout=self._remaining(sig, self.s.policy_for(cmd.policy).verify_timeout),
             node_ready=self._node_ready_check(),
             replaced_pid=restart.pid if restart is not None else None)
         span.set_attribute("fleet.verify.ok", result.ok)

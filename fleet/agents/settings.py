@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from fleet.signal import NodePolicy
 
 
 class SignalObject(StrEnum):
@@ -33,6 +36,15 @@ class VersionSource(StrEnum):
 class DrainTimeoutOutcome(StrEnum):
     FAIL = "fail"
     PROCEED = "proceed"
+
+
+@dataclass(frozen=True, slots=True)
+class EffectivePolicy:
+    """The drain/verify policy one request runs with."""
+
+    drain_timeout: float
+    drain_timeout_outcome: DrainTimeoutOutcome
+    verify_timeout: float
 
 
 class HostNamespace(StrEnum):
@@ -105,6 +117,20 @@ class AgentSettings(BaseSettings):
                 and self.pid_file is None):
             raise ValueError("restart_strategy=signal needs status_socket or pid_file")
         return self
+
+    def policy_for(self, requested: NodePolicy | None) -> EffectivePolicy:
+        """Precedence, per value: the request's policy (the fleet config's ``agent:``
+        section, sent by the controller) > this agent's flags/environment > defaults.
+        Applies to that one request only."""
+        req = requested or NodePolicy()
+        return EffectivePolicy(
+            drain_timeout=req.drainTimeoutSeconds if req.drainTimeoutSeconds is not None
+            else self.drain_timeout,
+            drain_timeout_outcome=DrainTimeoutOutcome(req.drainTimeoutAction)
+            if req.drainTimeoutAction is not None else self.drain_timeout_outcome,
+            verify_timeout=req.verifyTimeoutSeconds if req.verifyTimeoutSeconds is not None
+            else self.verify_timeout,
+        )
 
     @property
     def unit(self) -> str:

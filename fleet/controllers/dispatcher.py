@@ -53,6 +53,7 @@ from fleet.kube.resources import (
 )
 from fleet.model import (
     ANN_MACHINE_RUNNING_VERSION,
+    EXECUTOR_AGENT,
     EXECUTOR_AUTOPILOT,
     KIND_CONTROL_NODE,
     KIND_KCP,
@@ -298,7 +299,9 @@ class Dispatcher:
         body = build_nodeplan(
             machine=machine, node_name=a.node, role=a.role, version=a.version, url=url,
             sha256=sha, allow_unverified=sha is None, executor=a.executor,
-            owner_kind=a.owner.kind, owner_name=a.owner.name, traceparent=traceparent)
+            owner_kind=a.owner.kind, owner_name=a.owner.name, traceparent=traceparent,
+            node_policy=self.config.agent.node_policy() if a.executor == EXECUTOR_AGENT
+            else None)
         body["metadata"]["finalizers"] = [NODEPLAN_FINALIZER]
         key = (a.machine.namespace, body["metadata"]["name"])
         # Cached before it is sent: a pass planned while this request is on the wire must
@@ -344,7 +347,8 @@ class Dispatcher:
             executor=plan.executor, plan_id=plan.plan_id, created=started_at, attempt=1,
             version=plan.version, url=plan.url, sha256=plan.sha256,
             allow_unverified=plan.allow_unverified, force=plan.force,
-            traceparent=traceparent or "")
+            traceparent=traceparent or "",
+            policy=plan.node_policy if plan.executor == EXECUTOR_AGENT else None)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._start_quietly, plan.ref, started_at)
             tg.start_soon(self._do_SignalNode, signal)
@@ -409,7 +413,8 @@ class Dispatcher:
                 planId=a.plan_id, created=a.created, traceparent=a.traceparent or None,
                 command=SignalCommand(id=a.attempt, k0supdate=K0sUpdateCommand(
                     url=a.url, version=a.version, sha256=a.sha256 or None,
-                    forceupdate=a.force, allowunverified=a.allow_unverified)))
+                    forceupdate=a.force, allowunverified=a.allow_unverified,
+                    policy=a.policy)))
             key, value, version_key = SIGNAL_DATA_KEY, data.to_json(), SIGNAL_VERSION_KEY
 
         def mutate(node: KubeObject) -> dict[str, Any] | None:

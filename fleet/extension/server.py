@@ -240,6 +240,7 @@ def handlers_from_config(config: FleetConfig, *, mgmt: KubeClient,
             mgmt=mgmt, workload_client=workload_client,
             resolve_artifact=ConfigArtifacts(config.download, fetch_manifest),
             cluster_settings=config.for_cluster, tracer=tracer,
+            node_policy=config.agent.node_policy(),
         ),
         mode=config.extension.mode,
     )

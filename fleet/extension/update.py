@@ -42,8 +42,9 @@ from fleet.kube import (
     UnreachableError,
 )
 from fleet.kube.resources import CLUSTERS, MACHINES, NODE_PLANS, NODES
-from fleet.model import NODEPLAN_FINALIZER
+from fleet.model import EXECUTOR_AGENT, NODEPLAN_FINALIZER
 from fleet.nodeplan import TRACEPARENT_ANNOTATION, build_nodeplan, nodeplan_name
+from fleet.signal import NodePolicy
 from fleet.telemetry import current_traceparent, link_from_traceparent
 from fleet.versions import InvalidVersionError, K0sVersion
 
@@ -178,6 +179,9 @@ class UpdateMachineService:
     # Traces the dispatch; the NodePlan then carries this span's traceparent (else the
     # Machine's own, if it has one).
     tracer: Tracer | None = None
+    # The fleet config's ``agent:`` section, recorded in NodePlans for executor "agent"
+    # (spec.nodePolicy); None: agents use their own settings.
+    node_policy: NodePolicy | None = None
 
     async def handle(self, req: UpdateMachineRequest) -> UpdateMachineResponse:
         desired = req.desired.machine
@@ -284,6 +288,7 @@ class UpdateMachineService:
             allow_unverified=artifact.allow_unverified, executor=executor,
             source=SOURCE, owner_kind=owner_kind, owner_name=owner_name,
             traceparent=traceparent,
+            node_policy=self.node_policy if executor == EXECUTOR_AGENT else None,
         )
         # Like the controller's own: its NodePlan reconciler takes the request off the
         # node (and uncordons) before a deleted NodePlan goes away.

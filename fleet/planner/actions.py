@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from fleet.model import ClusterKey, Condition, ObjectRef
+from fleet.signal import NodePolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,8 @@ class SignalNode:
     allow_unverified: bool
     force: bool
     traceparent: str
+    # executor "agent": the NodePlan's spec.nodePolicy, carried in the request
+    policy: NodePolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)

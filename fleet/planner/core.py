@@ -34,6 +34,7 @@ from fleet.eligibility import (
 )
 from fleet.model import (
     ANN_RETRY,
+    EXECUTOR_AGENT,
     EXECUTOR_AUTOPILOT,
     KIND_KCP,
     KIND_MD,
@@ -412,7 +413,8 @@ class _Pass:
             plan_id=p.plan_id, created=p.started_at, attempt=max(1, p.attempts),
             version=p.version, url=p.url, sha256=p.sha256, allow_unverified=p.allow_unverified,
             force=p.force, traceparent=p.traceparent or p.annotations.get(
-                "tracing.k8s.io/traceparent", "")))
+                "tracing.k8s.io/traceparent", ""),
+            policy=p.node_policy if p.executor == EXECUTOR_AGENT else None))
 
     def _plan_conditions(self, p: NodePlanInfo, phase: str, message: str, *,
                          dispatched: bool) -> tuple[Condition, ...]:

@@ -121,7 +121,8 @@ class SimFleet:
                 raise NotImplementedError("the simulator plays the agent protocol only")
             data = SignalData(planId=a.plan_id, created=a.created, command=SignalCommand(
                 id=a.attempt, k0supdate=K0sUpdateCommand(
-                    url=a.url, version=a.version, sha256=a.sha256 or None)))
+                    url=a.url, version=a.version, sha256=a.sha256 or None,
+                    policy=a.policy)))
             nodes[a.node] = dataclasses.replace(node, signal=data)
         elif isinstance(a, UpdateNodePlanStatus):
             self._plan(a.plan, phase=a.phase, node_state=a.node_state, message=a.message,

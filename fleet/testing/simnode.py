@@ -319,7 +319,7 @@ class SimNode:
                       url: str | None = None, sha256: str | None = "release",
                       force: bool = False, allow_unverified: bool = False,
                       plan_id: str | None = None, traceparent: str | None = None,
-                      raw: str | None = None) -> str:
+                      policy: dict[str, Any] | None = None, raw: str | None = None) -> str:
         """Write a signal (a request without status); returns its plan id."""
         plan_id = plan_id or f"plan-{uuid.uuid4().hex[:8]}"
         if raw is None:
@@ -334,6 +334,8 @@ class SimNode:
                 update["sha256"] = sha256
             if allow_unverified:
                 update["allowunverified"] = True
+            if policy is not None:
+                update["policy"] = policy
             data: dict[str, Any] = {
                 "planId": plan_id,
                 "created": datetime.now(UTC).isoformat(),

@@ -304,6 +304,39 @@ async def test_pdb_blocks_eviction(sim: Any, releases: ReleaseServer, wl1: KubeC
         await node.wait_until(uncordoned)
 
 
+async def test_request_policy_overrides_the_agents_drain_settings(
+        sim: Any, releases: ReleaseServer, wl1: KubeClient, wl1_namespace: str) -> None:
+    """The agent runs with outcome `fail`; a request whose policy says `proceed` (and a
+    shorter drain timeout) completes despite the blocking budget, and the next request
+    without a policy is back to the agent's own settings."""
+    ns = wl1_namespace
+    await wl1.create(PDBS, {"metadata": {"name": "guard", "namespace": ns},
+                            "spec": {"minAvailable": 1,
+                                     "selector": {"matchLabels": {"app": "guarded"}}}}, ns)
+    args = ["--drain-timeout", "2", "--drain-timeout-outcome", "fail"]
+    async with sim(agent_args=args) as node:
+        await make_pod(wl1, ns, node.name, "guarded", labels={"app": "guarded"})
+        plan = await node.request(releases.releases[NEW], policy={
+            "drainTimeoutSeconds": 1, "drainTimeoutAction": "proceed"})
+        sig = await node.wait_for(plan, TERMINAL, timeout=30)
+        assert sig.status is not None
+        assert sig.status.status is SignalState.COMPLETED, sig.status.reason
+        applying = [t for t in node.history if t.plan_id == plan
+                    and t.state == "ApplyingUpdate"]
+        assert "did not finish within 1s" in applying[0].reason
+        assert "proceeding" in applying[0].reason and f"{ns}/guarded" in applying[0].reason
+        assert await node.running_version() == NEW
+        await node.wait_until(uncordoned)
+
+        plan = await node.request(releases.releases[OLD])  # no policy: the agent's own
+        sig = await node.wait_for(plan, TERMINAL, timeout=30)
+        assert sig.status is not None
+        assert sig.status.status is SignalState.FAILED_DRAIN, sig.status.reason
+        assert "did not finish within 2s" in sig.status.reason
+        assert await node.running_version() == NEW
+        await node.wait_until(uncordoned)
+
+
 async def test_cordon_made_by_someone_else_is_left_alone(sim: Any, wl1: KubeClient,
                                                         releases: ReleaseServer) -> None:
     async with sim() as node:
