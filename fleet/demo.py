@@ -5,7 +5,9 @@ kube-apiserver + etcd from the test world), creates the Cluster API objects of e
 cluster (a K0sControlPlane with 3 control planes, a MachineDeployment of 6 workers with
 maxUnavailable 2), one simulated node per Machine (a fake k0s under a supervisor, and a
 real ``k0s-fleet agent`` process), and a local release server with pinned digests; runs
-the controller; bumps every version; and shows the rollout until it is done. With
+the controller with the fleet rollout policy (cluster-1 is a canary wave with a short
+soak, the others follow two at a time); bumps every version; and shows the rollout until
+it is done. With
 ``--fast`` the node side is a scripted stand-in for the agents (no agent processes).
 """
 
@@ -32,6 +34,7 @@ if TYPE_CHECKING:  # the CLI imports this module for every subcommand: keep it l
 HELP = "watch a simulated fleet (real API servers, real agents) upgrade k0s in place"
 FROM, TO = "v1.31.2+k0s.0", "v1.31.3+k0s.0"
 NAMESPACE = "fleet-demo"
+RING = "k0s-fleet.io/ring"
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +211,8 @@ async def _main(args: argparse.Namespace) -> int:
 
     from fleet.config import FleetConfig, TelemetrySettings  # noqa: PLC0415
     from fleet.controllers.runner import FleetController  # noqa: PLC0415
-    from fleet.kube.resources import NAMESPACES  # noqa: PLC0415
+    from fleet.kube.resources import CLUSTERS, NAMESPACES  # noqa: PLC0415
+    from fleet.rollout.policy import attach_rollout  # noqa: PLC0415
     from fleet.telemetry import get_tracer, setup_tracing  # noqa: PLC0415
     from fleet.testing.capi import bump, create_cluster, ensure_infra_crd  # noqa: PLC0415
     from fleet.testing.releases import ReleaseServer  # noqa: PLC0415
@@ -253,7 +257,14 @@ async def _main(args: argparse.Namespace) -> int:
                 "download": {"urlTemplate": releases.base_url + "/k0s/{version}?arch={arch}",
                              "digests": {TO: {"amd64": new.sha256}}},
                 "agent": {"drainTimeout": "30s", "verifyTimeout": "30s"},
-                "rollout": {"progressDeadlines": {
+                # Waves: the first cluster is the canary (no failure tolerated, a short
+                # soak), then the rest at most two clusters at a time.
+                "rollout": {"waves": [
+                    {"name": "canary", "canary": True, "soakSeconds": 2,
+                     "clusterSelector": {"matchLabels": {RING: "canary"}}},
+                    {"name": "fleet", "maxConcurrentClusters": 2, "soakSeconds": 0,
+                     "clusterSelector": {"matchLabels": {RING: "fleet"}}}],
+                    "progressDeadlines": {
                     "pending": "60s", "downloading": "60s", "cordoning": "60s",
                     "applyingUpdate": "60s", "restarting": "60s", "verifying": "60s",
                     "unCordoning": "60s"}},
@@ -269,6 +280,9 @@ async def _main(args: argparse.Namespace) -> int:
                     workers=args.workers, max_unavailable=max_unavailable,
                     create_nodes=args.fast)
                 fcs.append(fc)
+                ring = "canary" if not fcs[:-1] else "fleet"
+                await mgmt.patch(CLUSTERS, cluster, {"metadata": {"labels": {RING: ring}}},
+                                 NAMESPACE)
                 if args.fast:
                     responders.append(NodeResponder(wl, step_seconds=0.1))
                     continue
@@ -289,6 +303,9 @@ async def _main(args: argparse.Namespace) -> int:
                 controller = FleetController(
                     mgmt, config, identity="demo", on_pass=on_pass,
                     tracer=get_tracer("fleet.controller", provider))
+                # The fleet rollout policy (waves, soak, windows, pauses) gates each pass.
+                rollout = attach_rollout(controller)
+                tg.start_soon(rollout.wake_on_schedule)
                 await tg.start(controller.run)
                 with Live(board.render(), console=console, refresh_per_second=8,
                           transient=False) as live:

@@ -123,6 +123,11 @@ class RolloutRuntime:
     def board(self) -> StatusBoard:
         return self.policy.board
 
+    async def wake_on_schedule(self) -> None:
+        """Poke the controller when a soak ends or a window opens (no watch event says
+        so), until cancelled. ``serve`` runs it too; run it alone when not serving HTTP."""
+        await self.policy.wakeups(self.controller.trigger.poke, self.controller.clock)
+
     async def serve(self, *, host: str = "0.0.0.0", port: int | None = None) -> None:
         """HTTP endpoints + wake-ups, until cancelled, on every replica. /readyz answers
         as soon as the server runs: a standby replica must count as ready too, or an HA
@@ -132,7 +137,7 @@ class RolloutRuntime:
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: serve(app, host=host, port=port if port is not None
                                         else c.config.status.port))
-            tg.start_soon(self.policy.wakeups, c.trigger.poke, c.clock)
+            tg.start_soon(self.wake_on_schedule)
 
 
 def attach_rollout(controller: _Controller, *, board: StatusBoard | None = None
