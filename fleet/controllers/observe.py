@@ -6,7 +6,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import anyio
 import anyio.abc
@@ -35,6 +35,7 @@ from fleet.model import (
     InfraMachineInfo,
     MachineInfo,
     NodeInfo,
+    ObjectRef,
     Snapshot,
     cluster_from,
     control_plane_from,
@@ -182,44 +183,36 @@ def _parse(cache: ObjectCache, obj: KubeObject, parser: Callable[[KubeObject], T
         return None
 
 
+class _FleetObject(Protocol):
+    @property
+    def ref(self) -> ObjectRef: ...
+    @property
+    def cluster(self) -> str: ...
+
+
+F = TypeVar("F", bound=_FleetObject)
+
+
+def _fleet_objects(cache: ObjectCache, parser: Callable[[KubeObject], F],
+                   clusters: Mapping[ClusterKey, ClusterInfo]) -> dict[tuple[str, str], F]:
+    """The readable objects of one kind that belong to a cluster of the fleet."""
+    out: dict[tuple[str, str], F] = {}
+    for obj in cache:
+        parsed = _parse(cache, obj, parser)
+        if parsed is not None and (parsed.ref.namespace, parsed.cluster) in clusters:
+            out[(parsed.ref.namespace, parsed.ref.name)] = parsed
+    return out
+
+
 def build_snapshot(*, now: datetime, view: ManagementView, registry: ClusterRegistry,
                    clusters: Mapping[ClusterKey, ClusterInfo],
                    infra: Mapping[tuple[str, str], InfraMachineInfo]) -> Snapshot:
-    def in_fleet(ns: str, cluster: str) -> bool:
-        return (ns, cluster) in clusters
-
-    deployments = {}
-    for obj in view[MACHINE_DEPLOYMENTS]:
-        md = _parse(view[MACHINE_DEPLOYMENTS], obj, deployment_from)
-        if md is None:
-            continue
-        if in_fleet(md.ref.namespace, md.cluster):
-            deployments[(md.ref.namespace, md.ref.name)] = md
-    machine_sets = {}
-    for obj in view[MACHINE_SETS]:
-        ms = _parse(view[MACHINE_SETS], obj, machine_set_from)
-        if ms is None:
-            continue
-        if in_fleet(ms.ref.namespace, ms.cluster):
-            machine_sets[(ms.ref.namespace, ms.ref.name)] = ms
-    control_planes = {}
-    for obj in view[K0S_CONTROL_PLANES]:
-        kcp = _parse(view[K0S_CONTROL_PLANES], obj, control_plane_from)
-        if kcp is not None and in_fleet(kcp.ref.namespace, kcp.cluster):
-            control_planes[(kcp.ref.namespace, kcp.ref.name)] = kcp
-    machines = {}
-    for obj in view[MACHINES]:
-        m = _parse(view[MACHINES], obj, machine_from)
-        if m is not None and in_fleet(m.ref.namespace, m.cluster):
-            key = (m.ref.namespace, m.ref.name)
-            machines[key] = dataclasses.replace(m, infra=infra[key]) if key in infra else m
-    nodeplans = {}
-    for obj in view[NODE_PLANS]:
-        p = _parse(view[NODE_PLANS], obj, nodeplan_from)
-        if p is None:
-            continue
-        if in_fleet(p.ref.namespace, p.cluster):
-            nodeplans[(p.ref.namespace, p.ref.name)] = p
+    deployments = _fleet_objects(view[MACHINE_DEPLOYMENTS], deployment_from, clusters)
+    machine_sets = _fleet_objects(view[MACHINE_SETS], machine_set_from, clusters)
+    control_planes = _fleet_objects(view[K0S_CONTROL_PLANES], control_plane_from, clusters)
+    machines = {key: dataclasses.replace(m, infra=infra[key]) if key in infra else m
+                for key, m in _fleet_objects(view[MACHINES], machine_from, clusters).items()}
+    nodeplans = _fleet_objects(view[NODE_PLANS], nodeplan_from, clusters)
     nodes = {key: workload_nodes(registry, key) for key in clusters}
     return Snapshot(now=now, clusters=dict(clusters), deployments=deployments,
                     machine_sets=machine_sets, control_planes=control_planes,
