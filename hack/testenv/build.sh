@@ -80,6 +80,9 @@ build_helm() {
   mv "$gobin/helm" "$out"
 }
 
+# One build at a time per cache (parallel `make test` runs share it).
+exec 9>"$cache/.build.lock"
+flock 9
 start=$(date +%s)
 build_etcd
 build_helm
