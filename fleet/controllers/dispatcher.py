@@ -16,24 +16,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
 import anyio
 import anyio.abc
 from opentelemetry import trace
 
+from fleet.artifacts import ArtifactResolver
 from fleet.clusters import ClusterRegistry
-from fleet.config import (
-    DownloadResolutionError,
-    FleetConfig,
-    digest_manifest_url,
-    parse_digest_manifest,
-    resolve_download,
-)
+from fleet.config import FleetConfig
 from fleet.controllers.cache import ObjectCache
 from fleet.controllers.observe import ManagementView
+from fleet.dispatch import create_or_adopt_nodeplan, nodeplan_to_dispatch
+from fleet.downloads import DownloadResolutionError
 from fleet.events import NORMAL, WARNING, EventRecorder
 from fleet.kube import (
-    AlreadyExistsError,
     KubeClient,
     KubeError,
     KubeObject,
@@ -67,7 +62,7 @@ from fleet.model import (
     nodeplan_from,
     parse_autopilot_signal,
 )
-from fleet.nodeplan import TRACEPARENT_ANNOTATION, NodePlanPhase, build_nodeplan, nodeplan_name
+from fleet.nodeplan import TRACEPARENT_ANNOTATION, NodePlanPhase, nodeplan_name
 from fleet.planner import conditions as C
 from fleet.planner.actions import (
     Action,
@@ -128,39 +123,6 @@ class DispatchStats:
         self.by_action[name] = self.by_action.get(name, 0) + 1
 
 
-class DownloadResolver:
-    """URL and digest per (version, arch), from the fleet YAML and its digest manifest."""
-
-    def __init__(self, config: FleetConfig) -> None:
-        self.config = config
-        self._manifests: dict[str, dict[str, str]] = {}
-
-    async def _manifest(self, version: str) -> dict[str, str] | None:
-        url = digest_manifest_url(self.config, version)
-        if url is None:
-            return None
-        if url in self._manifests:
-            return self._manifests[url]
-        if url.startswith("file://"):
-            text = await anyio.Path(url.removeprefix("file://")).read_text()
-        else:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s, \
-                    s.get(url) as resp:
-                resp.raise_for_status()
-                text = await resp.text()
-        manifest = parse_digest_manifest(text)
-        self._manifests[url] = manifest
-        return manifest
-
-    async def resolve(self, version: str, arch: str) -> tuple[str, str | None]:
-        try:
-            manifest = await self._manifest(version)
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
-            raise DownloadResolutionError(f"digest manifest for {version}: {e}",
-                                          version=version, arch=arch) from e
-        return resolve_download(self.config, version, arch, manifest=manifest)
-
-
 def _condition_list(existing: list[dict[str, Any]], wanted: tuple[Condition, ...],
                     now: datetime) -> list[dict[str, Any]]:
     """Conditions with ours replaced; lastTransitionTime moves only when status changes."""
@@ -183,7 +145,8 @@ def _failed_conditions(reason: str, message: str) -> tuple[Condition, ...]:
 class Dispatcher:
     def __init__(self, *, mgmt: KubeClient, view: ManagementView, registry: ClusterRegistry,
                  config: FleetConfig, recorder: EventRecorder, tracer: trace.Tracer,
-                 clock: Callable[[], datetime] = _now) -> None:
+                 clock: Callable[[], datetime] = _now,
+                 artifacts: ArtifactResolver | None = None) -> None:
         self.mgmt = mgmt
         self.view = view
         self.registry = registry
@@ -191,7 +154,7 @@ class Dispatcher:
         self.recorder = recorder
         self.tracer = tracer
         self.clock = clock
-        self.downloads = DownloadResolver(config)
+        self.artifacts = artifacts or ArtifactResolver(config.download)
         self.stats = DispatchStats()
         self.unsure: set[tuple[str, str]] = set()
         self.background: anyio.abc.TaskGroup | None = None
@@ -280,9 +243,9 @@ class Dispatcher:
         if wc is not None:
             cache = wc.control_nodes if a.node_kind == KIND_CONTROL_NODE else wc.nodes
             node_obj = cache.get(a.node)
-        arch = node_from(node_obj).arch if node_obj else "amd64"
+        arch = node_from(node_obj).arch if node_obj else None
         try:
-            url, sha = await self.downloads.resolve(a.version, arch)
+            artifact = await self.artifacts.resolve(a.version, arch)
         except DownloadResolutionError as e:
             await self.event(a.owner, "DownloadUnresolved", f"{a.machine.name}: {e}",
                              type=WARNING)
@@ -296,13 +259,11 @@ class Dispatcher:
                             "k0s_fleet.version": a.version, "k0s_fleet.owner": str(a.owner),
                             "k0s_fleet.executor": a.executor}):
             traceparent = current_traceparent()
-        body = build_nodeplan(
-            machine=machine, node_name=a.node, role=a.role, version=a.version, url=url,
-            sha256=sha, allow_unverified=sha is None, executor=a.executor,
-            owner_kind=a.owner.kind, owner_name=a.owner.name, traceparent=traceparent,
-            node_policy=self.config.agent.node_policy() if a.executor == EXECUTOR_AGENT
-            else None)
-        body["metadata"]["finalizers"] = [NODEPLAN_FINALIZER]
+        body = nodeplan_to_dispatch(
+            machine=machine, node_name=a.node, role=a.role, version=a.version,
+            artifact=artifact, executor=a.executor, owner_kind=a.owner.kind,
+            owner_name=a.owner.name, traceparent=traceparent,
+            node_policy=self.config.agent.node_policy())
         key = (a.machine.namespace, body["metadata"]["name"])
         # Cached before it is sent: a pass planned while this request is on the wire must
         # count the node as dispatched already.
@@ -312,16 +273,7 @@ class Dispatcher:
         if cache.get(key[1], key[0]) is None:
             cache.observe(provisional)
         try:
-            created = await self.mgmt.create(NODE_PLANS, body, a.machine.namespace)
-        except AlreadyExistsError:
-            # Dispatched already (by us before a restart, or by the runtime extension):
-            # make sure the cache knows, so the budget counts it.
-            self.stats.already += 1
-            existing = await self.mgmt.get_or_none(NODE_PLANS, key[1], key[0])
-            if existing is None and cache.get(key[1], key[0]) is provisional:
-                cache.forget(provisional)  # deleted meanwhile: the next pass decides again
-            self._remember(NODE_PLANS, existing)
-            return
+            outcome = await create_or_adopt_nodeplan(self.mgmt, body)
         except UnreachableError:
             # The create may have landed without us hearing back: until we know, no pass
             # may count this node as not dispatched (it would spend its budget twice).
@@ -331,6 +283,16 @@ class Dispatcher:
             if cache.get(key[1], key[0]) is provisional:
                 cache.forget(provisional)
             raise
+        if not outcome.created:
+            # Dispatched already (by us before a restart, or by the runtime extension):
+            # make sure the cache knows, so the budget counts it.
+            self.stats.already += 1
+            if outcome.plan is None and cache.get(key[1], key[0]) is provisional:
+                cache.forget(provisional)  # deleted meanwhile: the next pass decides again
+            self._remember(NODE_PLANS, outcome.plan)
+            return
+        created = outcome.plan
+        assert created is not None
         self.stats.creates += 1
         self.stats.writes += 1
         self._remember(NODE_PLANS, created)

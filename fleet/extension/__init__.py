@@ -27,13 +27,7 @@ from fleet.extension.server import (
     start_extension_server,
 )
 from fleet.extension.update import (
-    Artifact,
-    ArtifactError,
-    ArtifactRequest,
-    ArtifactResolver,
     ClusterSettingsGetter,
-    ConfigArtifacts,
-    ManifestFetcher,
     UpdateMachineService,
     WorkloadClientGetter,
     workload_client_from_registry,
@@ -41,17 +35,11 @@ from fleet.extension.update import (
 from fleet.extension.workload import SecretWorkloadClients
 
 __all__ = [
-    "Artifact",
-    "ArtifactError",
-    "ArtifactRequest",
-    "ArtifactResolver",
     "ClusterSettingsGetter",
-    "ConfigArtifacts",
     "ExtensionEndpoint",
     "ExtensionHandlers",
     "ExtensionMode",
     "ExtensionServer",
-    "ManifestFetcher",
     "SecretWorkloadClients",
     "UpdateMachineService",
     "WorkloadClientGetter",

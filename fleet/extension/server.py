@@ -27,16 +27,12 @@ from aiohttp import web
 from opentelemetry.trace import Tracer
 from pydantic import ValidationError
 
+from fleet.artifacts import ArtifactResolver
 from fleet.config import FleetConfig
 from fleet.extension.catalog import DISCOVERY_PATH, HANDLERS, hook_path
 from fleet.extension.handlers import ExtensionHandlers
 from fleet.extension.tls import ReloadingServerTLS
-from fleet.extension.update import (
-    ConfigArtifacts,
-    ManifestFetcher,
-    UpdateMachineService,
-    WorkloadClientGetter,
-)
+from fleet.extension.update import UpdateMachineService, WorkloadClientGetter
 from fleet.extension.wire import (
     HOOKS_API_VERSION,
     REQUEST_TYPES,
@@ -232,13 +228,15 @@ async def serve_extension(handlers: ExtensionHandlers, **kwargs: Any) -> None:
 
 def handlers_from_config(config: FleetConfig, *, mgmt: KubeClient,
                          workload_client: WorkloadClientGetter | None,
-                         fetch_manifest: ManifestFetcher | None = None,
+                         artifacts: ArtifactResolver | None = None,
                          tracer: Tracer | None = None) -> ExtensionHandlers:
-    """The hooks as the fleet config says: mode, download policy, per-cluster settings."""
+    """The hooks as the fleet config says: mode, download policy (digest manifest
+    included), per-cluster settings. ``artifacts`` lets a caller share its resolver
+    (and manifest cache); by default one is made from ``config.download``."""
     return ExtensionHandlers(
         update=UpdateMachineService(
             mgmt=mgmt, workload_client=workload_client,
-            resolve_artifact=ConfigArtifacts(config.download, fetch_manifest),
+            artifacts=artifacts or ArtifactResolver(config.download),
             cluster_settings=config.for_cluster, tracer=tracer,
             node_policy=config.agent.node_policy(),
         ),
@@ -248,7 +246,7 @@ def handlers_from_config(config: FleetConfig, *, mgmt: KubeClient,
 
 async def serve_configured_extension(config: FleetConfig, *, mgmt: KubeClient,
                                      workload_client: WorkloadClientGetter | None = None,
-                                     fetch_manifest: ManifestFetcher | None = None,
+                                     artifacts: ArtifactResolver | None = None,
                                      tracer: Tracer | None = None,
                                      host: str = "0.0.0.0") -> None:
     """Serve the extension per ``config.extension`` until cancelled; returns at once
@@ -271,7 +269,7 @@ async def serve_configured_extension(config: FleetConfig, *, mgmt: KubeClient,
     try:
         await serve_extension(
             handlers_from_config(config, mgmt=mgmt, workload_client=workload_client,
-                                 fetch_manifest=fetch_manifest, tracer=tracer),
+                                 artifacts=artifacts, tracer=tracer),
             cert_file=ext.cert_file, key_file=ext.key_file, host=host, port=ext.port)
     finally:
         if own is not None:

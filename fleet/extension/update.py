@@ -18,13 +18,10 @@ from typing import Any, Protocol
 
 from opentelemetry.trace import Tracer
 
-from fleet.config import (
-    ClusterSettings,
-    DownloadResolutionError,
-    DownloadSettings,
-    digest_manifest_url,
-    resolve_download,
-)
+from fleet.artifacts import ArtifactResolver
+from fleet.config import ClusterSettings
+from fleet.dispatch import create_or_adopt_nodeplan, nodeplan_to_dispatch
+from fleet.downloads import DownloadResolutionError
 from fleet.extension.progress import (
     RETRY_AFTER_SECONDS,
     UNOBSERVABLE_RETRY_SECONDS,
@@ -34,7 +31,6 @@ from fleet.extension.progress import (
 )
 from fleet.extension.wire import ResponseStatus, UpdateMachineRequest, UpdateMachineResponse
 from fleet.kube import (
-    AlreadyExistsError,
     KubeClient,
     KubeError,
     KubeObject,
@@ -42,8 +38,7 @@ from fleet.kube import (
     UnreachableError,
 )
 from fleet.kube.resources import CLUSTERS, MACHINES, NODE_PLANS, NODES
-from fleet.model import EXECUTOR_AGENT, NODEPLAN_FINALIZER
-from fleet.nodeplan import TRACEPARENT_ANNOTATION, build_nodeplan, nodeplan_name
+from fleet.nodeplan import TRACEPARENT_ANNOTATION, nodeplan_name
 from fleet.signal import NodePolicy
 from fleet.telemetry import current_traceparent, link_from_traceparent
 from fleet.versions import InvalidVersionError, K0sVersion
@@ -53,7 +48,6 @@ log = logging.getLogger(__name__)
 SOURCE = "runtime-extension"
 LABEL_CONTROL_PLANE = "cluster.x-k8s.io/control-plane"
 LABEL_DEPLOYMENT_NAME = "cluster.x-k8s.io/deployment-name"
-DEFAULT_ARCH = "amd64"
 
 PAUSED_RETRY_SECONDS = 30
 
@@ -63,60 +57,6 @@ WorkloadClientGetter = Callable[[str, str], Awaitable[KubeClient]]
 # (namespace, cluster name, Cluster labels) -> that cluster's effective fleet settings;
 # normally ``FleetConfig.for_cluster``.
 ClusterSettingsGetter = Callable[[str, str, Mapping[str, str]], ClusterSettings]
-
-
-@dataclass(frozen=True, slots=True)
-class ArtifactRequest:
-    machine: Mapping[str, Any]
-    version: str
-    role: str
-    architecture: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Artifact:
-    url: str
-    sha256: str | None = None
-    allow_unverified: bool = False
-
-
-class ArtifactError(Exception):
-    """No usable download for this version/architecture; the message says what to set."""
-
-
-ArtifactResolver = Callable[[ArtifactRequest], Awaitable[Artifact]]
-
-
-# Fetches and parses a digest manifest (sha256sums) from its URL; the controller's
-# HTTP layer provides it. Without one, a configured manifest is not consulted.
-ManifestFetcher = Callable[[str], Awaitable[Mapping[str, str]]]
-
-
-@dataclass(frozen=True)
-class ConfigArtifacts:
-    """The fleet config's download policy (:func:`fleet.config.resolve_download`).
-
-    An unknown architecture defaults to amd64 (real Nodes always report theirs).
-    """
-
-    download: DownloadSettings = field(default_factory=DownloadSettings)
-    fetch_manifest: ManifestFetcher | None = None
-
-    async def __call__(self, req: ArtifactRequest) -> Artifact:
-        arch = req.architecture or DEFAULT_ARCH
-        manifest = None
-        manifest_url = digest_manifest_url(self.download, req.version)
-        if manifest_url is not None and self.fetch_manifest is not None:
-            try:
-                manifest = await self.fetch_manifest(manifest_url)
-            except Exception as e:  # someone else's HTTP: report as a resolution problem
-                raise ArtifactError(f"digest manifest {manifest_url}: {e}") from e
-        try:
-            url, digest = resolve_download(self.download, req.version, arch, manifest=manifest)
-        except DownloadResolutionError as e:
-            raise ArtifactError(str(e)) from e
-        return Artifact(url=url, sha256=digest,
-                        allow_unverified=digest is None and self.download.allow_unverified)
 
 
 class _Registry(Protocol):
@@ -172,7 +112,8 @@ class UpdateMachineService:
 
     mgmt: KubeClient
     workload_client: WorkloadClientGetter | None = None
-    resolve_artifact: ArtifactResolver = field(default_factory=ConfigArtifacts)
+    # The fleet config's download policy (digest manifest included).
+    artifacts: ArtifactResolver = field(default_factory=ArtifactResolver)
     retry_table: Mapping[str, int] = field(default_factory=lambda: dict(RETRY_AFTER_SECONDS))
     # Per-cluster executor and pause from the fleet config; None: executor "agent".
     cluster_settings: ClusterSettingsGetter | None = None
@@ -232,7 +173,7 @@ class UpdateMachineService:
                 executor = str(settings.executor)
             try:
                 plan = await self._dispatch(machine, node_name, version, node, executor)
-            except ArtifactError as e:
+            except DownloadResolutionError as e:
                 return UpdateMachineResponse.failure(f"{what}: {e}")
             log.info("UpdateMachine %s: dispatched as NodePlan %s", what, plan_name)
         return update_progress(plan, node, version, table=self.retry_table)
@@ -277,30 +218,16 @@ class UpdateMachineService:
                            node: NodeObservation | None, executor: str, *,
                            traceparent: str | None) -> KubeObject:
         meta = machine["metadata"]
-        role = machine_role(machine)
-        artifact = await self.resolve_artifact(ArtifactRequest(
-            machine=machine, version=version, role=role,
-            architecture=node.architecture if node is not None else None))
+        artifact = await self.artifacts.resolve(
+            version, node.architecture if node is not None else None)
         owner_kind, owner_name = machine_owner(machine)
-        body = build_nodeplan(
-            machine=machine, node_name=node_name, role=role, version=version,
-            url=artifact.url, sha256=artifact.sha256,
-            allow_unverified=artifact.allow_unverified, executor=executor,
-            source=SOURCE, owner_kind=owner_kind, owner_name=owner_name,
-            traceparent=traceparent,
-            node_policy=self.node_policy if executor == EXECUTOR_AGENT else None,
-        )
-        # Like the controller's own: its NodePlan reconciler takes the request off the
-        # node (and uncordons) before a deleted NodePlan goes away.
-        body["metadata"]["finalizers"] = [NODEPLAN_FINALIZER]
-        name = body["metadata"]["name"]
-        for _ in range(3):
-            try:
-                return await self.mgmt.create(NODE_PLANS, body)
-            except AlreadyExistsError:
-                existing = await self.mgmt.get_or_none(NODE_PLANS, name, meta["namespace"])
-                if existing is not None:
-                    return existing
-                # deleted between our create and get: try again
-        raise KubeError(f"NodePlan {meta['namespace']}/{name} keeps appearing and vanishing")
-
+        body = nodeplan_to_dispatch(
+            machine=machine, node_name=node_name, role=machine_role(machine),
+            version=version, artifact=artifact, executor=executor, source=SOURCE,
+            owner_kind=owner_kind, owner_name=owner_name, traceparent=traceparent,
+            node_policy=self.node_policy)
+        outcome = await create_or_adopt_nodeplan(self.mgmt, body, attempts=3)
+        if outcome.plan is None:
+            raise KubeError(f"NodePlan {meta['namespace']}/{body['metadata']['name']} keeps "
+                            f"appearing and vanishing")
+        return outcome.plan

@@ -35,10 +35,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from fleet.artifacts import ArtifactResolver
 from fleet.clusters import kubeconfig_secret
 from fleet.config import DownloadSettings, FleetConfig
 from fleet.extension import (
-    ConfigArtifacts,
     ExtensionHandlers,
     ExtensionServer,
     SecretWorkloadClients,
@@ -97,7 +97,7 @@ async def extension(mgmt: KubeClient, wl1: KubeClient,
 
     service = UpdateMachineService(
         mgmt=mgmt, workload_client=workload,
-        resolve_artifact=ConfigArtifacts(DownloadSettings(digests={NEW: {"amd64": DIGEST}})),
+        artifacts=ArtifactResolver(DownloadSettings(digests={NEW: {"amd64": DIGEST}})),
     )
     server = await start_extension_server(ExtensionHandlers(update=service),
                                           cert_file=str(cert), key_file=str(key),
@@ -456,7 +456,7 @@ async def test_problems_answer_clearly(mgmt: KubeClient, wl1: KubeClient, namesp
     assert "connection refused" in call.message
     assert await plans_for(mgmt, namespace, name) == []
     # No digest for the target version: refuse, and say what to configure.
-    extension.service.resolve_artifact = ConfigArtifacts(DownloadSettings())
+    extension.service.artifacts = ArtifactResolver(DownloadSettings())
 
     async def workload(namespace: str, cluster: str) -> KubeClient:
         return wl1
@@ -501,6 +501,38 @@ async def test_fleet_config_executor_and_pause_apply(
             assert [p["spec"]["executor"] for p in plans] == ["autopilot"]
         else:
             assert plans == [] and "paused" in call.message
+
+
+async def test_fleet_config_digest_manifest_is_honoured(
+        mgmt: KubeClient, wl1: KubeClient, namespace: str, tmp_path: Path) -> None:
+    """handlers_from_config: no pinned digest, only download.digestManifestUrl: the
+    extension fetches the manifest and the NodePlan carries the digest it lists."""
+    cert, key, ca = make_cert_pair(["localhost"]).write(tmp_path / "tls")
+    listed = "d" * 64
+    (tmp_path / NEW).mkdir()
+    (tmp_path / NEW / "sha256sums.txt").write_text(f"{listed}  k0s-{NEW}-amd64\n")
+    config = FleetConfig.model_validate({"download": {
+        "digestManifestUrl": f"file://{tmp_path}/{{version}}/sha256sums.txt"}})
+
+    async def workload(namespace: str, cluster: str) -> KubeClient:
+        return wl1
+
+    machine, _ = await make_machine(mgmt, wl1, namespace)
+    name = machine["metadata"]["name"]
+    handlers = handlers_from_config(config, mgmt=mgmt, workload_client=workload)
+    server = await start_extension_server(handlers, cert_file=str(cert), key_file=str(key),
+                                          host="127.0.0.1", port=0)
+    try:
+        ext = Extension(server, ssl.create_default_context(cafile=str(ca)),
+                        UpdateMachineService(mgmt=mgmt))
+        driver = CapiDriver(ext, mgmt)
+        await driver.start_in_place(machine, NEW)
+        call = await driver.update_machine_once(name, namespace)
+    finally:
+        await server.close()
+    assert call.status == "Success" and call.retry_after > 0, call
+    (plan,) = await plans_for(mgmt, namespace, name)
+    assert plan["spec"]["sha256"] == listed and plan["spec"]["allowUnverified"] is False
 
 
 async def test_dispatch_is_traced_and_the_nodeplan_carries_the_context(

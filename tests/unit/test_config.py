@@ -15,20 +15,13 @@ from hypothesis import strategies as st
 from fleet.config import (
     DEFAULT_URL_TEMPLATE,
     ConfigError,
-    DigestConflictError,
-    DigestManifestError,
     DownloadSettings,
     DrainTimeoutAction,
     Executor,
     FailureBudget,
     FleetConfig,
-    MissingDigestError,
-    UnsupportedArchError,
-    digest_manifest_url,
     load_config,
-    parse_digest_manifest,
     parse_label_selector,
-    resolve_download,
 )
 from fleet.schedule import format_duration
 from fleet.signal import SignalState
@@ -633,86 +626,3 @@ def test_label_selector_string() -> None:
     assert parse_label_selector("").matches({})
 
 
-# ---------------------------------------------------------------------------- downloads
-
-
-def test_parse_digest_manifest() -> None:
-    text = f"""
-    # k0s v1.31.3+k0s.0
-    {SHA_A}  k0s-v1.31.3+k0s.0-amd64
-    {SHA_B.upper()} *./k0s-v1.31.3+k0s.0-arm64
-
-    SHA256 (k0s-v1.31.3+k0s.0-arm) = {SHA_A}
-    """
-    assert parse_digest_manifest(textwrap.dedent(text)) == {
-        "k0s-v1.31.3+k0s.0-amd64": SHA_A,
-        "k0s-v1.31.3+k0s.0-arm64": SHA_B,
-        "k0s-v1.31.3+k0s.0-arm": SHA_A,
-    }
-
-
-@pytest.mark.parametrize(
-    ("text", "fragment"),
-    [
-        ("nonsense\n", "line 1: not a sha256sum line"),
-        (f"{SHA_A[:-2]}  f\n", "line 1: not a sha256sum line"),
-        (f"{SHA_A}  f\n{SHA_B}  f\n", "line 2: 'f' listed with two different digests"),
-    ],
-)
-def test_bad_digest_manifest(text: str, fragment: str) -> None:
-    with pytest.raises(DigestManifestError, match=fragment):
-        parse_digest_manifest(text)
-
-
-def test_resolve_download_pinned_digest() -> None:
-    cfg = FleetConfig.model_validate(
-        {"download": {"digests": {"v1.31.3": {"amd64": SHA_A.upper()}}}}
-    )
-    url, digest = resolve_download(cfg, "1.31.3+k0s.0", "amd64")
-    assert url == "https://get.k0sproject.io/v1.31.3+k0s.0/k0s-v1.31.3+k0s.0-amd64"
-    assert digest == SHA_A
-
-
-def test_resolve_download_from_manifest() -> None:
-    cfg = FleetConfig.model_validate(
-        {"download": {"digestManifestUrl": "https://example.com/{version}/sha256sums.txt"}}
-    )
-    assert digest_manifest_url(cfg, "v1.31.3") == "https://example.com/v1.31.3+k0s.0/sha256sums.txt"
-    manifest = parse_digest_manifest(f"{SHA_B}  k0s-v1.31.3+k0s.0-arm64\n")
-    assert resolve_download(cfg.download, "v1.31.3", "arm64", manifest=manifest)[1] == SHA_B
-    with pytest.raises(MissingDigestError, match="not consulted"):
-        resolve_download(cfg, "v1.31.3", "arm64")
-    with pytest.raises(MissingDigestError, match=r"does not list 'k0s-v1\.31\.3\+k0s\.0-amd64'"):
-        resolve_download(cfg, "v1.31.3", "amd64", manifest=manifest)
-
-
-def test_resolve_download_refuses_unverified_unless_allowed() -> None:
-    with pytest.raises(MissingDigestError) as e:
-        resolve_download(FleetConfig(), "v1.31.3", "amd64")
-    assert (e.value.version, e.value.arch) == ("v1.31.3+k0s.0", "amd64")
-    allowed = FleetConfig.model_validate({"download": {"allowUnverified": True}})
-    assert resolve_download(allowed, "v1.31.3", "arm")[1] is None
-
-
-def test_resolve_download_conflict_and_arch() -> None:
-    cfg = FleetConfig.model_validate({"download": {"digests": {"v1.31.3": {"amd64": SHA_A}}}})
-    manifest = {"k0s-v1.31.3+k0s.0-amd64": SHA_B}
-    with pytest.raises(DigestConflictError):
-        resolve_download(cfg, "v1.31.3", "amd64", manifest=manifest)
-    with pytest.raises(UnsupportedArchError):
-        resolve_download(cfg, "v1.31.3", "riscv64")
-
-
-def test_file_url_template() -> None:
-    cfg = FleetConfig.model_validate(
-        {
-            "download": {
-                "urlTemplate": "file:///srv/k0s/{version}/{arch}/k0s",
-                "allowUnverified": True,
-            }
-        }
-    )
-    assert resolve_download(cfg, "v1.30.1", "amd64") == (
-        "file:///srv/k0s/v1.30.1+k0s.0/amd64/k0s",
-        None,
-    )
