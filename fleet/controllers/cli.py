@@ -103,7 +103,8 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
 def run(args: argparse.Namespace) -> int:
     import anyio  # noqa: PLC0415
 
-    from fleet.config import ConfigError, load_config  # noqa: PLC0415
+    from fleet.config_errors import ConfigError  # noqa: PLC0415
+    from fleet.config_loader import load_config  # noqa: PLC0415
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -13,7 +13,6 @@ from fleet.config import ExtensionMode
 from fleet.extension.activation import (
     ExtensionEndpoint,
     extension_active,
-    selector_matches,
     serving_extension_configs,
 )
 from fleet.extension.handlers import ExtensionHandlers
@@ -47,7 +46,6 @@ __all__ = [
     "extension_active",
     "handlers_from_config",
     "running_extension_server",
-    "selector_matches",
     "serve_configured_extension",
     "serve_extension",
     "serving_extension_configs",

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 from fleet.config import ExtensionMode
 from fleet.extension.catalog import HANDLER_BY_HOOK
 from fleet.extension.wire import HOOKS_API_VERSION, Hook
+from fleet.selectors import selector_matches
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
@@ -55,38 +56,6 @@ class ExtensionEndpoint:
             return (a.hostname, a.port or 443) == (b.hostname, b.port or 443) \
                 and a.path.rstrip("/") == b.path.rstrip("/")
         return False
-
-
-def _expression_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    key = expr.get("key")
-    op = expr.get("operator")
-    values = list(expr.get("values") or [])
-    if not isinstance(key, str):
-        return False
-    if op == "In":
-        return key in labels and labels[key] in values
-    if op == "NotIn":
-        return key not in labels or labels[key] not in values
-    if op == "Exists":
-        return key in labels
-    if op == "DoesNotExist":
-        return key not in labels
-    return False  # an operator we do not know selects nothing (fail closed)
-
-
-def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
-    """A metav1.LabelSelector against a label set; None or empty selects everything."""
-    if not selector:
-        return True
-    match_labels = selector.get("matchLabels") or {}
-    if not isinstance(match_labels, Mapping):
-        return False
-    if any(labels.get(k) != v for k, v in match_labels.items()):
-        return False
-    exprs = selector.get("matchExpressions") or []
-    if not isinstance(exprs, list):
-        return False
-    return all(isinstance(e, Mapping) and _expression_matches(e, labels) for e in exprs)
 
 
 def registers_update_machine(extension_config: Mapping[str, Any]) -> bool:

@@ -16,7 +16,8 @@ from typing import Any
 
 import anyio
 
-from fleet.config import ConfigError, FleetConfig
+from fleet.config import FleetConfig
+from fleet.config_errors import ConfigError
 from fleet.kube import KubeError
 from fleet.rollout.observe import management_client, observe
 from fleet.rollout.plan import dry_run, plan_document, render_plan

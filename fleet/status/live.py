@@ -19,7 +19,9 @@ import anyio
 from rich.console import Console
 from rich.live import Live
 
-from fleet.config import ConfigError, FleetConfig, load_config
+from fleet.config import FleetConfig
+from fleet.config_errors import ConfigError
+from fleet.config_loader import load_config
 from fleet.kube import KubeError
 from fleet.rollout.gate import FleetView, RolloutGate
 from fleet.rollout.observe import management_client, observe

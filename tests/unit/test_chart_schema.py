@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fleet.config import FleetConfig, load_config
+from fleet.config import FleetConfig
+from fleet.config_loader import load_config
 from fleet.testing.binaries import REPO_ROOT
 from tests.unit.test_chart_render import CONTROLLER_CHART, helm, template_args
 

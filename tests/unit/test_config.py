@@ -14,16 +14,16 @@ from hypothesis import strategies as st
 
 from fleet.config import (
     DEFAULT_URL_TEMPLATE,
-    ConfigError,
     DownloadSettings,
     DrainTimeoutAction,
     Executor,
-    FailureBudget,
     FleetConfig,
-    load_config,
-    parse_label_selector,
 )
+from fleet.config_errors import ConfigError
+from fleet.config_loader import load_config
+from fleet.config_types import FailureBudget
 from fleet.schedule import format_duration
+from fleet.selectors import parse_label_selector
 from fleet.signal import SignalState
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "fleet.example.yaml"

@@ -12,8 +12,8 @@ from fleet.extension.activation import (
     ExtensionEndpoint,
     ExtensionMode,
     extension_active,
-    selector_matches,
 )
+from fleet.selectors import selector_matches
 
 CLUSTER = {"metadata": {"name": "prod-eu1", "namespace": "fleet-prod"}}
 US = ExtensionEndpoint(service_name="k0s-fleet-extension", service_namespace="k0s-fleet-system")

@@ -1,0 +1,125 @@
+"""What is wrong with a fleet configuration: one problem per line, each naming its key.
+
+:class:`ConfigError` is what a user sees (one line per :class:`ConfigProblem`); model
+validators raise :class:`Problems` to report several problems at paths relative to the
+model; :func:`problems_from` rewrites pydantic's errors into that one-line form.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from pydantic import ValidationError
+
+
+class ConfigProblem(NamedTuple):
+    """One thing wrong with the configuration: where (dotted key path) and what."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class ConfigError(ValueError):
+    """The fleet configuration is unusable. ``str()`` is one line per problem."""
+
+    def __init__(self, problems: Sequence[ConfigProblem], source: str | None = None) -> None:
+        self.problems = tuple(problems)
+        self.source = source
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+
+class Problems(ValueError):
+    """Raised by model validators to report problems at paths relative to the model."""
+
+    def __init__(self, problems: Sequence[tuple[tuple[str | int, ...], str]]) -> None:
+        self.problems = list(problems)
+        super().__init__("; ".join(m for _, m in self.problems))
+
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+
+def _format_path(loc: Sequence[str | int]) -> str:
+    out = ""
+    for part in loc:
+        if part == "[key]":
+            continue
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _IDENT.fullmatch(part):
+            out += f".{part}" if out else part
+        else:
+            out += f"[{json.dumps(part)}]"
+    return out or "(top level)"
+
+
+def _short(value: Any) -> str:
+    r = repr(value)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def pydantic_message(err: Mapping[str, Any]) -> str:
+    t = err["type"]
+    ctx = err.get("ctx") or {}
+    got = f" (got {_short(err.get('input'))})"
+    simple = {
+        "extra_forbidden": "unknown key",
+        "missing": "required",
+        "list_type": "must be a list" + got,
+        "dict_type": "must be a mapping" + got,
+        "model_type": "must be a mapping" + got,
+        "model_attributes_type": "must be a mapping" + got,
+        "string_type": "must be a string" + got,
+        "bool_type": "must be true or false" + got,
+        "bool_parsing": "must be true or false" + got,
+        "int_type": "must be an integer" + got,
+        "int_parsing": "must be an integer" + got,
+        "int_from_float": "must be an integer" + got,
+        "float_type": "must be a number" + got,
+        "float_parsing": "must be a number" + got,
+        "string_pattern_mismatch": f"must match {ctx.get('pattern')}" + got,
+    }
+    if t in simple:
+        return simple[t]
+    bounds = {
+        "greater_than_equal": (">=", "ge"),
+        "greater_than": (">", "gt"),
+        "less_than_equal": ("<=", "le"),
+        "less_than": ("<", "lt"),
+    }
+    if t in bounds:
+        op, key = bounds[t]
+        return f"must be {op} {ctx.get(key)}"
+    if t == "string_too_short":
+        return "must not be empty"
+    if t == "enum":
+        return f"must be one of {ctx.get('expected')}" + got
+    if t in ("value_error", "assertion_error") and "error" in ctx:
+        return str(ctx["error"])
+    return str(err.get("msg", t))
+
+
+def problems_from(
+    e: ValidationError, origins: Mapping[tuple[str, ...], str]
+) -> list[ConfigProblem]:
+    problems: list[ConfigProblem] = []
+    for err in e.errors(include_url=False):
+        loc = tuple(err["loc"])
+        inner = (err.get("ctx") or {}).get("error")
+        pairs = (
+            [(loc + rel, msg) for rel, msg in inner.problems]
+            if isinstance(inner, Problems)
+            else [(loc, pydantic_message(err))]
+        )
+        for full, msg in pairs:
+            var = next((v for p, v in origins.items() if tuple(full[: len(p)]) == p), None)
+            suffix = f" (from {var})" if var else ""
+            problems.append(ConfigProblem(_format_path(full), msg + suffix))
+    return problems
