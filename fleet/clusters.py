@@ -21,9 +21,9 @@ import anyio
 import anyio.abc
 import yaml
 
-from fleet.controllers.cache import ObjectCache
 from fleet.kube import KubeClient, KubeError, KubeObject, NotFoundError
 from fleet.kube.backoff import Backoff
+from fleet.kube.cache import ObjectCache
 from fleet.kube.resources import CONTROL_NODES, NODES, SECRETS
 from fleet.kube.watch import Reflector
 from fleet.model import ClusterKey

@@ -23,7 +23,6 @@ from opentelemetry import trace
 from fleet.artifacts import ArtifactResolver
 from fleet.clusters import ClusterRegistry
 from fleet.config import FleetConfig
-from fleet.controllers.cache import ObjectCache
 from fleet.controllers.observe import ManagementView
 from fleet.dispatch import create_or_adopt_nodeplan, nodeplan_to_dispatch
 from fleet.downloads import DownloadResolutionError
@@ -35,6 +34,7 @@ from fleet.kube import (
     NotFoundError,
     UnreachableError,
 )
+from fleet.kube.cache import ObjectCache
 from fleet.kube.patch import patch_with_retry
 from fleet.kube.resources import (
     CLUSTERS,

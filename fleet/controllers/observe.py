@@ -13,8 +13,8 @@ import anyio.abc
 
 from fleet.clusters import ClusterRegistry
 from fleet.config import FleetConfig
-from fleet.controllers.cache import ObjectCache
 from fleet.kube import KubeClient, KubeObject
+from fleet.kube.cache import ObjectCache
 from fleet.kube.resources import (
     CLUSTERS,
     K0S_CONTROL_PLANES,

@@ -9,9 +9,9 @@ import anyio
 import pytest
 
 from fleet.clusters import ClusterRegistry, kubeconfig_secret
-from fleet.controllers.cache import ObjectCache
 from fleet.controllers.observe import SECRET_FIELD_SELECTOR
 from fleet.kube import KubeClient
+from fleet.kube.cache import ObjectCache
 from fleet.kube.resources import NODES, SECRETS
 from fleet.kube.watch import Reflector
 from fleet.testing.world import World
