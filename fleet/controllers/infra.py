@@ -9,11 +9,14 @@ out-of-date control-plane Machines are looked up at all.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+import anyio
 
 from fleet.kube import KubeClient, KubeError, NotFoundError
 from fleet.kube.resources import Resource
-from fleet.model import InfraMachineInfo, TemplateRef, infra_machine_from
+from fleet.model import InfraMachineInfo, MachineInfo, TemplateRef, infra_machine_from
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,3 +81,18 @@ class InfraMachines:
                 info = InfraMachineInfo(error=f"reading {ref}: {e}")
         self._cache[key] = _Cached(info, time.monotonic())
         return info
+
+    async def for_machines(self, machines: Iterable[MachineInfo]
+                           ) -> dict[tuple[str, str], InfraMachineInfo]:
+        """The infrastructure objects of ``machines`` (looked up concurrently), by the
+        Machine's (namespace, name)."""
+        out: dict[tuple[str, str], InfraMachineInfo] = {}
+
+        async def one(m: MachineInfo) -> None:
+            out[(m.ref.namespace, m.ref.name)] = await self.lookup(m.infrastructure,
+                                                                   m.ref.namespace)
+
+        async with anyio.create_task_group() as tg:
+            for m in machines:
+                tg.start_soon(one, m)
+        return out

@@ -1,19 +1,18 @@
-"""Observe: watches on the management cluster, and the snapshot the planner decides on."""
+"""Observe: watches on the management cluster, and the snapshot the planner decides on
+(built by :func:`fleet.snapshot.build_snapshot` from the watch caches)."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import Protocol, TypeVar
 
 import anyio
 import anyio.abc
 
 from fleet.clusters import ClusterRegistry
 from fleet.config import FleetConfig
-from fleet.kube import KubeClient, KubeObject
+from fleet.kube import KubeClient
 from fleet.kube.cache import ObjectCache
 from fleet.kube.resources import (
     CLUSTERS,
@@ -27,25 +26,13 @@ from fleet.kube.resources import (
 )
 from fleet.kube.watch import Reflector
 from fleet.model import (
-    KIND_CONTROL_NODE,
-    KIND_NODE,
-    ROLE_CONTROLLER,
     ClusterInfo,
     ClusterKey,
     InfraMachineInfo,
-    MachineInfo,
     NodeInfo,
-    ObjectRef,
     Snapshot,
-    cluster_from,
-    control_plane_from,
-    deployment_from,
-    machine_from,
-    machine_set_from,
-    node_from,
-    nodeplan_from,
 )
-from fleet.versions import same_version
+from fleet.snapshot import ManagementObjects, build_snapshot, cluster_nodes
 
 log = logging.getLogger(__name__)
 
@@ -92,128 +79,29 @@ class ManagementView:
         return sum(r.relists for r in self.reflectors)
 
 
-def fleet_clusters(config: FleetConfig, clusters: Iterable[KubeObject]
-                   ) -> dict[ClusterKey, ClusterInfo]:
-    """The CAPI Clusters that make up the fleet, with their effective settings."""
-    selector = config.clusters.selector
-    namespaces = set(config.clusters.namespaces)
-    out: dict[ClusterKey, ClusterInfo] = {}
-    for obj in clusters:
-        meta = obj.get("metadata") or {}
-        ns, name = meta.get("namespace") or "", meta.get("name") or ""
-        labels = meta.get("labels") or {}
-        explicit = config.clusters.entry_for(ns, name) is not None
-        if not explicit and ((namespaces and ns not in namespaces)
-                             or not selector.matches(labels)):
-            continue
-        settings = config.for_cluster(ns, name, labels)
-        info = cluster_from(obj, executor=settings.executor.value)
-        if settings.paused and not info.paused:
-            info = ClusterInfo(ns, name, paused=True, executor=info.executor)
-        out[(ns, name)] = info
-    return out
-
-
 def kubeconfig_secrets(config: FleetConfig, clusters: Iterable[ClusterKey]
                        ) -> dict[ClusterKey, str]:
     return {key: config.for_cluster(key[0], key[1]).kubeconfig_secret for key in clusters}
 
 
-def _as_node(obj: KubeObject) -> NodeInfo:
-    return node_from({**obj, "kind": KIND_NODE})
-
-
-def _as_control_node(obj: KubeObject) -> NodeInfo:
-    return node_from({**obj, "kind": KIND_CONTROL_NODE})
+def management_objects(view: ManagementView) -> ManagementObjects:
+    return ManagementObjects(
+        deployments=view[MACHINE_DEPLOYMENTS], machine_sets=view[MACHINE_SETS],
+        control_planes=view[K0S_CONTROL_PLANES], machines=view[MACHINES],
+        nodeplans=view[NODE_PLANS])
 
 
 def workload_nodes(registry: ClusterRegistry, key: ClusterKey) -> dict[str, NodeInfo] | None:
     wc = registry.get(key)
     if wc is None or not wc.observed:
         return None
-    nodes = {n.name: n for n in (_parse(wc.nodes, o, _as_node) for o in wc.nodes)
-             if n is not None}
-    for obj in wc.control_nodes:
-        cn = _parse(wc.control_nodes, obj, _as_control_node)
-        if cn is not None:
-            nodes.setdefault(cn.name, cn)  # a controller that also runs a kubelet has a Node
-    return nodes
+    return cluster_nodes(wc.nodes, wc.control_nodes)
 
 
-def control_planes_needing_infra(view: ManagementView, clusters: Mapping[ClusterKey, ClusterInfo]
-                                 ) -> list[MachineInfo]:
-    """Control-plane Machines whose eligibility depends on their infrastructure object."""
-    targets = {}
-    for obj in view[K0S_CONTROL_PLANES]:
-        kcp = _parse(view[K0S_CONTROL_PLANES], obj, control_plane_from)
-        if kcp is None:
-            continue
-        targets[(kcp.ref.namespace, kcp.ref.name)] = kcp.version
-    out = []
-    for obj in view[MACHINES]:
-        m = _parse(view[MACHINES], obj, machine_from)
-        if m is None:
-            continue
-        if m.role != ROLE_CONTROLLER or m.owner is None or m.deleting:
-            continue
-        if (m.ref.namespace, m.cluster) not in clusters:
-            continue
-        target = targets.get((m.owner.namespace, m.owner.name))
-        if target and not same_version(m.version, target):
-            out.append(m)
-    return out
-
-
-T = TypeVar("T")
-_bad: set[tuple[str, str, str, str]] = set()
-
-
-def _parse(cache: ObjectCache, obj: KubeObject, parser: Callable[[KubeObject], T]) -> T | None:
-    """Parse one object; an object that cannot be understood is skipped (and logged once
-    per version), never allowed to stop the planning of the whole fleet."""
-    try:
-        return cache.parsed(obj, parser)
-    except (TypeError, ValueError, AttributeError, KeyError) as e:
-        meta = obj.get("metadata") or {}
-        key = (cache.kind, str(meta.get("namespace")), str(meta.get("name")),
-               str(meta.get("resourceVersion")))
-        if key not in _bad:
-            _bad.add(key)
-            log.warning("ignoring %s %s/%s: cannot read it: %r", *key[:3], e)
-        return None
-
-
-class _FleetObject(Protocol):
-    @property
-    def ref(self) -> ObjectRef: ...
-    @property
-    def cluster(self) -> str: ...
-
-
-F = TypeVar("F", bound=_FleetObject)
-
-
-def _fleet_objects(cache: ObjectCache, parser: Callable[[KubeObject], F],
-                   clusters: Mapping[ClusterKey, ClusterInfo]) -> dict[tuple[str, str], F]:
-    """The readable objects of one kind that belong to a cluster of the fleet."""
-    out: dict[tuple[str, str], F] = {}
-    for obj in cache:
-        parsed = _parse(cache, obj, parser)
-        if parsed is not None and (parsed.ref.namespace, parsed.cluster) in clusters:
-            out[(parsed.ref.namespace, parsed.ref.name)] = parsed
-    return out
-
-
-def build_snapshot(*, now: datetime, view: ManagementView, registry: ClusterRegistry,
-                   clusters: Mapping[ClusterKey, ClusterInfo],
-                   infra: Mapping[tuple[str, str], InfraMachineInfo]) -> Snapshot:
-    deployments = _fleet_objects(view[MACHINE_DEPLOYMENTS], deployment_from, clusters)
-    machine_sets = _fleet_objects(view[MACHINE_SETS], machine_set_from, clusters)
-    control_planes = _fleet_objects(view[K0S_CONTROL_PLANES], control_plane_from, clusters)
-    machines = {key: dataclasses.replace(m, infra=infra[key]) if key in infra else m
-                for key, m in _fleet_objects(view[MACHINES], machine_from, clusters).items()}
-    nodeplans = _fleet_objects(view[NODE_PLANS], nodeplan_from, clusters)
-    nodes = {key: workload_nodes(registry, key) for key in clusters}
-    return Snapshot(now=now, clusters=dict(clusters), deployments=deployments,
-                    machine_sets=machine_sets, control_planes=control_planes,
-                    machines=machines, nodeplans=nodeplans, nodes=nodes)
+def snapshot_of(*, now: datetime, view: ManagementView, registry: ClusterRegistry,
+                clusters: Mapping[ClusterKey, ClusterInfo],
+                infra: Mapping[tuple[str, str], InfraMachineInfo]) -> Snapshot:
+    """The snapshot the controller plans on, from its watch caches."""
+    return build_snapshot(now=now, objects=management_objects(view), clusters=clusters,
+                          nodes={key: workload_nodes(registry, key) for key in clusters},
+                          infra=infra)

@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -27,20 +27,16 @@ from fleet.controllers.dispatcher import Dispatcher, action_target
 from fleet.controllers.infra import InfraMachines
 from fleet.controllers.observe import (
     ManagementView,
-    build_snapshot,
-    control_planes_needing_infra,
-    fleet_clusters,
     kubeconfig_secrets,
+    management_objects,
+    snapshot_of,
 )
 from fleet.events import EventRecorder
 from fleet.kube import KubeClient, KubeError
 from fleet.kube.backoff import Backoff
 from fleet.kube.resources import CLUSTERS, SECRETS
 from fleet.model import (
-    ClusterInfo,
     ClusterKey,
-    InfraMachineInfo,
-    MachineInfo,
     ObjectRef,
     Snapshot,
 )
@@ -53,6 +49,7 @@ from fleet.planner.actions import (
     StartNodePlan,
 )
 from fleet.signal import SignalState
+from fleet.snapshot import control_planes_needing_infra, fleet_clusters
 from fleet.telemetry import get_tracer, link_from_traceparent
 
 log = logging.getLogger(__name__)
@@ -198,20 +195,6 @@ class FleetController:
         while self._inflight:
             await anyio.sleep(0.005)
 
-    async def _infra(self, clusters: Mapping[ClusterKey, ClusterInfo]
-                     ) -> dict[tuple[str, str], InfraMachineInfo]:
-        needed = control_planes_needing_infra(self.view, clusters)
-        out: dict[tuple[str, str], InfraMachineInfo] = {}
-
-        async def one(m: MachineInfo) -> None:
-            out[(m.ref.namespace, m.ref.name)] = await self.infra.lookup(
-                m.infrastructure, m.ref.namespace)
-
-        async with anyio.create_task_group() as tg:
-            for m in needed:
-                tg.start_soon(one, m)
-        return out
-
     async def reconcile_once(self) -> PlanResult:
         """One observe -> decide -> act pass.
 
@@ -229,9 +212,10 @@ class FleetController:
         self._retry_at = None
         clusters = fleet_clusters(self.config, self.view[CLUSTERS])
         self.registry.want(kubeconfig_secrets(self.config, clusters))
-        infra = await self._infra(clusters)
-        snapshot = build_snapshot(now=self.clock(), view=self.view, registry=self.registry,
-                                  clusters=clusters, infra=infra)
+        infra = await self.infra.for_machines(
+            control_planes_needing_infra(management_objects(self.view), clusters))
+        snapshot = snapshot_of(now=self.clock(), view=self.view, registry=self.registry,
+                               clusters=clusters, infra=infra)
         hold = await self.policy(snapshot) if self.policy is not None else None
         result = plan(snapshot, self.settings, hold=hold)
         actions = result.actions

@@ -19,7 +19,6 @@ import anyio
 from fleet.clusters import KubeconfigSecretError, kubeconfig_from_secret
 from fleet.config import FleetConfig
 from fleet.controllers.infra import InfraMachines
-from fleet.controllers.observe import fleet_clusters
 from fleet.kube import KubeClient, KubeError
 from fleet.kube.resources import (
     CLUSTERS,
@@ -35,22 +34,21 @@ from fleet.kube.resources import (
     Resource,
 )
 from fleet.model import (
-    ROLE_CONTROLLER,
-    ClusterInfo,
     ClusterKey,
-    MachineInfo,
     NodeInfo,
     Snapshot,
-    control_plane_from,
-    deployment_from,
-    machine_from,
-    machine_set_from,
-    node_from,
-    nodeplan_from,
 )
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP, STATE_KEY
 from fleet.rollout.gate import FleetControls
 from fleet.rollout.state import RolloutState
+from fleet.snapshot import (
+    Listed,
+    ManagementObjects,
+    build_snapshot,
+    cluster_nodes,
+    control_planes_needing_infra,
+    fleet_clusters,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,14 +96,13 @@ async def _nodes(mgmt: KubeClient, config: FleetConfig, key: ClusterKey,
                  timeout: float) -> dict[str, NodeInfo]:
     with anyio.fail_after(timeout):
         async with await workload_client(mgmt, config, *key) as wl:
-            nodes = {n.name: n for n in map(node_from, (await wl.list(NODES)).items)}
+            nodes = (await wl.list(NODES)).items
             try:
-                for obj in (await wl.list(CONTROL_NODES)).items:
-                    cn = node_from(obj)
-                    nodes.setdefault(cn.name, cn)
+                control_nodes = (await wl.list(CONTROL_NODES)).items
             except KubeError:
-                pass  # no autopilot CRD: no pure controllers to see
-            return nodes
+                control_nodes = []  # no autopilot CRD: no pure controllers to see
+            return cluster_nodes(Listed(NODES.kind, nodes),
+                                 Listed(CONTROL_NODES.kind, control_nodes))
 
 
 async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None = None,
@@ -117,36 +114,27 @@ async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None
             namespaces.append(e.namespace)
     all_clusters = await _list(mgmt, CLUSTERS, namespaces)
     # The same fleet membership and per-cluster settings the controller plans with.
-    clusters: dict[ClusterKey, ClusterInfo] = fleet_clusters(config, all_clusters)
-    keys = set(clusters)
+    clusters = fleet_clusters(config, all_clusters)
     meta: dict[ClusterKey, ClusterMeta] = {}
     for c in all_clusters:
-        m = c["metadata"]
-        key = (m.get("namespace") or "", m["name"])
-        if key in keys:
+        m = c.get("metadata") or {}
+        key = (m.get("namespace") or "", m.get("name") or "")
+        if key in clusters:
             meta[key] = (dict(m.get("labels") or {}), dict(m.get("annotations") or {}))
 
-    def mine(objs: list[dict[str, Any]], cluster_of: Any) -> list[dict[str, Any]]:
-        return [o for o in objs if ((o["metadata"].get("namespace") or ""), cluster_of(o))
-                in keys]
+    async def listed(res: Resource) -> Listed:
+        return Listed(res.kind, await _list(mgmt, res, namespaces))
 
-    deployments = [deployment_from(o) for o in await _list(mgmt, MACHINE_DEPLOYMENTS, namespaces)]
-    machine_sets = [machine_set_from(o) for o in await _list(mgmt, MACHINE_SETS, namespaces)]
-    kcps = [control_plane_from(o) for o in await _list(mgmt, K0S_CONTROL_PLANES, namespaces)]
-    raw_machines = mine(await _list(mgmt, MACHINES, namespaces),
-                        lambda o: (o.get("spec") or {}).get("clusterName"))
-    infra = InfraMachines(mgmt)
-    machines: list[MachineInfo] = []
-    for o in raw_machines:
-        m = machine_from(o)
-        if m.role == ROLE_CONTROLLER:
-            m = machine_from(o, await infra.lookup(m.infrastructure, m.ref.namespace))
-        machines.append(m)
-    plans = [nodeplan_from(o) for o in await _list(mgmt, NODE_PLANS, namespaces)]
+    objects = ManagementObjects(
+        deployments=await listed(MACHINE_DEPLOYMENTS), machine_sets=await listed(MACHINE_SETS),
+        control_planes=await listed(K0S_CONTROL_PLANES), machines=await listed(MACHINES),
+        nodeplans=await listed(NODE_PLANS))
+    infra = await InfraMachines(mgmt).for_machines(
+        control_planes_needing_infra(objects, clusters))
 
     nodes: dict[ClusterKey, Mapping[str, NodeInfo] | None] = {}
     problems: dict[ClusterKey, str] = {}
-    for key in sorted(keys):
+    for key in sorted(clusters):
         try:
             nodes[key] = await _nodes(mgmt, config, key, node_timeout)
         except (KubeError, KubeconfigSecretError, TimeoutError) as e:
@@ -160,17 +148,7 @@ async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None
             (cm.get("metadata") or {}).get("annotations") or {})
         state = RolloutState.from_json((cm.get("data") or {}).get(STATE_KEY))
 
-    snapshot = Snapshot(
-        now=now or datetime.now(UTC), clusters=clusters,
-        deployments={(d.ref.namespace, d.ref.name): d for d in deployments
-                     if (d.ref.namespace, d.cluster) in keys},
-        machine_sets={(s.ref.namespace, s.ref.name): s for s in machine_sets
-                      if (s.ref.namespace, s.cluster) in keys},
-        control_planes={(k.ref.namespace, k.ref.name): k for k in kcps
-                        if (k.ref.namespace, k.cluster) in keys},
-        machines={(m.ref.namespace, m.ref.name): m for m in machines},
-        nodeplans={(p.ref.namespace, p.ref.name): p for p in plans
-                   if (p.ref.namespace, p.cluster) in keys},
-        nodes=nodes)
+    snapshot = build_snapshot(now=now or datetime.now(UTC), objects=objects,
+                              clusters=clusters, nodes=nodes, infra=infra)
     return Observation(snapshot=snapshot, meta=meta, controls=controls, state=state,
                        problems=problems)

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2] / "fleet"
 PURE = [
     "versions.py", "signal.py", "nodeplan.py", "model.py", "eligibility.py", "budget.py",
     "schedule.py", "config.py", "config_types.py", "config_errors.py", "config_loader.py",
-    "selectors.py", "downloads.py", "planner", "agents/state.py", "rollout/gate.py",
+    "selectors.py", "downloads.py", "snapshot.py", "planner", "agents/state.py", "rollout/gate.py",
     "rollout/state.py", "rollout/progress.py", "extension/canupdate.py",
     "extension/patches.py", "extension/wire.py", "extension/progress.py",
     "extension/activation.py", "status/model.py",

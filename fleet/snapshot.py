@@ -1,0 +1,200 @@
+"""The one snapshot builder: raw objects -> the :class:`~fleet.model.Snapshot` the planner
+decides on.
+
+The controller feeds it from its watch caches, ``k0s-fleet plan`` and ``status`` from
+their one-shot lists (:class:`Listed`); both go through the same fleet membership, the
+same parsing and the same rule for objects that cannot be read (skipped, logged once per
+version), so ``plan`` and the controller never disagree about what the fleet holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol, TypeVar
+
+from fleet.config import FleetConfig
+from fleet.model import (
+    KIND_CONTROL_NODE,
+    KIND_NODE,
+    ROLE_CONTROLLER,
+    ClusterInfo,
+    ClusterKey,
+    InfraMachineInfo,
+    MachineInfo,
+    NodeInfo,
+    ObjectRef,
+    Snapshot,
+    cluster_from,
+    control_plane_from,
+    deployment_from,
+    machine_from,
+    machine_set_from,
+    node_from,
+    nodeplan_from,
+)
+from fleet.versions import same_version
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+RawObject = dict[str, Any]
+
+
+class ObjectSource(Protocol):
+    """Raw objects of one kind, and a (possibly memoising) way to parse one."""
+
+    @property
+    def kind(self) -> str: ...
+
+    def __iter__(self) -> Iterator[RawObject]: ...
+
+    def parsed(self, obj: RawObject, parse: Callable[[RawObject], T], tag: str = "") -> T: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """A one-shot list of objects of one kind (no memo: each is parsed once anyway)."""
+
+    kind: str
+    items: Sequence[RawObject] = ()
+
+    def __iter__(self) -> Iterator[RawObject]:
+        return iter(self.items)
+
+    def parsed(self, obj: RawObject, parse: Callable[[RawObject], T], tag: str = "") -> T:
+        return parse(obj)
+
+
+@dataclass(frozen=True, slots=True)
+class ManagementObjects:
+    """The management cluster's objects a snapshot is built from."""
+
+    deployments: ObjectSource
+    machine_sets: ObjectSource
+    control_planes: ObjectSource
+    machines: ObjectSource
+    nodeplans: ObjectSource
+
+
+_bad: set[tuple[str, str, str, str]] = set()
+
+
+def readable(source: ObjectSource, obj: RawObject, parser: Callable[[RawObject], T]) -> T | None:
+    """Parse one object; an object that cannot be understood is skipped (and logged once
+    per version), never allowed to stop the planning of the whole fleet."""
+    try:
+        return source.parsed(obj, parser)
+    except (TypeError, ValueError, AttributeError, KeyError) as e:
+        meta = obj.get("metadata") or {}
+        key = (source.kind, str(meta.get("namespace")), str(meta.get("name")),
+               str(meta.get("resourceVersion")))
+        if key not in _bad:
+            _bad.add(key)
+            log.warning("ignoring %s %s/%s: cannot read it: %r", *key[:3], e)
+        return None
+
+
+def fleet_clusters(config: FleetConfig, clusters: Iterable[RawObject]
+                   ) -> dict[ClusterKey, ClusterInfo]:
+    """The CAPI Clusters that make up the fleet, with their effective settings."""
+    selector = config.clusters.selector
+    namespaces = set(config.clusters.namespaces)
+    out: dict[ClusterKey, ClusterInfo] = {}
+    for obj in clusters:
+        meta = obj.get("metadata") or {}
+        ns, name = meta.get("namespace") or "", meta.get("name") or ""
+        labels = meta.get("labels") or {}
+        explicit = config.clusters.entry_for(ns, name) is not None
+        if not explicit and ((namespaces and ns not in namespaces)
+                             or not selector.matches(labels)):
+            continue
+        settings = config.for_cluster(ns, name, labels)
+        info = cluster_from(obj, executor=settings.executor.value)
+        if settings.paused and not info.paused:
+            info = ClusterInfo(ns, name, paused=True, executor=info.executor)
+        out[(ns, name)] = info
+    return out
+
+
+def _as_node(obj: RawObject) -> NodeInfo:
+    return node_from({**obj, "kind": KIND_NODE})
+
+
+def _as_control_node(obj: RawObject) -> NodeInfo:
+    return node_from({**obj, "kind": KIND_CONTROL_NODE})
+
+
+def cluster_nodes(nodes: ObjectSource, control_nodes: ObjectSource) -> dict[str, NodeInfo]:
+    """A workload cluster's Nodes, plus the ControlNodes of its pure controllers."""
+    out = {n.name: n for n in (readable(nodes, o, _as_node) for o in nodes) if n is not None}
+    for obj in control_nodes:
+        cn = readable(control_nodes, obj, _as_control_node)
+        if cn is not None:
+            out.setdefault(cn.name, cn)  # a controller that also runs a kubelet has a Node
+    return out
+
+
+def control_planes_needing_infra(objects: ManagementObjects,
+                                 clusters: Mapping[ClusterKey, ClusterInfo]
+                                 ) -> list[MachineInfo]:
+    """Control-plane Machines whose eligibility depends on their infrastructure object."""
+    targets = {}
+    for obj in objects.control_planes:
+        kcp = readable(objects.control_planes, obj, control_plane_from)
+        if kcp is not None:
+            targets[(kcp.ref.namespace, kcp.ref.name)] = kcp.version
+    out = []
+    for obj in objects.machines:
+        m = readable(objects.machines, obj, machine_from)
+        if m is None or m.role != ROLE_CONTROLLER or m.owner is None or m.deleting:
+            continue
+        if (m.ref.namespace, m.cluster) not in clusters:
+            continue
+        target = targets.get((m.owner.namespace, m.owner.name))
+        if target and not same_version(m.version, target):
+            out.append(m)
+    return out
+
+
+class _FleetObject(Protocol):
+    @property
+    def ref(self) -> ObjectRef: ...
+    @property
+    def cluster(self) -> str: ...
+
+
+F = TypeVar("F", bound=_FleetObject)
+
+
+def _fleet_objects(source: ObjectSource, parser: Callable[[RawObject], F],
+                   clusters: Mapping[ClusterKey, ClusterInfo]) -> dict[tuple[str, str], F]:
+    """The readable objects of one kind that belong to a cluster of the fleet."""
+    out: dict[tuple[str, str], F] = {}
+    for obj in source:
+        parsed = readable(source, obj, parser)
+        if parsed is not None and (parsed.ref.namespace, parsed.cluster) in clusters:
+            out[(parsed.ref.namespace, parsed.ref.name)] = parsed
+    return out
+
+
+def build_snapshot(*, now: datetime, objects: ManagementObjects,
+                   clusters: Mapping[ClusterKey, ClusterInfo],
+                   nodes: Mapping[ClusterKey, Mapping[str, NodeInfo] | None],
+                   infra: Mapping[tuple[str, str], InfraMachineInfo]) -> Snapshot:
+    """The snapshot of ``clusters``. ``nodes``: each cluster's nodes, None when they
+    cannot be seen; ``infra``: the infrastructure objects of the Machines
+    :func:`control_planes_needing_infra` named, by (namespace, name)."""
+    machines = {key: dataclasses.replace(m, infra=infra[key]) if key in infra else m
+                for key, m in _fleet_objects(objects.machines, machine_from, clusters).items()}
+    return Snapshot(
+        now=now, clusters=dict(clusters),
+        deployments=_fleet_objects(objects.deployments, deployment_from, clusters),
+        machine_sets=_fleet_objects(objects.machine_sets, machine_set_from, clusters),
+        control_planes=_fleet_objects(objects.control_planes, control_plane_from, clusters),
+        machines=machines,
+        nodeplans=_fleet_objects(objects.nodeplans, nodeplan_from, clusters),
+        nodes={key: nodes.get(key) for key in clusters})

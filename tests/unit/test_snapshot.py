@@ -1,0 +1,76 @@
+"""One snapshot builder: the controller's watch caches and the one-shot lists of ``plan``
+and ``status`` give the same snapshot, unreadable objects included."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from fleet.config import FleetConfig
+from fleet.kube.cache import ObjectCache
+from fleet.snapshot import (
+    Listed,
+    ManagementObjects,
+    ObjectSource,
+    build_snapshot,
+    cluster_nodes,
+    fleet_clusters,
+)
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def obj(kind: str, name: str, rv: str = "1", **body: Any) -> dict[str, Any]:
+    return {"kind": kind, "metadata": {"name": name, "namespace": "ns", "resourceVersion": rv,
+                                       "uid": f"u-{name}", **body.pop("meta", {})}, **body}
+
+
+CLUSTERS = [obj("Cluster", "c1"), obj("Cluster", "c2")]
+OBJECTS = {
+    "MachineDeployment": [obj("MachineDeployment", "md", spec={
+        "clusterName": "c1", "replicas": 2, "template": {"spec": {"version": "v1.31.1+k0s.0"}}})],
+    "MachineSet": [],
+    "K0sControlPlane": [],
+    "Machine": [
+        obj("Machine", "m1", meta={"labels": {"cluster.x-k8s.io/deployment-name": "md"}},
+            spec={"clusterName": "c1", "version": "v1.31.1+k0s.0"}),
+        # unreadable: a spec that is not a mapping
+        obj("Machine", "m2", spec="garbage"),
+        obj("Machine", "other", spec={"clusterName": "not-in-fleet", "version": "v1.31.1"}),
+    ],
+    "NodePlan": [obj("NodePlan", "p1", spec={"clusterName": "c1", "version": "v1.31.1"}),
+                 obj("NodePlan", "p2", spec=["not", "a", "mapping"])],
+}
+NODES = [obj("Node", "n1", meta={"namespace": ""}), obj("Node", "bad", status="nope")]
+
+
+def objects(make: type[Listed] | type[ObjectCache]) -> ManagementObjects:
+    def source(kind: str) -> ObjectSource:
+        if make is Listed:
+            return Listed(kind, OBJECTS[kind])
+        cache = ObjectCache(kind)
+        for o in OBJECTS[kind]:
+            cache.observe(o)
+        return cache
+
+    return ManagementObjects(
+        deployments=source("MachineDeployment"), machine_sets=source("MachineSet"),
+        control_planes=source("K0sControlPlane"), machines=source("Machine"),
+        nodeplans=source("NodePlan"))
+
+
+def test_caches_and_one_shot_lists_give_the_same_snapshot() -> None:
+    clusters = fleet_clusters(FleetConfig(), CLUSTERS)
+    assert set(clusters) == {("ns", "c1"), ("ns", "c2")}
+    nodes = {("ns", "c1"): cluster_nodes(Listed("Node", NODES), Listed("ControlNode")),
+             ("ns", "c2"): None}
+    built = [build_snapshot(now=NOW, objects=objects(make), clusters=clusters, nodes=nodes,
+                            infra={}) for make in (Listed, ObjectCache)]
+    assert built[0] == built[1]
+    snap = built[0]
+    # the unreadable Machine and NodePlan are skipped, not fatal; foreign ones left out
+    assert sorted(snap.machines) == [("ns", "m1")]
+    assert sorted(snap.nodeplans) == [("ns", "p1")]
+    assert sorted(snap.deployments) == [("ns", "md")]
+    assert snap.nodes[("ns", "c2")] is None
+    assert "n1" in (snap.nodes[("ns", "c1")] or {})
