@@ -212,7 +212,7 @@ async def _main(args: argparse.Namespace) -> int:
     from fleet.config import FleetConfig, TelemetrySettings  # noqa: PLC0415
     from fleet.controllers.runner import FleetController  # noqa: PLC0415
     from fleet.kube.resources import CLUSTERS, NAMESPACES  # noqa: PLC0415
-    from fleet.rollout.policy import attach_rollout  # noqa: PLC0415
+    from fleet.rollout.policy import RolloutPolicy  # noqa: PLC0415
     from fleet.telemetry import get_tracer, setup_tracing  # noqa: PLC0415
     from fleet.testing.capi import bump, create_cluster, ensure_infra_crd  # noqa: PLC0415
     from fleet.testing.releases import ReleaseServer  # noqa: PLC0415
@@ -300,12 +300,12 @@ async def _main(args: argparse.Namespace) -> int:
                     last["snapshot"] = snapshot
                     board.update(snapshot, result)
 
-                controller = FleetController(
-                    mgmt, config, identity="demo", on_pass=on_pass,
-                    tracer=get_tracer("fleet.controller", provider))
                 # The fleet rollout policy (waves, soak, windows, pauses) gates each pass.
-                rollout = attach_rollout(controller)
-                tg.start_soon(rollout.wake_on_schedule)
+                rollout = RolloutPolicy(mgmt, config)
+                controller = FleetController(
+                    mgmt, config, identity="demo", on_pass=on_pass, policy=rollout,
+                    tracer=get_tracer("fleet.controller", provider))
+                tg.start_soon(rollout.wakeups, controller.trigger.poke, controller.clock)
                 await tg.start(controller.run)
                 with Live(board.render(), console=console, refresh_per_second=8,
                           transient=False) as live:

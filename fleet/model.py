@@ -106,6 +106,9 @@ class ClusterInfo:
     name: str
     paused: bool = False
     executor: str = EXECUTOR_AGENT
+    # The CAPI Cluster's labels and annotations (the rollout's waves select on them).
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    annotations: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def key(self) -> ClusterKey:
@@ -354,7 +357,8 @@ def _annotations(obj: Mapping[str, Any]) -> dict[str, str]:
 def cluster_from(obj: Mapping[str, Any], *, executor: str = EXECUTOR_AGENT) -> ClusterInfo:
     m = _meta(obj)
     return ClusterInfo(namespace=m.get("namespace") or "", name=m.get("name") or "",
-                       paused=bool((obj.get("spec") or {}).get("paused")), executor=executor)
+                       paused=bool((obj.get("spec") or {}).get("paused")), executor=executor,
+                       labels=dict(m.get("labels") or {}), annotations=_annotations(obj))
 
 
 def deployment_from(obj: Mapping[str, Any]) -> MachineDeploymentInfo:

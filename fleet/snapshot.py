@@ -115,7 +115,7 @@ def fleet_clusters(config: FleetConfig, clusters: Iterable[RawObject]
         settings = config.for_cluster(ns, name, labels)
         info = cluster_from(obj, executor=settings.executor.value)
         if settings.paused and not info.paused:
-            info = ClusterInfo(ns, name, paused=True, executor=info.executor)
+            info = dataclasses.replace(info, paused=True)
         out[(ns, name)] = info
     return out
 

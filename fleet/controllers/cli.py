@@ -37,11 +37,13 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
 
     # Imported here so that `k0s-fleet agent` never pays for the controller's imports.
     from fleet.controllers.leader import LeaderElector, LostLeadershipError  # noqa: PLC0415
-    from fleet.controllers.runner import FleetController  # noqa: PLC0415
+    from fleet.controllers.runner import FleetController, Trigger  # noqa: PLC0415
+    from fleet.events import EventRecorder  # noqa: PLC0415
     from fleet.extension.exclusion import ExtensionExclusion  # noqa: PLC0415
     from fleet.extension.server import serve_configured_extension  # noqa: PLC0415
     from fleet.kube import KubeClient  # noqa: PLC0415
-    from fleet.rollout.policy import attach_rollout  # noqa: PLC0415
+    from fleet.rollout.policy import RolloutPolicy  # noqa: PLC0415
+    from fleet.status.server import StatusBoard, make_app, serve  # noqa: PLC0415
     from fleet.telemetry import get_tracer, setup_tracing  # noqa: PLC0415
 
     kubeconfig = args.kubeconfig or config.management.kubeconfig
@@ -52,15 +54,18 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
     provider = setup_tracing(config.telemetry, resource_attributes={
         "service.instance.id": args.identity})
     try:
-        controller = FleetController(mgmt, config, identity=args.identity,
-                                     tracer=get_tracer("fleet.controller", provider))
-        # Fleet rollout policy (waves, windows, pauses) + /status, /metrics, health.
-        rollout = attach_rollout(controller)
+        trigger = Trigger()
+        recorder = EventRecorder(mgmt, instance=args.identity,
+                                 default_namespace=config.management.namespace)
+        # Fleet rollout policy (waves, windows, pauses), publishing to /status, /metrics.
+        board = StatusBoard()
+        rollout = RolloutPolicy(mgmt, config, recorder=recorder, board=board)
         # Clusters whose in-place updates CAPI drives through our runtime extension are
         # left to it by the standalone sequencer (extension.mode; docs/runtime-extension.md).
-        exclusion = ExtensionExclusion(mgmt, config, controller.policy,
-                                       on_change=controller.trigger.poke)
-        controller.policy = exclusion
+        exclusion = ExtensionExclusion(mgmt, config, rollout, on_change=trigger.poke)
+        controller = FleetController(mgmt, config, identity=args.identity, recorder=recorder,
+                                     trigger=trigger, policy=exclusion,
+                                     tracer=get_tracer("fleet.controller", provider))
 
         async def lead() -> None:
             await controller.run()
@@ -74,7 +79,12 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
                         return
 
             tg.start_soon(on_signal)
-            tg.start_soon(rollout.serve)
+            # HTTP endpoints on every replica. /readyz answers as soon as the server runs:
+            # a standby replica must count as ready too, or an HA Deployment never
+            # finishes rolling; /status is 503 until this replica leads.
+            tg.start_soon(functools.partial(serve, make_app(board), port=config.status.port))
+            # A soak ending or a window opening is announced by no watch event.
+            tg.start_soon(rollout.wakeups, trigger.poke, controller.clock)
             tg.start_soon(exclusion.run)
             # CAPI calls the hooks through the Service, i.e. on any replica: serve them on
             # every replica, leader or not (returns at once when the extension is off).

@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -36,11 +36,10 @@ from fleet.kube import KubeClient, KubeError
 from fleet.kube.backoff import Backoff
 from fleet.kube.resources import CLUSTERS, SECRETS
 from fleet.model import (
-    ClusterKey,
     ObjectRef,
     Snapshot,
 )
-from fleet.planner import COMPLETING, PENDING, PlannerSettings, PlanResult, plan
+from fleet.planner import COMPLETING, PENDING, FleetPolicy, PlannerSettings, PlanResult, plan
 from fleet.planner.actions import (
     Action,
     CreateNodePlan,
@@ -54,9 +53,6 @@ from fleet.telemetry import get_tracer, link_from_traceparent
 
 log = logging.getLogger(__name__)
 
-Hold = Callable[[ClusterKey, ObjectRef], "str | None"]
-# A fleet policy (waves, windows, pauses) consulted before each pass.
-Policy = Callable[[Snapshot], Awaitable[Hold | None]]
 PassListener = Callable[[Snapshot, PlanResult], None]
 
 _STARTS = (CreateNodePlan, StartNodePlan, SignalNode, RetryNodePlan)
@@ -124,9 +120,9 @@ class FleetController:
     def __init__(self, mgmt: KubeClient, config: FleetConfig, *,
                  tracer: trace.Tracer | None = None, recorder: EventRecorder | None = None,
                  clock: Callable[[], datetime] = _now, identity: str = "k0s-fleet",
-                 settings: PlannerSettings | None = None, policy: Policy | None = None,
+                 settings: PlannerSettings | None = None, policy: FleetPolicy | None = None,
                  on_pass: PassListener | None = None,
-                 client_factory: ClientFactory | None = None,
+                 client_factory: ClientFactory | None = None, trigger: Trigger | None = None,
                  concurrency: int = 16, watch_timeout: int = 120) -> None:
         self.mgmt = mgmt
         self.config = config
@@ -136,7 +132,7 @@ class FleetController:
         self.policy = policy
         self.on_pass = on_pass
         self.tracer = tracer or get_tracer("fleet.controller")
-        self.trigger = Trigger()
+        self.trigger = trigger or Trigger()
         self.view = ManagementView(mgmt, namespaces=config.clusters.namespaces,
                                    on_change=self.trigger.poke, watch_timeout=watch_timeout)
         registry_kw = {"client_factory": client_factory} if client_factory else {}
@@ -221,7 +217,7 @@ class FleetController:
         actions = result.actions
         # Emergency stop (fleet YAML, or the rollout policy's annotation): start nothing,
         # signal nothing; what nodes already run finishes and is still looked after.
-        if self.config.rollout.emergency_stop or getattr(self.policy, "stopped", False):
+        if self.config.rollout.emergency_stop or (self.policy is not None and self.policy.stopped):
             actions = [a for a in actions if not isinstance(a, _STARTS)]
         now = self.clock()
         for target, until in list(self._cooldown.items()):
@@ -236,6 +232,8 @@ class FleetController:
             await self._act(snapshot, result, actions)
         log.debug("pass %d: %d actions, %.1f ms", self.stats.passes, len(actions),
                   (time.perf_counter() - t0) * 1000)
+        if self.policy is not None:
+            self.policy.on_pass(snapshot, result)
         if self.on_pass is not None:
             self.on_pass(snapshot, result)
         return result

@@ -12,28 +12,28 @@ through by the NodePlan reconciler; only new starts are held.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
 
 from fleet.config import ExtensionMode, FleetConfig
 from fleet.extension.activation import ExtensionEndpoint, extension_active
 from fleet.kube import KubeClient
 from fleet.kube.resources import EXTENSION_CONFIGS
 from fleet.kube.watch import Reflector, WatchEvent
+from fleet.model import ClusterKey, ObjectRef, Snapshot
+from fleet.planner.actions import PlanResult
+from fleet.planner.policy import FleetPolicy, Hold
 
 log = logging.getLogger(__name__)
 
 HOLD_REASON = "Cluster API drives in-place updates of this cluster through the runtime extension"
 SYNC_REASON = "waiting for the ExtensionConfigs to be read (runtime extension mode auto)"
 
-Hold = Callable[[Any, Any], "str | None"]
-Policy = Callable[[Any], Awaitable["Hold | None"]]
-
 
 class ExtensionExclusion:
-    """A controller policy: hold extension-driven clusters, then ask ``inner``."""
+    """A :class:`~fleet.planner.policy.FleetPolicy`: hold extension-driven clusters, then
+    ask ``inner``."""
 
-    def __init__(self, mgmt: KubeClient, config: FleetConfig, inner: Policy | None, *,
+    def __init__(self, mgmt: KubeClient, config: FleetConfig, inner: FleetPolicy | None, *,
                  endpoint: ExtensionEndpoint | None = None,
                  on_change: Callable[[], None] | None = None) -> None:
         self.config = config
@@ -56,7 +56,11 @@ class ExtensionExclusion:
 
     @property
     def stopped(self) -> bool:
-        return bool(getattr(self.inner, "stopped", False))
+        return self.inner is not None and self.inner.stopped
+
+    def on_pass(self, snapshot: Snapshot, result: PlanResult) -> None:
+        if self.inner is not None:
+            self.inner.on_pass(snapshot, result)
 
     def owns(self, namespace: str, name: str) -> bool:
         """True when the extension path drives this cluster."""
@@ -66,13 +70,13 @@ class ExtensionExclusion:
         return extension_active(cluster, self.reflector.items(), self.mode,
                                 endpoint=self.endpoint)
 
-    async def __call__(self, snapshot: Any) -> Hold | None:
+    async def __call__(self, snapshot: Snapshot) -> Hold | None:
         inner_hold = await self.inner(snapshot) if self.inner is not None else None
         if not self.config.extension.enabled or self.mode is ExtensionMode.NEVER:
             return inner_hold
         synced = not self.watching or self.reflector.synced.is_set()
 
-        def hold(cluster: Any, owner: Any) -> str | None:
+        def hold(cluster: ClusterKey, owner: ObjectRef) -> str | None:
             if not synced:
                 return SYNC_REASON
             namespace, name = cluster

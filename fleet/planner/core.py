@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -79,6 +79,7 @@ from fleet.planner.actions import (
     UncordonNode,
     UpdateNodePlanStatus,
 )
+from fleet.planner.policy import Hold
 from fleet.planner.settings import COMPLETING, PENDING, PlannerSettings
 from fleet.signal import SignalState
 from fleet.versions import InvalidVersionError, K0sVersion, normalize
@@ -107,9 +108,6 @@ class PlanView:
     in_flight: bool
     failed: bool
     completed: bool
-
-
-Hold = Callable[[ClusterKey, ObjectRef], "str | None"]
 
 
 def plan(snapshot: Snapshot, settings: PlannerSettings, *, hold: Hold | None = None

@@ -2,8 +2,9 @@
 
 Lists the Cluster API objects and NodePlans of the management cluster, reads each
 workload cluster's Nodes through its kubeconfig Secret, and returns the same
-:class:`~fleet.model.Snapshot` the controller plans on, plus each Cluster's labels and
-annotations for the wave gate. Nothing is written anywhere.
+:class:`~fleet.model.Snapshot` the controller plans on (built by the same
+:func:`fleet.snapshot.build_snapshot`), plus the fleet's rollout controls and state.
+Nothing is written anywhere.
 """
 
 from __future__ import annotations
@@ -52,13 +53,11 @@ from fleet.snapshot import (
 
 log = logging.getLogger(__name__)
 
-ClusterMeta = tuple[Mapping[str, str], Mapping[str, str]]
 
 
 @dataclass
 class Observation:
     snapshot: Snapshot
-    meta: Mapping[ClusterKey, ClusterMeta] = field(default_factory=dict)
     controls: FleetControls = field(default_factory=FleetControls)
     state: RolloutState = field(default_factory=RolloutState)
     problems: dict[ClusterKey, str] = field(default_factory=dict)  # unreachable clusters
@@ -115,12 +114,6 @@ async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None
     all_clusters = await _list(mgmt, CLUSTERS, namespaces)
     # The same fleet membership and per-cluster settings the controller plans with.
     clusters = fleet_clusters(config, all_clusters)
-    meta: dict[ClusterKey, ClusterMeta] = {}
-    for c in all_clusters:
-        m = c.get("metadata") or {}
-        key = (m.get("namespace") or "", m.get("name") or "")
-        if key in clusters:
-            meta[key] = (dict(m.get("labels") or {}), dict(m.get("annotations") or {}))
 
     async def listed(res: Resource) -> Listed:
         return Listed(res.kind, await _list(mgmt, res, namespaces))
@@ -150,5 +143,5 @@ async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None
 
     snapshot = build_snapshot(now=now or datetime.now(UTC), objects=objects,
                               clusters=clusters, nodes=nodes, infra=infra)
-    return Observation(snapshot=snapshot, meta=meta, controls=controls, state=state,
+    return Observation(snapshot=snapshot, controls=controls, state=state,
                        problems=problems)

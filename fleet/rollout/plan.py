@@ -92,7 +92,7 @@ def dry_run(obs: Observation, config: FleetConfig, *, now: datetime,
     progress: list[ClusterProgress] = []
     for _ in range(max_passes):
         snapshot = dataclasses.replace(sim.snapshot(), now=sim.now)
-        progress = clusters_from_snapshot(snapshot, obs.meta)
+        progress = clusters_from_snapshot(snapshot)
         decision = gate.evaluate(FleetView(progress, obs.controls, state), sim.now)
         state = decision.state
         last = decision

@@ -207,17 +207,11 @@ def _node_progress(m: MachineInfo, target: str | None, nodes: Mapping[str, NodeI
                         message=eligibility.reason)
 
 
-def clusters_from_snapshot(
-    snapshot: Snapshot,
-    meta: Mapping[ClusterKey, tuple[Mapping[str, str], Mapping[str, str]]] | None = None,
-) -> list[ClusterProgress]:
-    """Progress of every cluster in ``snapshot``.
-
-    ``meta`` gives each cluster's (labels, annotations) from its CAPI Cluster object (the
-    controller's ``ClusterInfo`` does not carry them); clusters missing there have none.
-    Whether a node is upgradable in place is the controller's own rule (fleet.eligibility).
+def clusters_from_snapshot(snapshot: Snapshot) -> list[ClusterProgress]:
+    """Progress of every cluster in ``snapshot`` (labels and annotations from its CAPI
+    Cluster object). Whether a node is upgradable in place is the controller's own rule
+    (fleet.eligibility).
     """
-    meta = meta or {}
     plans: dict[tuple[str, str, str], list[NodePlanInfo]] = {}
     for p in snapshot.nodeplans.values():
         if not p.deleting:
@@ -239,9 +233,10 @@ def clusters_from_snapshot(
         nodes = snapshot.nodes.get(key)
         objects = [_object_progress(snapshot, o, nodes, machines, plans)
                    for o in sorted(owners.get(key, []), key=lambda o: o.ref)]
-        labels, annotations = meta.get(key, ({}, {}))
         out.append(ClusterProgress(
-            namespace=key[0], name=key[1], labels=dict(labels), annotations=dict(annotations),
+            namespace=key[0], name=key[1],
+            labels=dict(info.labels) if info else {},
+            annotations=dict(info.annotations) if info else {},
             objects=tuple(objects), observed=nodes is not None,
             spec_paused=bool(info and info.paused)))
     return out

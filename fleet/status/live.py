@@ -45,7 +45,7 @@ async def fleet_status(config: FleetConfig, *, now: datetime | None = None) -> d
     """Observe the fleet once and compute its status document (writes nothing)."""
     async with await management_client(config) as mgmt:
         obs = await observe(mgmt, config, now=now)
-    clusters = clusters_from_snapshot(obs.snapshot, obs.meta)
+    clusters = clusters_from_snapshot(obs.snapshot)
     decision = RolloutGate(config).evaluate(FleetView(clusters, obs.controls, obs.state),
                                             obs.snapshot.now)
     return build_status(decision, clusters, problems=obs.problems)

@@ -15,7 +15,7 @@ import anyio.abc
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from fleet.model import ClusterKey
+from fleet.model import ClusterKey, Snapshot
 from fleet.rollout.gate import GateDecision
 from fleet.rollout.progress import ClusterProgress
 from fleet.status.metrics import FleetMetrics
@@ -42,6 +42,9 @@ class StatusBoard:
                 problems: dict[ClusterKey, str] | None = None) -> None:
         self._latest = (decision, clusters, problems)
         self._doc = None
+
+    def observe_pass(self, snapshot: Snapshot) -> None:
+        self.metrics.observe_nodeplans(snapshot.nodeplans.values())
 
     @property
     def status(self) -> dict[str, Any] | None:

@@ -28,7 +28,7 @@ import anyio
 import pytest
 
 from fleet.config import FleetConfig
-from fleet.controllers.runner import FleetController
+from fleet.controllers.runner import FleetController, Trigger
 from fleet.extension import (
     ExtensionEndpoint,
     handlers_from_config,
@@ -96,11 +96,13 @@ async def register_extension(mgmt: KubeClient, driver: CapiDriver, name: str,
 async def running_controller(mgmt: KubeClient, config: FleetConfig
                              ) -> AsyncIterator[FleetController]:
     # The production exclusion: ExtensionConfigs watched, extension-driven clusters held.
-    controller = FleetController(mgmt, config, watch_timeout=30)
-    controller.policy = ExtensionExclusion(mgmt, config, None, endpoint=SERVICE,
-                                           on_change=controller.trigger.poke)
+    trigger = Trigger()
+    exclusion = ExtensionExclusion(mgmt, config, None, endpoint=SERVICE,
+                                   on_change=trigger.poke)
+    controller = FleetController(mgmt, config, watch_timeout=30, trigger=trigger,
+                                 policy=exclusion)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(controller.policy.run)
+        tg.start_soon(exclusion.run)
         await tg.start(controller.run)
         try:
             yield controller

@@ -1,7 +1,7 @@
 """The rollout policy inside the real controller (fleet.controllers.runner), on real API
-servers: the gate is the controller's ``policy`` (attach_rollout), the node side is the
-scripted responder (fleet.testing.responder), the clock is the real one with short soaks
-(waited on as conditions, never slept)."""
+servers: the gate is the controller's ``policy`` (RolloutPolicy, given at construction),
+the node side is the scripted responder (fleet.testing.responder), the clock is the real
+one with short soaks (waited on as conditions, never slept)."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ from fleet.model import parse_time
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP, STATE_KEY
 from fleet.rollout.observe import observe
 from fleet.rollout.plan import dry_run, plan_document
-from fleet.rollout.policy import RolloutRuntime, attach_rollout
+from fleet.rollout.policy import RolloutPolicy
 from fleet.rollout.state import RolloutState
 from fleet.signal import SignalState
-from fleet.status.server import make_app, serve
+from fleet.status.server import StatusBoard, make_app, serve
 from fleet.testing.capi import FleetCluster, bump, create_cluster
 from fleet.testing.responder import Behaviour, NodeResponder
 from fleet.testing.world import World
@@ -63,18 +63,20 @@ async def _cluster(mgmt: KubeClient, wl: KubeClient, world: World, server: str, 
 
 @contextlib.asynccontextmanager
 async def rollout_controller(mgmt: KubeClient, cfg: FleetConfig
-                             ) -> AsyncIterator[tuple[FleetController, RolloutRuntime, int]]:
-    controller = FleetController(mgmt, cfg, watch_timeout=30)
-    runtime = attach_rollout(controller)  # the one call the controller's entry point makes
+                             ) -> AsyncIterator[tuple[FleetController, StatusBoard, int]]:
+    # composed as the controller's entry point does: the policy given at construction
+    board = StatusBoard()
+    policy = RolloutPolicy(mgmt, cfg, board=board)
+    controller = FleetController(mgmt, cfg, watch_timeout=30, policy=policy)
     async with anyio.create_task_group() as tg:
-        # the status server on a free port, as runtime.serve() does on status.port
+        # the status server on a free port (the entry point serves it on status.port)
         port = await tg.start(lambda task_status: serve(
-            make_app(runtime.board, ready=controller.ready.is_set), host="127.0.0.1",
+            make_app(board, ready=controller.ready.is_set), host="127.0.0.1",
             port=0, task_status=task_status))
-        tg.start_soon(runtime.policy.wakeups, controller.trigger.poke, controller.clock)
+        tg.start_soon(policy.wakeups, controller.trigger.poke, controller.clock)
         await tg.start(controller.run)
         try:
-            yield controller, runtime, port
+            yield controller, board, port
         finally:
             tg.cancel_scope.cancel()
 
@@ -112,9 +114,9 @@ async def test_controller_rolls_waves_in_order_with_soak_as_planned(
     async with anyio.create_task_group() as tg:
         await tg.start(r1.run)
         await tg.start(r2.run)
-        async with rollout_controller(mgmt, cfg) as (_, runtime, port):
+        async with rollout_controller(mgmt, cfg) as (_, board, port):
             async def done() -> bool:
-                s = runtime.board.status
+                s = board.status
                 return s is not None and s["rollout"]["phase"] == "Complete"
 
             await _wait(done)
@@ -169,9 +171,9 @@ async def test_controller_canary_failure_halts_the_fleet(
     async with anyio.create_task_group() as tg:
         await tg.start(r1.run)
         await tg.start(r2.run)
-        async with rollout_controller(mgmt, config(namespace, soak="0s")) as (c, runtime, _):
+        async with rollout_controller(mgmt, config(namespace, soak="0s")) as (c, board, _):
             async def halted() -> bool:
-                s = runtime.board.status
+                s = board.status
                 return s is not None and s["rollout"]["phase"] == "Halted"
 
             await _wait(halted)

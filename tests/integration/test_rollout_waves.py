@@ -165,7 +165,7 @@ class RolloutDriver:
 
     async def step(self) -> GateDecision:
         obs = await observe(self.mgmt, self.config, now=self.now)
-        self.progress = clusters_from_snapshot(obs.snapshot, obs.meta)
+        self.progress = clusters_from_snapshot(obs.snapshot)
         decision = await self.coordinator.decide(self.progress, self.now)
         self.decisions.append(decision)
         result = plan(obs.snapshot, PlannerSettings(), hold=decision.hold)

@@ -21,20 +21,25 @@ from fleet.schedule import parse_duration
 from tests.unit.test_rollout_gate import CANARY, PROD, T0, TARGET, config, waves_config
 
 
-def _fleet() -> tuple[SimFleet, dict[tuple[str, str], tuple[dict[str, str], dict[str, str]]]]:
+def _label(sim: SimFleet, key: tuple[str, str], labels: dict[str, str],
+           annotations: dict[str, str] | None = None) -> None:
+    sim.clusters[key] = dataclasses.replace(sim.clusters[key], labels=labels,
+                                            annotations=annotations or {})
+
+
+def _fleet() -> SimFleet:
     sim = SimFleet(now=T0)
-    meta: dict[tuple[str, str], tuple[dict[str, str], dict[str, str]]] = {}
     for name, labels, workers in (("can", CANARY, 2), ("p1", PROD, 3), ("p2", PROD, 2)):
         key = add_cluster(sim, name, namespace="fleet", control_planes=1, workers=workers,
                           max_unavailable=2)
         bump(sim, key, TARGET)
-        meta[key] = (labels, {})
-    return sim, meta
+        _label(sim, key, labels)
+    return sim
 
 
 def test_plan_orders_waves_control_planes_first_and_waits_out_the_soak() -> None:
-    sim, meta = _fleet()
-    obs = Observation(snapshot=sim.snapshot(), meta=meta)
+    sim = _fleet()
+    obs = Observation(snapshot=sim.snapshot())
     run = dry_run(obs, waves_config(), now=T0, node_duration=timedelta(minutes=6))
     doc = plan_document(run)
     clusters = [s["cluster"] for s in doc["steps"]]
@@ -61,14 +66,14 @@ def test_plan_orders_waves_control_planes_first_and_waits_out_the_soak() -> None
 
 
 def test_plan_reports_objects_left_to_cluster_api_and_blocked_clusters() -> None:
-    sim, meta = _fleet()
+    sim = _fleet()
     key = ("fleet", "p2")
     md = sim.deployments[("fleet", "p2-md")]
     sim.deployments[("fleet", "p2-md")] = dataclasses.replace(
         md, infrastructure=TemplateRef("infrastructure.cluster.x-k8s.io", "SimMachineTemplate",
                                        "p2-w-v2"))
-    meta[key] = (PROD, {"fleet.k0s-fleet.io/paused": "maintenance"})
-    obs = Observation(snapshot=sim.snapshot(), meta=meta)
+    _label(sim, key, PROD, {"fleet.k0s-fleet.io/paused": "maintenance"})
+    obs = Observation(snapshot=sim.snapshot())
     doc = plan_document(dry_run(obs, waves_config(), now=T0))
     p2 = doc["waves"][1]["clusters"][1]
     md_doc = next(o for o in p2["objects"] if o["kind"] == "MachineDeployment")
@@ -80,8 +85,8 @@ def test_plan_reports_objects_left_to_cluster_api_and_blocked_clusters() -> None
 
 
 def test_plan_of_a_paused_fleet_starts_nothing() -> None:
-    sim, meta = _fleet()
-    obs = Observation(snapshot=sim.snapshot(), meta=meta,
+    sim = _fleet()
+    obs = Observation(snapshot=sim.snapshot(),
                       controls=FleetControls(paused="freeze"))
     doc = plan_document(dry_run(obs, config(), now=T0))
     assert doc["steps"] == []
@@ -90,8 +95,8 @@ def test_plan_of_a_paused_fleet_starts_nothing() -> None:
 
 
 def test_plan_waits_for_maintenance_windows() -> None:
-    sim, meta = _fleet()
-    obs = Observation(snapshot=sim.snapshot(), meta=meta)
+    sim = _fleet()
+    obs = Observation(snapshot=sim.snapshot())
     cfg = config(maxConcurrentClusters=3, maintenanceWindows=[
         {"schedule": "0 22 * * *", "duration": "1h"}])
     doc = plan_document(dry_run(obs, cfg, now=T0, node_duration=timedelta(minutes=6)))
@@ -107,7 +112,6 @@ def test_plan_order_matches_a_rollout_at_random_node_speeds(data: st.DataObject)
     """The dry run's per-object node order and per-wave cluster order are what a rollout
     with nodes progressing at random speeds does (same gate, same planner)."""
     sim = SimFleet(now=T0)
-    meta: dict[tuple[str, str], tuple[dict[str, str], dict[str, str]]] = {}
     n = data.draw(st.integers(1, 4))
     for i in range(n):
         labels = data.draw(st.sampled_from([CANARY, PROD, {}]))
@@ -116,9 +120,9 @@ def test_plan_order_matches_a_rollout_at_random_node_speeds(data: st.DataObject)
                           workers=data.draw(st.integers(1, 4)),
                           max_unavailable=data.draw(st.integers(1, 2)))
         bump(sim, key, TARGET)
-        meta[key] = (labels, {})
+        _label(sim, key, labels)
     cfg = waves_config(maxConcurrentClusters=data.draw(st.integers(1, 2)))
-    planned = plan_document(dry_run(Observation(snapshot=sim.snapshot(), meta=meta), cfg,
+    planned = plan_document(dry_run(Observation(snapshot=sim.snapshot()), cfg,
                                     now=T0))
     assert planned["estimatedDuration"] is not None
 
@@ -128,7 +132,7 @@ def test_plan_order_matches_a_rollout_at_random_node_speeds(data: st.DataObject)
     state = RolloutState()
     for _ in range(3000):
         snap = sim.snapshot()
-        progress = clusters_from_snapshot(snap, meta)
+        progress = clusters_from_snapshot(snap)
         if all(c.complete for c in progress):
             break
         decision = gate.evaluate(FleetView(progress, state=state), sim.now)

@@ -1,0 +1,33 @@
+"""What the controller consults besides the snapshot: the fleet policy, as a declared
+protocol (implemented by the rollout's waves gate and by the runtime extension's
+exclusion, which wraps it). Given to the controller when it is built."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from fleet.model import ClusterKey, ObjectRef, Snapshot
+from fleet.planner.actions import PlanResult
+
+# hold(cluster, owner): a reason to start no new node upgrade for that object now (waves,
+# windows, pauses, another path driving the cluster), or None.
+Hold = Callable[[ClusterKey, ObjectRef], "str | None"]
+
+
+class FleetPolicy(Protocol):
+    """Consulted before and told after each planning pass."""
+
+    async def __call__(self, snapshot: Snapshot) -> Hold | None:
+        """The hold for this pass (None: hold nothing)."""
+        ...
+
+    @property
+    def stopped(self) -> bool:
+        """Emergency stop in force: besides holding new starts, the controller must not
+        start or signal NodePlans already created (as for ``rollout.emergencyStop``)."""
+        ...
+
+    def on_pass(self, snapshot: Snapshot, result: PlanResult) -> None:
+        """What the pass decided (metrics)."""
+        ...
