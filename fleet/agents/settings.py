@@ -1,4 +1,7 @@
-"""The agent's configuration: environment (K0S_FLEET_AGENT_*) overridden by CLI flags."""
+"""The agent's configuration: environment (K0S_FLEET_AGENT_*) overridden by CLI flags.
+
+The flags are generated from this model (:mod:`fleet.cli.agent`): a field's flag is its
+name in kebab case, its help the field's description."""
 
 from __future__ import annotations
 
@@ -59,39 +62,51 @@ class AgentSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="K0S_FLEET_AGENT_", extra="forbid",
                                       frozen=True)
 
-    node_name: str = Field(min_length=1)
-    signal_object: SignalObject = SignalObject.NODE
-    role: str = "worker"
+    node_name: str = Field(min_length=1, description="this node's Node (or ControlNode) name")
+    signal_object: SignalObject = Field(
+        SignalObject.NODE, description="object carrying the signal (controlnode: pure k0s "
+        "controller without a Node)")
+    role: str = Field("worker", description="k0s role: worker or controller (service k0s<role>)")
 
-    k0s_binary: Path = Path("/usr/local/bin/k0s")
+    k0s_binary: Path = Field(Path("/usr/local/bin/k0s"), description="installed k0s binary")
     # Intent markers that make restarts happen once per request; must survive the agent
     # (a hostPath when the agent runs in a pod).
-    state_dir: Path = Path("/var/lib/k0s-fleet-agent")
+    state_dir: Path = Field(Path("/var/lib/k0s-fleet-agent"), description="durable intent "
+                            "markers and the host lock")
 
     restart_strategy: RestartStrategy = RestartStrategy.SIGNAL
-    service_name: str | None = None  # default k0s<role>, e.g. k0sworker
-    restart_signal: str = "SIGTERM"
-    restart_command: str | None = None
+    service_name: str | None = Field(None, description="systemd unit (default k0s<role>)")
+    restart_signal: str = Field("SIGTERM", description="signal for restart strategy signal")
+    restart_command: str | None = Field(None, description="command line for restart "
+                                        "strategy command")
     # A restart recorded as issued while the very same k0s process still runs: how long
     # to let it take effect before issuing it again (see state.restart_action).
-    restart_grace: float = Field(default=20.0, ge=0)
-    host_namespace: HostNamespace = HostNamespace.AUTO
+    restart_grace: float = Field(default=20.0, ge=0, description="seconds a recorded restart "
+                                 "gets to replace the process before re-issuing")
+    host_namespace: HostNamespace = Field(HostNamespace.AUTO, description="run "
+                                          "systemctl/commands via nsenter into pid 1's namespaces")
 
     version_source: VersionSource = VersionSource.STATUS_SOCKET
-    status_socket: Path | None = Path("/run/k0s/status.sock")
-    pid_file: Path | None = None
+    status_socket: Path | None = Field(Path("/run/k0s/status.sock"), description="k0s "
+                                       "status socket ('' for none)")
+    pid_file: Path | None = Field(None, description="k0s pid file (when there is no status "
+                                  "socket)")
 
     download_attempts: int = Field(default=5, ge=1)
-    download_stall_timeout: float = Field(default=30.0, gt=0)
-    download_timeout: float = Field(default=900.0, gt=0)
+    download_stall_timeout: float = Field(default=30.0, gt=0, description="seconds without data")
+    download_timeout: float = Field(default=900.0, gt=0,
+                                    description="seconds for the whole download")
     download_backoff_initial: float = Field(default=1.0, gt=0)
     download_backoff_max: float = Field(default=30.0, gt=0)
     max_binary_bytes: int = Field(default=2 * 1024**3, gt=0)
-    free_space_margin_bytes: int = Field(default=64 * 1024**2, ge=0)
-    allow_unverified: bool = False
-    file_url_roots: tuple[Path, ...] = ()
+    free_space_margin_bytes: int = Field(default=64 * 1024**2, ge=0, description="free "
+                                         "space to keep beside the staged binary")
+    allow_unverified: bool = Field(False, description="accept requests without sha256 when "
+                                   "they explicitly allow it")
+    file_url_roots: tuple[Path, ...] = Field((), description="directory file: URLs may read "
+                                             "from (repeatable; default: none)")
 
-    drain: bool = True
+    drain: bool = Field(True, description="evict pods (without it: cordon only)")
     drain_timeout: float = Field(default=300.0, gt=0)
     drain_timeout_outcome: DrainTimeoutOutcome = DrainTimeoutOutcome.FAIL
 
@@ -101,11 +116,11 @@ class AgentSettings(BaseSettings):
     require_node_ready: bool = True
     rollback_timeout: float = Field(default=180.0, gt=0)
 
-    kubeconfig: Path | None = None  # None: in-cluster service account
+    kubeconfig: Path | None = Field(None, description="kubeconfig file (default: in-cluster)")
     log_level: str = "INFO"
     # Tracing (spans per step, linked to the request's traceparent).
-    otlp_endpoint: str | None = None
-    trace_file: Path | None = None
+    otlp_endpoint: str | None = Field(None, description="OTLP/HTTP collector for spans")
+    trace_file: Path | None = Field(None, description="append spans as JSON lines")
 
     @model_validator(mode="after")
     def _consistent(self) -> AgentSettings:

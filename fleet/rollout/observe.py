@@ -63,18 +63,6 @@ class Observation:
     problems: dict[ClusterKey, str] = field(default_factory=dict)  # unreachable clusters
 
 
-async def management_client(config: FleetConfig) -> KubeClient:
-    m = config.management
-    if m.kubeconfig:
-        return await KubeClient.from_kubeconfig_file(m.kubeconfig, name="management",
-                                                     context=m.context)
-    try:
-        return KubeClient.in_cluster(name="management")
-    except Exception as e:  # kubernetes_asyncio's ConfigException, not one of ours
-        raise ValueError("no management kubeconfig: pass --kubeconfig or set "
-                         f"management.kubeconfig (not running in a cluster: {e})") from None
-
-
 async def _list(client: KubeClient, res: Resource, namespaces: list[str]) -> list[dict[str, Any]]:
     if not namespaces:
         return (await client.list(res)).items

@@ -14,10 +14,10 @@ import anyio
 import pytest
 import yaml
 
+from fleet.cli.status import fleet_status
 from fleet.kube import KubeClient
 from fleet.kube.resources import CONFIGMAPS, NODE_PLANS
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP
-from fleet.status.live import fleet_status
 from fleet.status.server import StatusBoard, make_app, serve
 from fleet.testing.binaries import REPO_ROOT
 from fleet.testing.world import World, free_port

@@ -2,22 +2,45 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from fleet.agents import restart as restart_mod
 from fleet.agents.restart import NSENTER, K0sProbe, Restarter, RestartError
 from fleet.agents.settings import AgentSettings, HostNamespace, RestartStrategy
 from fleet.cli import build_parser
+from fleet.cli.agent import add_settings_flags
 
 pytestmark = pytest.mark.anyio
 
 
 def settings_from(argv: list[str]) -> AgentSettings:
-    args = build_parser().parse_args(["agent", *argv])
+    args = build_parser("agent").parse_args(["agent", *argv])
     return AgentSettings(**{k: v for k, v in vars(args).items() if k not in ("command", "func")})
+
+
+def test_every_setting_has_a_flag_and_nothing_else_does() -> None:
+    """The flags are generated from the settings model, so they cannot drift from it."""
+    parser = argparse.ArgumentParser()
+    add_settings_flags(parser, AgentSettings)
+    dests = {a.dest for a in parser._actions if a.dest != "help"}
+    assert dests == set(AgentSettings.model_fields)
+    s = settings_from(["--node-name", "n", "--free-space-margin-bytes", "0",
+                       "--no-require-node-ready", "--allow-unverified",
+                       "--drain-timeout-outcome", "proceed", "--kubeconfig", ""])
+    assert s.free_space_margin_bytes == 0 and not s.require_node_ready and s.allow_unverified
+    assert s.drain_timeout_outcome == "proceed" and s.kubeconfig is None
+
+
+def test_a_setting_without_a_flag_rule_is_refused_loudly() -> None:
+    class Odd(BaseModel):
+        labels: dict[str, str] = {}
+
+    with pytest.raises(TypeError, match=r"Odd\.labels"):
+        add_settings_flags(argparse.ArgumentParser(), Odd)
 
 
 def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:

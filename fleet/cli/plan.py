@@ -1,4 +1,4 @@
-"""The work behind ``k0s-fleet plan`` (see fleet.rollout.cli): a dry run of the rollout.
+"""``k0s-fleet plan``: a dry run of the rollout from the fleet's current state.
 
 Reads the management cluster (and each workload cluster's Nodes) and prints waves ->
 clusters -> objects -> node order, what is upgraded in place and what is left to Cluster
@@ -16,13 +16,29 @@ from typing import Any
 
 import anyio
 
+from fleet.cli.common import (
+    Exit,
+    add_fleet_arguments,
+    add_output_argument,
+    fail,
+    fleet_config,
+    management_client,
+    report_config_error,
+)
 from fleet.config import FleetConfig
 from fleet.config_errors import ConfigError
 from fleet.kube import KubeError
-from fleet.rollout.observe import management_client, observe
+from fleet.rollout.observe import observe
 from fleet.rollout.plan import dry_run, plan_document, render_plan
 from fleet.schedule import parse_duration
-from fleet.status.live import load
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_fleet_arguments(p)
+    add_output_argument(p)
+    p.add_argument("--node-duration", default="3m",
+                   help="assumed time for one node upgrade (estimate), e.g. 3m")
+    p.add_argument("--now", help="plan as of this time (RFC 3339), e.g. to see windows")
 
 
 async def fleet_plan(config: FleetConfig, *, now: datetime,
@@ -34,7 +50,7 @@ async def fleet_plan(config: FleetConfig, *, now: datetime,
 
 
 async def _run(args: argparse.Namespace) -> int:
-    config = load(args)
+    config = fleet_config(args)
     now = datetime.now(UTC)
     if args.now:
         now = datetime.fromisoformat(args.now.replace("Z", "+00:00"))
@@ -45,15 +61,13 @@ async def _run(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         sys.stdout.write(render_plan(doc) + "\n")
-    return 0
+    return Exit.OK
 
 
-def run_plan(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     try:
         return anyio.run(_run, args)
     except ConfigError as e:
-        print(f"k0s-fleet plan: bad fleet config:\n{e}", file=sys.stderr)
-        return 2
+        return report_config_error("plan", e)
     except (KubeError, OSError, ValueError) as e:
-        print(f"k0s-fleet plan: {e}", file=sys.stderr)
-        return 1
+        return fail("plan", e)

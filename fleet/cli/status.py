@@ -1,4 +1,4 @@
-"""The work behind ``k0s-fleet status`` (see fleet.status.cli).
+"""``k0s-fleet status``: the fleet rollout at a glance (live, or ``--once``, or JSON).
 
 By default it observes the fleet itself (read-only: the management cluster from the
 fleet config's kubeconfig, each workload cluster through its kubeconfig Secret) and
@@ -19,26 +19,32 @@ import anyio
 from rich.console import Console
 from rich.live import Live
 
+from fleet.cli.common import (
+    Exit,
+    add_fleet_arguments,
+    add_output_argument,
+    fail,
+    fleet_config,
+    management_client,
+    report_config_error,
+)
 from fleet.config import FleetConfig
 from fleet.config_errors import ConfigError
-from fleet.config_loader import load_config
 from fleet.kube import KubeError
 from fleet.rollout.gate import FleetView, RolloutGate
-from fleet.rollout.observe import management_client, observe
+from fleet.rollout.observe import observe
 from fleet.rollout.progress import clusters_from_snapshot
 from fleet.schedule import parse_duration
 from fleet.status.model import build_status
 from fleet.status.view import render
 
 
-def load(args: argparse.Namespace) -> FleetConfig:
-    config = load_config(args.config)
-    if args.kubeconfig or args.context:
-        mgmt = config.management.model_copy(update={
-            "kubeconfig": args.kubeconfig or config.management.kubeconfig,
-            "context": args.context or config.management.context})
-        config = config.model_copy(update={"management": mgmt})
-    return config
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_fleet_arguments(p)
+    add_output_argument(p)
+    p.add_argument("--once", action="store_true", help="print once and exit (no live view)")
+    p.add_argument("--interval", default="5s", help="refresh interval of the live view")
+    p.add_argument("--url", help="read the controller's /status (e.g. http://localhost:8080)")
 
 
 async def fleet_status(config: FleetConfig, *, now: datetime | None = None) -> dict[str, Any]:
@@ -66,15 +72,15 @@ async def _once(args: argparse.Namespace, config: FleetConfig | None) -> dict[st
 
 
 async def _run(args: argparse.Namespace) -> int:
-    config = None if args.url else load(args)
+    config = None if args.url else fleet_config(args)
     console = Console()
     if args.output == "json":
         doc = await _once(args, config)
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-        return 0
+        return Exit.OK
     if args.once:
         console.print(render(await _once(args, config)))
-        return 0
+        return Exit.OK
     interval = parse_duration(args.interval).total_seconds()
     with Live(console=console, auto_refresh=False, screen=False) as live:
         while True:
@@ -82,14 +88,12 @@ async def _run(args: argparse.Namespace) -> int:
             await anyio.sleep(interval)
 
 
-def run_status(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     try:
         return anyio.run(_run, args)
     except ConfigError as e:
-        print(f"k0s-fleet status: bad fleet config:\n{e}", file=sys.stderr)
-        return 2
+        return report_config_error("status", e)
     except (KubeError, aiohttp.ClientError, OSError, ValueError) as e:
-        print(f"k0s-fleet status: {e}", file=sys.stderr)
-        return 1
+        return fail("status", e)
     except KeyboardInterrupt:
-        return 130
+        return Exit.INTERRUPTED

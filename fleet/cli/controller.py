@@ -1,4 +1,9 @@
-"""``k0s-fleet controller``: run the fleet controller (with leader election)."""
+"""``k0s-fleet controller``: run the fleet controller (with leader election).
+
+Composes the process: the controller with its policy (the fleet rollout, wrapped by the
+runtime extension's exclusion) given at construction, the status/metrics endpoints and
+the runtime extension on every replica, and the leader election around the controller.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +13,33 @@ import logging
 import os
 import signal
 import socket
-import sys
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the CLI imports this module for every subcommand: keep it light
-    from fleet.config import FleetConfig
+import anyio
 
-HELP = "run the controller: watch Cluster API objects and upgrade k0s in place"
+from fleet.cli.common import (
+    Exit,
+    add_fleet_arguments,
+    fail,
+    fleet_config,
+    management_client,
+    report_config_error,
+)
+from fleet.config import FleetConfig
+from fleet.config_errors import ConfigError
+from fleet.controllers.leader import LeaderElector, LostLeadershipError
+from fleet.controllers.runner import FleetController, Trigger
+from fleet.events import EventRecorder
+from fleet.extension.exclusion import ExtensionExclusion
+from fleet.extension.server import serve_configured_extension
+from fleet.rollout.policy import RolloutPolicy
+from fleet.status.server import StatusBoard, make_app, serve
+from fleet.telemetry import get_tracer, setup_tracing
 
 log = logging.getLogger("fleet.controller")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="fleet YAML (default: $K0S_FLEET_CONFIG; else defaults)")
-    p.add_argument("--kubeconfig", help="management cluster kubeconfig (overrides "
-                   "management.kubeconfig; default: in-cluster service account)")
-    p.add_argument("--context", help="kubeconfig context")
+    add_fleet_arguments(p)
     p.add_argument("--identity", default=os.environ.get("POD_NAME") or socket.gethostname(),
                    help="leader election identity (default: $POD_NAME or the host name)")
     p.add_argument("--no-leader-elect", dest="leader_elect", action="store_false",
@@ -33,24 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
-    import anyio  # noqa: PLC0415
-
-    # Imported here so that `k0s-fleet agent` never pays for the controller's imports.
-    from fleet.controllers.leader import LeaderElector, LostLeadershipError  # noqa: PLC0415
-    from fleet.controllers.runner import FleetController, Trigger  # noqa: PLC0415
-    from fleet.events import EventRecorder  # noqa: PLC0415
-    from fleet.extension.exclusion import ExtensionExclusion  # noqa: PLC0415
-    from fleet.extension.server import serve_configured_extension  # noqa: PLC0415
-    from fleet.kube import KubeClient  # noqa: PLC0415
-    from fleet.rollout.policy import RolloutPolicy  # noqa: PLC0415
-    from fleet.status.server import StatusBoard, make_app, serve  # noqa: PLC0415
-    from fleet.telemetry import get_tracer, setup_tracing  # noqa: PLC0415
-
-    kubeconfig = args.kubeconfig or config.management.kubeconfig
-    context = args.context or config.management.context
-    mgmt = (await KubeClient.from_kubeconfig_file(kubeconfig, name="management",
-                                                  context=context)
-            if kubeconfig else KubeClient.in_cluster(name="management"))
+    try:
+        mgmt = await management_client(config)
+    except ValueError as e:  # no management kubeconfig and not in a cluster
+        return fail("controller", e)
     provider = setup_tracing(config.telemetry, resource_attributes={
         "service.instance.id": args.identity})
     try:
@@ -101,9 +103,9 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
                     await lead()
             except LostLeadershipError as e:
                 log.error("%s", e)
-                return 3
+                return Exit.LOST_LEADERSHIP
             tg.cancel_scope.cancel()
-        return 0
+        return Exit.OK
     finally:
         with anyio.CancelScope(shield=True):
             await mgmt.close()
@@ -111,17 +113,10 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    import anyio  # noqa: PLC0415
-
-    from fleet.config_errors import ConfigError  # noqa: PLC0415
-    from fleet.config_loader import load_config  # noqa: PLC0415
-
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = load_config(args.config)
+        config = fleet_config(args)
     except ConfigError as e:
-        for line in str(e).splitlines():
-            print(f"k0s-fleet: config: {line}", file=sys.stderr)
-        return 2
+        return report_config_error("controller", e)
     return anyio.run(_main, args, config)

@@ -22,16 +22,36 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # the CLI imports this module for every subcommand: keep it light
-    from rich.console import Group
-    from rich.table import Table
+import anyio
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+)
+from rich.table import Table
+from rich.text import Text
 
-    from fleet.model import Snapshot
-    from fleet.planner import PlanResult
+from fleet.config import FleetConfig, TelemetrySettings
+from fleet.controllers.runner import FleetController
+from fleet.kube.resources import CLUSTERS, NAMESPACES
+from fleet.model import ROLE_CONTROLLER, Snapshot
+from fleet.nodeplan import NodePlanPhase, nodeplan_name
+from fleet.planner import PlanResult
+from fleet.rollout.policy import RolloutPolicy
+from fleet.telemetry import get_tracer, setup_tracing
+from fleet.testing.capi import bump, create_cluster, ensure_infra_crd
+from fleet.testing.releases import ReleaseServer
+from fleet.testing.responder import NodeResponder
+from fleet.testing.simnode import SimNode
+from fleet.testing.world import World
+from fleet.versions import same_version
 
-HELP = "watch a simulated fleet (real API servers, real agents) upgrade k0s in place"
 FROM, TO = "v1.31.2+k0s.0", "v1.31.3+k0s.0"
 NAMESPACE = "fleet-demo"
 RING = "k0s-fleet.io/ring"
@@ -73,12 +93,6 @@ class Board:
     """What the terminal shows, rebuilt after every controller pass."""
 
     def __init__(self, clusters: list[str], per_cluster: int) -> None:
-        from rich.progress import (  # noqa: PLC0415
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-        )
 
         self.progress = Progress(TextColumn("{task.description:<10}"), BarColumn(bar_width=40),
                                  MofNCompleteColumn(), TextColumn("{task.fields[note]}"))
@@ -91,9 +105,6 @@ class Board:
         self.passes = 0
 
     def update(self, snapshot: Snapshot, result: PlanResult) -> None:
-        from fleet.model import ROLE_CONTROLLER  # noqa: PLC0415
-        from fleet.nodeplan import NodePlanPhase, nodeplan_name  # noqa: PLC0415
-        from fleet.versions import same_version  # noqa: PLC0415
 
         self.passes += 1
         waiting = {(d.owner.namespace, d.owner.name): d.waiting for d in result.decisions}
@@ -141,9 +152,6 @@ class Board:
                                  + (view.waiting[:60] if done < view.total else "[green]done"))
 
     def render(self) -> Group:
-        from rich.console import Group  # noqa: PLC0415
-        from rich.table import Table  # noqa: PLC0415
-        from rich.text import Text  # noqa: PLC0415
 
         elapsed = time.monotonic() - (self.rollout_started or self.started)
         head = Text.assemble(("k0s-fleet demo", "bold"), f"  {FROM} -> {TO}  ",
@@ -164,7 +172,6 @@ class Board:
 
 
 def summary_table(board: Board, snapshot: Snapshot | None) -> Table:
-    from rich.table import Table  # noqa: PLC0415
 
     t = Table(title="rollout summary")
     for col in ("cluster", "control planes", "workers", "node upgrades", "failed",
@@ -190,9 +197,7 @@ def summary_table(board: Board, snapshot: Snapshot | None) -> Table:
 
 @contextlib.asynccontextmanager
 async def _world(names: list[str], workdir: Path) -> AsyncIterator[Any]:
-    import anyio  # noqa: PLC0415
 
-    from fleet.testing.world import World  # noqa: PLC0415
 
     world = World(names, workdir=workdir / "world")
     await anyio.to_thread.run_sync(world.start)
@@ -204,21 +209,7 @@ async def _world(names: list[str], workdir: Path) -> AsyncIterator[Any]:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    import anyio  # noqa: PLC0415
-    from rich.console import Console  # noqa: PLC0415
-    from rich.live import Live  # noqa: PLC0415
-    from rich.panel import Panel  # noqa: PLC0415
 
-    from fleet.config import FleetConfig, TelemetrySettings  # noqa: PLC0415
-    from fleet.controllers.runner import FleetController  # noqa: PLC0415
-    from fleet.kube.resources import CLUSTERS, NAMESPACES  # noqa: PLC0415
-    from fleet.rollout.policy import RolloutPolicy  # noqa: PLC0415
-    from fleet.telemetry import get_tracer, setup_tracing  # noqa: PLC0415
-    from fleet.testing.capi import bump, create_cluster, ensure_infra_crd  # noqa: PLC0415
-    from fleet.testing.releases import ReleaseServer  # noqa: PLC0415
-    from fleet.testing.responder import NodeResponder  # noqa: PLC0415
-    from fleet.testing.simnode import SimNode  # noqa: PLC0415
-    from fleet.testing.world import World  # noqa: PLC0415
 
     console = Console()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="k0s-fleet-demo-"))
@@ -339,7 +330,6 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    import anyio  # noqa: PLC0415
 
     try:
         return anyio.run(_main, args)

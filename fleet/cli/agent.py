@@ -1,0 +1,114 @@
+"""``k0s-fleet agent``: flags override ``K0S_FLEET_AGENT_*`` environment settings.
+
+The flags are generated from :class:`~fleet.agents.settings.AgentSettings`, so every
+setting has one and none can drift: ``--<field-name>`` in kebab case, the field's
+description as help; ``--no-<name>`` for a switch that defaults on; a repeatable
+``--<name without the plural s>`` for a tuple; choices for an enum; ``''`` clears an
+optional path. Every flag defaults to "not given", so the environment (or the default)
+applies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import types
+from enum import Enum
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin
+
+import anyio
+from pydantic import BaseModel, ValidationError
+
+from fleet.agents.agent import serve
+from fleet.agents.settings import AgentSettings
+from fleet.cli.common import Exit
+from fleet.config import TelemetrySettings
+from fleet.telemetry import get_tracer, setup_tracing
+
+_SCALARS: dict[Any, Any] = {str: str, int: int, float: float, Path: Path}
+
+
+def _optional_path(value: str) -> Path | None:
+    return Path(value) if value else None
+
+
+def _unwrap(annotation: Any) -> tuple[Any, bool]:
+    """The type without ``| None``, and whether None is allowed."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], len(args) < len(get_args(annotation))
+    return annotation, False
+
+
+def add_settings_flags(p: argparse.ArgumentParser, model: type[BaseModel]) -> None:
+    """One flag per field of ``model`` (see the module docstring for the rules)."""
+    S = argparse.SUPPRESS
+    for name, field in model.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        tp, optional = _unwrap(field.annotation)
+        kw: dict[str, Any] = {"dest": name, "default": S, "help": field.description}
+        if tp is bool:
+            if field.default is True:
+                p.add_argument("--no-" + flag[2:], action="store_false", **kw)
+            else:
+                p.add_argument(flag, action="store_true", **kw)
+        elif get_origin(tp) is tuple and get_args(tp)[0] in _SCALARS:
+            p.add_argument(flag.removesuffix("s"), type=_SCALARS[get_args(tp)[0]],
+                           action="append", **kw)
+        elif isinstance(tp, type) and issubclass(tp, Enum):
+            p.add_argument(flag, choices=[str(m.value) for m in tp], **kw)
+        elif tp is Path and optional:
+            p.add_argument(flag, type=_optional_path, **kw)
+        elif tp in _SCALARS:
+            p.add_argument(flag, type=_SCALARS[tp], **kw)
+        else:
+            raise TypeError(f"{model.__name__}.{name}: no flag for type {field.annotation!r}")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_settings_flags(p, AgentSettings)
+
+
+def settings_from(args: argparse.Namespace) -> AgentSettings:
+    """The flags given, over the environment, over the defaults."""
+    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "func")}
+    return AgentSettings(**overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from(args)
+    except ValidationError as e:
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err["loc"]) or "settings"
+            print(f"k0s-fleet agent: {loc}: {err['msg']}", file=sys.stderr)
+        return Exit.BAD_CONFIG
+    logging.basicConfig(
+        level=settings.log_level.upper(), stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    provider = None
+    tracer = None
+    if settings.otlp_endpoint or settings.trace_file:
+        provider = setup_tracing(
+            TelemetrySettings(otlp_endpoint=settings.otlp_endpoint,
+                              service_name="k0s-fleet-agent",
+                              trace_file=str(settings.trace_file) if settings.trace_file
+                              else None),
+            resource_attributes={"k8s.node.name": settings.node_name},
+        )
+        tracer = get_tracer("fleet.agents", provider)
+    try:
+        anyio.run(serve, settings, tracer)
+    except KeyboardInterrupt:
+        pass
+    except OSError as e:  # unreadable kubeconfig, unwritable state directory, ...
+        print(f"k0s-fleet agent: {e}", file=sys.stderr)
+        return Exit.FAILED
+    finally:
+        if provider is not None:
+            provider.shutdown()
+    return Exit.OK
