@@ -1,5 +1,9 @@
 """Layering rules, checked on the source (kopf-style import contracts, without a plug-in).
 
+- Floors only point down: the packages and top-level modules of ``fleet`` stand in the
+  order of :data:`LAYERS` (top first); a module may import only from floors below its own.
+  Units on one floor (separated by ``|``) are independent of each other. Every unit must
+  be placed; deferred and TYPE_CHECKING imports count too.
 - Only fleet.kube talks to kubernetes_asyncio.
 - Pure decision modules import no I/O: not the client layer (its resource descriptors are
   plain data and allowed), not aiohttp, not kubernetes_asyncio, not subprocess/socket.
@@ -14,6 +18,27 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "fleet"
+
+LAYERS = [
+    "cli",                                            # entry points: compose the process
+    "status",                                         # status document, HTTP, metrics
+    "rollout",                                        # waves gate, policy, dry run
+    "controllers | extension | agents | testing",     # the long-running parts
+    "dispatch",                                       # create-or-adopt a NodePlan
+    "artifacts | clusters | events | telemetry",      # shared I/O services
+    "planner | snapshot",                             # pure decisions
+    "eligibility | budget",
+    "model",
+    "nodeplan",
+    "config_loader | downloads",
+    "config",
+    "selectors",
+    "config_types",
+    "config_errors | schedule | signal",
+    "versions",
+    "kube",                                           # the only API-server client layer
+]
+FLOOR = {unit.strip(): n for n, floor in enumerate(LAYERS) for unit in floor.split("|")}
 
 PURE = [
     "versions.py", "signal.py", "nodeplan.py", "model.py", "eligibility.py", "budget.py",
@@ -37,6 +62,52 @@ def imports(path: Path) -> set[str]:
             found.add(node.module)
             found.update(f"{node.module}.{a.name}" for a in node.names)
     return found
+
+
+def unit_of(module: str) -> str:
+    """``fleet.controllers.runner`` -> ``controllers``; ``fleet.config`` -> ``config``."""
+    return module.split(".")[1] if module.count(".") else ""
+
+
+def module_of(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    return ".".join(rel.parts).removesuffix(".__init__")
+
+
+def back_imports(root: Path = ROOT) -> list[str]:
+    """Every import that points sideways or up, or involves an unplaced unit."""
+    problems = []
+    for f in sorted(root.rglob("*.py")):
+        src = unit_of(module_of(f))
+        if not src:
+            continue  # fleet/__init__.py
+        seen: set[str] = set()
+        for name in sorted(n for n in imports(f) if n.startswith("fleet.")):
+            dst = unit_of(name)
+            if dst == src or not ((root / dst).is_dir() or (root / f"{dst}.py").exists()):
+                continue  # within the unit, or a name from fleet/__init__.py
+            if dst in seen:
+                continue  # one report per (module, unit)
+            seen.add(dst)
+            where = f"{f.relative_to(ROOT.parent)} imports {name}"
+            if src not in FLOOR or dst not in FLOOR:
+                problems.append(f"{where}: place {src if src not in FLOOR else dst!r} in LAYERS")
+            elif FLOOR[dst] == FLOOR[src]:
+                problems.append(f"{where}: {src} and {dst} share a floor and must stay apart")
+            elif FLOOR[dst] < FLOOR[src]:
+                problems.append(f"{where}: {dst} is above {src}")
+    return problems
+
+
+def test_floors_only_point_down() -> None:
+    assert back_imports() == []
+
+
+def test_every_unit_is_placed_once() -> None:
+    units = [u.strip() for floor in LAYERS for u in floor.split("|")]
+    assert len(units) == len(set(units))
+    present = {unit_of(module_of(f)) for f in ROOT.rglob("*.py")} - {""}
+    assert present <= set(units), f"not in LAYERS: {sorted(present - set(units))}"
 
 
 def files(entry: str) -> list[Path]:
