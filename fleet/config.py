@@ -44,7 +44,7 @@ from fleet.config_types import (
 from fleet.schedule import CronError, format_duration, parse_cron
 from fleet.schedule import zone as _zone
 from fleet.selectors import LabelSelector, parse_label_selector
-from fleet.signal import MAX_POLICY_SECONDS, NodePolicy, SignalState
+from fleet.signal import MAX_POLICY_SECONDS, DrainTimeoutAction, NodePolicy, SignalState
 from fleet.versions import InvalidVersionError, K0sVersion
 
 DEFAULT_URL_TEMPLATE = "https://get.k0sproject.io/{version}/k0s-{version}-{arch}"
@@ -55,11 +55,6 @@ class Executor(StrEnum):
 
     AGENT = "agent"  # the k0s-fleet agent, speaking the fleet's own signal
     AUTOPILOT = "autopilot"  # stock k0s autopilot on the node, via its signal protocol
-
-
-class DrainTimeoutAction(StrEnum):
-    FAIL = "fail"  # give up on the node (FailedDrain), uncordon it, count a failure
-    PROCEED = "proceed"  # upgrade anyway once the drain timeout has passed
 
 
 class ExtensionMode(StrEnum):
@@ -401,8 +396,10 @@ class DownloadSettings(ConfigModel):
         return v
 
 
-class AgentSettings(ConfigModel):
-    """Defaults the controller hands to node agents with each request."""
+class NodePolicySettings(ConfigModel):
+    """The fleet config's ``agent:`` section: the node policy the controller hands to node
+    agents with each request (not the agent process's own settings,
+    :class:`fleet.agents.settings.AgentSettings`)."""
 
     drain_timeout: PositiveDuration = Field(
         timedelta(minutes=5), description="How long the agent tries to drain its node."
@@ -518,7 +515,7 @@ class FleetConfig(ConfigModel):
     executor: Executor = Field(Executor.AGENT, description="Default executor: agent or autopilot.")
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     download: DownloadSettings = Field(default_factory=DownloadSettings)
-    agent: AgentSettings = Field(default_factory=AgentSettings)
+    agent: NodePolicySettings = Field(default_factory=NodePolicySettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     extension: ExtensionSettings = Field(default_factory=ExtensionSettings)
     status: StatusSettings = Field(default_factory=StatusSettings)
@@ -577,18 +574,17 @@ class FleetConfig(ConfigModel):
 __all__ = [
     "DEFAULT_URL_TEMPLATE",
     "DEFAULT_WAVE_NAME",
-    "AgentSettings",
     "ClusterDiscovery",
     "ClusterEntry",
     "ClusterSettings",
     "DownloadSettings",
-    "DrainTimeoutAction",
     "Executor",
     "ExtensionMode",
     "ExtensionSettings",
     "FleetConfig",
     "MaintenanceWindow",
     "ManagementSettings",
+    "NodePolicySettings",
     "ProgressDeadlines",
     "RolloutSettings",
     "StatusSettings",

@@ -20,6 +20,7 @@ from fleet.nodeplan import NodePlanPhase
 from fleet.signal import (
     AUTOPILOT_SIGNAL_DATA_KEY,
     CORDONED_BY_KEY,
+    DOMAIN,
     RUNNING_VERSION_KEY,
     InvalidSignalError,
     NodePolicy,
@@ -51,7 +52,6 @@ ANN_CLONED_FROM_GROUPKIND = "cluster.x-k8s.io/cloned-from-groupkind"
 ANN_K0S_CONFIG = "k0s.controlplane.cluster.x-k8s.io/k0s-config"
 
 # Operator annotations (documented in docs/controller.md).
-DOMAIN = "fleet.k0s-fleet.io"
 ANN_RETRY = f"{DOMAIN}/retry"
 # The worker Machine annotation carrying the k0s version its node runs (set on completion).
 ANN_MACHINE_RUNNING_VERSION = RUNNING_VERSION_KEY

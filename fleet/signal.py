@@ -13,7 +13,7 @@ import hashlib
 import json
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -100,6 +100,13 @@ def utcnow() -> datetime:
 MAX_POLICY_SECONDS = 30 * 86400.0
 
 
+class DrainTimeoutAction(StrEnum):
+    """What an agent does when its drain timeout passes (fleet config, agent flag, signal)."""
+
+    FAIL = "fail"  # give up on the node (FailedDrain), uncordon it, count a failure
+    PROCEED = "proceed"  # upgrade anyway once the drain timeout has passed
+
+
 class NodePolicy(BaseModel):
     """Per-request node policy (the fleet config's ``agent:`` section).
 
@@ -112,7 +119,7 @@ class NodePolicy(BaseModel):
 
     drainTimeoutSeconds: float | None = Field(
         None, gt=0, le=MAX_POLICY_SECONDS, strict=True, allow_inf_nan=False)
-    drainTimeoutAction: Literal["fail", "proceed"] | None = None
+    drainTimeoutAction: DrainTimeoutAction | None = None
     verifyTimeoutSeconds: float | None = Field(
         None, gt=0, le=MAX_POLICY_SECONDS, strict=True, allow_inf_nan=False)
 

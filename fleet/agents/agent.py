@@ -40,7 +40,7 @@ from fleet.agents import drain, swap
 from fleet.agents.download import DownloadPolicy, FinalDownloadError, ensure_staged
 from fleet.agents.files import partial_path, unlink_quiet, write_durably
 from fleet.agents.restart import K0sProbe, Restarter, RestartError, read_marker, restart_once
-from fleet.agents.settings import AgentSettings, DrainTimeoutOutcome
+from fleet.agents.settings import AgentSettings
 from fleet.agents.state import (
     Idle,
     Reject,
@@ -65,6 +65,7 @@ from fleet.signal import (
     RUNNING_VERSION_KEY,
     SIGNAL_DATA_KEY,
     SIGNAL_REJECTED_KEY,
+    DrainTimeoutAction,
     InvalidSignalError,
     SignalData,
     SignalState,
@@ -392,7 +393,7 @@ class Agent:
                 if result.timed_out:
                     msg = f"drain did not finish within {pol.drain_timeout:g}s: " \
                           f"{result.summary()}"
-                    if pol.drain_timeout_outcome is DrainTimeoutOutcome.FAIL:
+                    if pol.drain_timeout_outcome is DrainTimeoutAction.FAIL:
                         # the cordon is undone by housekeeping once the failure is recorded
                         return await self._transition(
                             sig, self._status(sig, SignalState.FAILED_DRAIN, reason=msg))

@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from fleet.signal import NodePolicy
+from fleet.signal import DrainTimeoutAction, NodePolicy
 
 
 class SignalObject(StrEnum):
@@ -36,17 +36,12 @@ class VersionSource(StrEnum):
     BINARY = "binary"
 
 
-class DrainTimeoutOutcome(StrEnum):
-    FAIL = "fail"
-    PROCEED = "proceed"
-
-
 @dataclass(frozen=True, slots=True)
 class EffectivePolicy:
     """The drain/verify policy one request runs with."""
 
     drain_timeout: float
-    drain_timeout_outcome: DrainTimeoutOutcome
+    drain_timeout_outcome: DrainTimeoutAction
     verify_timeout: float
 
 
@@ -108,7 +103,7 @@ class AgentSettings(BaseSettings):
 
     drain: bool = Field(True, description="evict pods (without it: cordon only)")
     drain_timeout: float = Field(default=300.0, gt=0)
-    drain_timeout_outcome: DrainTimeoutOutcome = DrainTimeoutOutcome.FAIL
+    drain_timeout_outcome: DrainTimeoutAction = DrainTimeoutAction.FAIL
 
     verify_timeout: float = Field(default=180.0, gt=0)
     # With version_source=binary: how long the new process must stay up to count.
@@ -141,7 +136,7 @@ class AgentSettings(BaseSettings):
         return EffectivePolicy(
             drain_timeout=req.drainTimeoutSeconds if req.drainTimeoutSeconds is not None
             else self.drain_timeout,
-            drain_timeout_outcome=DrainTimeoutOutcome(req.drainTimeoutAction)
+            drain_timeout_outcome=req.drainTimeoutAction
             if req.drainTimeoutAction is not None else self.drain_timeout_outcome,
             verify_timeout=req.verifyTimeoutSeconds if req.verifyTimeoutSeconds is not None
             else self.verify_timeout,

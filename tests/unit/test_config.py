@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from fleet.config import (
     DEFAULT_URL_TEMPLATE,
     DownloadSettings,
-    DrainTimeoutAction,
     Executor,
     FleetConfig,
 )
@@ -24,7 +23,7 @@ from fleet.config_loader import load_config
 from fleet.config_types import FailureBudget
 from fleet.schedule import format_duration
 from fleet.selectors import parse_label_selector
-from fleet.signal import SignalState
+from fleet.signal import DrainTimeoutAction, SignalState
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "fleet.example.yaml"
 SHA_A = "a" * 64
