@@ -71,6 +71,3 @@ async def namespace(mgmt: KubeClient) -> AsyncIterator[str]:
         await mgmt.delete(NAMESPACES, name)
 
 
-def unique(prefix: str) -> str:
-    """A unique object name (cluster-scoped objects such as Nodes are shared per server)."""
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"

@@ -20,7 +20,7 @@ from fleet.signal import HAPPY_PATH, SignalState
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.simnode import SimNode
 from fleet.testing.world import World
-from tests.conftest import unique
+from tests.helpers.names import unique
 
 pytestmark = pytest.mark.anyio
 

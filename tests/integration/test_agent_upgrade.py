@@ -33,7 +33,7 @@ from fleet.signal import (
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.simnode import SimNode
 from fleet.testing.world import World
-from tests.conftest import unique
+from tests.helpers.names import unique
 
 pytestmark = pytest.mark.anyio
 

@@ -30,8 +30,7 @@ from fleet.model import ANN_RETRY
 from fleet.rollout.annotations import ANN_PAUSED, ROLLOUT_CONFIGMAP, switch
 from fleet.testing.binaries import REPO_ROOT, binary
 from fleet.testing.world import World
-from tests.integration.test_chart_install import DAEMONSETS, DEPLOYMENTS, kubeconfig_file
-from tests.unit.test_chart_render import helm_env
+from tests.helpers.charts import DAEMONSETS, DEPLOYMENTS, helm_env, kubeconfig_file
 
 pytestmark = pytest.mark.anyio
 

@@ -11,34 +11,34 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 import yaml
 
 from fleet.kube import ForbiddenError, KubeClient
-from fleet.kube.resources import CONFIGMAPS, NAMESPACES, NODES, PODS, SERVICE_ACCOUNTS, Resource
-from fleet.testing.world import ApiServer, World
-from tests.conftest import unique
-from tests.unit.test_chart_render import (
+from fleet.kube.resources import CONFIGMAPS, NODES, PODS, SERVICE_ACCOUNTS, Resource
+from fleet.testing.world import World
+from tests.helpers.charts import (
     AGENT_CHART,
+    CLUSTER_ROLE_BINDINGS,
+    CLUSTER_ROLES,
     CONTROLLER_CHART,
+    DAEMONSETS,
+    DEPLOYMENTS,
+    RBAC,
+    ROLES,
     Manifest,
-    helm,
+    create_namespace,
+    helm_cli,
+    kubeconfig_file,
     pod_spec,
     render,
 )
+from tests.helpers.names import unique
 
 pytestmark = pytest.mark.anyio
 
-DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", namespaced=True)
-DAEMONSETS = Resource("apps", "v1", "daemonsets", "DaemonSet", namespaced=True)
 SERVICES = Resource("", "v1", "services", "Service", namespaced=True)
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True)
-RBAC = "rbac.authorization.k8s.io"
-CLUSTER_ROLES = Resource(RBAC, "v1", "clusterroles", "ClusterRole", namespaced=False)
-CLUSTER_ROLE_BINDINGS = Resource(RBAC, "v1", "clusterrolebindings", "ClusterRoleBinding",
-                                 namespaced=False)
-ROLES = Resource(RBAC, "v1", "roles", "Role", namespaced=True)
 ROLE_BINDINGS = Resource(RBAC, "v1", "rolebindings", "RoleBinding", namespaced=True)
 ADMISSION = "admissionregistration.k8s.io"
 VAPS = Resource(ADMISSION, "v1", "validatingadmissionpolicies", "ValidatingAdmissionPolicy",
@@ -53,21 +53,10 @@ KIND_RESOURCES = {r.kind: r for r in (
 )}
 
 
-# -- helpers shared with test_rbac_*.py --------------------------------------------------
-def kubeconfig_file(server: ApiServer, directory: Path) -> Path:
-    return server.write_kubeconfig(directory / f"{server.name}-admin.kubeconfig")
 
 
-async def helm_cli(*args: str | Path, check: bool = True) -> str:
-    """helm in a worker thread, so the event loop (and other clients) keep running."""
-    proc = await anyio.to_thread.run_sync(lambda: helm(*args, check=check))
-    return proc.stdout + proc.stderr
 
 
-async def create_namespace(client: KubeClient, name: str, *,
-                           pod_security: str | None = None) -> None:
-    labels = {"pod-security.kubernetes.io/enforce": pod_security} if pod_security else {}
-    await client.create(NAMESPACES, {"metadata": {"name": name, "labels": labels}})
 
 
 async def installed(client: KubeClient, manifest: Manifest) -> list[dict[str, Any]]:

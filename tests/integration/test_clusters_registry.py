@@ -15,7 +15,7 @@ from fleet.kube.cache import ObjectCache
 from fleet.kube.resources import NODES, SECRETS
 from fleet.kube.watch import Reflector
 from fleet.testing.world import World
-from tests.conftest import unique
+from tests.helpers.names import unique
 
 
 class SpyClient(KubeClient):

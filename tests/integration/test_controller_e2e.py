@@ -23,13 +23,13 @@ from fleet.testing.capi import bump, create_cluster, ensure_infra_crd
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.simnode import SimNode
 from fleet.testing.world import World
-from tests.conftest import unique
-from tests.integration.test_controller_rollout import (
+from tests.helpers.controller import (
     InvariantWatcher,
     machine_versions,
     running_controller,
     wait_rollout,
 )
+from tests.helpers.names import unique
 
 V1, V2 = "v1.31.2+k0s.0", "v1.31.3+k0s.0"
 

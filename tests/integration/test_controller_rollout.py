@@ -7,26 +7,21 @@ independent watcher checks the invariants at every event it observes.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import anyio.abc
 import pytest
 import yaml
-from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from fleet.config import FleetConfig
-from fleet.controllers.runner import FleetController
 from fleet.events import list_events
 from fleet.kube import KubeClient, KubeObject
 from fleet.kube.resources import (
@@ -34,7 +29,6 @@ from fleet.kube.resources import (
     K0S_CONTROL_PLANES,
     LEASES,
     MACHINE_DEPLOYMENTS,
-    MACHINES,
     NODE_PLANS,
     NODES,
 )
@@ -42,10 +36,9 @@ from fleet.kube.watch import Reflector, WatchEvent
 from fleet.model import ANN_RETRY
 from fleet.nodeplan import NodePlanPhase
 from fleet.planner import conditions as C
-from fleet.signal import RUNNING_VERSION_KEY, InvalidSignalError, SignalState, parse_signal
+from fleet.signal import RUNNING_VERSION_KEY, SignalState
 from fleet.testing.binaries import REPO_ROOT
 from fleet.testing.capi import (
-    FleetCluster,
     annotate,
     bump,
     create_cluster,
@@ -54,10 +47,17 @@ from fleet.testing.capi import (
 )
 from fleet.testing.responder import AutopilotResponder, Behaviour, NodeResponder
 from fleet.testing.world import World
-from fleet.versions import same_version
-from tests.conftest import unique
-
-V1, V2 = "v1.31.2+k0s.0", "v1.31.3+k0s.0"
+from tests.helpers.controller import (
+    PROVIDER,
+    V1,
+    V2,
+    InvariantWatcher,
+    machine_versions,
+    running_controller,
+    wait_condition,
+    wait_rollout,
+)
+from tests.helpers.names import unique
 
 
 def fleet_config(namespace: str, **rollout: Any) -> FleetConfig:
@@ -87,156 +87,18 @@ async def infra_crd(mgmt: KubeClient) -> None:
 
 # -- the independent invariant watcher -----------------------------------------------------
 
-@dataclass
-class InvariantWatcher:
-    """Checks, at every Node event of the workload cluster and every NodePlan event, that
-    no rule was broken. Uses only facts of one watch stream per rule (no cross-stream
-    ordering assumptions)."""
-
-    fc: FleetCluster
-    max_unavailable: int
-    cp_target: str | None = None
-    nodes: dict[str, KubeObject] = field(default_factory=dict)
-    plan_uids: dict[str, set[str]] = field(default_factory=dict)
-    requests: dict[str, set[tuple[str, str, int]]] = field(default_factory=dict)
-    violations: list[str] = field(default_factory=list)
-    events: int = 0
-    max_seen_unavailable: int = 0
-    max_seen_cp: int = 0
-    armed: bool = False  # checks start once the initial listing is complete
-
-    def _live(self, name: str) -> bool:
-        node = self.nodes.get(name)
-        if node is None:
-            return False
-        try:
-            sig = parse_signal((node.get("metadata") or {}).get("annotations"))
-        except InvalidSignalError:
-            return False
-        return sig is not None and (sig.status is None or not sig.status.status.terminal)
-
-    def _unavailable(self, name: str) -> bool:
-        node = self.nodes.get(name)
-        if node is None:
-            return True
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                    for c in (node.get("status") or {}).get("conditions") or [])
-        return not ready or bool((node.get("spec") or {}).get("unschedulable")) \
-            or self._live(name)
-
-    async def on_node(self, ev: WatchEvent) -> None:
-        name = ev.object["metadata"]["name"]
-        if name not in self.fc.machines:
-            return
-        self.events += 1
-        if ev.type == "DELETED":
-            self.nodes.pop(name, None)
-        else:
-            self.nodes[name] = ev.object
-            try:
-                sig = parse_signal((ev.object.get("metadata") or {}).get("annotations"))
-            except InvalidSignalError:
-                sig = None
-            if sig is not None:
-                self.requests.setdefault(name, set()).add(
-                    (sig.planId, sig.created.isoformat(), sig.command.id))
-        self.check()
-
-    async def on_plan(self, ev: WatchEvent) -> None:
-        meta = ev.object["metadata"]
-        self.events += 1
-        self.plan_uids.setdefault(meta["name"], set()).add(meta["uid"])
-        if len(self.plan_uids[meta["name"]]) > 1:
-            self.violations.append(f"NodePlan {meta['name']} created twice")
-
-    def check(self) -> None:
-        if not self.armed:
-            return
-        unavailable = [w for w in self.fc.workers if self._unavailable(w)]
-        self.max_seen_unavailable = max(self.max_seen_unavailable, len(unavailable))
-        if len(unavailable) > self.max_unavailable:
-            self.violations.append(f"{len(unavailable)} workers unavailable: {unavailable}")
-        cps = [c for c in self.fc.control_planes if self._live(c)]
-        self.max_seen_cp = max(self.max_seen_cp, len(cps))
-        if len(cps) > 1:
-            self.violations.append(f"two control planes at once: {cps}")
-        if any(self._live(w) for w in self.fc.workers) and self.cp_target:
-            for c in self.fc.control_planes:
-                node = self.nodes.get(c) or {}
-                running = ((node.get("metadata") or {}).get("annotations") or {}).get(
-                    RUNNING_VERSION_KEY)
-                if self._live(c) or not same_version(running, self.cp_target):
-                    self.violations.append(f"worker upgrading while control plane {c} is not "
-                                           f"done ({running})")
-
-    async def run(self, mgmt: KubeClient, workload: KubeClient, *,
-                  task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        nodes = Reflector(workload, NODES, listener=self.on_node, watch_timeout=60)
-        plans = Reflector(mgmt, NODE_PLANS, namespace=self.fc.namespace,
-                          listener=self.on_plan, watch_timeout=60)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(nodes.run)
-            tg.start_soon(plans.run)
-            await nodes.synced.wait()
-            await plans.synced.wait()
-            self.armed = True
-            self.check()
-            task_status.started()
 
 
 SPANS = InMemorySpanExporter()
-PROVIDER = TracerProvider()
 PROVIDER.add_span_processor(SimpleSpanProcessor(SPANS))
 
 
-@contextlib.asynccontextmanager
-async def running_controller(mgmt: KubeClient, config: FleetConfig, **kw: Any
-                             ) -> AsyncIterator[FleetController]:
-    kw.setdefault("tracer", PROVIDER.get_tracer("test"))
-    controller = FleetController(mgmt, config, watch_timeout=30, **kw)
-    async with anyio.create_task_group() as tg:
-        await tg.start(controller.run)
-        try:
-            yield controller
-        finally:
-            tg.cancel_scope.cancel()
 
 
-async def machine_versions(mgmt: KubeClient, fc: FleetCluster) -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for m in (await mgmt.list(MACHINES, fc.namespace)).items:
-        name = m["metadata"]["name"]
-        ann = m["metadata"].get("annotations") or {}
-        out[name] = ann.get(RUNNING_VERSION_KEY) or m["spec"].get("version")
-    return out
 
 
-async def wait_condition(  # noqa: PLR0917
-        mgmt: KubeClient, res: Any, name: str, namespace: str, ctype: str,
-        status: str = "True", *, timeout: float = 60, target: str | None = None
-) -> KubeObject:
-    """Wait for a condition (written for ``target``, when given: a condition left from
-    before a version bump does not count)."""
-    with anyio.fail_after(timeout):
-        while True:
-            obj = await mgmt.get(res, name, namespace)
-            st = obj.get("status") or {}
-            fresh = target is None or (st.get("k0sFleet") or {}).get("targetVersion") == target
-            for c in st.get("conditions") or []:
-                if fresh and c.get("type") == ctype and c.get("status") == status:
-                    return obj
-            await anyio.sleep(0.05)
 
 
-async def wait_rollout(mgmt: KubeClient, fc: FleetCluster, timeout: float = 90,
-                       target: str = V2) -> None:
-    """Every Machine of the cluster's KCP and MD on ``target``, as the controller says."""
-    if fc.kcp:
-        await wait_condition(mgmt, K0S_CONTROL_PLANES, fc.kcp, fc.namespace, C.UP_TO_DATE,
-                             timeout=timeout, target=target)
-    if fc.md:
-        await wait_condition(mgmt, MACHINE_DEPLOYMENTS, fc.md, fc.namespace, C.UP_TO_DATE,
-                             timeout=timeout, target=target)
 
 
 def cond(obj: KubeObject, ctype: str) -> dict[str, Any]:

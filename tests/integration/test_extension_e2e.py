@@ -51,8 +51,8 @@ from fleet.signal import RUNNING_VERSION_KEY
 from fleet.testing.capi import create_cluster, ensure_infra_crd
 from fleet.testing.responder import NodeResponder
 from fleet.testing.world import World
-from tests.conftest import unique
-from tests.integration.test_extension_capi import CapiDriver, Extension
+from tests.helpers.capi import CapiDriver, Extension
+from tests.helpers.names import unique
 
 pytestmark = pytest.mark.anyio
 

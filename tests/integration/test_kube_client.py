@@ -23,7 +23,7 @@ from fleet.kube import (
 from fleet.kube.resources import CONFIGMAPS, NODES
 from fleet.kube.watch import Reflector, WatchEvent, watch_once
 from fleet.testing.world import World
-from tests.conftest import unique
+from tests.helpers.names import unique
 
 pytestmark = pytest.mark.anyio
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,30 +33,25 @@ from fleet.signal import HAPPY_PATH, SignalState
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.simnode import SimNode
 from fleet.testing.world import World
-from tests.conftest import unique
-from tests.integration.test_chart_install import (
+from tests.helpers.charts import (
+    AGENT_CHART,
     CLUSTER_ROLES,
     DAEMONSETS,
     create_namespace,
     helm_cli,
     kubeconfig_file,
+    pod_spec,
 )
-from tests.unit.test_chart_render import AGENT_CHART, pod_spec
+from tests.helpers.names import unique
+from tests.helpers.rbac import AUDIENCE, AgentInstall, agent_pod_on, token_for
 
 pytestmark = pytest.mark.anyio
 
 OLD = "v1.31.3+k0s.0"
 NEW = "v1.32.1+k0s.0"
-AUDIENCE = "https://kubernetes.default.svc"
 NODE_NAME_CLAIM = "authentication.kubernetes.io/node-name"
 
 
-@dataclass
-class AgentInstall:
-    namespace: str
-    release: str
-    service_account: str
-    daemonset: dict[str, Any]
 
 
 @pytest.fixture(scope="module")
@@ -81,36 +75,8 @@ async def agent_install(crds_installed: World, wl1: KubeClient,
     return AgentInstall(ns, release, pod_spec(ds)["serviceAccountName"], ds)
 
 
-async def agent_pod_on(client: KubeClient, inst: AgentInstall, node: str) -> dict[str, Any]:
-    """The Pod the DaemonSet controller would create on ``node`` (there is no such
-    controller here): the chart's pod template, bound to the node, owned by the DaemonSet."""
-    ds = inst.daemonset
-    meta = ds["metadata"]
-    return await client.create(PODS, {
-        "metadata": {
-            "name": f"{inst.release}-{node}"[:63].rstrip("-"),
-            "labels": ds["spec"]["template"]["metadata"]["labels"],
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
-                                 "name": meta["name"], "uid": meta["uid"],
-                                 "controller": True, "blockOwnerDeletion": True}],
-        },
-        "spec": {**pod_spec(ds), "nodeName": node},
-    }, inst.namespace)
 
 
-async def token_for(client: KubeClient, inst: AgentInstall,
-                    pod: dict[str, Any] | None) -> str:
-    """A bound service-account token of the chart's ServiceAccount (TokenRequest API)."""
-    spec: dict[str, Any] = {"audiences": [AUDIENCE], "expirationSeconds": 3600}
-    if pod is not None:
-        spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod",
-                                  "name": pod["metadata"]["name"],
-                                  "uid": pod["metadata"]["uid"]}
-    resp = await client.create_subresource(
-        SERVICE_ACCOUNTS, inst.service_account, "token",
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
-        inst.namespace)
-    return str(resp["status"]["token"])
 
 
 async def whoami(client: KubeClient) -> dict[str, Any]:

@@ -36,28 +36,28 @@ from fleet.testing.releases import ReleaseServer
 from fleet.testing.responder import NodeResponder
 from fleet.testing.simnode import SimNode
 from fleet.testing.world import World
-from tests.conftest import unique
-from tests.integration.test_chart_install import (
+from tests.helpers.charts import (
+    AGENT_CHART,
     CLUSTER_ROLES,
     DAEMONSETS,
     ROLES,
     create_namespace,
     helm_cli,
     kubeconfig_file,
+    pod_spec,
+    rbac_grants,
 )
-from tests.integration.test_rbac_agent import (
+from tests.helpers.names import unique
+from tests.helpers.rbac import (
     AgentInstall,
     agent_pod_on,
-    token_for,
-)
-from tests.integration.test_rbac_controller import (
     chart_values,
     install_controller,
     run_controller,
     service_account_token,
+    token_for,
     wait_for,
 )
-from tests.unit.test_chart_render import AGENT_CHART, pod_spec, rbac_grants
 
 pytestmark = pytest.mark.anyio
 

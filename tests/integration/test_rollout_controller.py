@@ -30,7 +30,7 @@ from fleet.status.server import StatusBoard, make_app, serve
 from fleet.testing.capi import FleetCluster, bump, create_cluster
 from fleet.testing.responder import Behaviour, NodeResponder
 from fleet.testing.world import World
-from tests.conftest import unique
+from tests.helpers.names import unique
 
 V1, V2 = "v1.31.2+k0s.0", "v1.31.3+k0s.0"
 CANARY = {"k0s-fleet.io/ring": "canary"}

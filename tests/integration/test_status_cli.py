@@ -21,7 +21,7 @@ from fleet.rollout.annotations import ROLLOUT_CONFIGMAP
 from fleet.status.server import StatusBoard, make_app, serve
 from fleet.testing.binaries import REPO_ROOT
 from fleet.testing.world import World, free_port
-from tests.integration.test_rollout_waves import (
+from tests.helpers.waves import (
     CANARY,
     T0,
     WAVES,

@@ -9,7 +9,7 @@ import tomllib
 import yaml
 
 from fleet.testing.binaries import REPO_ROOT
-from tests.unit.test_chart_render import AGENT_CHART, CONTROLLER_CHART, pod_spec, render
+from tests.helpers.charts import AGENT_CHART, CONTROLLER_CHART, pod_spec, render
 
 DOCKERFILE = (REPO_ROOT / "Dockerfile").read_text()
 DOCKERIGNORE = (REPO_ROOT / ".dockerignore").read_text().splitlines()

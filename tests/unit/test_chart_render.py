@@ -8,14 +8,8 @@ The helpers here are shared with those tests.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-import os
-import subprocess
-import tempfile
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +17,19 @@ import pytest
 import yaml
 
 from fleet.agents.settings import AgentSettings
-from fleet.testing.binaries import REPO_ROOT, binary
+from tests.helpers.charts import (
+    AGENT_CHART,
+    CONTROLLER_CHART,
+    Manifest,
+    helm,
+    pod_spec,
+    rbac_grants,
+    render,
+    template_args,
+)
 
-CHARTS = REPO_ROOT / "charts"
-CONTROLLER_CHART = CHARTS / "k0s-fleet"
-AGENT_CHART = CHARTS / "k0s-fleet-agent"
 CHART_DIRS = (CONTROLLER_CHART, AGENT_CHART)
 
-# Optional APIs the templates look for; a real cluster announces them through discovery.
-OPTIONAL_APIS = (
-    "cert-manager.io/v1",
-    "runtime.cluster.x-k8s.io/v1beta2",
-    "monitoring.coreos.com/v1",
-    "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
-)
 RECOMMENDED_LABELS = (
     "app.kubernetes.io/name",
     "app.kubernetes.io/instance",
@@ -46,99 +39,26 @@ RECOMMENDED_LABELS = (
     "app.kubernetes.io/managed-by",
     "helm.sh/chart",
 )
-WORKLOAD_KINDS = ("Deployment", "DaemonSet")
 
 
-# -- helpers shared with the integration tests ----------------------------------------
-@functools.cache
-def helm_env() -> dict[str, str]:
-    """An environment where helm keeps its config, cache and data in a private directory."""
-    home = Path(tempfile.mkdtemp(prefix="k0s-fleet-helm-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HELM_")}
-    env.update(HELM_CONFIG_HOME=str(home / "config"), HELM_CACHE_HOME=str(home / "cache"),
-               HELM_DATA_HOME=str(home / "data"), HELM_CONTENT_CACHE=str(home / "content"),
-               KUBECONFIG=str(home / "no-kubeconfig"))
-    return env
 
 
-def helm(*args: str | Path, check: bool = True,
-         timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [str(binary("helm")), *map(str, args)], env=helm_env(), capture_output=True,
-        text=True, timeout=timeout, check=False,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"helm {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}"
-        )
-    return proc
 
 
-@dataclass(frozen=True)
-class Manifest:
-    docs: list[dict[str, Any]]
-
-    def kinds(self) -> list[str]:
-        return sorted(d["kind"] for d in self.docs)
-
-    def all(self, kind: str) -> list[dict[str, Any]]:
-        return [d for d in self.docs if d["kind"] == kind]
-
-    def one(self, kind: str, name: str | None = None) -> dict[str, Any]:
-        found = [d for d in self.all(kind) if name is None or d["metadata"]["name"] == name]
-        assert len(found) == 1, f"expected one {kind} {name or ''}, got {len(found)}"
-        return found[0]
-
-    def workload(self) -> dict[str, Any]:
-        (w,) = [d for d in self.docs if d["kind"] in WORKLOAD_KINDS]
-        return w
 
 
-def template_args(chart: Path, *values_files: Path, sets: Sequence[str] = (),
-                  api_versions: Iterable[str] = OPTIONAL_APIS) -> list[str]:
-    args = [str(chart)]
-    for f in values_files:
-        args += ["-f", str(f)]
-    for s in sets:
-        args += ["--set-json" if s.startswith("json:") else "--set", s.removeprefix("json:")]
-    for api in api_versions:
-        args += ["--api-versions", api]
-    return args
 
 
-@functools.lru_cache(maxsize=256)
-def _template(args: tuple[str, ...], inputs: tuple[tuple[str, float], ...]) -> str:
-    """helm template output, cached per process (``inputs``: values files and mtimes)."""
-    return helm("template", *args).stdout
 
 
-def render(chart: Path, *values_files: Path, sets: Sequence[str] = (),
-           api_versions: Iterable[str] = OPTIONAL_APIS, release: str = "r1",
-           namespace: str = "fleet-system") -> Manifest:
-    args = (release, "--namespace", namespace,
-            *template_args(chart, *values_files, sets=sets, api_versions=api_versions))
-    inputs = tuple((str(f), f.stat().st_mtime) for f in values_files)
-    return Manifest([d for d in yaml.safe_load_all(_template(args, inputs)) if d])
 
 
 def ci_values(chart: Path) -> list[Path]:
     return sorted((chart / "ci").glob("*-values.yaml"))
 
 
-def rbac_grants(rules: Iterable[dict[str, Any]]) -> set[tuple[str, str, str, str]]:
-    """(apiGroup, resource, verb, resourceName or '*') for every combination a rule allows."""
-    out: set[tuple[str, str, str, str]] = set()
-    for r in rules:
-        for g in r.get("apiGroups", []):
-            for res in r.get("resources", []):
-                for v in r.get("verbs", []):
-                    for n in r.get("resourceNames") or ["*"]:
-                        out.add((g, res, v, n))
-    return out
 
 
-def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
-    return workload["spec"]["template"]["spec"]  # type: ignore[no-any-return]
 
 
 # -- every chart, every values file ---------------------------------------------------

@@ -22,7 +22,7 @@ import yaml
 from fleet.config import FleetConfig
 from fleet.config_loader import load_config
 from fleet.testing.binaries import REPO_ROOT
-from tests.unit.test_chart_render import CONTROLLER_CHART, helm, template_args
+from tests.helpers.charts import CONTROLLER_CHART, helm, template_args
 
 SCHEMA_FILE = CONTROLLER_CHART / "values.schema.json"
 PREFIX = "fleet."

@@ -18,7 +18,7 @@ from fleet.rollout.plan import dry_run, plan_document, render_plan
 from fleet.rollout.progress import clusters_from_snapshot
 from fleet.rollout.state import RolloutState
 from fleet.schedule import parse_duration
-from tests.unit.test_rollout_gate import CANARY, PROD, T0, TARGET, config, waves_config
+from tests.helpers.gate import CANARY, PROD, T0, TARGET, config, waves_config
 
 
 def _label(sim: SimFleet, key: tuple[str, str], labels: dict[str, str],

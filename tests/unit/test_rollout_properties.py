@@ -25,7 +25,7 @@ from fleet.model import ObjectRef
 from fleet.rollout.gate import FleetView, GateDecision, RolloutGate
 from fleet.rollout.progress import ClusterProgress, NodeProgress, NodeState, ObjectProgress
 from fleet.rollout.state import RolloutState
-from tests.unit.test_rollout_gate import CANARY, PROD, T0, TARGET, config
+from tests.helpers.gate import CANARY, PROD, T0, TARGET, config
 
 _LETTER = {"w": NodeState.WAITING, "g": NodeState.UPGRADING, "u": NodeState.UP_TO_DATE,
            "f": NodeState.FAILED}

@@ -16,6 +16,7 @@ from fleet.model import nodeplan_from
 from fleet.nodeplan import build_nodeplan, nodeplan_name
 from fleet.planner import plan
 from fleet.planner.actions import SignalNode
+from fleet.planner.simulate import bump
 from fleet.signal import (
     SIGNAL_DATA_KEY,
     DrainTimeoutAction,
@@ -27,7 +28,7 @@ from fleet.signal import (
     replace_status,
     signal_annotations,
 )
-from tests.unit.test_planner import SETTINGS, V2, bump, fleet, of, step
+from tests.helpers.planner import SETTINGS, V2, fleet, of, step
 
 SHA = "a" * 64
 

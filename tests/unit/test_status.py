@@ -20,7 +20,7 @@ from fleet.status.metrics import FleetMetrics
 from fleet.status.model import build_status
 from fleet.status.server import StatusBoard, make_app, serve
 from fleet.status.view import render
-from tests.unit.test_rollout_gate import (
+from tests.helpers.gate import (
     CANARY,
     PROD,
     T0,
