@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from cronsim import CronSim
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -235,6 +236,28 @@ def test_repeated_start_in_the_fall_back_hour_opens_once() -> None:
     assert window_open(w, utc(2024, 10, 27, 0, 45))  # first 02:30 (CEST)
     assert not window_open(w, utc(2024, 10, 27, 1, 45))  # second 02:30 (CET): no window
     assert next_window_start(w, utc(2024, 10, 27, 1)) == utc(2024, 10, 28, 1, 30)
+
+
+def test_cronsim_breaks_two_window_rules_so_schedule_keeps_its_own_cron() -> None:
+    """Why fleet.schedule evaluates cron itself instead of using cronsim (issue #10): cronsim
+    breaks two of the window rules in fleet.schedule's docstring. Should cronsim come to
+    agree, this fails: then switch to it."""
+    berlin = ZoneInfo("Europe/Berlin")
+    # Rule "a skipped start moves forward by the size of the gap": 02:30 on the 2024-03-31
+    # spring-forward night must start at 03:30 CEST; cronsim fires at 03:00.
+    ours = next_window_start([Window("30 2 * * *", timedelta(hours=1), "Europe/Berlin")],
+                             utc(2024, 3, 30, 12))
+    theirs = next(CronSim("30 2 * * *", datetime(2024, 3, 30, 13, 0, tzinfo=berlin)))
+    assert ours == utc(2024, 3, 31, 1, 30)
+    assert theirs.astimezone(UTC) == utc(2024, 3, 31, 1, 0)
+    # Rule "a start that exists twice opens the window once, at its first occurrence":
+    # with a wildcard hour cronsim fires 02:30 twice on the 2024-10-27 fall-back night.
+    fires = CronSim("30 * * * *", datetime(2024, 10, 27, 1, 45, tzinfo=berlin))
+    half_past_two = [t for t in (next(fires) for _ in range(4)) if t.hour == 2]
+    assert len(half_past_two) == 2
+    w = [Window("30 * * * *", timedelta(minutes=10), "Europe/Berlin")]
+    assert window_open(w, utc(2024, 10, 27, 0, 35))  # first 02:30 (CEST)
+    assert not window_open(w, utc(2024, 10, 27, 1, 35))  # second 02:30 (CET): not again
 
 
 def test_duration_is_elapsed_time_across_fall_back() -> None:
