@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.artifacts import Artifact
+from fleet.executors import executor as executor_named
 from fleet.kube import AlreadyExistsError, KubeClient, KubeObject
 from fleet.kube.resources import NODE_PLANS
-from fleet.model import EXECUTOR_AGENT, NODEPLAN_FINALIZER
+from fleet.model import NODEPLAN_FINALIZER
 from fleet.nodeplan import build_nodeplan
 from fleet.signal import NodePolicy
 
@@ -31,7 +32,7 @@ def nodeplan_to_dispatch(*, machine: dict[str, Any], node_name: str, role: str, 
         sha256=artifact.sha256, allow_unverified=artifact.allow_unverified,
         executor=executor, source=source, owner_kind=owner_kind, owner_name=owner_name,
         traceparent=traceparent,
-        node_policy=node_policy if executor == EXECUTOR_AGENT else None)
+        node_policy=node_policy if executor_named(executor).carries_policy else None)
     body["metadata"]["finalizers"] = [NODEPLAN_FINALIZER]
     return body
 

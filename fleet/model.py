@@ -8,7 +8,6 @@ the planner never touches raw JSON and tests can build snapshots directly.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -22,10 +21,11 @@ from fleet.signal import (
     CORDONED_BY_KEY,
     DOMAIN,
     RUNNING_VERSION_KEY,
+    AutopilotSignal,
     InvalidSignalError,
     NodePolicy,
     SignalData,
-    SignalState,
+    parse_autopilot_signal,
     parse_signal,
 )
 
@@ -211,7 +211,7 @@ class NodeInfo:
     running_version: str | None = None
     signal: SignalData | None = None
     signal_error: str | None = None
-    autopilot_signal: str | None = None  # raw autopilot signal-data (executor autopilot)
+    autopilot_signal: AutopilotSignal | None = None  # autopilot's signal (executor autopilot)
     cordoned_by: str | None = None
     arch: str = "amd64"
     kubelet_version: str | None = None  # status.nodeInfo.kubeletVersion, e.g. v1.31.3+k0s
@@ -488,7 +488,7 @@ def node_from(obj: Mapping[str, Any]) -> NodeInfo:
         running_version=ann.get(RUNNING_VERSION_KEY),
         signal=signal,
         signal_error=signal_error,
-        autopilot_signal=ann.get(AUTOPILOT_SIGNAL_DATA_KEY),
+        autopilot_signal=parse_autopilot_signal(ann.get(AUTOPILOT_SIGNAL_DATA_KEY)),
         cordoned_by=ann.get(CORDONED_BY_KEY),
         arch=str(((status.get("nodeInfo") or {}).get("architecture"))
                  or (_meta(obj).get("labels") or {}).get("kubernetes.io/arch") or "amd64"),
@@ -543,44 +543,3 @@ def nodeplan_from(obj: Mapping[str, Any]) -> NodePlanInfo:
         traceparent=str(status.get("traceparent") or ""),
         conditions=parse_conditions(status.get("conditions")),
     )
-
-
-# -- autopilot signal (executor "autopilot") ---------------------------------------------
-
-# autopilot's node-side states, mapped to k0s-fleet's (PROTOCOLS §3).
-AUTOPILOT_STATES: Mapping[str, SignalState] = {
-    "Downloading": SignalState.DOWNLOADING,
-    "Cordoning": SignalState.CORDONING,
-    "ApplyingUpdate": SignalState.APPLYING_UPDATE,
-    "Restart": SignalState.RESTARTING,
-    "UnCordoning": SignalState.UNCORDONING,
-    "Completed": SignalState.COMPLETED,
-    "FailedDownload": SignalState.FAILED_DOWNLOAD,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class AutopilotSignal:
-    plan_id: str
-    created: str
-    command_id: int
-    version: str
-    state: SignalState | None
-    raw_state: str
-
-
-def parse_autopilot_signal(raw: str | None) -> AutopilotSignal | None:
-    if not raw:
-        return None
-    try:
-        data = json.loads(raw)
-        cmd = data.get("command") or {}
-        status = data.get("status") or {}
-        raw_state = str(status.get("status") or "")
-        return AutopilotSignal(
-            plan_id=str(data.get("planId") or ""), created=str(data.get("created") or ""),
-            command_id=int(cmd.get("id") or 0),
-            version=str((cmd.get("k0supdate") or {}).get("version") or ""),
-            state=AUTOPILOT_STATES.get(raw_state), raw_state=raw_state)
-    except (ValueError, AttributeError, TypeError):
-        return None

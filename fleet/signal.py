@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -280,3 +281,44 @@ def replace_status(raw: str, status: SignalStatus) -> str:
 def signal_digest(raw: str) -> str:
     """Identifies one exact signal value (for SIGNAL_REJECTED_KEY)."""
     return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+# -- autopilot's signal (executor "autopilot") ------------------------------------------
+
+# autopilot's node-side states, mapped to k0s-fleet's (PROTOCOLS §3).
+AUTOPILOT_STATES: dict[str, SignalState] = {
+    "Downloading": SignalState.DOWNLOADING,
+    "Cordoning": SignalState.CORDONING,
+    "ApplyingUpdate": SignalState.APPLYING_UPDATE,
+    "Restart": SignalState.RESTARTING,
+    "UnCordoning": SignalState.UNCORDONING,
+    "Completed": SignalState.COMPLETED,
+    "FailedDownload": SignalState.FAILED_DOWNLOAD,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AutopilotSignal:
+    plan_id: str
+    created: str
+    command_id: int
+    version: str
+    state: SignalState | None
+    raw_state: str
+
+
+def parse_autopilot_signal(raw: str | None) -> AutopilotSignal | None:
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+        cmd = data.get("command") or {}
+        status = data.get("status") or {}
+        raw_state = str(status.get("status") or "")
+        return AutopilotSignal(
+            plan_id=str(data.get("planId") or ""), created=str(data.get("created") or ""),
+            command_id=int(cmd.get("id") or 0),
+            version=str((cmd.get("k0supdate") or {}).get("version") or ""),
+            state=AUTOPILOT_STATES.get(raw_state), raw_state=raw_state)
+    except (ValueError, AttributeError, TypeError):
+        return None

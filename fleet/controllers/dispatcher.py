@@ -9,7 +9,6 @@ next planning pass sees it even before the watch does.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from fleet.controllers.observe import ManagementView
 from fleet.dispatch import create_or_adopt_nodeplan, nodeplan_to_dispatch
 from fleet.downloads import DownloadResolutionError
 from fleet.events import NORMAL, WARNING, EventRecorder
+from fleet.executors import Request, executor
 from fleet.kube import (
     KubeClient,
     KubeError,
@@ -48,8 +48,6 @@ from fleet.kube.resources import (
 )
 from fleet.model import (
     ANN_MACHINE_RUNNING_VERSION,
-    EXECUTOR_AGENT,
-    EXECUTOR_AUTOPILOT,
     KIND_CONTROL_NODE,
     KIND_KCP,
     KIND_MD,
@@ -60,7 +58,6 @@ from fleet.model import (
     format_time,
     node_from,
     nodeplan_from,
-    parse_autopilot_signal,
 )
 from fleet.nodeplan import TRACEPARENT_ANNOTATION, NodePlanPhase, nodeplan_name
 from fleet.planner import conditions as C
@@ -84,15 +81,8 @@ from fleet.planner.actions import (
     UpdateNodePlanStatus,
 )
 from fleet.signal import (
-    AUTOPILOT_SIGNAL_DATA_KEY,
-    AUTOPILOT_SIGNAL_VERSION_KEY,
     CORDONED_BY_KEY,
-    SIGNAL_DATA_KEY,
     SIGNAL_VERSION,
-    SIGNAL_VERSION_KEY,
-    K0sUpdateCommand,
-    SignalCommand,
-    SignalData,
     parse_signal,
 )
 from fleet.telemetry import context_from_traceparent, current_traceparent
@@ -310,7 +300,7 @@ class Dispatcher:
             version=plan.version, url=plan.url, sha256=plan.sha256,
             allow_unverified=plan.allow_unverified, force=plan.force,
             traceparent=traceparent or "",
-            policy=plan.node_policy if plan.executor == EXECUTOR_AGENT else None)
+            policy=plan.node_policy if executor(plan.executor).carries_policy else None)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._start_quietly, plan.ref, started_at)
             tg.start_soon(self._do_SignalNode, signal)
@@ -363,46 +353,22 @@ class Dispatcher:
             return
         res = CONTROL_NODES if a.node_kind == KIND_CONTROL_NODE else NODES
         cache = wc.control_nodes if a.node_kind == KIND_CONTROL_NODE else wc.nodes
-        if a.executor == EXECUTOR_AUTOPILOT:
-            key, value = AUTOPILOT_SIGNAL_DATA_KEY, json.dumps({
-                "planId": a.plan_id, "created": format_time(a.created),
-                "command": {"id": a.attempt, "k0supdate": {
-                    "url": a.url, "version": a.version, "sha256": a.sha256,
-                    "forceupdate": a.force}}}, separators=(",", ":"))
-            version_key = AUTOPILOT_SIGNAL_VERSION_KEY
-        else:
-            data = SignalData(
-                planId=a.plan_id, created=a.created, traceparent=a.traceparent or None,
-                command=SignalCommand(id=a.attempt, k0supdate=K0sUpdateCommand(
-                    url=a.url, version=a.version, sha256=a.sha256 or None,
-                    forceupdate=a.force, allowunverified=a.allow_unverified,
-                    policy=a.policy)))
-            key, value, version_key = SIGNAL_DATA_KEY, data.to_json(), SIGNAL_VERSION_KEY
+        ex = executor(a.executor)
+        value = ex.encode(Request(
+            plan_id=a.plan_id, created=a.created, attempt=a.attempt, version=a.version,
+            url=a.url, sha256=a.sha256, allow_unverified=a.allow_unverified, force=a.force,
+            traceparent=a.traceparent, policy=a.policy))
 
         def mutate(node: KubeObject) -> dict[str, Any] | None:
             ann = (node.get("metadata") or {}).get("annotations") or {}
-            if a.executor == EXECUTOR_AUTOPILOT:
-                cur = parse_autopilot_signal(ann.get(key))
-                if cur is not None and (cur.plan_id, cur.created, cur.command_id) == (
-                        a.plan_id, format_time(a.created), a.attempt):
-                    return None
-                if cur is not None and cur.plan_id != a.plan_id and not (
-                        cur.state is not None and cur.state.terminal):
-                    return None  # another live request: the planner waits for it
-            else:
-                try:
-                    cur_sig = parse_signal(ann)
-                except ValueError:
-                    cur_sig = None
-                if cur_sig is not None and (cur_sig.planId, cur_sig.created,
-                                            cur_sig.command.id) == (a.plan_id, a.created,
-                                                                    a.attempt):
-                    return None  # carries this very request already
-                if cur_sig is not None and cur_sig.planId != a.plan_id and not (
-                        cur_sig.status is not None and cur_sig.status.status.terminal) \
-                        and self._plan_alive(cur_sig.planId):
-                    return None
-            return {"metadata": {"annotations": {version_key: SIGNAL_VERSION, key: value}}}
+            cur = ex.read(ann)
+            if cur is not None and cur.is_request(a.plan_id, a.created, a.attempt):
+                return None  # carries this very request already
+            if cur is not None and cur.plan_id != a.plan_id and not cur.terminal and (
+                    ex.shared_key or self._plan_alive(cur.plan_id)):
+                return None  # another live request: the planner waits for it
+            return {"metadata": {"annotations": {ex.version_key: SIGNAL_VERSION,
+                                                 ex.data_key: value}}}
 
         await self._patch(wc.client, res, a.node, None, mutate, cache=cache)
 
@@ -505,23 +471,13 @@ class Dispatcher:
         res = CONTROL_NODES if a.node_kind == KIND_CONTROL_NODE else NODES
         cache = wc.control_nodes if a.node_kind == KIND_CONTROL_NODE else wc.nodes
 
+        ex = executor(a.executor)
+
         def mutate(node: KubeObject) -> dict[str, Any] | None:
             ann = (node.get("metadata") or {}).get("annotations") or {}
-            if a.executor == EXECUTOR_AUTOPILOT:
-                cur = parse_autopilot_signal(ann.get(AUTOPILOT_SIGNAL_DATA_KEY))
-                if cur is None or cur.plan_id != a.plan_id:
-                    return None
-                keys = (AUTOPILOT_SIGNAL_DATA_KEY, AUTOPILOT_SIGNAL_VERSION_KEY)
-            else:
-                raw = ann.get(SIGNAL_DATA_KEY)
-                try:
-                    cur_id = json.loads(raw).get("planId") if raw else None
-                except (ValueError, AttributeError):
-                    cur_id = None
-                if cur_id != a.plan_id:
-                    return None
-                keys = (SIGNAL_DATA_KEY, SIGNAL_VERSION_KEY)
-            return {"metadata": {"annotations": dict.fromkeys(keys)}}
+            if ex.plan_id_in(ann) != a.plan_id:
+                return None
+            return {"metadata": {"annotations": dict.fromkeys((ex.data_key, ex.version_key))}}
 
         try:
             obj = await self._patch(wc.client, res, a.node, None, mutate, cache=cache)

@@ -18,7 +18,6 @@ Everything is recomputed from the snapshot on every pass: there is no memory her
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,10 +31,9 @@ from fleet.eligibility import (
     machine_deployment_eligibility,
     same_version,
 )
+from fleet.executors import EXECUTORS, executor
 from fleet.model import (
     ANN_RETRY,
-    EXECUTOR_AGENT,
-    EXECUTOR_AUTOPILOT,
     KIND_KCP,
     KIND_MD,
     NODEPLAN_FINALIZER,
@@ -51,9 +49,6 @@ from fleet.model import (
     ObjectRef,
     RolloutStatus,
     Snapshot,
-    format_time,
-    parse_autopilot_signal,
-    parse_time,
 )
 from fleet.nodeplan import NodePlanPhase
 from fleet.nodeplan import nodeplan_name as _nodeplan_name
@@ -123,19 +118,6 @@ def plan(snapshot: Snapshot, settings: PlannerSettings, *, hold: Hold | None = N
 
 def _truncate(text: str) -> str:
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
-
-
-_SEMVER = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
-
-
-def _kubelet_runs(node: NodeInfo, version: str) -> bool:
-    """Stock k0s nodes (executor autopilot) carry no k0s-fleet annotation: the kubelet's
-    version (v1.31.3+k0s) tells the Kubernetes release; a pure controller has none, and
-    autopilot's own Completed has to do."""
-    if node.kubelet_version is None:
-        return True
-    a, b = _SEMVER.match(node.kubelet_version), _SEMVER.match(version)
-    return a is not None and b is not None and a.groups() == b.groups()
 
 
 @lru_cache(maxsize=4096)
@@ -222,39 +204,18 @@ class _Pass:
         """The node's answer to exactly this request (plan id + created), or None."""
         if node is None or p.started_at is None:
             return None
-        if p.executor == EXECUTOR_AUTOPILOT:
-            ap = parse_autopilot_signal(node.autopilot_signal)
-            if (ap is None or ap.plan_id != p.plan_id or ap.created != format_time(p.started_at)
-                    or ap.command_id != max(1, p.attempts)):
-                return None
-            if ap.state is None and ap.raw_state:
-                # An autopilot state we do not know: a failure if it says so, else progress.
-                state = (SignalState.INVALID_REQUEST if ap.raw_state.startswith("Failed")
-                         else SignalState.DOWNLOADING)
-                return NodeRequest(state, f"autopilot: {ap.raw_state}")
-            return NodeRequest(ap.state, "")
-        sig = node.signal
-        if (sig is None or sig.planId != p.plan_id or sig.created != p.started_at
-                or sig.command.id != max(1, p.attempts)):
+        carried = executor(p.executor).carried(node)
+        if carried is None or not carried.is_request(p.plan_id, p.started_at,
+                                                     max(1, p.attempts)):
             return None
-        if sig.status is None:
-            return NodeRequest(None, "")
-        return NodeRequest(sig.status.status, sig.status.reason)
+        return NodeRequest(carried.state, carried.reason)
 
     def _node_busy_with_other(self, p: NodePlanInfo, node: NodeInfo) -> str | None:
         """Another live NodePlan's request occupies the node: do not overwrite it."""
-        other_id: str | None = None
-        terminal = False
-        if p.executor == EXECUTOR_AUTOPILOT:
-            ap = parse_autopilot_signal(node.autopilot_signal)
-            if ap is not None:
-                other_id = ap.plan_id
-                terminal = ap.state is not None and ap.state.terminal
-        elif node.signal is not None:
-            other_id = node.signal.planId
-            terminal = node.signal.status is not None and node.signal.status.status.terminal
-        if other_id is None or other_id == p.plan_id or terminal:
+        carried = executor(p.executor).carried(node)
+        if carried is None or carried.plan_id == p.plan_id or carried.terminal:
             return None
+        other_id = carried.plan_id
         ns, _, name = other_id.partition("/")
         other = self.s.nodeplans.get((ns, name))
         if other is None or other.terminal:
@@ -298,13 +259,12 @@ class _Pass:
             # The node may carry this plan's request already (signalled, then the status
             # write was lost to a crash): adopt it rather than replace it.
             started = self.now
-            if node is not None and node.signal is not None \
-                    and node.signal.planId == p.plan_id and node.signal.command.id == attempts:
-                started = node.signal.created
-            else:
-                ap = parse_autopilot_signal(node.autopilot_signal) if node else None
-                if ap is not None and ap.plan_id == p.plan_id and ap.command_id == attempts:
-                    started = parse_time(ap.created) or self.now
+            for ex in EXECUTORS.values():
+                carried = ex.carried(node) if node is not None else None
+                if carried is not None and carried.plan_id == p.plan_id \
+                        and carried.command_id == attempts:
+                    started = carried.created or self.now
+                    break
             self.emit(StartNodePlan(p.ref, attempts=attempts, started_at=started,
                                     previous_phase=p.phase))
             self._add_view(p, NodePlanPhase.PENDING)
@@ -316,9 +276,7 @@ class _Pass:
             return
 
         req = self._request_state(p, node)
-        version_ok = node is not None and (
-            same_version(node.running_version, p.version)
-            or (p.executor == EXECUTOR_AUTOPILOT and _kubelet_runs(node, p.version)))
+        version_ok = node is not None and executor(p.executor).runs(node, p.version)
 
         if p.phase == NodePlanPhase.FAILED:
             # A node that missed a deadline but then finished is done after all.
@@ -412,7 +370,7 @@ class _Pass:
             version=p.version, url=p.url, sha256=p.sha256, allow_unverified=p.allow_unverified,
             force=p.force, traceparent=p.traceparent or p.annotations.get(
                 "tracing.k8s.io/traceparent", ""),
-            policy=p.node_policy if p.executor == EXECUTOR_AGENT else None))
+            policy=p.node_policy if executor(p.executor).carries_policy else None))
 
     def _plan_conditions(self, p: NodePlanInfo, phase: str, message: str, *,
                          dispatched: bool) -> tuple[Condition, ...]:
@@ -481,29 +439,18 @@ class _Pass:
             self.emit(ReleaseNodePlan(p.ref))
 
     def _carries_request_of(self, node: NodeInfo, p: NodePlanInfo) -> bool:
-        if p.executor == EXECUTOR_AUTOPILOT:
-            ap = parse_autopilot_signal(node.autopilot_signal)
-            return ap is not None and ap.plan_id == p.plan_id
-        return node.signal is not None and node.signal.planId == p.plan_id
+        carried = executor(p.executor).carried(node)
+        return carried is not None and carried.plan_id == p.plan_id
 
     def _live_on_node(self, p: NodePlanInfo, node: NodeInfo) -> bool:
         """The node carries this plan's request and has not finished it."""
-        if p.executor == EXECUTOR_AUTOPILOT:
-            ap = parse_autopilot_signal(node.autopilot_signal)
-            return ap is not None and ap.plan_id == p.plan_id and not (
-                ap.state is not None and ap.state.terminal)
-        sig = node.signal
-        return sig is not None and sig.planId == p.plan_id and not (
-            sig.status is not None and sig.status.status.terminal)
+        carried = executor(p.executor).carried(node)
+        return carried is not None and carried.plan_id == p.plan_id and not carried.terminal
 
     @staticmethod
     def _carries_live_request(node: NodeInfo) -> bool:
-        sig = node.signal
-        if sig is not None and not (sig.status is not None and sig.status.status.terminal):
-            return True
-        ap = parse_autopilot_signal(node.autopilot_signal)
-        return ap is not None and not (ap.state is not None and ap.state.terminal) and not (
-            ap.raw_state.startswith("Failed"))
+        return any(c is not None and not c.terminal
+                   for c in (ex.carried(node) for ex in EXECUTORS.values()))
 
     def _node_has_live_request(self, node: NodeInfo, *, exclude: str = "") -> bool:
         sig = node.signal

@@ -27,7 +27,7 @@ LAYERS = [
     "dispatch",                                       # create-or-adopt a NodePlan
     "artifacts | clusters | events | telemetry",      # shared I/O services
     "planner | snapshot",                             # pure decisions
-    "eligibility | budget",
+    "eligibility | budget | executors",
     "model",
     "nodeplan",
     "config_loader | downloads",
@@ -42,6 +42,7 @@ FLOOR = {unit.strip(): n for n, floor in enumerate(LAYERS) for unit in floor.spl
 
 PURE = [
     "versions.py", "signal.py", "nodeplan.py", "model.py", "eligibility.py", "budget.py",
+    "executors.py",
     "schedule.py", "config.py", "config_types.py", "config_errors.py", "config_loader.py",
     "selectors.py", "downloads.py", "snapshot.py", "planner", "agents/state.py", "rollout/gate.py",
     "rollout/state.py", "rollout/progress.py", "extension/canupdate.py",

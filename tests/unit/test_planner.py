@@ -41,7 +41,7 @@ from fleet.planner.actions import (
     UpdateNodePlanStatus,
 )
 from fleet.planner.simulate import SimFleet, bump
-from fleet.signal import SignalState
+from fleet.signal import SignalState, parse_autopilot_signal
 from tests.helpers.planner import SETTINGS, T0, V1, V2, fleet, of, step
 
 
@@ -480,7 +480,8 @@ class TestNodePlanLifecycle:
             data = {"planId": p.plan_id, "created": format_time(p.started_at),  # type: ignore[arg-type]
                     "command": {"id": 1, "k0supdate": {"version": V2}},
                     "status": {"status": raw, "timestamp": "x"}}
-            nodes["c1-md-0"] = NodeInfo("c1-md-0", autopilot_signal=json.dumps(data))
+            nodes["c1-md-0"] = NodeInfo(
+                "c1-md-0", autopilot_signal=parse_autopilot_signal(json.dumps(data)))
             step(sim)
             assert sim.nodeplans[key].phase == phase
             if raw == "Restart":
@@ -540,7 +541,8 @@ def test_autopilot_completion_needs_the_kubelet_on_the_new_release() -> None:
             "status": {"status": "Completed", "timestamp": "x"}}
     nodes = sim.nodes[ck]
     assert nodes is not None
-    nodes["c1-md-0"] = NodeInfo("c1-md-0", autopilot_signal=json.dumps(data),
+    nodes["c1-md-0"] = NodeInfo("c1-md-0",
+                                autopilot_signal=parse_autopilot_signal(json.dumps(data)),
                                 running_version=V1, kubelet_version="v1.31.2+k0s")
     step(sim)
     assert sim.nodeplans[key].phase == NodePlanPhase.IN_PROGRESS
