@@ -39,6 +39,7 @@ from rich.text import Text
 
 from fleet.config import FleetConfig, TelemetrySettings
 from fleet.controllers.runner import FleetController
+from fleet.events import EventRecorder
 from fleet.kube.resources import CLUSTERS, NAMESPACES
 from fleet.model import ROLE_CONTROLLER, Snapshot
 from fleet.nodeplan import NodePlanPhase, nodeplan_name
@@ -292,9 +293,12 @@ async def _main(args: argparse.Namespace) -> int:
                     board.update(snapshot, result)
 
                 # The fleet rollout policy (waves, soak, windows, pauses) gates each pass.
-                rollout = RolloutPolicy(mgmt, config)
+                recorder = EventRecorder(mgmt, instance="demo",
+                                         default_namespace=config.management.namespace)
+                rollout = RolloutPolicy(mgmt, config, recorder=recorder)
                 controller = FleetController(
                     mgmt, config, identity="demo", on_pass=on_pass, policy=rollout,
+                    recorder=recorder,
                     tracer=get_tracer("fleet.controller", provider))
                 tg.start_soon(rollout.wakeups, controller.trigger.poke, controller.clock)
                 await tg.start(controller.run)

@@ -45,8 +45,8 @@ class DecisionBoard(Protocol):
 class RolloutPolicy:
     """The controller's policy: snapshot in, the gate's hold out."""
 
-    def __init__(self, mgmt: KubeClient, config: FleetConfig, *,
-                 recorder: EventRecorder | None = None, board: DecisionBoard | None = None,
+    def __init__(self, mgmt: KubeClient, config: FleetConfig, *, recorder: EventRecorder,
+                 board: DecisionBoard | None = None,
                  clock: Callable[[], datetime] | None = None) -> None:
         kw = {"clock": clock} if clock is not None else {}
         self.coordinator = RolloutCoordinator(mgmt, config, recorder=recorder, **kw)

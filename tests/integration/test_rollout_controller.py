@@ -16,7 +16,7 @@ import pytest
 
 from fleet.config import FleetConfig
 from fleet.controllers.runner import FleetController
-from fleet.events import list_events
+from fleet.events import EventRecorder, list_events
 from fleet.kube import KubeClient
 from fleet.kube.resources import CLUSTERS, CONFIGMAPS, NODE_PLANS
 from fleet.model import parse_time
@@ -66,8 +66,11 @@ async def rollout_controller(mgmt: KubeClient, cfg: FleetConfig
                              ) -> AsyncIterator[tuple[FleetController, StatusBoard, int]]:
     # composed as the controller's entry point does: the policy given at construction
     board = StatusBoard()
-    policy = RolloutPolicy(mgmt, cfg, board=board)
-    controller = FleetController(mgmt, cfg, watch_timeout=30, policy=policy)
+    recorder = EventRecorder(mgmt, instance="k0s-fleet",
+                             default_namespace=cfg.management.namespace)
+    policy = RolloutPolicy(mgmt, cfg, recorder=recorder, board=board)
+    controller = FleetController(mgmt, cfg, watch_timeout=30, policy=policy,
+                                 recorder=recorder)
     async with anyio.create_task_group() as tg:
         # the status server on a free port (the entry point serves it on status.port)
         port = await tg.start(lambda task_status: serve(
