@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from fleet.model import EXECUTOR_AGENT, EXECUTOR_AUTOPILOT, NodeInfo, format_time, parse_time
+from fleet.model import (
+    EXECUTOR_AGENT,
+    EXECUTOR_AUTOPILOT,
+    NodeInfo,
+    NodePlanInfo,
+    format_time,
+    parse_time,
+)
 from fleet.signal import (
     AUTOPILOT_SIGNAL_DATA_KEY,
     AUTOPILOT_SIGNAL_VERSION_KEY,
@@ -74,6 +81,17 @@ class Request:
     force: bool
     traceparent: str = ""
     policy: NodePolicy | None = None
+
+
+def request_for(p: NodePlanInfo, *, created: datetime, attempt: int,
+                traceparent: str) -> Request:
+    """The request that carries out NodePlan ``p`` (its node policy only where the
+    executor takes one)."""
+    return Request(
+        plan_id=p.plan_id, created=created, attempt=attempt, version=p.version, url=p.url,
+        sha256=p.sha256, allow_unverified=p.allow_unverified, force=p.force,
+        traceparent=traceparent,
+        policy=p.node_policy if executor(p.executor).carries_policy else None)
 
 
 class Executor(Protocol):

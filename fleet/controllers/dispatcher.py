@@ -26,7 +26,7 @@ from fleet.controllers.observe import ManagementView
 from fleet.dispatch import create_or_adopt_nodeplan, nodeplan_to_dispatch
 from fleet.downloads import DownloadResolutionError
 from fleet.events import NORMAL, WARNING, EventRecorder
-from fleet.executors import Request, executor
+from fleet.executors import executor, request_for
 from fleet.kube import (
     KubeClient,
     KubeError,
@@ -296,11 +296,8 @@ class Dispatcher:
         started_at = self.clock()
         signal = SignalNode(
             plan=plan.ref, cluster=a.cluster, node=a.node, node_kind=a.node_kind,
-            executor=plan.executor, plan_id=plan.plan_id, created=started_at, attempt=1,
-            version=plan.version, url=plan.url, sha256=plan.sha256,
-            allow_unverified=plan.allow_unverified, force=plan.force,
-            traceparent=traceparent or "",
-            policy=plan.node_policy if executor(plan.executor).carries_policy else None)
+            executor=plan.executor, request=request_for(
+                plan, created=started_at, attempt=1, traceparent=traceparent or ""))
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._start_quietly, plan.ref, started_at)
             tg.start_soon(self._do_SignalNode, signal)
@@ -354,17 +351,15 @@ class Dispatcher:
         res = CONTROL_NODES if a.node_kind == KIND_CONTROL_NODE else NODES
         cache = wc.control_nodes if a.node_kind == KIND_CONTROL_NODE else wc.nodes
         ex = executor(a.executor)
-        value = ex.encode(Request(
-            plan_id=a.plan_id, created=a.created, attempt=a.attempt, version=a.version,
-            url=a.url, sha256=a.sha256, allow_unverified=a.allow_unverified, force=a.force,
-            traceparent=a.traceparent, policy=a.policy))
+        req = a.request
+        value = ex.encode(req)
 
         def mutate(node: KubeObject) -> dict[str, Any] | None:
             ann = (node.get("metadata") or {}).get("annotations") or {}
             cur = ex.read(ann)
-            if cur is not None and cur.is_request(a.plan_id, a.created, a.attempt):
+            if cur is not None and cur.is_request(req.plan_id, req.created, req.attempt):
                 return None  # carries this very request already
-            if cur is not None and cur.plan_id != a.plan_id and not cur.terminal and (
+            if cur is not None and cur.plan_id != req.plan_id and not cur.terminal and (
                     ex.shared_key or self._plan_alive(cur.plan_id)):
                 return None  # another live request: the planner waits for it
             return {"metadata": {"annotations": {ex.version_key: SIGNAL_VERSION,

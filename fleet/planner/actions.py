@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from fleet.executors import Request
 from fleet.model import ClusterKey, Condition, ObjectRef
-from fleet.signal import NodePolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,17 +43,7 @@ class SignalNode:
     node: str
     node_kind: str
     executor: str
-    plan_id: str
-    created: datetime
-    attempt: int
-    version: str
-    url: str
-    sha256: str
-    allow_unverified: bool
-    force: bool
-    traceparent: str
-    # executor "agent": the NodePlan's spec.nodePolicy, carried in the request
-    policy: NodePolicy | None = None
+    request: Request
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from fleet.eligibility import (
     machine_deployment_eligibility,
     same_version,
 )
-from fleet.executors import EXECUTORS, executor
+from fleet.executors import EXECUTORS, executor, request_for
 from fleet.model import (
     ANN_RETRY,
     KIND_KCP,
@@ -366,11 +366,9 @@ class _Pass:
             return
         self.emit(SignalNode(
             plan=p.ref, cluster=ckey, node=node.name, node_kind=node.kind, executor=p.executor,
-            plan_id=p.plan_id, created=p.started_at, attempt=max(1, p.attempts),
-            version=p.version, url=p.url, sha256=p.sha256, allow_unverified=p.allow_unverified,
-            force=p.force, traceparent=p.traceparent or p.annotations.get(
-                "tracing.k8s.io/traceparent", ""),
-            policy=p.node_policy if executor(p.executor).carries_policy else None))
+            request=request_for(p, created=p.started_at, attempt=max(1, p.attempts),
+                                traceparent=p.traceparent or p.annotations.get(
+                                    "tracing.k8s.io/traceparent", ""))))
 
     def _plan_conditions(self, p: NodePlanInfo, phase: str, message: str, *,
                          dispatched: bool) -> tuple[Condition, ...]:

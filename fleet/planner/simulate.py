@@ -119,10 +119,11 @@ class SimFleet:
             node = nodes[a.node]
             if a.executor == EXECUTOR_AUTOPILOT:
                 raise NotImplementedError("the simulator plays the agent protocol only")
-            data = SignalData(planId=a.plan_id, created=a.created, command=SignalCommand(
-                id=a.attempt, k0supdate=K0sUpdateCommand(
-                    url=a.url, version=a.version, sha256=a.sha256 or None,
-                    policy=a.policy)))
+            r = a.request
+            data = SignalData(planId=r.plan_id, created=r.created, command=SignalCommand(
+                id=r.attempt, k0supdate=K0sUpdateCommand(
+                    url=r.url, version=r.version, sha256=r.sha256 or None,
+                    policy=r.policy)))
             nodes[a.node] = dataclasses.replace(node, signal=data)
         elif isinstance(a, UpdateNodePlanStatus):
             self._plan(a.plan, phase=a.phase, node_state=a.node_state, message=a.message,

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 
+from fleet.executors import request_for
 from fleet.model import (
     ANN_RETRY,
     KIND_KCP,
@@ -274,7 +275,8 @@ class TestNodePlanLifecycle:
         actions = step(sim)
         [sig] = of(actions, SignalNode)
         p = sim.nodeplans[key]
-        assert (sig.plan_id, sig.created, sig.version) == (p.plan_id, p.started_at, V2)
+        r = sig.request
+        assert (r.plan_id, r.created, r.version) == (p.plan_id, p.started_at, V2)
         node = sim.nodes[ck]["c1-md-0"]  # type: ignore[index]
         assert node.signal is not None and node.signal.planId == p.plan_id
 
@@ -517,9 +519,8 @@ def test_a_request_on_the_node_is_adopted_by_a_plan_not_yet_started() -> None:
     key = ("default", nodeplan_name("c1-md-0", V2))
     p = sim.nodeplans[key]
     sim.apply(SignalNode(plan=p.ref, cluster=ck, node="c1-md-0", node_kind="Node",
-                         executor="agent", plan_id=p.plan_id, created=T0 - timedelta(seconds=5),
-                         attempt=1, version=V2, url=p.url, sha256=p.sha256,
-                         allow_unverified=False, force=False, traceparent=""))
+                         executor="agent", request=request_for(
+                             p, created=T0 - timedelta(seconds=5), attempt=1, traceparent="")))
     nodes = sim.nodes[ck]
     sim.nodes[ck] = None  # the workload cluster is not listed yet
     assert not of(step(sim), StartNodePlan)

@@ -240,9 +240,9 @@ def test_planner_signals_the_plans_policy_for_agents_only(executor: str) -> None
                        or not isinstance(a, SignalNode)])
     if executor == "autopilot":
         # stock k0s has no such fields (re-sent each pass: nothing answers here)
-        assert signals and all(s.policy is None for s in signals)
+        assert signals and all(s.request.policy is None for s in signals)
         return
     [sig] = signals
-    assert sig.policy == pol
+    assert sig.request.policy == pol
     node = sim.nodes[ck]["c1-md-0"]  # type: ignore[index]
     assert node.signal is not None and node.signal.command.k0supdate.policy == pol
