@@ -44,8 +44,9 @@ missing_tools() {
 
 configure_containers() {
   local conf="$IMAGE_CACHE/conf" store="$IMAGE_CACHE/storage"
-  # runroot holds locks and mount state: keep it on a tmpfs-like per-boot location.
-  local runroot=${K0S_FLEET_CONTAINERS_RUNROOT:-/run/k0s-fleet-image}
+  # runroot: locks and mount state of this store (one per store), in /run.
+  local runroot
+  runroot=/run/k0s-fleet-image/$(printf '%s' "$store" | sha256sum | cut -c1-12)
   mkdir -p "$conf" "$store" "$runroot"
   local nofile nproc
   nofile=$(ulimit -Hn); [[ $nofile == unlimited ]] && nofile=1048576
