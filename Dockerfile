@@ -19,11 +19,14 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/k0s-fleet
 WORKDIR /src
-# Metadata first: the dependency layer is reused while only fleet/ changes.
+# Metadata first: the dependency layer is reused while only fleet/ changes. The stub
+# package and its build output go again: setuptools would otherwise keep build/lib's empty
+# fleet/__init__.py (newer than the copied one, whose mtime COPY preserves).
 COPY pyproject.toml README.md ./
 RUN mkdir fleet && touch fleet/__init__.py \
  && /opt/k0s-fleet/bin/pip install . \
- && /opt/k0s-fleet/bin/pip uninstall -y k0s-fleet
+ && /opt/k0s-fleet/bin/pip uninstall -y k0s-fleet \
+ && rm -rf fleet build ./*.egg-info
 COPY fleet ./fleet
 # pip and setuptools only install: the running image needs neither.
 RUN /opt/k0s-fleet/bin/pip install --no-deps . \

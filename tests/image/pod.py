@@ -21,16 +21,18 @@ from typing import Any
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
-# Pod fields about where/when a pod runs, not how its container runs.
+# Pod fields about where/when a pod runs (and the API server's defaults of such), not how
+# its container runs.
 SCHEDULING_FIELDS = frozenset({
     "affinity", "nodeSelector", "tolerations", "priorityClassName", "imagePullSecrets",
-    "topologySpreadConstraints", "serviceAccountName", "terminationGracePeriodSeconds",
-    "enableServiceLinks",
+    "topologySpreadConstraints", "serviceAccountName", "serviceAccount",
+    "terminationGracePeriodSeconds", "enableServiceLinks", "restartPolicy", "dnsPolicy",
+    "schedulerName",
 })
 # Container fields the kubelet acts on outside the container's own start.
 CONTAINER_PASSIVE_FIELDS = frozenset({
     "name", "image", "imagePullPolicy", "ports", "livenessProbe", "readinessProbe",
-    "startupProbe",
+    "startupProbe", "terminationMessagePath", "terminationMessagePolicy",
 })
 _QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _FACTORS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,

@@ -11,6 +11,7 @@ import tomllib
 
 import yaml
 
+import fleet
 from fleet.testing.binaries import REPO_ROOT
 from tests.unit.test_chart_render import AGENT_CHART, CONTROLLER_CHART, pod_spec, render
 
@@ -94,7 +95,7 @@ def test_image_reference_labels_and_docs_agree() -> None:
     (repo,) = repos
     assert repo.startswith("ghcr.io/")
     args = dict(rest.split("=", 1) for op, rest in instructions() if op == "ARG" and "=" in rest)
-    assert args["VERSION"] == version
+    assert args["VERSION"] == version == fleet.__version__
     labels = dict(kv.split("=", 1) for op, rest in instructions() if op == "LABEL"
                   for kv in shlex.split(rest))
     assert labels == {
