@@ -14,9 +14,11 @@ import anyio.abc
 from fleet.clusters import ClusterRegistry
 from fleet.config import FleetConfig
 from fleet.controllers.cache import ObjectCache
+from fleet.intent import apply_intents, fleet_upgrade_from, resolve
 from fleet.kube import KubeClient, KubeObject
 from fleet.kube.resources import (
     CLUSTERS,
+    FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
@@ -32,6 +34,7 @@ from fleet.model import (
     ROLE_CONTROLLER,
     ClusterInfo,
     ClusterKey,
+    FleetUpgradeInfo,
     InfraMachineInfo,
     MachineInfo,
     NodeInfo,
@@ -59,10 +62,14 @@ class ManagementView:
     """Caches of the management cluster's objects, kept current by Reflectors."""
 
     def __init__(self, client: KubeClient, *, namespaces: Iterable[str] = (),
-                 on_change: Callable[[], None] | None = None, watch_timeout: int = 120) -> None:
+                 on_change: Callable[[], None] | None = None, watch_timeout: int = 120,
+                 intent_namespace: str | None = None) -> None:
         self.client = client
         self.namespaces: list[str | None] = list(namespaces) or [None]
-        self.caches = {res: ObjectCache(res.kind, on_change=on_change) for res in WATCHED}
+        # FleetUpgrades live in the controller's own namespace (management.namespace).
+        self.intent_namespace = intent_namespace
+        self.caches = {res: ObjectCache(res.kind, on_change=on_change)
+                       for res in (*WATCHED, FLEET_UPGRADES)}
         self.reflectors: list[Reflector] = []
         self.watch_timeout = watch_timeout
 
@@ -80,6 +87,12 @@ class ManagementView:
                         watch_timeout=self.watch_timeout)
                     self.reflectors.append(r)
                     tg.start_soon(r.run)
+            if self.intent_namespace is not None:
+                r = Reflector(self.client, FLEET_UPGRADES, namespace=self.intent_namespace,
+                              listener=self.caches[FLEET_UPGRADES].on_event,
+                              watch_timeout=self.watch_timeout)
+                self.reflectors.append(r)
+                tg.start_soon(r.run)
             for r in self.reflectors:
                 await r.synced.wait()
             for cache in self.caches.values():
@@ -107,9 +120,10 @@ def fleet_clusters(config: FleetConfig, clusters: Iterable[KubeObject]
                              or not selector.matches(labels)):
             continue
         settings = config.for_cluster(ns, name, labels)
-        info = cluster_from(obj, executor=settings.executor.value)
+        info = dataclasses.replace(cluster_from(obj, executor=settings.executor.value),
+                                   labels=dict(settings.labels))
         if settings.paused and not info.paused:
-            info = ClusterInfo(ns, name, paused=True, executor=info.executor)
+            info = dataclasses.replace(info, paused=True)
         out[(ns, name)] = info
     return out
 
@@ -140,15 +154,22 @@ def workload_nodes(registry: ClusterRegistry, key: ClusterKey) -> dict[str, Node
     return nodes
 
 
+def fleet_upgrades(view: ManagementView) -> list[FleetUpgradeInfo]:
+    cache = view[FLEET_UPGRADES]
+    return [u for u in (_parse(cache, o, fleet_upgrade_from) for o in cache) if u is not None]
+
+
 def control_planes_needing_infra(view: ManagementView, clusters: Mapping[ClusterKey, ClusterInfo]
                                  ) -> list[MachineInfo]:
     """Control-plane Machines whose eligibility depends on their infrastructure object."""
+    intents = resolve(fleet_upgrades(view), clusters)
     targets = {}
     for obj in view[K0S_CONTROL_PLANES]:
         kcp = _parse(view[K0S_CONTROL_PLANES], obj, control_plane_from)
         if kcp is None:
             continue
-        targets[(kcp.ref.namespace, kcp.ref.name)] = kcp.version
+        intent = intents.get((kcp.ref.namespace, kcp.cluster))
+        targets[(kcp.ref.namespace, kcp.ref.name)] = intent.version if intent else kcp.version
     out = []
     for obj in view[MACHINES]:
         m = _parse(view[MACHINES], obj, machine_from)
@@ -214,6 +235,8 @@ def build_snapshot(*, now: datetime, view: ManagementView, registry: ClusterRegi
                 for key, m in _fleet_objects(view[MACHINES], machine_from, clusters).items()}
     nodeplans = _fleet_objects(view[NODE_PLANS], nodeplan_from, clusters)
     nodes = {key: workload_nodes(registry, key) for key in clusters}
-    return Snapshot(now=now, clusters=dict(clusters), deployments=deployments,
-                    machine_sets=machine_sets, control_planes=control_planes,
-                    machines=machines, nodeplans=nodeplans, nodes=nodes)
+    return apply_intents(
+        Snapshot(now=now, clusters=dict(clusters), deployments=deployments,
+                 machine_sets=machine_sets, control_planes=control_planes,
+                 machines=machines, nodeplans=nodeplans, nodes=nodes),
+        fleet_upgrades(view))

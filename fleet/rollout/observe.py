@@ -20,11 +20,13 @@ from fleet.clusters import KubeconfigSecretError, kubeconfig_from_secret
 from fleet.config import FleetConfig
 from fleet.controllers.infra import InfraMachines
 from fleet.controllers.observe import fleet_clusters
-from fleet.kube import KubeClient, KubeError
+from fleet.intent import apply_intents, fleet_upgrade_from
+from fleet.kube import KubeClient, KubeError, NotFoundError
 from fleet.kube.resources import (
     CLUSTERS,
     CONFIGMAPS,
     CONTROL_NODES,
+    FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
@@ -172,5 +174,11 @@ async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None
         nodeplans={(p.ref.namespace, p.ref.name): p for p in plans
                    if (p.ref.namespace, p.cluster) in keys},
         nodes=nodes)
+    try:
+        upgrades = [fleet_upgrade_from(o) for o in (
+            await mgmt.list(FLEET_UPGRADES, config.management.namespace)).items]
+    except NotFoundError:
+        upgrades = []  # the FleetUpgrade CRD is not installed: no intents
+    snapshot = apply_intents(snapshot, upgrades)
     return Observation(snapshot=snapshot, meta=meta, controls=controls, state=state,
                        problems=problems)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import anyio
@@ -32,6 +32,7 @@ from fleet.model import ClusterKey, ObjectRef, Snapshot
 from fleet.planner.actions import PlanResult
 from fleet.rollout.coordinator import RolloutCoordinator
 from fleet.rollout.gate import GateDecision
+from fleet.rollout.intents import write_upgrade_status
 from fleet.rollout.progress import clusters_from_snapshot
 from fleet.status.server import StatusBoard, make_app, serve
 
@@ -60,6 +61,8 @@ class RolloutPolicy:
                  clock: Callable[[], datetime] | None = None) -> None:
         kw = {"clock": clock} if clock is not None else {}
         self.coordinator = RolloutCoordinator(mgmt, config, recorder=recorder, **kw)
+        self.mgmt = mgmt
+        self.clock = clock or (lambda: datetime.now(UTC))
         self.config = config
         self.meta = meta
         self.board = board if board is not None else StatusBoard()
@@ -72,6 +75,9 @@ class RolloutPolicy:
         previous = self.decision.next_wakeup if self.decision is not None else None
         self.decision = decision
         self.board.publish(decision, clusters)
+        # The upgrade intents' status: per wave and per cluster, from this very decision.
+        await write_upgrade_status(self.mgmt, snapshot.upgrades, snapshot.intents, decision,
+                                   clusters, clock=self.clock)
         if decision.next_wakeup != previous:
             self._wakeup_changed.set()
         return decision.hold
