@@ -52,12 +52,12 @@ SETTINGS = PlannerSettings(deadlines={PENDING: timedelta(seconds=30)},
 
 def upgrade(name: str, version: str, *, selector: dict[str, object] | None = None,
             created: datetime = T0) -> FleetUpgradeInfo:
-    obj = {"metadata": {"namespace": "k0s-fleet-system", "name": name,
-                        "creationTimestamp": created.isoformat()},
-           "spec": {"version": version}}
+    spec: dict[str, object] = {"version": version}
     if selector is not None:
-        obj["spec"]["clusterSelector"] = selector  # type: ignore[index]
-    return fleet_upgrade_from(obj)
+        spec["clusterSelector"] = selector
+    return fleet_upgrade_from({"metadata": {"namespace": "k0s-fleet-system", "name": name,
+                                            "creationTimestamp": created.isoformat()},
+                               "spec": spec})
 
 
 def of(actions: list[Action], kind: type) -> list:  # type: ignore[type-arg]
