@@ -120,6 +120,28 @@ def version_step(obj: Owner, *, hold: str | None, write_blocked: str) -> Version
     return VersionStep(writer=ok)
 
 
+EXECUTOR_OBJECT_VERSION = "object-version"
+EXECUTOR_PAUSED_IN_PLACE = "paused-in-place"
+
+
+def executor_of(obj: Owner) -> tuple[str, str]:
+    """How this object's nodes get upgraded, and why (shown by ``k0s-fleet plan``)."""
+    if not enrolled(obj):
+        return (EXECUTOR_OBJECT_VERSION,
+                "no FleetUpgrade covers this cluster: the object's own version is the target "
+                "(a version edited by hand races Cluster API's and k0smotron's rollouts)")
+    if isinstance(obj, ControlPlaneInfo):
+        return (EXECUTOR_PAUSED_IN_PLACE,
+                "k0s-fleet pauses k0smotron (cluster.x-k8s.io/paused) with the version it "
+                "writes, upgrades one control plane at a time through NodePlans, sets each "
+                "Machine's version as it completes and unpauses when all are on it")
+    return (EXECUTOR_PAUSED_IN_PLACE,
+            "no Cluster API in-place update drives this MachineDeployment: k0s-fleet pauses "
+            "it with the version it writes, upgrades nodes within maxUnavailable through "
+            "NodePlans, moves the Machines' and MachineSet's versions to the target and "
+            "unpauses (not yet proven against the real Cluster API manager)")
+
+
 def release_pause(obj: Owner, machines: Sequence[MachineInfo], *, in_flight: bool,
                   machine_sets: Iterable[MachineSetInfo] = ()) -> Action | None:
     """k0s-fleet's own pause of a finished object is released once every Machine (and,
@@ -175,6 +197,7 @@ __all__ = [
     "OtherDriver",
     "VersionStep",
     "enrolled",
+    "executor_of",
     "other_driver",
     "release_pause",
     "version_step",

@@ -302,3 +302,26 @@ def test_objects_no_intent_covers_keep_their_own_versions() -> None:
 def test_selector_type_is_the_fleet_configs() -> None:
     u = upgrade("x", V2, selector={"matchLabels": {"a": "b"}})
     assert isinstance(u.selector, LabelSelector) and u.selector.matches({"a": "b"})
+
+
+def test_plan_replays_the_intent_with_its_version_writes_and_names_the_executor() -> None:
+    from fleet.rollout.observe import Observation  # noqa: PLC0415
+    from fleet.rollout.plan import dry_run, plan_document, render_plan  # noqa: PLC0415
+    from tests.unit.test_rollout_gate import waves_config  # noqa: PLC0415
+
+    sim = SimFleet(now=T0)
+    key = add_cluster(sim, "c1", namespace="fleet", control_planes=1, workers=2,
+                      max_unavailable=2)
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+    obs = Observation(snapshot=sim.snapshot(), meta={key: ({}, {})})
+    doc = plan_document(dry_run(obs, waves_config(), now=T0,
+                                node_duration=timedelta(minutes=6)))
+    assert doc["estimatedDuration"] is not None, doc["blocked"]
+    assert [s["kind"] for s in doc["steps"]] == ["K0sControlPlane", "MachineDeployment"]
+    objects = doc["waves"][-1]["clusters"][0]["objects"]
+    assert {o["executor"] for o in objects} == {"paused-in-place"}
+    assert "k0smotron" in next(o["executorReason"] for o in objects
+                               if o["kind"] == "K0sControlPlane")
+    assert "executor paused-in-place" in render_plan(doc)
+    # the observed objects were not touched
+    assert obs.snapshot.control_planes[("fleet", "c1-cp")].object_version == V1
