@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from fleet.config import FleetConfig
 from fleet.extension.catalog import DISCOVERY_PATH, HANDLERS, hook_path
 from fleet.extension.handlers import ExtensionHandlers
+from fleet.extension.policyhold import policy_hold_from_config
 from fleet.extension.tls import ReloadingServerTLS
 from fleet.extension.update import (
     ConfigArtifacts,
@@ -241,6 +242,7 @@ def handlers_from_config(config: FleetConfig, *, mgmt: KubeClient,
             resolve_artifact=ConfigArtifacts(config.download, fetch_manifest),
             cluster_settings=config.for_cluster, tracer=tracer,
             node_policy=config.agent.node_policy(),
+            policy_hold=policy_hold_from_config(config, mgmt),
         ),
         mode=config.extension.mode,
     )
