@@ -85,6 +85,7 @@ from fleet.planner.actions import (
 )
 from fleet.planner.settings import COMPLETING, PENDING, PlannerSettings
 from fleet.planner.writer import (
+    ExtensionDrives,
     OtherDriver,
     VersionStep,
     enrolled,
@@ -679,7 +680,12 @@ class _Pass:
                    else f"workload cluster {kcp.cluster} unreachable" if nodes is None
                    else f"Cluster {kcp.cluster} is paused" if cluster.paused
                    else "halted: failure budget exceeded" if halted else "")
-        step = version_step(kcp, hold=self.hold(ckey, kcp.ref) if enrolled(kcp) else None,
+        policy_hold = self.hold(ckey, kcp.ref)
+        if isinstance(policy_hold, ExtensionDrives) and enrolled(kcp):
+            # CAPI's in-place updates (our extension) are for workers; control planes of a
+            # cluster under a FleetUpgrade are k0s-fleet's own (paused executor).
+            policy_hold = policy_hold.inner
+        step = version_step(kcp, hold=policy_hold if enrolled(kcp) else None,
                             write_blocked=blocked)
         self.emit(*step.actions)
         driver = other_driver(kcp, live)
@@ -698,8 +704,8 @@ class _Pass:
                 waiting = step.waiting
             elif driver is not None:
                 waiting = f"held: {driver.message}"
-            elif (held := self.hold(ckey, kcp.ref)) is not None:
-                waiting = f"held: {held or 'paused'}"
+            elif policy_hold is not None:
+                waiting = f"held: {policy_hold or 'paused'}"
             elif self._control_plane_busy(ns, kcp.cluster):
                 waiting = "another control plane is being upgraded"
             elif unavailable or missing:
@@ -795,13 +801,19 @@ class _Pass:
                    if cluster.paused or md.paused
                    else "halted: failure budget exceeded" if halted else "")
         step = VersionStep()
+        policy_hold = self.hold(ckey, md.ref)
+        capi_drives = isinstance(policy_hold, ExtensionDrives)
         if enrolled(md):
-            step = version_step(md, hold=self.hold(ckey, md.ref), write_blocked=blocked or (
-                self._workers_blocked(ns, md.cluster, target)))
+            write_hold = policy_hold.inner if isinstance(policy_hold, ExtensionDrives) \
+                else policy_hold
+            step = version_step(md, hold=write_hold, write_blocked=blocked or (
+                self._workers_blocked(ns, md.cluster, target)), pause=not capi_drives)
             self.emit(*step.actions)
             self._finish_paused_deployment(md, target, live, sets, elig,
                                            in_flight=bool(in_flight) or missing > 0)
-        driver = other_driver(md, machines, sets)
+        # Where Cluster API drives the workers through our extension, its MachineSets and
+        # in-place annotations are the intended driver, not another one.
+        driver = None if capi_drives else other_driver(md, machines, sets)
 
         waiting = ""
         dispatched: list[str] = []
@@ -820,8 +832,8 @@ class _Pass:
                 waiting = step.waiting
             elif driver is not None:
                 waiting = f"held: {driver.message}"
-            elif (held := self.hold(ckey, md.ref)) is not None:
-                waiting = f"held: {held or 'paused'}"
+            elif policy_hold is not None:
+                waiting = f"held: {policy_hold or 'paused'}"
             elif blocked := self._workers_blocked(ns, md.cluster, target):
                 waiting = blocked
             else:

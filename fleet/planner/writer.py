@@ -47,6 +47,22 @@ ANN_CAPI_PENDING_HOOKS = "runtime.cluster.x-k8s.io/pending-hooks"
 Owner = MachineDeploymentInfo | ControlPlaneInfo
 
 
+class ExtensionDrives(str):
+    """A hold that means: Cluster API drives this cluster's worker in-place updates through
+    k0s-fleet's runtime extension (fleet/extension/exclusion.py). The planner starts no
+    worker itself there, but, for objects under a FleetUpgrade, still writes the
+    MachineDeployment's version (unpaused: Cluster API calls the hooks, which hold each node
+    while the policy does) and runs control planes with its paused executor. ``inner`` is
+    the rollout policy's own answer for the object (None: admitted)."""
+
+    inner: str | None
+
+    def __new__(cls, reason: str, inner: str | None) -> ExtensionDrives:
+        obj = super().__new__(cls, reason)
+        obj.inner = inner
+        return obj
+
+
 @dataclass(frozen=True, slots=True)
 class VersionStep:
     """What the writer decides for one object this pass."""
@@ -69,7 +85,8 @@ def enrolled(obj: Owner) -> bool:
     return obj.intent is not None or obj.written_version is not None
 
 
-def version_step(obj: Owner, *, hold: str | None, write_blocked: str) -> VersionStep:
+def version_step(obj: Owner, *, hold: str | None, write_blocked: str,
+                 pause: bool = True) -> VersionStep:
     """The writer's decision for one MD/KCP whose target is ``obj.version``.
 
     ``hold`` is the rollout policy's (not admitted, paused, window closed...) and
@@ -113,15 +130,16 @@ def version_step(obj: Owner, *, hold: str | None, write_blocked: str) -> Version
         if write_blocked:
             return VersionStep(waiting=write_blocked, writer=ok)
         return VersionStep(
-            actions=(WriteVersion(obj.ref, target, expected=spec, pause=True,
+            actions=(WriteVersion(obj.ref, target, expected=spec, pause=pause,
                                   intent=obj.intent),),
-            waiting=f"writing {label} {target} (paused for k0s-fleet)",
+            waiting=f"writing {label} {target}" + (" (paused for k0s-fleet)" if pause else ""),
             writer=("True", C.R_WRITTEN, f"writing version {target}"))
     return VersionStep(writer=ok)
 
 
 EXECUTOR_OBJECT_VERSION = "object-version"
 EXECUTOR_PAUSED_IN_PLACE = "paused-in-place"
+EXECUTOR_CAPI_IN_PLACE = "capi-in-place"
 
 
 def executor_of(obj: Owner) -> tuple[str, str]:
@@ -194,6 +212,7 @@ def other_driver(obj: Owner, machines: Sequence[MachineInfo],
 __all__ = [
     "ANN_CAPI_PENDING_HOOKS",
     "ANN_CAPI_UPDATE_IN_PROGRESS",
+    "ExtensionDrives",
     "OtherDriver",
     "VersionStep",
     "enrolled",

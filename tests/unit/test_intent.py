@@ -134,7 +134,8 @@ def k0smotron_would_act(sim: SimFleet) -> list[str]:
     return out
 
 
-def drive(sim: SimFleet, *, passes: int = 400, hold: object = None) -> list[Action]:
+def drive(sim: SimFleet, *, passes: int = 400, hold: object = None,
+          check_paused: bool = True) -> list[Action]:
     """Plan, act, let the nodes move; check the invariants after every pass."""
     everything: list[Action] = []
     for _ in range(passes):
@@ -145,7 +146,8 @@ def drive(sim: SimFleet, *, passes: int = 400, hold: object = None) -> list[Acti
                     (a.owner.namespace, a.owner.name)]
                 assert same_version(owner.version, a.version), \
                     f"{a.machine.name} started before {a.owner.name} says {a.version}"
-                assert ANN_CAPI_PAUSED in owner.annotations, "node started on an unpaused object"
+                assert not check_paused or ANN_CAPI_PAUSED in owner.annotations, \
+                    "node started on an unpaused object"
         sim.apply_all(result.actions)
         everything += result.actions
         assert k0smotron_would_act(sim) == []
@@ -325,3 +327,27 @@ def test_plan_replays_the_intent_with_its_version_writes_and_names_the_executor(
     assert "executor paused-in-place" in render_plan(doc)
     # the observed objects were not touched
     assert obs.snapshot.control_planes[("fleet", "c1-cp")].object_version == V1
+
+
+def test_where_capi_drives_the_workers_the_md_version_is_written_unpaused() -> None:
+    """Cluster API in-place updates through our extension (the exclusion's hold): control
+    planes still go through the paused executor; the MD's version is written without a
+    pause and no worker is started by the planner (CAPI calls the hooks)."""
+    from fleet.extension.exclusion import HOLD_REASON  # noqa: PLC0415
+    from fleet.planner.writer import ExtensionDrives  # noqa: PLC0415
+
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c1", control_planes=1, workers=2)
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+
+    def hold(_cluster: object, _owner: object) -> str | None:
+        return ExtensionDrives(HOLD_REASON, None)
+
+    actions = drive(sim, hold=hold, check_paused=False)
+    writes = of(actions, WriteVersion)
+    assert [(w.owner.kind, w.pause) for w in writes] == [(KIND_KCP, True), (KIND_MD, False)]
+    created = of(actions, CreateNodePlan)
+    assert [a.owner.kind for a in created] == [KIND_KCP]
+    md = sim.deployments[("default", "c1-md")]
+    assert md.version == V2 and ANN_CAPI_PAUSED not in md.annotations
+    assert ANN_CAPI_PAUSED not in sim.control_planes[("default", "c1-cp")].annotations
