@@ -357,6 +357,8 @@ class Snapshot:
     # clusters a FleetUpgrade covers, and the version it asks of them
     intents: Mapping[ClusterKey, IntentTarget] = field(default_factory=dict)
     upgrades: Mapping[tuple[str, str], FleetUpgradeInfo] = field(default_factory=dict)
+    # per workload cluster, an autopilot Plan still running there (name and state)
+    autopilot_plans: Mapping[ClusterKey, str] = field(default_factory=dict)
 
 
 # -- parsing ---------------------------------------------------------------------------
@@ -619,6 +621,21 @@ def nodeplan_from(obj: Mapping[str, Any]) -> NodePlanInfo:
         traceparent=str(status.get("traceparent") or ""),
         conditions=parse_conditions(status.get("conditions")),
     )
+
+
+# autopilot Plan states after which the Plan drives nothing any more (Completed, or one of
+# its error states, which abort it); anything else (none yet, Schedulable, SchedulableWait)
+# is a rollout in progress.
+AUTOPILOT_PLAN_LIVE_STATES = frozenset({"", "Schedulable", "SchedulableWait"})
+
+
+def live_autopilot_plan(plans: Any) -> str | None:
+    """'<name> (<state>)' of an autopilot Plan that still drives its cluster, or None."""
+    for obj in plans:
+        state = str(((obj.get("status") or {}).get("state")) or "")
+        if state in AUTOPILOT_PLAN_LIVE_STATES and not _meta(obj).get("deletionTimestamp"):
+            return f"{_meta(obj).get('name')} ({state or 'new'})"
+    return None
 
 
 # -- autopilot signal (executor "autopilot") ---------------------------------------------

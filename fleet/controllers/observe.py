@@ -43,6 +43,7 @@ from fleet.model import (
     cluster_from,
     control_plane_from,
     deployment_from,
+    live_autopilot_plan,
     machine_from,
     machine_set_from,
     node_from,
@@ -235,8 +236,14 @@ def build_snapshot(*, now: datetime, view: ManagementView, registry: ClusterRegi
                 for key, m in _fleet_objects(view[MACHINES], machine_from, clusters).items()}
     nodeplans = _fleet_objects(view[NODE_PLANS], nodeplan_from, clusters)
     nodes = {key: workload_nodes(registry, key) for key in clusters}
+    autopilot: dict[ClusterKey, str] = {}
+    for key in clusters:
+        wc = registry.get(key)
+        if wc is not None and (live := live_autopilot_plan(wc.plans)) is not None:
+            autopilot[key] = live
     return apply_intents(
         Snapshot(now=now, clusters=dict(clusters), deployments=deployments,
                  machine_sets=machine_sets, control_planes=control_planes,
-                 machines=machines, nodeplans=nodeplans, nodes=nodes),
+                 machines=machines, nodeplans=nodeplans, nodes=nodes,
+                 autopilot_plans=autopilot),
         fleet_upgrades(view))

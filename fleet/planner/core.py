@@ -688,7 +688,7 @@ class _Pass:
         step = version_step(kcp, hold=policy_hold if enrolled(kcp) else None,
                             write_blocked=blocked)
         self.emit(*step.actions)
-        driver = other_driver(kcp, live)
+        driver = other_driver(kcp, live, autopilot_plan=self.s.autopilot_plans.get(ckey))
         release = release_pause(kcp, live, in_flight=bool(in_flight))
         if release is not None:
             self.emit(release)
@@ -813,7 +813,8 @@ class _Pass:
                                            in_flight=bool(in_flight) or missing > 0)
         # Where Cluster API drives the workers through our extension, its MachineSets and
         # in-place annotations are the intended driver, not another one.
-        driver = None if capi_drives else other_driver(md, machines, sets)
+        driver = None if capi_drives else other_driver(
+            md, machines, sets, autopilot_plan=self.s.autopilot_plans.get(ckey))
 
         waiting = ""
         dispatched: list[str] = []

@@ -92,6 +92,7 @@ class SimFleet:
     created: list[CreateNodePlan] = field(default_factory=list)
     # FleetUpgrades; MD/KCP ``version`` here is what the object itself says
     upgrades: dict[tuple[str, str], FleetUpgradeInfo] = field(default_factory=dict)
+    autopilot_plans: dict[ClusterKey, str] = field(default_factory=dict)
 
     def snapshot(self) -> Snapshot:
         snap = Snapshot(
@@ -99,6 +100,7 @@ class SimFleet:
             machine_sets=dict(self.machine_sets), control_planes=dict(self.control_planes),
             machines=dict(self.machines), nodeplans=dict(self.nodeplans),
             nodes={k: (None if v is None else dict(v)) for k, v in self.nodes.items()},
+            autopilot_plans=dict(self.autopilot_plans),
         )
         return apply_intents(snap, self.upgrades.values()) if self.upgrades else snap
 

@@ -176,8 +176,13 @@ def release_pause(obj: Owner, machines: Sequence[MachineInfo], *, in_flight: boo
 
 
 def other_driver(obj: Owner, machines: Sequence[MachineInfo],
-                 machine_sets: Sequence[MachineSetInfo] = ()) -> OtherDriver | None:
+                 machine_sets: Sequence[MachineSetInfo] = (), *,
+                 autopilot_plan: str | None = None) -> OtherDriver | None:
     """Who else moves this object right now (None: nobody)."""
+    if autopilot_plan is not None:
+        return OtherDriver(C.R_AUTOPILOT_PLAN,
+                           f"autopilot Plan {autopilot_plan} is running in the workload "
+                           "cluster (k0smotron's or someone else's rollout)")
     for m in machines:
         if ANN_CAPI_UPDATE_IN_PROGRESS in m.annotations or "UpdateMachine" in (
                 m.annotations.get(ANN_CAPI_PENDING_HOOKS) or ""):

@@ -23,6 +23,7 @@ from fleet.controllers.observe import fleet_clusters
 from fleet.intent import apply_intents, fleet_upgrade_from
 from fleet.kube import KubeClient, KubeError, NotFoundError
 from fleet.kube.resources import (
+    AUTOPILOT_PLANS,
     CLUSTERS,
     CONFIGMAPS,
     CONTROL_NODES,
@@ -45,6 +46,7 @@ from fleet.model import (
     Snapshot,
     control_plane_from,
     deployment_from,
+    live_autopilot_plan,
     machine_from,
     machine_set_from,
     node_from,
@@ -97,17 +99,20 @@ async def workload_client(mgmt: KubeClient, config: FleetConfig, namespace: str,
 
 
 async def _nodes(mgmt: KubeClient, config: FleetConfig, key: ClusterKey,
-                 timeout: float) -> dict[str, NodeInfo]:
+                 timeout: float) -> tuple[dict[str, NodeInfo], str | None]:
+    """The cluster's Nodes (and ControlNodes), and a still running autopilot Plan."""
     with anyio.fail_after(timeout):
         async with await workload_client(mgmt, config, *key) as wl:
             nodes = {n.name: n for n in map(node_from, (await wl.list(NODES)).items)}
+            plan: str | None = None
             try:
                 for obj in (await wl.list(CONTROL_NODES)).items:
                     cn = node_from(obj)
                     nodes.setdefault(cn.name, cn)
+                plan = live_autopilot_plan((await wl.list(AUTOPILOT_PLANS)).items)
             except KubeError:
-                pass  # no autopilot CRD: no pure controllers to see
-            return nodes
+                pass  # no autopilot CRD: no pure controllers, no Plans to see
+            return nodes, plan
 
 
 async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None = None,
@@ -147,10 +152,13 @@ async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None
     plans = [nodeplan_from(o) for o in await _list(mgmt, NODE_PLANS, namespaces)]
 
     nodes: dict[ClusterKey, Mapping[str, NodeInfo] | None] = {}
+    autopilot: dict[ClusterKey, str] = {}
     problems: dict[ClusterKey, str] = {}
     for key in sorted(keys):
         try:
-            nodes[key] = await _nodes(mgmt, config, key, node_timeout)
+            nodes[key], plan = await _nodes(mgmt, config, key, node_timeout)
+            if plan is not None:
+                autopilot[key] = plan
         except (KubeError, KubeconfigSecretError, TimeoutError) as e:
             nodes[key] = None
             problems[key] = f"workload cluster unreachable: {e!r}"[:300]
@@ -173,7 +181,7 @@ async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None
         machines={(m.ref.namespace, m.ref.name): m for m in machines},
         nodeplans={(p.ref.namespace, p.ref.name): p for p in plans
                    if (p.ref.namespace, p.cluster) in keys},
-        nodes=nodes)
+        nodes=nodes, autopilot_plans=autopilot)
     try:
         upgrades = [fleet_upgrade_from(o) for o in (
             await mgmt.list(FLEET_UPGRADES, config.management.namespace)).items]

@@ -102,7 +102,7 @@ def dry_run(obs: Observation, config: FleetConfig, *, now: datetime,
                         for k, o in snap.control_planes.items()},
         machines=dict(snap.machines), nodeplans=dict(snap.nodeplans),
         nodes={k: (None if v is None else dict(v)) for k, v in snap.nodes.items()},
-        upgrades=dict(snap.upgrades))
+        upgrades=dict(snap.upgrades), autopilot_plans=dict(snap.autopilot_plans))
     owners: list[MachineDeploymentInfo | ControlPlaneInfo] = [
         *snap.deployments.values(), *snap.control_planes.values()]
     executors = {ObjectRef(o.ref.kind, o.ref.namespace, o.ref.name): executor_of(o)

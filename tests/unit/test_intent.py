@@ -351,3 +351,31 @@ def test_where_capi_drives_the_workers_the_md_version_is_written_unpaused() -> N
     md = sim.deployments[("default", "c1-md")]
     assert md.version == V2 and ANN_CAPI_PAUSED not in md.annotations
     assert ANN_CAPI_PAUSED not in sim.control_planes[("default", "c1-cp")].annotations
+
+
+def test_a_running_autopilot_plan_holds_the_cluster() -> None:
+    sim = SimFleet(now=T0)
+    ck = add_cluster(sim, "c1", control_planes=1, workers=1)
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+    sim.autopilot_plans[ck] = "autopilot (Schedulable)"
+    actions: list[Action] = []
+    for _ in range(4):
+        result = plan(sim.snapshot(), SETTINGS)
+        sim.apply_all(result.actions)
+        actions += result.actions
+    assert of(actions, CreateNodePlan) == []
+    assert {r.reason for r in of(actions, ReportOtherDriver)} == {C.R_AUTOPILOT_PLAN}
+    del sim.autopilot_plans[ck]
+    assert of(drive(sim), CreateNodePlan)  # gone: k0s-fleet carries on
+
+
+def test_live_autopilot_plan_states() -> None:
+    from fleet.model import live_autopilot_plan  # noqa: PLC0415
+
+    def p(state: str | None) -> dict[str, object]:
+        return {"metadata": {"name": "autopilot"},
+                "status": {} if state is None else {"state": state}}
+
+    assert live_autopilot_plan([p(None)]) == "autopilot (new)"
+    assert live_autopilot_plan([p("SchedulableWait")]) == "autopilot (SchedulableWait)"
+    assert live_autopilot_plan([p("Completed"), p("IncompleteTargets")]) is None
