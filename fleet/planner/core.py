@@ -770,16 +770,26 @@ class _Pass:
             for m in live}
         updated = sum(1 for e in elig.values() if e.up_to_date)
         budget_problem: tuple[str, str] | None = None
-        try:
-            budget = UnavailabilityBudget.resolve(md.max_unavailable, md.replicas)
-        except InvalidMaxUnavailableError as e:
-            budget = UnavailabilityBudget(0, str(md.max_unavailable))
-            budget_problem = (C.R_INVALID_MAX_UNAVAILABLE, str(e))
+        if md.strategy == "OnDelete":
+            # Cluster API's OnDelete has no maxUnavailable: it replaces a Machine only once
+            # someone deletes it (its own budget is 0), so nothing is taken down in place.
+            budget = UnavailabilityBudget(0, "OnDelete")
+            budget_problem = (C.R_MAX_UNAVAILABLE_ZERO,
+                              "rollout strategy OnDelete: Cluster API takes no Machine down "
+                              "by itself (maxUnavailable is 0 there), so k0s-fleet upgrades "
+                              "none in place; delete Machines to have them replaced, or use "
+                              "RollingUpdate with a maxUnavailable")
         else:
-            if budget.impossible:
-                budget_problem = (C.R_MAX_UNAVAILABLE_ZERO,
-                                  f"maxUnavailable resolves to 0 (from {budget.source!r} of "
-                                  f"{md.replicas} replicas): in-place upgrade impossible")
+            try:
+                budget = UnavailabilityBudget.resolve(md.max_unavailable, md.replicas)
+            except InvalidMaxUnavailableError as e:
+                budget = UnavailabilityBudget(0, str(md.max_unavailable))
+                budget_problem = (C.R_INVALID_MAX_UNAVAILABLE, str(e))
+            else:
+                if budget.impossible:
+                    budget_problem = (C.R_MAX_UNAVAILABLE_ZERO,
+                                      f"maxUnavailable resolves to 0 (from {budget.source!r} of "
+                                      f"{md.replicas} replicas): in-place upgrade impossible")
         unavailable = {m.ref.name: r for m in machines
                        if (r := self._machine_unavailable(m, target, nodes)) is not None}
         missing = max(0, md.replicas - len(live))

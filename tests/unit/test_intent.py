@@ -379,3 +379,23 @@ def test_live_autopilot_plan_states() -> None:
     assert live_autopilot_plan([p(None)]) == "autopilot (new)"
     assert live_autopilot_plan([p("SchedulableWait")]) == "autopilot (SchedulableWait)"
     assert live_autopilot_plan([p("Completed"), p("IncompleteTargets")]) is None
+
+
+def test_on_delete_is_read_as_cluster_api_defines_it() -> None:
+    """OnDelete has no maxUnavailable in Cluster API (0): nothing goes down in place, and
+    the object says why, even with a rollingUpdate.maxUnavailable left in the spec."""
+    from fleet.planner.actions import ReportNotInPlace  # noqa: PLC0415
+
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c1", control_planes=0, workers=3, max_unavailable=2)
+    key = ("default", "c1-md")
+    sim.deployments[key] = dataclasses.replace(sim.deployments[key], strategy="OnDelete")
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+    actions: list[Action] = []
+    for _ in range(3):
+        result = plan(sim.snapshot(), SETTINGS)
+        sim.apply_all(result.actions)
+        actions += result.actions
+    assert of(actions, CreateNodePlan) == [] and of(actions, WriteVersion) == []
+    [report] = of(actions, ReportNotInPlace)
+    assert report.reason == C.R_MAX_UNAVAILABLE_ZERO and "OnDelete" in report.message
