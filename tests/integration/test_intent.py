@@ -22,7 +22,7 @@ from fleet.config import FleetConfig
 from fleet.controllers.runner import FleetController
 from fleet.events import list_events
 from fleet.intent import COND_COMPLETE
-from fleet.kube import KubeClient
+from fleet.kube import ForbiddenError, KubeClient
 from fleet.kube.resources import (
     FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
@@ -30,6 +30,7 @@ from fleet.kube.resources import (
     MACHINE_SETS,
     MACHINES,
     NODE_PLANS,
+    Resource,
 )
 from fleet.model import ANN_CAPI_PAUSED, ANN_PAUSED_FOR, ANN_WRITTEN_VERSION
 from fleet.nodeplan import NodePlanPhase
@@ -222,3 +223,68 @@ async def test_a_direct_version_bump_of_an_enrolled_object_is_reported_not_raced
     version = (o["spec"]["template"]["spec"]["version"] if res is MACHINE_DEPLOYMENTS
                else o["spec"]["version"])
     assert version == V3 and _ann(o).get(ANN_WRITTEN_VERSION) == V1
+
+
+VAPS = Resource("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies",
+                "ValidatingAdmissionPolicy", namespaced=False)
+VAP_BINDINGS = Resource("admissionregistration.k8s.io", "v1",
+                        "validatingadmissionpolicybindings",
+                        "ValidatingAdmissionPolicyBinding", namespaced=False)
+
+
+async def test_the_opt_in_version_guard_refuses_other_writers(
+        world: World, mgmt: KubeClient, wl1: KubeClient, infra_crd: None,
+        namespace: str) -> None:
+    """The chart's rbac.versionGuard policy, as rendered by helm, on the real API server
+    (its binding narrowed to this test's namespace so that other tests are unaffected)."""
+    from tests.unit.test_chart_render import CONTROLLER_CHART, render  # noqa: PLC0415
+
+    fc = await _cluster(mgmt, wl1, world, namespace, control_planes=1, workers=1)
+    assert fc.md is not None and fc.kcp is not None
+    m = render(CONTROLLER_CHART, sets=["rbac.versionGuard=true"], namespace="k0s-fleet-system")
+    vap = next(p for p in m.all("ValidatingAdmissionPolicy")
+               if p["metadata"]["name"].endswith("-version-guard"))
+    binding = next(b for b in m.all("ValidatingAdmissionPolicyBinding")
+                   if b["metadata"]["name"].endswith("-version-guard"))
+    name = unique("version-guard")
+    vap["metadata"] = {"name": name}
+    binding["metadata"] = {"name": name}
+    binding["spec"]["policyName"] = name
+    binding["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": namespace}}}
+    await mgmt.create(VAPS, vap)
+    await mgmt.create(VAP_BINDINGS, binding)
+    try:
+        # Enrolled (as the controller records it): other writers are refused the version.
+        for res, obj in ((MACHINE_DEPLOYMENTS, fc.md), (K0S_CONTROL_PLANES, fc.kcp)):
+            await mgmt.patch(res, obj, {"metadata": {"annotations": {
+                ANN_WRITTEN_VERSION: V1}}}, namespace)
+        bump_md = {"spec": {"template": {"spec": {"version": V2}}}}
+
+        async def refused() -> bool:
+            try:
+                await mgmt.patch(MACHINE_DEPLOYMENTS, fc.md, bump_md, namespace)  # type: ignore[arg-type]
+            except ForbiddenError as e:
+                assert "FleetUpgrade" in str(e) and V2 in str(e), e
+                return True
+            # Not active yet (the policy takes a moment): undo, try again.
+            await mgmt.patch(MACHINE_DEPLOYMENTS, fc.md, {"spec": {"template": {"spec": {  # type: ignore[arg-type]
+                "version": V1}}}}, namespace)
+            return False
+
+        await _wait(refused, 60, "the version guard to refuse")
+        with pytest.raises(ForbiddenError, match="FleetUpgrade"):
+            await mgmt.patch(K0S_CONTROL_PLANES, fc.kcp, {"spec": {"version": V2}}, namespace)
+        # Everything else stays allowed: other spec fields, annotations, and objects that
+        # k0s-fleet does not write the version of.
+        await mgmt.patch(MACHINE_DEPLOYMENTS, fc.md, {"spec": {"replicas": 1}}, namespace)
+        await mgmt.patch(K0S_CONTROL_PLANES, fc.kcp, {"metadata": {"annotations": {
+            "x": "y"}}}, namespace)
+        await mgmt.patch(K0S_CONTROL_PLANES, fc.kcp, {"metadata": {"annotations": {
+            ANN_WRITTEN_VERSION: None}}}, namespace)
+        await mgmt.patch(K0S_CONTROL_PLANES, fc.kcp, {"spec": {"version": V2}}, namespace)
+        md = await mgmt.get(MACHINE_DEPLOYMENTS, fc.md, namespace)
+        assert md["spec"]["template"]["spec"]["version"] == V1
+    finally:
+        await mgmt.delete(VAP_BINDINGS, name)
+        await mgmt.delete(VAPS, name)

@@ -636,3 +636,19 @@ def test_schema_forbids_unknown_keys_everywhere(chart: Path) -> None:
     assert not open_objects
     # and every default value passes it (helm lint checks that too)
     assert set(yaml.safe_load((chart / "values.yaml").read_text())) <= set(schema["properties"])
+
+
+def test_version_guard_is_opt_in() -> None:
+    names = {p["metadata"]["name"] for p in render(CONTROLLER_CHART).all(
+        "ValidatingAdmissionPolicy")}
+    assert names == {"r1-k0s-fleet-guard"}
+    m = render(CONTROLLER_CHART, sets=["rbac.versionGuard=true"], namespace="k0s-fleet-system")
+    vap = next(p for p in m.all("ValidatingAdmissionPolicy")
+               if p["metadata"]["name"] == "r1-k0s-fleet-version-guard")
+    conds = {c["name"]: c["expression"] for c in vap["spec"]["matchConditions"]}
+    assert conds["not-the-k0s-fleet-controller"] == (
+        'request.userInfo.username != "system:serviceaccount:k0s-fleet-system:r1-k0s-fleet"')
+    assert {r for rule in vap["spec"]["matchConstraints"]["resourceRules"]
+            for r in rule["resources"]} == {"machinedeployments", "k0scontrolplanes"}
+    assert not render(CONTROLLER_CHART, sets=["rbac.versionGuard=true"], api_versions=[]).all(
+        "ValidatingAdmissionPolicy")
