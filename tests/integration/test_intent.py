@@ -100,7 +100,7 @@ async def test_an_intent_upgrades_control_planes_paused_and_survives_a_controlle
     cfg = config(namespace)
     standin = K0smotronStandIn(mgmt, namespace)
     watcher = InvariantWatcher(fc, max_unavailable=1, cp_target=V2)
-    responder = NodeResponder(wl1, step_seconds=0.05, only=lambda n: n in fc.machines)
+    responder = NodeResponder(wl1, step_seconds=0.2, only=lambda n: n in fc.machines)
     async with anyio.create_task_group() as tg:
         await tg.start(standin.run)
         await tg.start(watcher.run, mgmt, wl1)
