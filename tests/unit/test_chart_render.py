@@ -249,6 +249,7 @@ LOCAL_RULES = {
     ("", "configmaps", "get", "k0s-fleet-rollout"),
     ("", "configmaps", "patch", "k0s-fleet-rollout"),
     ("events.k8s.io", "events", "create", "*"),
+    ("fleet.k0s-fleet.io", "fleetupgrades", "get", "*"),
     ("fleet.k0s-fleet.io", "fleetupgrades", "list", "*"),
     ("fleet.k0s-fleet.io", "fleetupgrades", "watch", "*"),
     ("fleet.k0s-fleet.io", "fleetupgrades/status", "patch", "*"),
