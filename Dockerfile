@@ -2,7 +2,10 @@
 # The one image behind both charts: `k0s-fleet controller` (management cluster) and
 # `k0s-fleet agent` (DaemonSet on workload clusters).
 #
-#   docker build -t ghcr.io/k0s-fleet/k0s-fleet:$(git describe --tags --always) .
+#   docker build -t ghcr.io/k0s-fleet/k0s-fleet:0.1.0 .
+#
+# (without a Docker engine or registry: `make image`, hack/image/build.sh, which builds the
+# same file with buildah on a Debian base made locally; see docs/operations.md.)
 #
 # Base image: pinned by full tag. For a reproducible release, resolve it once and pin the
 # digest too:  docker buildx imagetools inspect python:3.11.14-slim-bookworm
@@ -16,19 +19,28 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/k0s-fleet
 WORKDIR /src
-# Metadata first: the dependency layer is reused while only fleet/ changes.
+# Metadata first: the dependency layer is reused while only fleet/ changes. The stub
+# package and its build output go again: setuptools would otherwise keep build/lib's empty
+# fleet/__init__.py (newer than the copied one, whose mtime COPY preserves).
 COPY pyproject.toml README.md ./
 RUN mkdir fleet && touch fleet/__init__.py \
  && /opt/k0s-fleet/bin/pip install . \
- && /opt/k0s-fleet/bin/pip uninstall -y k0s-fleet
+ && /opt/k0s-fleet/bin/pip uninstall -y k0s-fleet \
+ && rm -rf fleet build ./*.egg-info
 COPY fleet ./fleet
+# pip and setuptools only install: the running image needs neither.
 RUN /opt/k0s-fleet/bin/pip install --no-deps . \
+ && /opt/k0s-fleet/bin/python -m pip uninstall -q -y pip setuptools \
  && /opt/k0s-fleet/bin/python -m compileall -q /opt/k0s-fleet/lib \
  && /opt/k0s-fleet/bin/k0s-fleet --help >/dev/null
 
 FROM ${PYTHON_IMAGE}
+# The project's version (pyproject.toml, the charts' appVersion): the image's tag.
+ARG VERSION=0.1.0
+# source: the repository behind ghcr.io/k0s-fleet/k0s-fleet (the charts' default image).
 LABEL org.opencontainers.image.title="k0s-fleet" \
-      org.opencontainers.image.description="In-place k0s upgrades across Cluster API / k0smotron fleets" \
+      org.opencontainers.image.description="In-place k0s upgrades across a fleet of Cluster API / k0smotron clusters" \
+      org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.source="https://github.com/k0s-fleet/k0s-fleet" \
       org.opencontainers.image.licenses="Apache-2.0"
 # Only the virtualenv is copied: no compiler, no pip cache, no sources.

@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 
-.PHONY: all demo test test-unit test-integration testenv venv lint typecheck bench chaos clean
+.PHONY: all demo test test-unit test-integration testenv venv lint typecheck bench chaos clean image
 
 all: test
 
@@ -36,8 +36,17 @@ test-integration: venv testenv
 	$(BIN)/pytest tests/integration -q -n $(PYTEST_WORKERS) --dist loadfile
 
 # The README's test command: lint, unit and integration tests on real API servers.
+# (tests/image runs under `make image`.)
 test: venv testenv lint
-	$(BIN)/pytest tests -q -n $(PYTEST_WORKERS) --dist loadfile --durations=15
+	$(BIN)/pytest tests --ignore=tests/image -q -n $(PYTEST_WORKERS) --dist loadfile --durations=15
+
+# The container image, without a Docker engine or registry: installs the Debian tools if
+# missing (as root), builds the Dockerfile with buildah into build/image/*.oci.tar, then
+# runs it with podman as the charts do (tests/image). See docs/operations.md.
+image: venv testenv
+	bash hack/image/tools.sh
+	bash hack/image/build.sh
+	$(BIN)/pytest tests/image -q -n 0 -s
 
 bench: venv testenv
 	$(BIN)/python bench/rollout.py

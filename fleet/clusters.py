@@ -24,7 +24,7 @@ import yaml
 from fleet.kube import KubeClient, KubeError, KubeObject, NotFoundError
 from fleet.kube.backoff import Backoff
 from fleet.kube.cache import ObjectCache
-from fleet.kube.resources import CONTROL_NODES, NODES, SECRETS
+from fleet.kube.resources import AUTOPILOT_PLANS, CONTROL_NODES, NODES, SECRETS
 from fleet.kube.watch import Reflector
 from fleet.model import ClusterKey
 
@@ -87,6 +87,8 @@ class WorkloadCluster:
     nodes: ObjectCache
     control_nodes: ObjectCache
     client: KubeClient | None = None
+    # autopilot Plans: another driver of this cluster's k0s versions (k0smotron, a user)
+    plans: ObjectCache = field(default_factory=lambda: ObjectCache("Plan"))
     error: str | None = None
     generation: int = 0  # bumped on every rebuild (a rotated Secret)
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
@@ -174,7 +176,8 @@ class ClusterRegistry:
         assert self._tg is not None
         wc = WorkloadCluster(key=key, secret_name=secret_name, digest=digest,
                              nodes=ObjectCache("Node", on_change=self.on_change),
-                             control_nodes=ObjectCache("ControlNode", on_change=self.on_change))
+                             control_nodes=ObjectCache("ControlNode", on_change=self.on_change),
+                             plans=ObjectCache("Plan", on_change=self.on_change))
         self.clusters[key] = wc
         self.rebuilds += 1
         if secret is None:
@@ -198,6 +201,7 @@ class ClusterRegistry:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._watch_nodes, wc)
                     tg.start_soon(self._watch_control_nodes, wc)
+                    tg.start_soon(self._watch_autopilot_plans, wc)
             finally:
                 with anyio.CancelScope(shield=True):
                     await self._close(wc)
@@ -238,6 +242,31 @@ class ClusterRegistry:
         async def mark_synced() -> None:
             await reflector.synced.wait()
             wc.control_nodes.mark_synced()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(mark_synced)
+            await reflector.run()
+
+    async def _watch_autopilot_plans(self, wc: WorkloadCluster) -> None:
+        """autopilot Plans, where the CRD exists (someone else's rollout: k0s-fleet's own
+        autopilot executor signals nodes and never creates a Plan)."""
+        assert wc.client is not None
+        backoff = Backoff(initial=1.0, maximum=60.0)
+        while True:
+            try:
+                await wc.client.list(AUTOPILOT_PLANS, page_size=1)
+                break
+            except NotFoundError:
+                wc.plans.mark_synced()
+                await anyio.sleep(backoff.next_delay())
+            except KubeError:
+                await anyio.sleep(backoff.next_delay())
+        reflector = Reflector(wc.client, AUTOPILOT_PLANS, listener=wc.plans.on_event,
+                              watch_timeout=self.watch_timeout)
+
+        async def mark_synced() -> None:
+            await reflector.synced.wait()
+            wc.plans.mark_synced()
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(mark_synced)

@@ -17,12 +17,14 @@ from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from fleet.config import FleetConfig
+from fleet.intent import apply_intents, fleet_upgrade_from, resolve
 from fleet.model import (
     KIND_CONTROL_NODE,
     KIND_NODE,
     ROLE_CONTROLLER,
     ClusterInfo,
     ClusterKey,
+    FleetUpgradeInfo,
     InfraMachineInfo,
     MachineInfo,
     NodeInfo,
@@ -78,6 +80,7 @@ class ManagementObjects:
     control_planes: ObjectSource
     machines: ObjectSource
     nodeplans: ObjectSource
+    fleet_upgrades: ObjectSource
 
 
 _bad: set[tuple[str, str, str, str]] = set()
@@ -113,7 +116,8 @@ def fleet_clusters(config: FleetConfig, clusters: Iterable[RawObject]
                              or not selector.matches(labels)):
             continue
         settings = config.for_cluster(ns, name, labels)
-        info = cluster_from(obj, executor=settings.executor.value)
+        info = dataclasses.replace(cluster_from(obj, executor=settings.executor.value),
+                                   labels=dict(settings.labels))
         if settings.paused and not info.paused:
             info = dataclasses.replace(info, paused=True)
         out[(ns, name)] = info
@@ -138,15 +142,25 @@ def cluster_nodes(nodes: ObjectSource, control_nodes: ObjectSource) -> dict[str,
     return out
 
 
+def fleet_upgrades(objects: ManagementObjects) -> list[FleetUpgradeInfo]:
+    """The readable FleetUpgrades (upgrade intents)."""
+    source = objects.fleet_upgrades
+    return [u for u in (readable(source, o, fleet_upgrade_from) for o in source)
+            if u is not None]
+
+
 def control_planes_needing_infra(objects: ManagementObjects,
                                  clusters: Mapping[ClusterKey, ClusterInfo]
                                  ) -> list[MachineInfo]:
     """Control-plane Machines whose eligibility depends on their infrastructure object."""
+    intents = resolve(fleet_upgrades(objects), clusters)
     targets = {}
     for obj in objects.control_planes:
         kcp = readable(objects.control_planes, obj, control_plane_from)
         if kcp is not None:
-            targets[(kcp.ref.namespace, kcp.ref.name)] = kcp.version
+            intent = intents.get((kcp.ref.namespace, kcp.cluster))
+            targets[(kcp.ref.namespace, kcp.ref.name)] = (
+                intent.version if intent else kcp.version)
     out = []
     for obj in objects.machines:
         m = readable(objects.machines, obj, machine_from)
@@ -184,17 +198,22 @@ def _fleet_objects(source: ObjectSource, parser: Callable[[RawObject], F],
 def build_snapshot(*, now: datetime, objects: ManagementObjects,
                    clusters: Mapping[ClusterKey, ClusterInfo],
                    nodes: Mapping[ClusterKey, Mapping[str, NodeInfo] | None],
-                   infra: Mapping[tuple[str, str], InfraMachineInfo]) -> Snapshot:
-    """The snapshot of ``clusters``. ``nodes``: each cluster's nodes, None when they
-    cannot be seen; ``infra``: the infrastructure objects of the Machines
-    :func:`control_planes_needing_infra` named, by (namespace, name)."""
+                   infra: Mapping[tuple[str, str], InfraMachineInfo],
+                   autopilot_plans: Mapping[ClusterKey, str]) -> Snapshot:
+    """The snapshot of ``clusters``, each object's target set by the FleetUpgrade that
+    covers its cluster. ``nodes``: each cluster's nodes, None when they cannot be seen;
+    ``infra``: the infrastructure objects of the Machines
+    :func:`control_planes_needing_infra` named, by (namespace, name);
+    ``autopilot_plans``: clusters where an autopilot Plan still runs (its description)."""
     machines = {key: dataclasses.replace(m, infra=infra[key]) if key in infra else m
                 for key, m in _fleet_objects(objects.machines, machine_from, clusters).items()}
-    return Snapshot(
+    return apply_intents(Snapshot(
         now=now, clusters=dict(clusters),
         deployments=_fleet_objects(objects.deployments, deployment_from, clusters),
         machine_sets=_fleet_objects(objects.machine_sets, machine_set_from, clusters),
         control_planes=_fleet_objects(objects.control_planes, control_plane_from, clusters),
         machines=machines,
         nodeplans=_fleet_objects(objects.nodeplans, nodeplan_from, clusters),
-        nodes={key: nodes.get(key) for key in clusters})
+        nodes={key: nodes.get(key) for key in clusters},
+        autopilot_plans={key: v for key, v in autopilot_plans.items() if key in clusters}),
+        fleet_upgrades(objects))

@@ -31,6 +31,8 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "agent": Command("fleet.cli.agent",
                      "run the node agent (performs this node's in-place k0s upgrades)"),
+    "upgrade": Command("fleet.cli.upgrade", "ask the fleet (or matching clusters) for a k0s "
+                       "version and follow the upgrade"),
     "plan": Command("fleet.cli.plan",
                     "dry run: print what the rollout would do from here (writes nothing)"),
     "status": Command("fleet.cli.status",

@@ -18,6 +18,7 @@ class Exit(IntEnum):
     FAILED = 1  # the command ran and failed (unreachable cluster, rollout not done, ...)
     BAD_CONFIG = 2  # the fleet config or the agent settings are unusable
     LOST_LEADERSHIP = 3  # the controller lost its Lease (its Pod restarts)
+    NOT_DONE = 3  # upgrade: not complete within --timeout
     INTERRUPTED = 130
 
 

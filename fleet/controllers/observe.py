@@ -16,6 +16,7 @@ from fleet.kube import KubeClient
 from fleet.kube.cache import ObjectCache
 from fleet.kube.resources import (
     CLUSTERS,
+    FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
@@ -31,6 +32,7 @@ from fleet.model import (
     InfraMachineInfo,
     NodeInfo,
     Snapshot,
+    live_autopilot_plan,
 )
 from fleet.snapshot import ManagementObjects, build_snapshot, cluster_nodes
 
@@ -46,10 +48,14 @@ class ManagementView:
     """Caches of the management cluster's objects, kept current by Reflectors."""
 
     def __init__(self, client: KubeClient, *, namespaces: Iterable[str] = (),
-                 on_change: Callable[[], None] | None = None, watch_timeout: int = 120) -> None:
+                 on_change: Callable[[], None] | None = None, watch_timeout: int = 120,
+                 intent_namespace: str | None = None) -> None:
         self.client = client
         self.namespaces: list[str | None] = list(namespaces) or [None]
-        self.caches = {res: ObjectCache(res.kind, on_change=on_change) for res in WATCHED}
+        # FleetUpgrades live in the controller's own namespace (management.namespace).
+        self.intent_namespace = intent_namespace
+        self.caches = {res: ObjectCache(res.kind, on_change=on_change)
+                       for res in (*WATCHED, FLEET_UPGRADES)}
         self.reflectors: list[Reflector] = []
         self.watch_timeout = watch_timeout
 
@@ -67,6 +73,12 @@ class ManagementView:
                         watch_timeout=self.watch_timeout)
                     self.reflectors.append(r)
                     tg.start_soon(r.run)
+            if self.intent_namespace is not None:
+                r = Reflector(self.client, FLEET_UPGRADES, namespace=self.intent_namespace,
+                              listener=self.caches[FLEET_UPGRADES].on_event,
+                              watch_timeout=self.watch_timeout)
+                self.reflectors.append(r)
+                tg.start_soon(r.run)
             for r in self.reflectors:
                 await r.synced.wait()
             for cache in self.caches.values():
@@ -88,7 +100,7 @@ def management_objects(view: ManagementView) -> ManagementObjects:
     return ManagementObjects(
         deployments=view[MACHINE_DEPLOYMENTS], machine_sets=view[MACHINE_SETS],
         control_planes=view[K0S_CONTROL_PLANES], machines=view[MACHINES],
-        nodeplans=view[NODE_PLANS])
+        nodeplans=view[NODE_PLANS], fleet_upgrades=view[FLEET_UPGRADES])
 
 
 def workload_nodes(registry: ClusterRegistry, key: ClusterKey) -> dict[str, NodeInfo] | None:
@@ -102,6 +114,11 @@ def snapshot_of(*, now: datetime, view: ManagementView, registry: ClusterRegistr
                 clusters: Mapping[ClusterKey, ClusterInfo],
                 infra: Mapping[tuple[str, str], InfraMachineInfo]) -> Snapshot:
     """The snapshot the controller plans on, from its watch caches."""
+    autopilot: dict[ClusterKey, str] = {}
+    for key in clusters:
+        wc = registry.get(key)
+        if wc is not None and (live := live_autopilot_plan(wc.plans)) is not None:
+            autopilot[key] = live
     return build_snapshot(now=now, objects=management_objects(view), clusters=clusters,
                           nodes={key: workload_nodes(registry, key) for key in clusters},
-                          infra=infra)
+                          infra=infra, autopilot_plans=autopilot)

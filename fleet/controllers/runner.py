@@ -134,7 +134,8 @@ class FleetController:
         self.tracer = tracer or get_tracer("fleet.controller")
         self.trigger = trigger or Trigger()
         self.view = ManagementView(mgmt, namespaces=config.clusters.namespaces,
-                                   on_change=self.trigger.poke, watch_timeout=watch_timeout)
+                                   on_change=self.trigger.poke, watch_timeout=watch_timeout,
+                                   intent_namespace=config.management.namespace)
         registry_kw = {"client_factory": client_factory} if client_factory else {}
         self.registry = ClusterRegistry(self.view[SECRETS], on_change=self.trigger.poke,
                                         watch_timeout=watch_timeout, **registry_kw)

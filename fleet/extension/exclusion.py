@@ -22,6 +22,7 @@ from fleet.kube.watch import Reflector, WatchEvent
 from fleet.model import ClusterKey, ObjectRef, Snapshot
 from fleet.planner.actions import PlanResult
 from fleet.planner.policy import FleetPolicy, Hold
+from fleet.planner.writer import ExtensionDrives
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +81,11 @@ class ExtensionExclusion:
             if not synced:
                 return SYNC_REASON
             namespace, name = cluster
+            inner = inner_hold(cluster, owner) if inner_hold is not None else None
             if self.owns(namespace, name):
-                return HOLD_REASON
-            return inner_hold(cluster, owner) if inner_hold is not None else None
+                # The planner starts no worker here; under a FleetUpgrade it still writes
+                # the versions, as far as the rollout policy (``inner``) admits.
+                return ExtensionDrives(HOLD_REASON, inner)
+            return inner
 
         return hold

@@ -31,6 +31,7 @@ from fleet.artifacts import ArtifactResolver
 from fleet.config import FleetConfig
 from fleet.extension.catalog import DISCOVERY_PATH, HANDLERS, hook_path
 from fleet.extension.handlers import ExtensionHandlers
+from fleet.extension.policyhold import policy_hold_from_config
 from fleet.extension.tls import ReloadingServerTLS
 from fleet.extension.update import UpdateMachineService, WorkloadClientGetter
 from fleet.extension.wire import (
@@ -239,6 +240,7 @@ def handlers_from_config(config: FleetConfig, *, mgmt: KubeClient,
             artifacts=artifacts or ArtifactResolver(config.download),
             cluster_settings=config.for_cluster, tracer=tracer,
             node_policy=config.agent.node_policy(),
+            policy_hold=policy_hold_from_config(config, mgmt),
         ),
         mode=config.extension.mode,
     )

@@ -20,11 +20,13 @@ import anyio
 from fleet.clusters import KubeconfigSecretError, kubeconfig_from_secret
 from fleet.config import FleetConfig
 from fleet.controllers.infra import InfraMachines
-from fleet.kube import KubeClient, KubeError
+from fleet.kube import KubeClient, KubeError, KubeObject, NotFoundError
 from fleet.kube.resources import (
+    AUTOPILOT_PLANS,
     CLUSTERS,
     CONFIGMAPS,
     CONTROL_NODES,
+    FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
@@ -38,6 +40,7 @@ from fleet.model import (
     ClusterKey,
     NodeInfo,
     Snapshot,
+    live_autopilot_plan,
 )
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP, STATE_KEY
 from fleet.rollout.gate import FleetControls
@@ -80,16 +83,20 @@ async def workload_client(mgmt: KubeClient, config: FleetConfig, namespace: str,
 
 
 async def _nodes(mgmt: KubeClient, config: FleetConfig, key: ClusterKey,
-                 timeout: float) -> dict[str, NodeInfo]:
+                 timeout: float) -> tuple[dict[str, NodeInfo], str | None]:
+    """The cluster's Nodes (and ControlNodes), and a still running autopilot Plan."""
     with anyio.fail_after(timeout):
         async with await workload_client(mgmt, config, *key) as wl:
             nodes = (await wl.list(NODES)).items
+            control_nodes: list[KubeObject] = []
+            plan: str | None = None
             try:
                 control_nodes = (await wl.list(CONTROL_NODES)).items
+                plan = live_autopilot_plan((await wl.list(AUTOPILOT_PLANS)).items)
             except KubeError:
-                control_nodes = []  # no autopilot CRD: no pure controllers to see
+                pass  # no autopilot CRD: no pure controllers, no Plans to see
             return cluster_nodes(Listed(NODES.kind, nodes),
-                                 Listed(CONTROL_NODES.kind, control_nodes))
+                                 Listed(CONTROL_NODES.kind, control_nodes)), plan
 
 
 async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None = None,
@@ -106,18 +113,26 @@ async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None
     async def listed(res: Resource) -> Listed:
         return Listed(res.kind, await _list(mgmt, res, namespaces))
 
+    try:
+        upgrades = (await mgmt.list(FLEET_UPGRADES, config.management.namespace)).items
+    except NotFoundError:
+        upgrades = []  # the FleetUpgrade CRD is not installed: no intents
     objects = ManagementObjects(
         deployments=await listed(MACHINE_DEPLOYMENTS), machine_sets=await listed(MACHINE_SETS),
         control_planes=await listed(K0S_CONTROL_PLANES), machines=await listed(MACHINES),
-        nodeplans=await listed(NODE_PLANS))
+        nodeplans=await listed(NODE_PLANS),
+        fleet_upgrades=Listed(FLEET_UPGRADES.kind, upgrades))
     infra = await InfraMachines(mgmt).for_machines(
         control_planes_needing_infra(objects, clusters))
 
     nodes: dict[ClusterKey, Mapping[str, NodeInfo] | None] = {}
+    autopilot: dict[ClusterKey, str] = {}
     problems: dict[ClusterKey, str] = {}
     for key in sorted(clusters):
         try:
-            nodes[key] = await _nodes(mgmt, config, key, node_timeout)
+            nodes[key], plan = await _nodes(mgmt, config, key, node_timeout)
+            if plan is not None:
+                autopilot[key] = plan
         except (KubeError, KubeconfigSecretError, TimeoutError) as e:
             nodes[key] = None
             problems[key] = f"workload cluster unreachable: {e!r}"[:300]
@@ -130,6 +145,7 @@ async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None
         state = RolloutState.from_json((cm.get("data") or {}).get(STATE_KEY))
 
     snapshot = build_snapshot(now=now or datetime.now(UTC), objects=objects,
-                              clusters=clusters, nodes=nodes, infra=infra)
+                              clusters=clusters, nodes=nodes, infra=infra,
+                              autopilot_plans=autopilot)
     return Observation(snapshot=snapshot, controls=controls, state=state,
                        problems=problems)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Protocol
 
 import anyio
@@ -29,6 +29,7 @@ from fleet.planner.actions import PlanResult
 from fleet.planner.policy import Hold
 from fleet.rollout.coordinator import RolloutCoordinator
 from fleet.rollout.gate import GateDecision
+from fleet.rollout.intents import write_upgrade_status
 from fleet.rollout.progress import ClusterProgress, clusters_from_snapshot
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class RolloutPolicy:
                  clock: Callable[[], datetime] | None = None) -> None:
         kw = {"clock": clock} if clock is not None else {}
         self.coordinator = RolloutCoordinator(mgmt, config, recorder=recorder, **kw)
+        self.mgmt = mgmt
+        self.clock = clock or (lambda: datetime.now(UTC))
         self.config = config
         self.board = board
         self.decision: GateDecision | None = None
@@ -62,6 +65,9 @@ class RolloutPolicy:
         self.decision = decision
         if self.board is not None:
             self.board.publish(decision, clusters)
+        # The upgrade intents' status: per wave and per cluster, from this very decision.
+        await write_upgrade_status(self.mgmt, snapshot.upgrades, snapshot.intents, decision,
+                                   clusters, clock=self.clock)
         if decision.next_wakeup != previous:
             self._wakeup_changed.set()
         return decision.hold

@@ -3,27 +3,22 @@ what the Dockerfile builds, from a pinned base, as a non-root user, from a small
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import subprocess
 import tomllib
 
 import yaml
 
+import fleet
 from fleet.testing.binaries import REPO_ROOT
 from tests.helpers.charts import AGENT_CHART, CONTROLLER_CHART, pod_spec, render
+from tests.helpers.dockerfile import instructions
 
-DOCKERFILE = (REPO_ROOT / "Dockerfile").read_text()
 DOCKERIGNORE = (REPO_ROOT / ".dockerignore").read_text().splitlines()
 
 
-def instructions() -> list[tuple[str, str]]:
-    text = re.sub(r"\\\n", " ", DOCKERFILE)
-    out = []
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line and not line.startswith("#"):
-            op, _, rest = line.partition(" ")
-            out.append((op.upper(), rest.strip()))
-    return out
 
 
 def test_base_image_is_pinned_and_shared_by_both_stages() -> None:
@@ -74,3 +69,41 @@ def test_build_context_is_an_allow_list_covering_every_copy() -> None:
         if op == "COPY" and not rest.startswith("--from"):
             sources += rest.split()[:-1]
     assert sources and all(src.rstrip("/") in allowed for src in sources), sources
+
+
+def test_image_reference_labels_and_docs_agree() -> None:
+    """One image reference: the charts' default repository with the project's version as
+    tag is what the Dockerfile labels say, what docs/operations.md tells to build and push,
+    and what `make image` (hack/image/lib.sh) tags and names its archive."""
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    version = project["version"]
+    repos = set()
+    for chart in (CONTROLLER_CHART, AGENT_CHART):
+        repos.add(yaml.safe_load((chart / "values.yaml").read_text())["image"]["repository"])
+        meta = yaml.safe_load((chart / "Chart.yaml").read_text())
+        assert meta["appVersion"] == version, chart  # the default tag
+        assert meta["annotations"]["artifacthub.io/license"] == project["license"]["text"]
+    (repo,) = repos
+    assert repo.startswith("ghcr.io/")
+    args = dict(rest.split("=", 1) for op, rest in instructions() if op == "ARG" and "=" in rest)
+    assert args["VERSION"] == version == fleet.__version__
+    labels = dict(kv.split("=", 1) for op, rest in instructions() if op == "LABEL"
+                  for kv in shlex.split(rest))
+    assert labels == {
+        "org.opencontainers.image.title": project["name"],
+        "org.opencontainers.image.description": project["description"],
+        "org.opencontainers.image.version": "${VERSION}",
+        # ghcr.io links a package to the repository its source label names
+        "org.opencontainers.image.source": f"https://github.com/{repo.removeprefix('ghcr.io/')}",
+        "org.opencontainers.image.licenses": project["license"]["text"],
+    }
+    ops = (REPO_ROOT / "docs" / "operations.md").read_text()
+    section = ops[ops.index("## Build the image"):]
+    archive = f"build/image/k0s-fleet-{version}.oci.tar"
+    assert f"{repo}:{version}" in section and f"oci-archive:{archive}" in section
+    assert f"image.repository: {repo}" in section
+    assert f"--build-arg PYTHON_IMAGE={args['PYTHON_IMAGE']}@sha256:" in section
+    env = {k: v for k, v in os.environ.items() if not k.startswith("K0S_FLEET_IMAGE")}
+    out = subprocess.run(["bash", "-c", "source hack/image/lib.sh; image_ref; image_archive"],
+                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [f"{repo}:{version}", str(REPO_ROOT / archive)]

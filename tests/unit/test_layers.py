@@ -22,12 +22,13 @@ ROOT = Path(__file__).resolve().parents[2] / "fleet"
 LAYERS = [
     "cli",                                            # entry points: compose the process
     "status",                                         # status document, HTTP, metrics
+    "extension",                                      # CAPI hooks (ask the rollout's gate)
     "rollout",                                        # waves gate, policy, dry run
-    "controllers | extension | agents | testing",     # the long-running parts
+    "controllers | agents | testing",                 # the long-running parts
     "dispatch",                                       # create-or-adopt a NodePlan
     "artifacts | clusters | events | telemetry",      # shared I/O services
     "planner | snapshot",                             # pure decisions
-    "eligibility | budget | executors",
+    "eligibility | budget | executors | intent",
     "model",
     "nodeplan",
     "config_loader | downloads",
@@ -47,7 +48,7 @@ PURE = [
     "selectors.py", "downloads.py", "snapshot.py", "planner", "agents/state.py", "rollout/gate.py",
     "rollout/state.py", "rollout/progress.py", "extension/canupdate.py",
     "extension/patches.py", "extension/wire.py", "extension/progress.py",
-    "extension/activation.py", "status/model.py",
+    "extension/activation.py", "status/model.py", "intent.py", "rollout/hookgate.py",
 ]
 IO_MODULES = ("aiohttp", "kubernetes_asyncio", "subprocess", "socket", "fleet.kube.client",
               "fleet.kube.patch", "fleet.kube.watch", "fleet.clusters", "fleet.controllers")

@@ -40,6 +40,7 @@ OBJECTS = {
     ],
     "NodePlan": [obj("NodePlan", "p1", spec={"clusterName": "c1", "version": "v1.31.1"}),
                  obj("NodePlan", "p2", spec=["not", "a", "mapping"])],
+    "FleetUpgrade": [],
 }
 NODES = [obj("Node", "n1", meta={"namespace": ""}), obj("Node", "bad", status="nope")]
 
@@ -56,7 +57,7 @@ def objects(make: type[Listed] | type[ObjectCache]) -> ManagementObjects:
     return ManagementObjects(
         deployments=source("MachineDeployment"), machine_sets=source("MachineSet"),
         control_planes=source("K0sControlPlane"), machines=source("Machine"),
-        nodeplans=source("NodePlan"))
+        nodeplans=source("NodePlan"), fleet_upgrades=source("FleetUpgrade"))
 
 
 def test_caches_and_one_shot_lists_give_the_same_snapshot() -> None:
@@ -65,7 +66,7 @@ def test_caches_and_one_shot_lists_give_the_same_snapshot() -> None:
     nodes = {("ns", "c1"): cluster_nodes(Listed("Node", NODES), Listed("ControlNode")),
              ("ns", "c2"): None}
     built = [build_snapshot(now=NOW, objects=objects(make), clusters=clusters, nodes=nodes,
-                            infra={}) for make in (Listed, ObjectCache)]
+                            infra={}, autopilot_plans={}) for make in (Listed, ObjectCache)]
     assert built[0] == built[1]
     snap = built[0]
     # the unreadable Machine and NodePlan are skipped, not fatal; foreign ones left out
