@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from fleet import demo as demo_cli
+from fleet import upgrade_cli
 from fleet.agents import cli as agent_cli
 from fleet.controllers import cli as controller_cli
 from fleet.rollout import cli as plan_cli
@@ -19,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent = sub.add_parser("agent", help=agent_cli.HELP, description=agent_cli.HELP)
     agent_cli.add_arguments(agent)
     agent.set_defaults(func=agent_cli.run)
-    for name, mod in (("plan", plan_cli), ("status", status_cli),
+    for name, mod in (("upgrade", upgrade_cli), ("plan", plan_cli), ("status", status_cli),
                       ("controller", controller_cli), ("demo", demo_cli)):
         cmd = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(cmd)

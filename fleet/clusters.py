@@ -15,7 +15,6 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import anyio
@@ -25,7 +24,7 @@ import yaml
 from fleet.controllers.cache import ObjectCache
 from fleet.kube import KubeClient, KubeError, KubeObject, NotFoundError
 from fleet.kube.backoff import Backoff
-from fleet.kube.resources import CONTROL_NODES, NODES, SECRETS
+from fleet.kube.resources import AUTOPILOT_PLANS, CONTROL_NODES, NODES, SECRETS
 from fleet.kube.watch import Reflector
 from fleet.model import ClusterKey
 
@@ -88,6 +87,8 @@ class WorkloadCluster:
     nodes: ObjectCache
     control_nodes: ObjectCache
     client: KubeClient | None = None
+    # autopilot Plans: another driver of this cluster's k0s versions (k0smotron, a user)
+    plans: ObjectCache = field(default_factory=lambda: ObjectCache("Plan"))
     error: str | None = None
     generation: int = 0  # bumped on every rebuild (a rotated Secret)
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
@@ -103,28 +104,14 @@ class WorkloadCluster:
         """Nodes are known (listed at least once since this client was built)."""
         return self.client is not None and self.nodes.synced
 
-    def unreachable(self, after: float) -> tuple[datetime, str] | None:
-        """(since when, last error) when this cluster's Node watch has failed without a
-        single success for ``after`` seconds or more; None while it answers (or before
-        that bound: one dropped watch is not an outage)."""
-        r = self.node_reflector
-        if r is None or r.failing_since is None or r.failing_since_wall is None:
-            return None
-        if r.failing_for() < after:
-            return None
-        return r.failing_since_wall, r.last_error or "no answer"
-
 
 class ClusterRegistry:
     """Workload cluster clients keyed by CAPI Cluster, following their kubeconfig Secrets."""
 
     def __init__(self, secrets: ObjectCache, *, on_change: Callable[[], None],
                  client_factory: ClientFactory = _default_factory,
-                 watch_timeout: int = 120, unreachable_after: float = 30.0) -> None:
+                 watch_timeout: int = 120) -> None:
         self.secrets = secrets
-        # A cluster whose Node watch has failed this long is unreachable: its last cache
-        # is not decided on, nothing new starts there (docs/controller.md).
-        self.unreachable_after = unreachable_after
         self.on_change = on_change
         self.client_factory = client_factory
         self.watch_timeout = watch_timeout
@@ -134,10 +121,6 @@ class ClusterRegistry:
 
     def get(self, key: ClusterKey) -> WorkloadCluster | None:
         return self.clusters.get(key)
-
-    def unreachable(self, key: ClusterKey) -> tuple[datetime, str] | None:
-        wc = self.clusters.get(key)
-        return None if wc is None else wc.unreachable(self.unreachable_after)
 
     def client(self, key: ClusterKey) -> KubeClient | None:
         wc = self.clusters.get(key)
@@ -193,7 +176,8 @@ class ClusterRegistry:
         assert self._tg is not None
         wc = WorkloadCluster(key=key, secret_name=secret_name, digest=digest,
                              nodes=ObjectCache("Node", on_change=self.on_change),
-                             control_nodes=ObjectCache("ControlNode", on_change=self.on_change))
+                             control_nodes=ObjectCache("ControlNode", on_change=self.on_change),
+                             plans=ObjectCache("Plan", on_change=self.on_change))
         self.clusters[key] = wc
         self.rebuilds += 1
         if secret is None:
@@ -217,6 +201,7 @@ class ClusterRegistry:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._watch_nodes, wc)
                     tg.start_soon(self._watch_control_nodes, wc)
+                    tg.start_soon(self._watch_autopilot_plans, wc)
             finally:
                 with anyio.CancelScope(shield=True):
                     await self._close(wc)
@@ -226,8 +211,7 @@ class ClusterRegistry:
         cache = wc.nodes
         reflector = Reflector(wc.client, NODES, listener=cache.on_event,
                               watch_timeout=self.watch_timeout,
-                              backoff=Backoff(initial=0.1, maximum=5.0),
-                              on_health=self.on_change)
+                              backoff=Backoff(initial=0.1, maximum=5.0))
         wc.node_reflector = reflector
 
         async def mark_synced() -> None:
@@ -258,6 +242,31 @@ class ClusterRegistry:
         async def mark_synced() -> None:
             await reflector.synced.wait()
             wc.control_nodes.mark_synced()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(mark_synced)
+            await reflector.run()
+
+    async def _watch_autopilot_plans(self, wc: WorkloadCluster) -> None:
+        """autopilot Plans, where the CRD exists (someone else's rollout: k0s-fleet's own
+        autopilot executor signals nodes and never creates a Plan)."""
+        assert wc.client is not None
+        backoff = Backoff(initial=1.0, maximum=60.0)
+        while True:
+            try:
+                await wc.client.list(AUTOPILOT_PLANS, page_size=1)
+                break
+            except NotFoundError:
+                wc.plans.mark_synced()
+                await anyio.sleep(backoff.next_delay())
+            except KubeError:
+                await anyio.sleep(backoff.next_delay())
+        reflector = Reflector(wc.client, AUTOPILOT_PLANS, listener=wc.plans.on_event,
+                              watch_timeout=self.watch_timeout)
+
+        async def mark_synced() -> None:
+            await reflector.synced.wait()
+            wc.plans.mark_synced()
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(mark_synced)

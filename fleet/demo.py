@@ -6,8 +6,9 @@ cluster (a K0sControlPlane with 3 control planes, a MachineDeployment of 6 worke
 maxUnavailable 2), one simulated node per Machine (a fake k0s under a supervisor, and a
 real ``k0s-fleet agent`` process), and a local release server with pinned digests; runs
 the controller with the fleet rollout policy (cluster-1 is a canary wave with a short
-soak, the others follow two at a time); bumps every version; and shows the rollout until
-it is done. With
+soak, the others follow two at a time); asks for the new version through one
+``FleetUpgrade`` (the controller writes every K0sControlPlane and MachineDeployment version
+itself); and shows the rollout until it is done. With
 ``--fast`` the node side is a scripted stand-in for the agents (no agent processes).
 """
 
@@ -214,11 +215,12 @@ async def _main(args: argparse.Namespace) -> int:
     from fleet.kube.resources import CLUSTERS, NAMESPACES  # noqa: PLC0415
     from fleet.rollout.policy import attach_rollout  # noqa: PLC0415
     from fleet.telemetry import get_tracer, setup_tracing  # noqa: PLC0415
-    from fleet.testing.capi import bump, create_cluster, ensure_infra_crd  # noqa: PLC0415
+    from fleet.testing.capi import create_cluster, ensure_infra_crd  # noqa: PLC0415
     from fleet.testing.releases import ReleaseServer  # noqa: PLC0415
     from fleet.testing.responder import NodeResponder  # noqa: PLC0415
     from fleet.testing.simnode import SimNode  # noqa: PLC0415
     from fleet.testing.world import World  # noqa: PLC0415
+    from fleet.upgrade_cli import apply_upgrade  # noqa: PLC0415
 
     console = Console()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="k0s-fleet-demo-"))
@@ -309,9 +311,9 @@ async def _main(args: argparse.Namespace) -> int:
                 await tg.start(controller.run)
                 with Live(board.render(), console=console, refresh_per_second=8,
                           transient=False) as live:
-                    board.phase = "bumping versions"
-                    for fc in fcs:
-                        await bump(mgmt, fc, TO)
+                    board.phase = f"FleetUpgrade to {TO}"
+                    await apply_upgrade(mgmt, namespace=NAMESPACE, name="demo", version=TO,
+                                        selector=None)
                     board.rollout_started = time.monotonic()
                     board.phase = "rolling out"
                     while time.monotonic() < deadline:

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from fleet.config import LabelSelector
 from fleet.nodeplan import NodePlanPhase
 from fleet.signal import (
     AUTOPILOT_SIGNAL_DATA_KEY,
@@ -56,6 +57,15 @@ ANN_RETRY = f"{DOMAIN}/retry"
 # The worker Machine annotation carrying the k0s version its node runs (set on completion).
 ANN_MACHINE_RUNNING_VERSION = RUNNING_VERSION_KEY
 NODEPLAN_FINALIZER = f"{DOMAIN}/node-signal"
+# The one writer of versions (docs/operations.md "Roll a version"): the version k0s-fleet
+# last wrote (or adopted) into an MD/KCP; a spec version that differs was written by
+# someone else.
+ANN_WRITTEN_VERSION = f"{DOMAIN}/version"
+# Cluster API's pause annotation (honoured by k0smotron's KCP controller and CAPI's own),
+# and k0s-fleet's record that it set it (value: the version being rolled), so that a
+# restarted controller resumes the rollout or releases the pause.
+ANN_CAPI_PAUSED = "cluster.x-k8s.io/paused"
+ANN_PAUSED_FOR = f"{DOMAIN}/paused-for"
 
 ClusterKey = tuple[str, str]  # (namespace, name) of the CAPI Cluster
 
@@ -106,13 +116,35 @@ class ClusterInfo:
     name: str
     paused: bool = False
     executor: str = EXECUTOR_AGENT
-    # Its workload API server has not answered since then (the Node watch keeps failing).
-    unreachable_since: datetime | None = None
-    unreachable_error: str = ""
+    # the CAPI Cluster's labels with the fleet YAML's entry labels laid over them
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> ClusterKey:
         return (self.namespace, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetUpgradeInfo:
+    """A FleetUpgrade: "these clusters go to k0s version X" (fleet/intent.py)."""
+
+    ref: ObjectRef
+    version: str | None  # normalised; None when spec.version is not a k0s version
+    raw_version: str
+    selector: LabelSelector | None  # None: the whole fleet
+    created: datetime
+    generation: int = 0
+    problem: str | None = None  # why it cannot be used (bad version, bad selector)
+    deleting: bool = False
+    status: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class IntentTarget:
+    """The version a FleetUpgrade asks of one cluster."""
+
+    intent: ObjectRef  # the FleetUpgrade
+    version: str  # normalised
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,21 +158,52 @@ class RolloutStatus:
         return next((c for c in self.conditions if c.type == ctype), None)
 
 
+class _VersionOwner:
+    """What MachineDeploymentInfo and ControlPlaneInfo share about who writes versions."""
+
+    __slots__ = ()
+    annotations: Mapping[str, str]
+    version: str | None
+    spec_version: str | None
+
+    @property
+    def object_version(self) -> str | None:
+        """The version written in the object itself (``version`` may be an intent's)."""
+        return self.spec_version if self.spec_version is not None else self.version
+
+    @property
+    def written_version(self) -> str | None:
+        """The version k0s-fleet last wrote or adopted (None: not enrolled)."""
+        return self.annotations.get(ANN_WRITTEN_VERSION) or None
+
+    @property
+    def capi_paused(self) -> bool:
+        return ANN_CAPI_PAUSED in self.annotations
+
+    @property
+    def paused_for(self) -> str | None:
+        """The version k0s-fleet paused this object for (its own pause), or None."""
+        return self.annotations.get(ANN_PAUSED_FOR) or None
+
+
 @dataclass(frozen=True, slots=True)
-class MachineDeploymentInfo:
+class MachineDeploymentInfo(_VersionOwner):
     ref: ObjectRef
     cluster: str
     replicas: int
+    # the target the planner works towards: the FleetUpgrade's version for clusters an
+    # intent covers, else what the object says (spec_version)
     version: str | None
     max_unavailable: int | str | None
     strategy: str = "RollingUpdate"
-    max_surge: int | str | None = None  # None: Cluster API's default, 1
     bootstrap: TemplateRef | None = None
     infrastructure: TemplateRef | None = None
     failure_domain: str | None = None
     paused: bool = False
     annotations: Mapping[str, str] = field(default_factory=dict)
     status: RolloutStatus = field(default_factory=RolloutStatus)
+    spec_version: str | None = None  # spec.template.spec.version as written in the object
+    intent: ObjectRef | None = None  # the FleetUpgrade that sets ``version``
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,10 +214,13 @@ class MachineSetInfo:
     bootstrap: TemplateRef | None = None
     infrastructure: TemplateRef | None = None
     failure_domain: str | None = None
+    replicas: int = 0
+    created: datetime | None = None
+    version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class ControlPlaneInfo:
+class ControlPlaneInfo(_VersionOwner):
     """A K0sControlPlane."""
 
     ref: ObjectRef
@@ -167,6 +233,8 @@ class ControlPlaneInfo:
     k0s_config: Mapping[str, Any] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     status: RolloutStatus = field(default_factory=RolloutStatus)
+    spec_version: str | None = None  # spec.version as written in the object
+    intent: ObjectRef | None = None  # the FleetUpgrade that sets ``version``
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +284,6 @@ class NodeInfo:
     cordoned_by: str | None = None
     arch: str = "amd64"
     kubelet_version: str | None = None  # status.nodeInfo.kubeletVersion, e.g. v1.31.3+k0s
-    k0s_version: str | None = None  # a ControlNode's status.k0sVersion (autopilot's report)
 
     @property
     def available(self) -> bool:
@@ -287,6 +354,11 @@ class Snapshot:
     machines: Mapping[tuple[str, str], MachineInfo] = field(default_factory=dict)
     nodeplans: Mapping[tuple[str, str], NodePlanInfo] = field(default_factory=dict)
     nodes: Mapping[ClusterKey, Mapping[str, NodeInfo] | None] = field(default_factory=dict)
+    # clusters a FleetUpgrade covers, and the version it asks of them
+    intents: Mapping[ClusterKey, IntentTarget] = field(default_factory=dict)
+    upgrades: Mapping[tuple[str, str], FleetUpgradeInfo] = field(default_factory=dict)
+    # per workload cluster, an autopilot Plan still running there (name and state)
+    autopilot_plans: Mapping[ClusterKey, str] = field(default_factory=dict)
 
 
 # -- parsing ---------------------------------------------------------------------------
@@ -375,7 +447,6 @@ def deployment_from(obj: Mapping[str, Any]) -> MachineDeploymentInfo:
         replicas=_int(spec.get("replicas"), 1),
         version=tspec.get("version"),
         max_unavailable=rolling.get("maxUnavailable"),
-        max_surge=rolling.get("maxSurge"),
         strategy=str(strategy.get("type") or "RollingUpdate"),
         bootstrap=_template_ref((tspec.get("bootstrap") or {}).get("configRef")),
         infrastructure=_template_ref(tspec.get("infrastructureRef")),
@@ -383,6 +454,7 @@ def deployment_from(obj: Mapping[str, Any]) -> MachineDeploymentInfo:
         paused=bool(spec.get("paused")),
         annotations=_annotations(obj),
         status=_rollout_status(obj),
+        spec_version=tspec.get("version"),
     )
 
 
@@ -397,6 +469,9 @@ def machine_set_from(obj: Mapping[str, Any]) -> MachineSetInfo:
         bootstrap=_template_ref((tspec.get("bootstrap") or {}).get("configRef")),
         infrastructure=_template_ref(tspec.get("infrastructureRef")),
         failure_domain=tspec.get("failureDomain"),
+        replicas=_int(spec.get("replicas"), 0),
+        created=parse_time(_meta(obj).get("creationTimestamp")),
+        version=tspec.get("version"),
     )
 
 
@@ -420,6 +495,7 @@ def control_plane_from(obj: Mapping[str, Any]) -> ControlPlaneInfo:
         k0s_config=comparable_k0s_config(spec.get("k0sConfigSpec") or {}),
         annotations=_annotations(obj),
         status=_rollout_status(obj),
+        spec_version=spec.get("version"),
     )
 
 
@@ -495,8 +571,6 @@ def node_from(obj: Mapping[str, Any]) -> NodeInfo:
         arch=str(((status.get("nodeInfo") or {}).get("architecture"))
                  or (_meta(obj).get("labels") or {}).get("kubernetes.io/arch") or "amd64"),
         kubelet_version=(status.get("nodeInfo") or {}).get("kubeletVersion") or None,
-        k0s_version=(str(status.get("k0sVersion") or "") or None)
-        if kind == KIND_CONTROL_NODE else None,
     )
 
 
@@ -547,6 +621,21 @@ def nodeplan_from(obj: Mapping[str, Any]) -> NodePlanInfo:
         traceparent=str(status.get("traceparent") or ""),
         conditions=parse_conditions(status.get("conditions")),
     )
+
+
+# autopilot Plan states after which the Plan drives nothing any more (Completed, or one of
+# its error states, which abort it); anything else (none yet, Schedulable, SchedulableWait)
+# is a rollout in progress.
+AUTOPILOT_PLAN_LIVE_STATES = frozenset({"", "Schedulable", "SchedulableWait"})
+
+
+def live_autopilot_plan(plans: Any) -> str | None:
+    """'<name> (<state>)' of an autopilot Plan that still drives its cluster, or None."""
+    for obj in plans:
+        state = str(((obj.get("status") or {}).get("state")) or "")
+        if state in AUTOPILOT_PLAN_LIVE_STATES and not _meta(obj).get("deletionTimestamp"):
+            return f"{_meta(obj).get('name')} ({state or 'new'})"
+    return None
 
 
 # -- autopilot signal (executor "autopilot") ---------------------------------------------

@@ -29,8 +29,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--restart-command", default=S, help="command line for --restart-strategy=command")
     a("--restart-grace", type=float, default=S,
       help="seconds a recorded restart gets to replace the process before re-issuing")
-    a("--restart-timeout", type=float, default=S,
-      help="seconds a restart command (systemctl/--restart-command) may take")
     a("--host-namespace", choices=["auto", "always", "never"], default=S,
       help="run systemctl/commands via nsenter into pid 1's namespaces")
     a("--version-source", choices=["status-socket", "binary"], default=S)

@@ -75,9 +75,6 @@ class AgentSettings(BaseSettings):
     # A restart recorded as issued while the very same k0s process still runs: how long
     # to let it take effect before issuing it again (see state.restart_action).
     restart_grace: float = Field(default=20.0, ge=0)
-    # How long a restart command (systemctl restart, restart_command) may take; separate
-    # from verify_timeout, which bounds waiting for the new k0s to come up afterwards.
-    restart_timeout: float = Field(default=120.0, gt=0)
     host_namespace: HostNamespace = HostNamespace.AUTO
 
     version_source: VersionSource = VersionSource.STATUS_SOCKET

@@ -37,7 +37,6 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
 
     # Imported here so that `k0s-fleet agent` never pays for the controller's imports.
     from fleet.controllers.leader import LeaderElector, LostLeadershipError  # noqa: PLC0415
-    from fleet.controllers.probes import probes  # noqa: PLC0415
     from fleet.controllers.runner import FleetController  # noqa: PLC0415
     from fleet.extension.exclusion import ExtensionExclusion  # noqa: PLC0415
     from fleet.extension.server import serve_configured_extension  # noqa: PLC0415
@@ -62,7 +61,6 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
         exclusion = ExtensionExclusion(mgmt, config, controller.policy,
                                        on_change=controller.trigger.poke)
         controller.policy = exclusion
-        health = probes(controller, exclusion, config)
 
         async def lead() -> None:
             await controller.run()
@@ -76,14 +74,13 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
                         return
 
             tg.start_soon(on_signal)
-            tg.start_soon(functools.partial(rollout.serve, health=health.health))
+            tg.start_soon(rollout.serve)
             tg.start_soon(exclusion.run)
             # CAPI calls the hooks through the Service, i.e. on any replica: serve them on
             # every replica, leader or not (returns at once when the extension is off).
             tg.start_soon(functools.partial(
                 serve_configured_extension, config, mgmt=mgmt,
-                tracer=get_tracer("fleet.extension", provider),
-                on_serving=health.extension_serving))
+                tracer=get_tracer("fleet.extension", provider)))
             try:
                 if args.leader_elect:
                     elector = LeaderElector(mgmt, namespace=config.management.namespace,

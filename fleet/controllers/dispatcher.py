@@ -46,13 +46,17 @@ from fleet.kube.resources import (
     CONTROL_NODES,
     K0S_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
+    MACHINE_SETS,
     MACHINES,
     NODE_PLANS,
     NODES,
     Resource,
 )
 from fleet.model import (
+    ANN_CAPI_PAUSED,
     ANN_MACHINE_RUNNING_VERSION,
+    ANN_PAUSED_FOR,
+    ANN_WRITTEN_VERSION,
     EXECUTOR_AGENT,
     EXECUTOR_AUTOPILOT,
     KIND_CONTROL_NODE,
@@ -61,7 +65,6 @@ from fleet.model import (
     KIND_NODEPLAN,
     NODEPLAN_FINALIZER,
     Condition,
-    NodePlanInfo,
     ObjectRef,
     format_time,
     node_from,
@@ -77,17 +80,23 @@ from fleet.planner.actions import (
     CreateNodePlan,
     HaltObject,
     MarkNodePlanFailed,
+    PatchMachineSetVersion,
     PatchMachineVersion,
     RecordEvent,
+    RecordWrittenVersion,
     ReleaseNodePlan,
+    ReleasePause,
     RemoveAnnotation,
     ReportNotInPlace,
+    ReportOtherDriver,
+    ReportVersionConflict,
     RetryNodePlan,
     SetRolloutStatus,
     SignalNode,
     StartNodePlan,
     UncordonNode,
     UpdateNodePlanStatus,
+    WriteVersion,
 )
 from fleet.signal import (
     AUTOPILOT_SIGNAL_DATA_KEY,
@@ -482,7 +491,7 @@ class Dispatcher:
             if p.started_at and p.completed_at:
                 took = f" in {(p.completed_at - p.started_at).total_seconds():.1f}s"
             await self.event(obj, "NodeUpgraded", f"node {p.node} runs {p.version}{took}",
-                             related=p.owner_ref, action="Complete", key=_attempt_key(p))
+                             related=p.owner_ref, action="Complete")
 
     async def _do_MarkNodePlanFailed(self, a: MarkNodePlanFailed) -> None:
         now = self.clock()
@@ -503,7 +512,7 @@ class Dispatcher:
             self._trace_result(obj, "Failed", a.message)
             p = nodeplan_from(obj)
             await self.event(obj, "NodeUpgradeFailed", a.message, type=WARNING,
-                             related=p.owner_ref, action="Fail", key=_attempt_key(p))
+                             related=p.owner_ref, action="Fail")
 
     def _trace_result(self, obj: KubeObject, outcome: str, message: str) -> None:
         """One span covering a node upgrade from request to outcome, in its own trace."""
@@ -655,9 +664,106 @@ class Dispatcher:
         obj = self._owner_obj(a.regarding)
         await self.event(obj or a.regarding, a.reason, a.note, type=a.type, action=a.action)
 
+    # -- the one writer of versions ----------------------------------------------------------
+    async def _do_RecordWrittenVersion(self, a: RecordWrittenVersion) -> None:
+        res = OWNER_RESOURCES[a.owner.kind]
+
+        def mutate(obj: KubeObject) -> dict[str, Any] | None:
+            ann = (obj.get("metadata") or {}).get("annotations") or {}
+            if ann.get(ANN_WRITTEN_VERSION) == a.version:
+                return None
+            if _object_version(a.owner.kind, obj) != a.version:
+                return None  # changed meanwhile: the next pass decides afresh
+            return {"metadata": {"annotations": {ANN_WRITTEN_VERSION: a.version}}}
+
+        if await self._patch(self.mgmt, res, a.owner.name, a.owner.namespace, mutate):
+            obj = self._owner_obj(a.owner)
+            await self.event(obj or a.owner, "VersionAdopted",
+                             f"k0s-fleet writes this object's version from now on (recorded "
+                             f"{a.version}" + (f"; FleetUpgrade {a.intent.name}" if a.intent
+                                               else "") + ")", action="Adopt")
+
+    async def _do_WriteVersion(self, a: WriteVersion) -> None:
+        res = OWNER_RESOURCES[a.owner.kind]
+
+        def mutate(obj: KubeObject) -> dict[str, Any] | None:
+            ann = (obj.get("metadata") or {}).get("annotations") or {}
+            current = _object_version(a.owner.kind, obj)
+            paused_ok = not a.pause or (ANN_CAPI_PAUSED in ann
+                                        and ann.get(ANN_PAUSED_FOR) == a.version)
+            if current == a.version and ann.get(ANN_WRITTEN_VERSION) == a.version and paused_ok:
+                return None  # done already
+            if current != a.expected or ann.get(ANN_WRITTEN_VERSION) != a.expected:
+                return None  # someone else wrote it meanwhile: never race (reported next pass)
+            if a.pause and ANN_CAPI_PAUSED in ann and ANN_PAUSED_FOR not in ann:
+                return None  # paused by someone else: not ours to take over
+            annotations: dict[str, str | None] = {ANN_WRITTEN_VERSION: a.version}
+            if a.pause:
+                annotations |= {ANN_CAPI_PAUSED: "", ANN_PAUSED_FOR: a.version}
+            return {"metadata": {"annotations": annotations}, "spec": _version_patch(
+                a.owner.kind, a.version)}
+
+        obj = await self._patch(self.mgmt, res, a.owner.name, a.owner.namespace, mutate)
+        if obj is not None:
+            await self.event(obj, "VersionWritten",
+                             f"k0s-fleet wrote version {a.version} (was {a.expected})"
+                             + ("; reconciliation paused (cluster.x-k8s.io/paused) until every "
+                                "Machine is on it" if a.pause else "")
+                             + (f"; FleetUpgrade {a.intent.name}" if a.intent else ""),
+                             action="WriteVersion")
+
+    async def _do_ReleasePause(self, a: ReleasePause) -> None:
+        res = OWNER_RESOURCES[a.owner.kind]
+
+        def mutate(obj: KubeObject) -> dict[str, Any] | None:
+            ann = (obj.get("metadata") or {}).get("annotations") or {}
+            if ANN_PAUSED_FOR not in ann:
+                return None  # not paused by k0s-fleet (or released already)
+            if _object_version(a.owner.kind, obj) != a.version:
+                return None
+            return {"metadata": {"annotations": {ANN_CAPI_PAUSED: None, ANN_PAUSED_FOR: None}}}
+
+        obj = await self._patch(self.mgmt, res, a.owner.name, a.owner.namespace, mutate)
+        if obj is not None:
+            await self.event(obj, "PauseReleased",
+                             f"every Machine runs {a.version}: reconciliation resumed",
+                             action="WriteVersion")
+
+    async def _do_PatchMachineSetVersion(self, a: PatchMachineSetVersion) -> None:
+        def mutate(obj: KubeObject) -> dict[str, Any] | None:
+            tspec = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+            if tspec.get("version") == a.version:
+                return None
+            return {"spec": {"template": {"spec": {"version": a.version}}}}
+
+        await self._patch(self.mgmt, MACHINE_SETS, a.machine_set.name, a.machine_set.namespace,
+                          mutate)
+
+    async def _do_ReportVersionConflict(self, a: ReportVersionConflict) -> None:
+        obj = self._owner_obj(a.owner)
+        await self.event(obj or a.owner, "VersionChangedByOther", a.message, type=WARNING,
+                         action="WriteVersion")
+
+    async def _do_ReportOtherDriver(self, a: ReportOtherDriver) -> None:
+        obj = self._owner_obj(a.owner)
+        await self.event(obj or a.owner, a.reason, a.message, type=WARNING, action="Hold")
+
     def _owner_obj(self, ref: ObjectRef) -> KubeObject | None:
         res = OWNER_RESOURCES.get(ref.kind)
         return None if res is None else self.view[res].get(ref.name, ref.namespace)
+
+
+def _object_version(kind: str, obj: KubeObject) -> str | None:
+    spec = obj.get("spec") or {}
+    if kind == KIND_MD:
+        return ((spec.get("template") or {}).get("spec") or {}).get("version")
+    return spec.get("version")
+
+
+def _version_patch(kind: str, version: str) -> dict[str, Any]:
+    if kind == KIND_MD:
+        return {"template": {"spec": {"version": version}}}
+    return {"version": version}
 
 
 def action_target(action: Action) -> tuple[str, ...]:
@@ -665,7 +771,7 @@ def action_target(action: Action) -> tuple[str, ...]:
     if isinstance(action, CreateNodePlan):
         return ("NodePlan", action.machine.namespace,
                 nodeplan_name(action.machine.name, action.version))
-    for attr in ("plan", "machine", "owner", "obj", "regarding"):
+    for attr in ("plan", "machine", "machine_set", "owner", "obj", "regarding"):
         ref = getattr(action, attr, None)
         if isinstance(ref, ObjectRef):
             return (ref.kind, ref.namespace, ref.name)
@@ -673,9 +779,3 @@ def action_target(action: Action) -> tuple[str, ...]:
         return ("Node", *action.cluster, action.node)
     return ("other",)
 
-
-def _attempt_key(p: NodePlanInfo) -> str:
-    """Events of one attempt of a NodePlan: a retried attempt that ends with the same
-    text is a new Event, not a duplicate (events.py dedupes on content + key)."""
-    started = format_time(p.started_at) if p.started_at else ""
-    return f"attempt {p.attempts} {started}"

@@ -14,9 +14,11 @@ import anyio.abc
 from fleet.clusters import ClusterRegistry
 from fleet.config import FleetConfig
 from fleet.controllers.cache import ObjectCache
+from fleet.intent import apply_intents, fleet_upgrade_from, resolve
 from fleet.kube import KubeClient, KubeObject
 from fleet.kube.resources import (
     CLUSTERS,
+    FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
@@ -32,6 +34,7 @@ from fleet.model import (
     ROLE_CONTROLLER,
     ClusterInfo,
     ClusterKey,
+    FleetUpgradeInfo,
     InfraMachineInfo,
     MachineInfo,
     NodeInfo,
@@ -40,6 +43,7 @@ from fleet.model import (
     cluster_from,
     control_plane_from,
     deployment_from,
+    live_autopilot_plan,
     machine_from,
     machine_set_from,
     node_from,
@@ -52,8 +56,7 @@ log = logging.getLogger(__name__)
 WATCHED = (CLUSTERS, MACHINE_DEPLOYMENTS, MACHINE_SETS, MACHINES, K0S_CONTROL_PLANES,
            NODE_PLANS, SECRETS)
 # Only CAPI's kubeconfig Secrets are cached (never every Secret of the namespace).
-CAPI_SECRET_TYPE = "cluster.x-k8s.io/secret"
-SECRET_FIELD_SELECTOR = f"type={CAPI_SECRET_TYPE}"
+SECRET_FIELD_SELECTOR = "type=cluster.x-k8s.io/secret"
 
 
 class ManagementView:
@@ -61,15 +64,15 @@ class ManagementView:
 
     def __init__(self, client: KubeClient, *, namespaces: Iterable[str] = (),
                  on_change: Callable[[], None] | None = None, watch_timeout: int = 120,
-                 extra_secrets: Iterable[tuple[str, str]] = ()) -> None:
+                 intent_namespace: str | None = None) -> None:
         self.client = client
         self.namespaces: list[str | None] = list(namespaces) or [None]
-        self.caches = {res: ObjectCache(res.kind, on_change=on_change) for res in WATCHED}
+        # FleetUpgrades live in the controller's own namespace (management.namespace).
+        self.intent_namespace = intent_namespace
+        self.caches = {res: ObjectCache(res.kind, on_change=on_change)
+                       for res in (*WATCHED, FLEET_UPGRADES)}
         self.reflectors: list[Reflector] = []
         self.watch_timeout = watch_timeout
-        # Kubeconfig Secrets named in the config (clusters.entries[].kubeconfigSecret):
-        # they need not carry Cluster API's Secret type, so each gets its own watch.
-        self.extra_secrets = sorted(set(extra_secrets))
 
     def __getitem__(self, res: Resource) -> ObjectCache:
         return self.caches[res]
@@ -85,10 +88,9 @@ class ManagementView:
                         watch_timeout=self.watch_timeout)
                     self.reflectors.append(r)
                     tg.start_soon(r.run)
-            for ns, name in self.extra_secrets:
-                r = Reflector(self.client, SECRETS, namespace=ns,
-                              listener=self.caches[SECRETS].on_event,
-                              field_selector=f"metadata.name={name}",
+            if self.intent_namespace is not None:
+                r = Reflector(self.client, FLEET_UPGRADES, namespace=self.intent_namespace,
+                              listener=self.caches[FLEET_UPGRADES].on_event,
                               watch_timeout=self.watch_timeout)
                 self.reflectors.append(r)
                 tg.start_soon(r.run)
@@ -102,22 +104,6 @@ class ManagementView:
     def requests(self) -> int:
         """List requests made by the watches (relists), for the benchmarks."""
         return sum(r.relists for r in self.reflectors)
-
-
-def watched_namespaces(config: FleetConfig) -> list[str]:
-    """The management namespaces to watch: ``clusters.namespaces`` plus those of explicit
-    ``clusters.entries`` (an entry is a member wherever it lives); empty means all."""
-    namespaces = list(config.clusters.namespaces)
-    for e in config.clusters.entries:
-        if namespaces and e.namespace not in namespaces:
-            namespaces.append(e.namespace)
-    return namespaces
-
-
-def custom_kubeconfig_secrets(config: FleetConfig) -> list[tuple[str, str]]:
-    """(namespace, name) of kubeconfig Secrets set explicitly in clusters.entries."""
-    return sorted({(e.namespace, e.kubeconfig_secret) for e in config.clusters.entries
-                   if e.kubeconfig_secret})
 
 
 def fleet_clusters(config: FleetConfig, clusters: Iterable[KubeObject]
@@ -135,9 +121,10 @@ def fleet_clusters(config: FleetConfig, clusters: Iterable[KubeObject]
                              or not selector.matches(labels)):
             continue
         settings = config.for_cluster(ns, name, labels)
-        info = cluster_from(obj, executor=settings.executor.value)
+        info = dataclasses.replace(cluster_from(obj, executor=settings.executor.value),
+                                   labels=dict(settings.labels))
         if settings.paused and not info.paused:
-            info = ClusterInfo(ns, name, paused=True, executor=info.executor)
+            info = dataclasses.replace(info, paused=True)
         out[(ns, name)] = info
     return out
 
@@ -156,10 +143,8 @@ def _as_control_node(obj: KubeObject) -> NodeInfo:
 
 
 def workload_nodes(registry: ClusterRegistry, key: ClusterKey) -> dict[str, NodeInfo] | None:
-    """The cluster's Nodes (and ControlNodes); None when not known: never listed, or its
-    API server has not answered for the registry's bound (a stale cache is not used)."""
     wc = registry.get(key)
-    if wc is None or not wc.observed or registry.unreachable(key) is not None:
+    if wc is None or not wc.observed:
         return None
     nodes = {n.name: n for n in (_parse(wc.nodes, o, _as_node) for o in wc.nodes)
              if n is not None}
@@ -170,15 +155,22 @@ def workload_nodes(registry: ClusterRegistry, key: ClusterKey) -> dict[str, Node
     return nodes
 
 
+def fleet_upgrades(view: ManagementView) -> list[FleetUpgradeInfo]:
+    cache = view[FLEET_UPGRADES]
+    return [u for u in (_parse(cache, o, fleet_upgrade_from) for o in cache) if u is not None]
+
+
 def control_planes_needing_infra(view: ManagementView, clusters: Mapping[ClusterKey, ClusterInfo]
                                  ) -> list[MachineInfo]:
     """Control-plane Machines whose eligibility depends on their infrastructure object."""
+    intents = resolve(fleet_upgrades(view), clusters)
     targets = {}
     for obj in view[K0S_CONTROL_PLANES]:
         kcp = _parse(view[K0S_CONTROL_PLANES], obj, control_plane_from)
         if kcp is None:
             continue
-        targets[(kcp.ref.namespace, kcp.ref.name)] = kcp.version
+        intent = intents.get((kcp.ref.namespace, kcp.cluster))
+        targets[(kcp.ref.namespace, kcp.ref.name)] = intent.version if intent else kcp.version
     out = []
     for obj in view[MACHINES]:
         m = _parse(view[MACHINES], obj, machine_from)
@@ -244,11 +236,14 @@ def build_snapshot(*, now: datetime, view: ManagementView, registry: ClusterRegi
                 for key, m in _fleet_objects(view[MACHINES], machine_from, clusters).items()}
     nodeplans = _fleet_objects(view[NODE_PLANS], nodeplan_from, clusters)
     nodes = {key: workload_nodes(registry, key) for key in clusters}
-    infos = dict(clusters)
-    for key, info in clusters.items():
-        if (down := registry.unreachable(key)) is not None:
-            infos[key] = dataclasses.replace(info, unreachable_since=down[0],
-                                             unreachable_error=down[1])
-    return Snapshot(now=now, clusters=infos, deployments=deployments,
-                    machine_sets=machine_sets, control_planes=control_planes,
-                    machines=machines, nodeplans=nodeplans, nodes=nodes)
+    autopilot: dict[ClusterKey, str] = {}
+    for key in clusters:
+        wc = registry.get(key)
+        if wc is not None and (live := live_autopilot_plan(wc.plans)) is not None:
+            autopilot[key] = live
+    return apply_intents(
+        Snapshot(now=now, clusters=dict(clusters), deployments=deployments,
+                 machine_sets=machine_sets, control_planes=control_planes,
+                 machines=machines, nodeplans=nodeplans, nodes=nodes,
+                 autopilot_plans=autopilot),
+        fleet_upgrades(view))

@@ -29,10 +29,8 @@ from fleet.controllers.observe import (
     ManagementView,
     build_snapshot,
     control_planes_needing_infra,
-    custom_kubeconfig_secrets,
     fleet_clusters,
     kubeconfig_secrets,
-    watched_namespaces,
 )
 from fleet.events import EventRecorder
 from fleet.kube import KubeClient, KubeError
@@ -46,16 +44,13 @@ from fleet.model import (
     ObjectRef,
     Snapshot,
 )
-from fleet.nodeplan import NodePlanPhase
 from fleet.planner import COMPLETING, PENDING, PlannerSettings, PlanResult, plan
 from fleet.planner.actions import (
     Action,
     CreateNodePlan,
-    MarkNodePlanFailed,
     RetryNodePlan,
     SignalNode,
     StartNodePlan,
-    UpdateNodePlanStatus,
 )
 from fleet.signal import SignalState
 from fleet.telemetry import get_tracer, link_from_traceparent
@@ -135,8 +130,7 @@ class FleetController:
                  settings: PlannerSettings | None = None, policy: Policy | None = None,
                  on_pass: PassListener | None = None,
                  client_factory: ClientFactory | None = None,
-                 concurrency: int = 16, watch_timeout: int = 120,
-                 unreachable_after: float = 30.0, wedged_after: float = 180.0) -> None:
+                 concurrency: int = 16, watch_timeout: int = 120) -> None:
         self.mgmt = mgmt
         self.config = config
         self.clock = clock
@@ -146,13 +140,12 @@ class FleetController:
         self.on_pass = on_pass
         self.tracer = tracer or get_tracer("fleet.controller")
         self.trigger = Trigger()
-        self.view = ManagementView(mgmt, namespaces=watched_namespaces(config),
-                                   extra_secrets=custom_kubeconfig_secrets(config),
-                                   on_change=self.trigger.poke, watch_timeout=watch_timeout)
-        self.registry = ClusterRegistry(
-            self.view[SECRETS], on_change=self.trigger.poke, watch_timeout=watch_timeout,
-            unreachable_after=unreachable_after,
-            **({"client_factory": client_factory} if client_factory else {}))
+        self.view = ManagementView(mgmt, namespaces=config.clusters.namespaces,
+                                   on_change=self.trigger.poke, watch_timeout=watch_timeout,
+                                   intent_namespace=config.management.namespace)
+        registry_kw = {"client_factory": client_factory} if client_factory else {}
+        self.registry = ClusterRegistry(self.view[SECRETS], on_change=self.trigger.poke,
+                                        watch_timeout=watch_timeout, **registry_kw)
         self.recorder = recorder or EventRecorder(
             mgmt, instance=identity, default_namespace=config.management.namespace)
         self.dispatcher = Dispatcher(mgmt=mgmt, view=self.view, registry=self.registry,
@@ -168,65 +161,24 @@ class FleetController:
         self._cooldown: dict[tuple[str, ...], datetime] = {}
         self._failures: dict[tuple[str, ...], Backoff] = {}
         self._actions_tg: anyio.abc.TaskGroup | None = None
-        # Liveness: a pass (or a change waiting for one) older than this means wedged.
-        self.wedged_after = wedged_after
-        self.watch_timeout = watch_timeout
-        self.running = False  # run() entered (this replica leads, or runs alone)
-        self._pass_started: float | None = None
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
         """Watch, plan and act until cancelled."""
-        self.running = True
-        try:
-            async with anyio.create_task_group() as tg:
-                self.dispatcher.background = tg
-                self._actions_tg = tg
-                await tg.start(self.registry.run)
-                await tg.start(self.view.run)
-                log.info("%s: management caches synced; controlling", self.identity)
-                self.ready.set()
-                task_status.started()
-                await self.loop()
-        finally:
-            self.running = False
-
-    # -- probes ------------------------------------------------------------------------
-    def readiness_problem(self) -> str | None:
-        """None when this instance's caches are synced (or it does not run: standby)."""
-        if not self.running:
-            return None
-        if not self.ready.is_set():
-            waiting = [f"{r.res}" + (f" ({r.last_error})" if r.last_error else "")
-                       for r in self.view.reflectors if not r.synced.is_set()]
-            return "management caches not synced yet" + (
-                f": {', '.join(waiting)}" if waiting else "")
-        return None
-
-    def liveness_problem(self) -> str | None:
-        """None unless the control loop is wedged (see fleet.status.health)."""
-        if not self.running:
-            return None
-        now = time.monotonic()
-        bound = self.wedged_after
-        if self._pass_started is not None and now - self._pass_started > bound:
-            return f"a planning pass has been running for {now - self._pass_started:.0f}s"
-        first = self.trigger.first_poke
-        if self.ready.is_set() and first is not None and now - first > bound:
-            return f"changes have waited {now - first:.0f}s for a planning pass"
-        # A watch request may legitimately stay silent until its timeout (+ read slack).
-        quiet = max(bound, self.watch_timeout + 60)
-        for r in self.view.reflectors:
-            if now - r.last_activity > quiet:
-                return (f"the {r.res} watch has neither progressed nor failed for "
-                        f"{now - r.last_activity:.0f}s")
-        return None
+        async with anyio.create_task_group() as tg:
+            self.dispatcher.background = tg
+            self._actions_tg = tg
+            await tg.start(self.registry.run)
+            await tg.start(self.view.run)
+            log.info("%s: management caches synced; controlling", self.identity)
+            self.ready.set()
+            task_status.started()
+            await self.loop()
 
     async def loop(self) -> None:
         timeout: float | None = 0.0
         while True:
             await self.trigger.wait(timeout)
-            self._pass_started = time.monotonic()
             try:
                 result = await self.reconcile_once()
             except Exception:
@@ -236,8 +188,6 @@ class FleetController:
                 log.exception("planning pass failed; next attempt in %.1fs", delay)
                 timeout = delay
                 continue
-            finally:
-                self._pass_started = None
             wake = result.wake_at
             for t in (self._retry_at, *self._cooldown.values()):
                 if t is not None and (wake is None or t < wake):
@@ -340,35 +290,15 @@ class FleetController:
             if woke is not None and any(isinstance(a, CreateNodePlan) for a in actions) and \
                     len(self.stats.dispatch_reaction) < 10_000:
                 self.stats.dispatch_reaction.append(time.monotonic() - woke)
-            # A node's NodePlan is recorded Completed/Failed before the next node's
-            # NodePlan is created or started: `kubectl get nodeplans` then never shows more
-            # in flight than the budget allows (the planner counted the finished one as
-            # available already). The finishing writes are single PATCHes.
-            finishing = [_Finishing() for g in groups.values() if _finishes(g)]
-            done = iter(finishing)
             for target, group in groups.items():
                 self._inflight.add(target)
-                finished = next(done) if _finishes(group) else None
-                after = () if finished is not None or not any(
-                    isinstance(a, _STARTS) for a in group) else tuple(finishing)
                 if self._actions_tg is not None:
-                    self._actions_tg.start_soon(self._run_group, target, group, after,
-                                                finished)
+                    self._actions_tg.start_soon(self._run_group, target, group)
                 else:
-                    await self._run_group(target, group, after, finished)
+                    await self._run_group(target, group)
 
-    async def _run_group(self, target: tuple[str, ...], group: list[Action],
-                         after: tuple[_Finishing, ...] = (),
-                         finished: _Finishing | None = None) -> None:
+    async def _run_group(self, target: tuple[str, ...], group: list[Action]) -> None:
         try:
-            for f in after:
-                await f.done.wait()
-            if not all(f.ok for f in after):
-                # A node's end could not be recorded: starting the next one now would show
-                # more in flight than the budget; the next pass decides again.
-                log.info("%s: not starting; a finished NodePlan is not recorded yet",
-                         "/".join(target))
-                return
             async with self.limiter:
                 for a in group:
                     try:
@@ -385,25 +315,6 @@ class FleetController:
                                     type(a).__name__, "/".join(target), delay, e)
                         return  # later actions of this object depend on this one
                 self._failures.pop(target, None)
-                if finished is not None:
-                    finished.ok = True
         finally:
-            if finished is not None:
-                finished.done.set()
             self._inflight.discard(target)
             self.trigger.poke()
-
-
-@dataclass
-class _Finishing:
-    """A group of actions recording a NodePlan's end: done, and whether it landed."""
-
-    done: anyio.Event = field(default_factory=anyio.Event)
-    ok: bool = False
-
-
-def _finishes(group: list[Action]) -> bool:
-    """The group records a NodePlan's end (Completed or Failed)."""
-    return any(isinstance(a, MarkNodePlanFailed) or (
-        isinstance(a, UpdateNodePlanStatus) and a.phase == NodePlanPhase.COMPLETED)
-        for a in group)

@@ -20,6 +20,7 @@ from fleet.extension.activation import ExtensionEndpoint, extension_active
 from fleet.kube import KubeClient
 from fleet.kube.resources import EXTENSION_CONFIGS
 from fleet.kube.watch import Reflector, WatchEvent
+from fleet.planner.writer import ExtensionDrives
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +55,6 @@ class ExtensionExclusion:
         if self.watching:
             await self.reflector.run()
 
-    def readiness_problem(self) -> str | None:
-        """None once the ExtensionConfig store is synced (or not needed)."""
-        if not self.watching or self.reflector.synced.is_set():
-            return None
-        return "ExtensionConfig cache not synced yet" + (
-            f" ({self.reflector.last_error})" if self.reflector.last_error else "")
-
     @property
     def stopped(self) -> bool:
         return bool(getattr(self.inner, "stopped", False))
@@ -83,8 +77,11 @@ class ExtensionExclusion:
             if not synced:
                 return SYNC_REASON
             namespace, name = cluster
+            inner = inner_hold(cluster, owner) if inner_hold is not None else None
             if self.owns(namespace, name):
-                return HOLD_REASON
-            return inner_hold(cluster, owner) if inner_hold is not None else None
+                # The planner starts no worker here; under a FleetUpgrade it still writes
+                # the versions, as far as the rollout policy (``inner``) admits.
+                return ExtensionDrives(HOLD_REASON, inner)
+            return inner
 
         return hold

@@ -17,7 +17,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from fleet.config import FleetConfig
 from fleet.extension.catalog import DISCOVERY_PATH, HANDLERS, hook_path
 from fleet.extension.handlers import ExtensionHandlers
+from fleet.extension.policyhold import policy_hold_from_config
 from fleet.extension.tls import ReloadingServerTLS
 from fleet.extension.update import (
     ConfigArtifacts,
@@ -224,13 +225,9 @@ async def running_extension_server(handlers: ExtensionHandlers, **kwargs: Any,
         await server.close()
 
 
-async def serve_extension(handlers: ExtensionHandlers, *,
-                          on_serving: Callable[[], None] | None = None, **kwargs: Any) -> None:
-    """Serve until cancelled (the controller runs this in its task group).
-    ``on_serving`` is called once the certificate is loaded and the port listens."""
+async def serve_extension(handlers: ExtensionHandlers, **kwargs: Any) -> None:
+    """Serve until cancelled (the controller runs this in its task group)."""
     async with running_extension_server(handlers, **kwargs):
-        if on_serving is not None:
-            on_serving()
         await anyio.sleep_forever()
 
 
@@ -245,6 +242,7 @@ def handlers_from_config(config: FleetConfig, *, mgmt: KubeClient,
             resolve_artifact=ConfigArtifacts(config.download, fetch_manifest),
             cluster_settings=config.for_cluster, tracer=tracer,
             node_policy=config.agent.node_policy(),
+            policy_hold=policy_hold_from_config(config, mgmt),
         ),
         mode=config.extension.mode,
     )
@@ -254,8 +252,7 @@ async def serve_configured_extension(config: FleetConfig, *, mgmt: KubeClient,
                                      workload_client: WorkloadClientGetter | None = None,
                                      fetch_manifest: ManifestFetcher | None = None,
                                      tracer: Tracer | None = None,
-                                     host: str = "0.0.0.0",
-                                     on_serving: Callable[[], None] | None = None) -> None:
+                                     host: str = "0.0.0.0") -> None:
     """Serve the extension per ``config.extension`` until cancelled; returns at once
     when it is not enabled.
 
@@ -277,8 +274,7 @@ async def serve_configured_extension(config: FleetConfig, *, mgmt: KubeClient,
         await serve_extension(
             handlers_from_config(config, mgmt=mgmt, workload_client=workload_client,
                                  fetch_manifest=fetch_manifest, tracer=tracer),
-            cert_file=ext.cert_file, key_file=ext.key_file, host=host, port=ext.port,
-            on_serving=on_serving)
+            cert_file=ext.cert_file, key_file=ext.key_file, host=host, port=ext.port)
     finally:
         if own is not None:
             with anyio.CancelScope(shield=True):

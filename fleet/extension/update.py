@@ -25,6 +25,7 @@ from fleet.config import (
     digest_manifest_url,
     resolve_download,
 )
+from fleet.extension.policyhold import PolicyHold
 from fleet.extension.progress import (
     RETRY_AFTER_SECONDS,
     UNOBSERVABLE_RETRY_SECONDS,
@@ -44,6 +45,7 @@ from fleet.kube import (
 from fleet.kube.resources import CLUSTERS, MACHINES, NODE_PLANS, NODES
 from fleet.model import EXECUTOR_AGENT, NODEPLAN_FINALIZER
 from fleet.nodeplan import TRACEPARENT_ANNOTATION, build_nodeplan, nodeplan_name
+from fleet.rollout.hookgate import HELD_RETRY_SECONDS
 from fleet.signal import NodePolicy
 from fleet.telemetry import current_traceparent, link_from_traceparent
 from fleet.versions import InvalidVersionError, K0sVersion
@@ -182,6 +184,9 @@ class UpdateMachineService:
     # The fleet config's ``agent:`` section, recorded in NodePlans for executor "agent"
     # (spec.nodePolicy); None: agents use their own settings.
     node_policy: NodePolicy | None = None
+    # The fleet rollout policy (fleet.extension.policyhold): why no node may start now
+    # (paused, emergency stop, window closed, wave not admitted); None: no such policy.
+    policy_hold: PolicyHold | None = None
 
     async def handle(self, req: UpdateMachineRequest) -> UpdateMachineResponse:
         desired = req.desired.machine
@@ -230,6 +235,12 @@ class UpdateMachineService:
                         message=f"{what}: cluster {namespace}/{cluster} is paused in the fleet "
                                 f"config; not dispatching")
                 executor = str(settings.executor)
+            if self.policy_hold is not None:
+                held = await self.policy_hold(machine, namespace, cluster)
+                if held is not None:
+                    return UpdateMachineResponse(
+                        status=ResponseStatus.SUCCESS, retry_after_seconds=HELD_RETRY_SECONDS,
+                        message=f"{what}: not yet: {held}")
             try:
                 plan = await self._dispatch(machine, node_name, version, node, executor)
             except ArtifactError as e:

@@ -71,3 +71,5 @@ CONTROL_NODES = Resource(AUTOPILOT_GROUP, "v1beta2", "controlnodes", "ControlNod
 # k0s-fleet
 FLEET_GROUP = "fleet.k0s-fleet.io"
 NODE_PLANS = Resource(FLEET_GROUP, "v1alpha1", "nodeplans", "NodePlan", namespaced=True)
+FLEET_UPGRADES = Resource(FLEET_GROUP, "v1alpha1", "fleetupgrades", "FleetUpgrade",
+                          namespaced=True)

@@ -140,6 +140,65 @@ class AnnotateWorkerVersion:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordWrittenVersion:
+    """Enrol an MD/KCP under the one writer of versions: record the version its spec says
+    (annotation fleet.k0s-fleet.io/version) as the one k0s-fleet answers for."""
+
+    owner: ObjectRef
+    version: str
+    intent: ObjectRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WriteVersion:
+    """Write the target into the MD/KCP (and the record), in one patch; with ``pause`` the
+    same patch sets cluster.x-k8s.io/paused and k0s-fleet's record of that pause, so
+    k0smotron / Cluster API never see the new version unpaused. Refused (no write) when
+    the object no longer says ``expected``: someone else wrote it meanwhile."""
+
+    owner: ObjectRef
+    version: str
+    expected: str | None
+    pause: bool
+    intent: ObjectRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReleasePause:
+    """Every Machine is on the target: remove cluster.x-k8s.io/paused (only if k0s-fleet
+    set it, i.e. its record fleet.k0s-fleet.io/paused-for is there) and the record."""
+
+    owner: ObjectRef
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class PatchMachineSetVersion:
+    """Paused MD, every node upgraded in place: the MachineSet's template version moves to
+    the target so that Cluster API finds it up to date (no new MachineSet) on unpause."""
+
+    machine_set: ObjectRef
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReportVersionConflict:
+    """Someone else changed the version of an object k0s-fleet writes: Warning Event."""
+
+    owner: ObjectRef
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReportOtherDriver:
+    """Another controller moves this object: Warning Event (the condition says it too)."""
+
+    owner: ObjectRef
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class RolloutCounts:
     target_version: str
     updated: int
@@ -202,7 +261,8 @@ Action = (
     CreateNodePlan | StartNodePlan | SignalNode | UpdateNodePlanStatus | MarkNodePlanFailed
     | RetryNodePlan | RemoveAnnotation | ClearSignal | UncordonNode | ReleaseNodePlan
     | PatchMachineVersion | AnnotateWorkerVersion | SetRolloutStatus | HaltObject
-    | ReportNotInPlace | RecordEvent
+    | ReportNotInPlace | RecordEvent | RecordWrittenVersion | WriteVersion | ReleasePause
+    | PatchMachineSetVersion | ReportVersionConflict | ReportOtherDriver
 )
 
 

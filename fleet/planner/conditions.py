@@ -8,6 +8,12 @@ UP_TO_DATE = "K0sFleetUpToDate"  # every machine runs the target version
 PROGRESSING = "K0sFleetProgressing"  # nodes are being upgraded in place right now
 HALTED = "K0sFleetHalted"  # failure budget spent; new dispatches stopped
 IN_PLACE = "K0sFleetInPlace"  # False: some change is not "only the version"
+# The one writer of versions: True while the object's version is the one k0s-fleet wrote
+# (or adopted); False when someone else changed it (no node is started then).
+VERSION_WRITER = "K0sFleetVersionWriter"
+# True while another controller moves the object (a Cluster API rollout, k0smotron, an
+# autopilot Plan, another runtime extension): k0s-fleet starts no node meanwhile.
+OTHER_DRIVER = "K0sFleetOtherDriver"
 
 # On NodePlan.
 NP_DISPATCHED = "Dispatched"  # the node carries the request
@@ -33,4 +39,11 @@ R_SIGNALLED = "Signalled"
 R_NOT_SIGNALLED = "NotSignalled"
 R_COMPLETED = "Completed"
 R_IN_PROGRESS = "InProgress"
-R_CLUSTER_UNREACHABLE = "ClusterUnreachable"  # its workload API server does not answer
+R_WRITTEN = "WrittenByK0sFleet"
+R_CHANGED_BY_OTHER = "VersionChangedByOther"
+R_NO_OTHER_DRIVER = "NoOtherDriver"
+R_CAPI_ROLLOUT = "MachineDeploymentRollout"
+R_K0SMOTRON = "K0smotronUnpaused"
+R_PAUSE_REMOVED = "PauseRemoved"
+R_OTHER_EXTENSION = "InPlaceUpdateByOtherExtension"
+R_AUTOPILOT_PLAN = "AutopilotPlan"

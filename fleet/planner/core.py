@@ -46,6 +46,7 @@ from fleet.model import (
     ControlPlaneInfo,
     MachineDeploymentInfo,
     MachineInfo,
+    MachineSetInfo,
     NodeInfo,
     NodePlanInfo,
     ObjectRef,
@@ -66,11 +67,14 @@ from fleet.planner.actions import (
     Decision,
     HaltObject,
     MarkNodePlanFailed,
+    PatchMachineSetVersion,
     PatchMachineVersion,
     PlanResult,
     ReleaseNodePlan,
     RemoveAnnotation,
     ReportNotInPlace,
+    ReportOtherDriver,
+    ReportVersionConflict,
     RetryNodePlan,
     RolloutCounts,
     SetRolloutStatus,
@@ -80,6 +84,15 @@ from fleet.planner.actions import (
     UpdateNodePlanStatus,
 )
 from fleet.planner.settings import COMPLETING, PENDING, PlannerSettings
+from fleet.planner.writer import (
+    ExtensionDrives,
+    OtherDriver,
+    VersionStep,
+    enrolled,
+    other_driver,
+    release_pause,
+    version_step,
+)
 from fleet.signal import SignalState
 from fleet.versions import InvalidVersionError, K0sVersion, normalize
 
@@ -176,6 +189,10 @@ class _Pass:
         for k in snapshot.control_planes.values():
             self.kcps_by_cluster[(k.ref.namespace, k.cluster)].append(k)
         self.views_by_owner: dict[tuple[str, str, str], list[PlanView]] = defaultdict(list)
+        self.sets_by_deployment: dict[tuple[str, str], list[MachineSetInfo]] = defaultdict(list)
+        for mset in snapshot.machine_sets.values():
+            if mset.deployment:
+                self.sets_by_deployment[(mset.ref.namespace, mset.deployment)].append(mset)
         for ms in self.machines_by_owner.values():
             ms.sort(key=MachineInfo.sort_key)
 
@@ -334,16 +351,7 @@ class _Pass:
             return
 
         # Pending or InProgress.
-        down = self._unreachable(ckey)
-        if down is not None and p.phase != NodePlanPhase.PENDING:
-            # What the node does is unknown: keep its last known state (the deadline keeps
-            # running from it) and say why nothing is known, rather than blame the node.
-            node_state = p.node_state
-            phase = p.phase
-            state_key = (COMPLETING if node_state == SignalState.COMPLETED.value
-                         else node_state or PENDING)
-            message = f"{down}; last known node state {node_state or phase}"
-        elif req is None:
+        if req is None:
             self._ensure_signalled(p, ckey, node)
             state_key = PENDING
             phase = NodePlanPhase.PENDING if p.phase == NodePlanPhase.PENDING else p.phase
@@ -402,19 +410,8 @@ class _Pass:
         else:
             self.wake(self.now + self.settings.deadline(state_key))
 
-    def _unreachable(self, ckey: ClusterKey) -> str | None:
-        """"workload cluster X unreachable since T: error" when its API server is down."""
-        info = self.cluster(*ckey)
-        if self.s.nodes.get(ckey) is not None or info is None or info.unreachable_since is None:
-            return None
-        return (f"workload cluster {ckey[1]} unreachable since "
-                f"{format_time(info.unreachable_since)}"
-                + (f": {info.unreachable_error}" if info.unreachable_error else ""))
-
     def _pending_message(self, p: NodePlanInfo, ckey: ClusterKey,
                          node: NodeInfo | None) -> str:
-        if (down := self._unreachable(ckey)) is not None:
-            return down
         if self.s.nodes.get(ckey) is None:
             return f"workload cluster {p.cluster} unreachable"
         if node is None:
@@ -679,21 +676,36 @@ class _Pass:
         in_flight = [m.ref.name for m in machines
                      if any(v.in_flight for v in self.by_machine.get((ns, m.ref.name), []))]
 
+        blocked = (f"Cluster {kcp.cluster} not found" if cluster is None
+                   else f"workload cluster {kcp.cluster} unreachable" if nodes is None
+                   else f"Cluster {kcp.cluster} is paused" if cluster.paused
+                   else "halted: failure budget exceeded" if halted else "")
+        policy_hold = self.hold(ckey, kcp.ref)
+        if isinstance(policy_hold, ExtensionDrives) and enrolled(kcp):
+            # CAPI's in-place updates (our extension) are for workers; control planes of a
+            # cluster under a FleetUpgrade are k0s-fleet's own (paused executor).
+            policy_hold = policy_hold.inner
+        step = version_step(kcp, hold=policy_hold if enrolled(kcp) else None,
+                            write_blocked=blocked)
+        self.emit(*step.actions)
+        driver = other_driver(kcp, live, autopilot_plan=self.s.autopilot_plans.get(ckey))
+        release = release_pause(kcp, live, in_flight=bool(in_flight))
+        if release is not None:
+            self.emit(release)
+
         waiting = ""
         dispatched: list[str] = []
         candidates = [m for m in live if elig[m.ref.name].in_place
                       and not self._has_plan_for(m, target)]
         if candidates:
-            if cluster is None:
-                waiting = f"Cluster {kcp.cluster} not found"
-            elif nodes is None:
-                waiting = self._unreachable(ckey) or f"workload cluster {kcp.cluster} unreachable"
-            elif cluster.paused:
-                waiting = f"Cluster {kcp.cluster} is paused"
-            elif halted:
-                waiting = "halted: failure budget exceeded"
-            elif (held := self.hold(ckey, kcp.ref)) is not None:
-                waiting = f"held: {held or 'paused'}"
+            if cluster is None or nodes is None or blocked:
+                waiting = blocked
+            elif step.waiting:
+                waiting = step.waiting
+            elif driver is not None:
+                waiting = f"held: {driver.message}"
+            elif policy_hold is not None:
+                waiting = f"held: {policy_hold or 'paused'}"
             elif self._control_plane_busy(ns, kcp.cluster):
                 waiting = "another control plane is being upgraded"
             elif unavailable or missing:
@@ -717,7 +729,8 @@ class _Pass:
             max_unavailable=budget.limit, not_in_place=len(not_in_place), halted=halted)
         self._rollout_status(kcp.ref, kcp.status, counts, not_in_place=not_in_place,
                              failed=failed, waiting=waiting, in_flight=in_flight,
-                             budget_problem=None, unreachable=self._unreachable(ckey))
+                             budget_problem=None,
+                             extra=self._writer_conditions(kcp.ref, kcp.status, step, driver))
         self.decisions.append(Decision(kcp.ref, target, updated, len(live), counts.unavailable,
                                        budget.limit, tuple(dispatched), waiting))
 
@@ -757,17 +770,26 @@ class _Pass:
             for m in live}
         updated = sum(1 for e in elig.values() if e.up_to_date)
         budget_problem: tuple[str, str] | None = None
-        try:
-            budget = UnavailabilityBudget.resolve(md.max_unavailable, md.replicas,
-                                                  md.max_surge)
-        except InvalidMaxUnavailableError as e:
-            budget = UnavailabilityBudget(0, str(md.max_unavailable))
-            budget_problem = (C.R_INVALID_MAX_UNAVAILABLE, str(e))
+        if md.strategy == "OnDelete":
+            # Cluster API's OnDelete has no maxUnavailable: it replaces a Machine only once
+            # someone deletes it (its own budget is 0), so nothing is taken down in place.
+            budget = UnavailabilityBudget(0, "OnDelete")
+            budget_problem = (C.R_MAX_UNAVAILABLE_ZERO,
+                              "rollout strategy OnDelete: Cluster API takes no Machine down "
+                              "by itself (maxUnavailable is 0 there), so k0s-fleet upgrades "
+                              "none in place; delete Machines to have them replaced, or use "
+                              "RollingUpdate with a maxUnavailable")
         else:
-            if budget.impossible:
-                budget_problem = (C.R_MAX_UNAVAILABLE_ZERO,
-                                  f"maxUnavailable resolves to 0 (from {budget.source!r} of "
-                                  f"{md.replicas} replicas): in-place upgrade impossible")
+            try:
+                budget = UnavailabilityBudget.resolve(md.max_unavailable, md.replicas)
+            except InvalidMaxUnavailableError as e:
+                budget = UnavailabilityBudget(0, str(md.max_unavailable))
+                budget_problem = (C.R_INVALID_MAX_UNAVAILABLE, str(e))
+            else:
+                if budget.impossible:
+                    budget_problem = (C.R_MAX_UNAVAILABLE_ZERO,
+                                      f"maxUnavailable resolves to 0 (from {budget.source!r} of "
+                                      f"{md.replicas} replicas): in-place upgrade impossible")
         unavailable = {m.ref.name: r for m in machines
                        if (r := self._machine_unavailable(m, target, nodes)) is not None}
         missing = max(0, md.replicas - len(live))
@@ -781,6 +803,29 @@ class _Pass:
         blocked_nodes = [m for m in live if elig[m.ref.name].in_place
                          and not self._has_plan_for(m, target) and m.ref.name in unavailable]
 
+        sets = self.sets_by_deployment.get((ns, md.ref.name), [])
+        blocked = (budget_problem[1] if budget_problem is not None
+                   else f"Cluster {md.cluster} not found" if cluster is None
+                   else f"workload cluster {md.cluster} unreachable" if nodes is None
+                   else f"{'Cluster' if cluster.paused else 'MachineDeployment'} is paused"
+                   if cluster.paused or md.paused
+                   else "halted: failure budget exceeded" if halted else "")
+        step = VersionStep()
+        policy_hold = self.hold(ckey, md.ref)
+        capi_drives = isinstance(policy_hold, ExtensionDrives)
+        if enrolled(md):
+            write_hold = policy_hold.inner if isinstance(policy_hold, ExtensionDrives) \
+                else policy_hold
+            step = version_step(md, hold=write_hold, write_blocked=blocked or (
+                self._workers_blocked(ns, md.cluster, target)), pause=not capi_drives)
+            self.emit(*step.actions)
+            self._finish_paused_deployment(md, target, live, sets, elig,
+                                           in_flight=bool(in_flight) or missing > 0)
+        # Where Cluster API drives the workers through our extension, its MachineSets and
+        # in-place annotations are the intended driver, not another one.
+        driver = None if capi_drives else other_driver(
+            md, machines, sets, autopilot_plan=self.s.autopilot_plans.get(ckey))
+
         waiting = ""
         dispatched: list[str] = []
         if candidates or blocked_nodes:
@@ -789,13 +834,17 @@ class _Pass:
             elif cluster is None:
                 waiting = f"Cluster {md.cluster} not found"
             elif nodes is None:
-                waiting = self._unreachable(ckey) or f"workload cluster {md.cluster} unreachable"
+                waiting = f"workload cluster {md.cluster} unreachable"
             elif cluster.paused or md.paused:
                 waiting = f"{'Cluster' if cluster.paused else 'MachineDeployment'} is paused"
             elif halted:
                 waiting = "halted: failure budget exceeded"
-            elif (held := self.hold(ckey, md.ref)) is not None:
-                waiting = f"held: {held or 'paused'}"
+            elif step.waiting:
+                waiting = step.waiting
+            elif driver is not None:
+                waiting = f"held: {driver.message}"
+            elif policy_hold is not None:
+                waiting = f"held: {policy_hold or 'paused'}"
             elif blocked := self._workers_blocked(ns, md.cluster, target):
                 waiting = blocked
             else:
@@ -821,9 +870,51 @@ class _Pass:
             max_unavailable=budget.limit, not_in_place=len(not_in_place), halted=halted)
         self._rollout_status(md.ref, md.status, counts, not_in_place=not_in_place,
                              failed=failed, waiting=waiting, in_flight=in_flight,
-                             budget_problem=budget_problem, unreachable=self._unreachable(ckey))
+                             budget_problem=budget_problem,
+                             extra=self._writer_conditions(md.ref, md.status, step, driver))
         self.decisions.append(Decision(md.ref, target, updated, len(live), counts.unavailable,
                                        budget.limit, tuple(dispatched), waiting))
+
+    def _finish_paused_deployment(self, md: MachineDeploymentInfo, target: str,
+                                  live: list[MachineInfo], sets: list[MachineSetInfo],
+                                  elig: dict[str, Eligibility], *, in_flight: bool) -> None:
+        """The end of the paused in-place sequence of an MD: every node upgraded, so the
+        Machines' and their MachineSets' versions move to the target, then (a later pass,
+        once all of that is observed) the pause is released."""
+        if md.paused_for is None or not md.capi_paused or in_flight \
+                or not same_version(md.object_version, target):
+            return
+        if not all(elig[m.ref.name].up_to_date for m in live):
+            return
+        for m in live:
+            if not same_version(m.version, target):
+                self.emit(PatchMachineVersion(m.ref, target))
+        owning = {m.machine_set for m in live}
+        mine = [ms for ms in sets if ms.ref.name in owning]
+        for ms in mine:
+            if not same_version(ms.version, target):
+                self.emit(PatchMachineSetVersion(ms.ref, target))
+        release = release_pause(md, live, in_flight=in_flight, machine_sets=mine)
+        if release is not None:
+            self.emit(release)
+
+    def _writer_conditions(self, ref: ObjectRef, status: RolloutStatus, step: VersionStep,
+                           driver: OtherDriver | None) -> tuple[Condition, ...]:
+        """VERSION_WRITER (enrolled objects) and OTHER_DRIVER, with their Events."""
+        out: list[Condition] = []
+        if step.writer is not None:
+            w = Condition(C.VERSION_WRITER, *step.writer[:2], _truncate(step.writer[2]))
+            if w.status == "False" and not w.same_as(status.condition(C.VERSION_WRITER)):
+                self.emit(ReportVersionConflict(ref, w.message))
+            out.append(w)
+        if driver is not None:
+            d = Condition(C.OTHER_DRIVER, "True", driver.reason, _truncate(driver.message))
+            if not d.same_as(status.condition(C.OTHER_DRIVER)):
+                self.emit(ReportOtherDriver(ref, driver.reason, d.message))
+            out.append(d)
+        elif step.writer is not None or status.condition(C.OTHER_DRIVER) is not None:
+            out.append(Condition(C.OTHER_DRIVER, "False", C.R_NO_OTHER_DRIVER, ""))
+        return tuple(out)
 
     # -- status ------------------------------------------------------------------------
     def _invalid_target(self, ref: ObjectRef, version: str | None, status: RolloutStatus,
@@ -844,9 +935,8 @@ class _Pass:
                         not_in_place: dict[str, Eligibility], failed: list[PlanView],
                         waiting: str, in_flight: Iterable[str],
                         budget_problem: tuple[str, str] | None,
-                        unreachable: str | None = None) -> None:
+                        extra: tuple[Condition, ...] = ()) -> None:
         target, done = counts.target_version, counts.updated == counts.total
-        waiting = unreachable or waiting
         summary = f"{counts.updated}/{counts.total} machines on {target}"
         if done:
             up = Condition(C.UP_TO_DATE, "True", C.R_UP_TO_DATE, summary)
@@ -865,13 +955,6 @@ class _Pass:
         else:
             prog = Condition(C.PROGRESSING, "False", C.R_WAITING if waiting else C.R_IDLE,
                              _truncate(waiting))
-        if unreachable is not None:
-            # Nothing is known of its nodes now: say so in both, whatever was last seen.
-            prog = Condition(C.PROGRESSING, prog.status, C.R_CLUSTER_UNREACHABLE,
-                             _truncate(unreachable))
-            if not done:
-                up = Condition(C.UP_TO_DATE, "False", C.R_CLUSTER_UNREACHABLE,
-                               _truncate(f"{summary}; {unreachable}"))
         if counts.halted:
             failed_names = ", ".join(sorted(v.plan.ref.name for v in failed))
             halt_msg = _truncate(
@@ -890,7 +973,7 @@ class _Pass:
                                 _truncate(f"not in-place (left to Cluster API): {text}"))
         else:
             inplace = Condition(C.IN_PLACE, "True", C.R_IN_PLACE, "")
-        conds = (up, prog, halt, inplace)
+        conds = (up, prog, halt, inplace, *extra)
         self._set_status(ref, status, conds, counts)
         if halt.status == "True" and not halt.same_as(status.condition(C.HALTED)):
             self.emit(HaltObject(ref, failed=len(failed), budget=self.settings.halt_at_failures,

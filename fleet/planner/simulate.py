@@ -12,9 +12,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from fleet.intent import apply_intents
 from fleet.model import (
+    ANN_CAPI_PAUSED,
     ANN_K0S_CONFIG,
     ANN_MACHINE_RUNNING_VERSION,
+    ANN_PAUSED_FOR,
+    ANN_WRITTEN_VERSION,
     EXECUTOR_AUTOPILOT,
     KIND_KCP,
     KIND_MD,
@@ -26,6 +30,7 @@ from fleet.model import (
     ClusterKey,
     Condition,
     ControlPlaneInfo,
+    FleetUpgradeInfo,
     InfraMachineInfo,
     MachineDeploymentInfo,
     MachineInfo,
@@ -44,8 +49,11 @@ from fleet.planner.actions import (
     ClearSignal,
     CreateNodePlan,
     MarkNodePlanFailed,
+    PatchMachineSetVersion,
     PatchMachineVersion,
+    RecordWrittenVersion,
     ReleaseNodePlan,
+    ReleasePause,
     RemoveAnnotation,
     RetryNodePlan,
     SetRolloutStatus,
@@ -53,9 +61,9 @@ from fleet.planner.actions import (
     StartNodePlan,
     UncordonNode,
     UpdateNodePlanStatus,
+    WriteVersion,
 )
 from fleet.planner.conditions import NP_FAILED, R_DEADLINE
-from fleet.reported import kubelet_version
 from fleet.signal import (
     HAPPY_PATH,
     K0sUpdateCommand,
@@ -82,14 +90,19 @@ class SimFleet:
     nodes: dict[ClusterKey, dict[str, NodeInfo] | None] = field(default_factory=dict)
     log: list[Action] = field(default_factory=list)
     created: list[CreateNodePlan] = field(default_factory=list)
+    # FleetUpgrades; MD/KCP ``version`` here is what the object itself says
+    upgrades: dict[tuple[str, str], FleetUpgradeInfo] = field(default_factory=dict)
+    autopilot_plans: dict[ClusterKey, str] = field(default_factory=dict)
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(
+        snap = Snapshot(
             now=self.now, clusters=dict(self.clusters), deployments=dict(self.deployments),
             machine_sets=dict(self.machine_sets), control_planes=dict(self.control_planes),
             machines=dict(self.machines), nodeplans=dict(self.nodeplans),
             nodes={k: (None if v is None else dict(v)) for k, v in self.nodes.items()},
+            autopilot_plans=dict(self.autopilot_plans),
         )
+        return apply_intents(snap, self.upgrades.values()) if self.upgrades else snap
 
     # -- controller side ---------------------------------------------------------------
     def apply_all(self, actions: Iterable[Action]) -> None:
@@ -152,6 +165,12 @@ class SimFleet:
             m = self.machines[(a.machine.namespace, a.machine.name)]
             self.machines[(a.machine.namespace, a.machine.name)] = dataclasses.replace(
                 m, version=a.version)
+        elif isinstance(a, RecordWrittenVersion | WriteVersion | ReleasePause):
+            self._write_version(a)
+        elif isinstance(a, PatchMachineSetVersion):
+            key = (a.machine_set.namespace, a.machine_set.name)
+            self.machine_sets[key] = dataclasses.replace(self.machine_sets[key],
+                                                         version=a.version)
         elif isinstance(a, AnnotateWorkerVersion):
             m = self.machines[(a.machine.namespace, a.machine.name)]
             self.machines[(a.machine.namespace, a.machine.name)] = dataclasses.replace(
@@ -165,6 +184,38 @@ class SimFleet:
                 self.control_planes[key] = dataclasses.replace(self.control_planes[key],
                                                                status=status)
         # HaltObject, ReportNotInPlace, RecordEvent: events only.
+
+    def _write_version(self, a: RecordWrittenVersion | WriteVersion | ReleasePause) -> None:
+        """As the dispatcher does it (one patch each; refused when no longer wanted)."""
+        key = (a.owner.namespace, a.owner.name)
+        obj: MachineDeploymentInfo | ControlPlaneInfo | None = (
+            self.deployments.get(key) if a.owner.kind == KIND_MD else
+            self.control_planes.get(key))
+        if obj is None:
+            return
+        anns = dict(obj.annotations)
+        version = obj.version
+        if isinstance(a, RecordWrittenVersion):
+            if obj.version != a.version:
+                return
+            anns[ANN_WRITTEN_VERSION] = a.version
+        elif isinstance(a, WriteVersion):
+            if obj.version != a.expected or anns.get(ANN_WRITTEN_VERSION) != a.expected:
+                return
+            version = a.version
+            anns[ANN_WRITTEN_VERSION] = a.version
+            if a.pause:
+                anns |= {ANN_CAPI_PAUSED: "", ANN_PAUSED_FOR: a.version}
+        else:
+            if ANN_PAUSED_FOR not in anns:
+                return
+            anns.pop(ANN_PAUSED_FOR)
+            anns.pop(ANN_CAPI_PAUSED, None)
+        new = dataclasses.replace(obj, version=version, annotations=anns)
+        if isinstance(new, MachineDeploymentInfo):
+            self.deployments[key] = new
+        else:
+            self.control_planes[key] = new
 
     def _plan(self, ref: ObjectRef, **changes: object) -> None:
         key = (ref.namespace, ref.name)
@@ -268,8 +319,6 @@ def add_cluster(
     ``version`` and Ready."""
     ckey = (namespace, name)
     sim.clusters[ckey] = ClusterInfo(namespace, name, executor=executor)
-    # Nodes as a real cluster publishes them: the kubelet's version, no k0s-fleet record.
-    kubelet = kubelet_version(version)
     nodes: dict[str, NodeInfo] = {}
     infra_cp = TemplateRef("infrastructure.cluster.x-k8s.io", "SimMachineTemplate", f"{name}-cp")
     if control_planes:
@@ -285,7 +334,7 @@ def add_cluster(
                 role=ROLE_CONTROLLER, created=sim.now + timedelta(seconds=i), owner=kcp.ref,
                 node_name=mname, annotations={ANN_K0S_CONFIG: '{"args": ["--debug"]}'},
                 infra=InfraMachineInfo(infra_cp.name, infra_cp.group_kind))
-            nodes[mname] = NodeInfo(mname, kubelet_version=kubelet)
+            nodes[mname] = NodeInfo(mname, running_version=version)
     if workers:
         boot = TemplateRef("bootstrap.cluster.x-k8s.io", "K0sWorkerConfigTemplate", f"{name}-w")
         infra = TemplateRef("infrastructure.cluster.x-k8s.io", "SimMachineTemplate", f"{name}-w")
@@ -296,7 +345,7 @@ def add_cluster(
         sim.deployments[(namespace, md.ref.name)] = md
         ms = MachineSetInfo(ref=ObjectRef("MachineSet", namespace, f"{name}-md-ms"),
                             cluster=name, deployment=md.ref.name, bootstrap=boot,
-                            infrastructure=infra)
+                            infrastructure=infra, replicas=workers, version=version)
         sim.machine_sets[(namespace, ms.ref.name)] = ms
         for i in range(workers):
             mname = f"{name}-md-{i}"
@@ -304,7 +353,7 @@ def add_cluster(
                 ref=ObjectRef("Machine", namespace, mname), cluster=name, version=version,
                 role=ROLE_WORKER, created=sim.now + timedelta(seconds=100 + i), owner=md.ref,
                 machine_set=ms.ref.name, node_name=mname)
-            nodes[mname] = NodeInfo(mname, kubelet_version=kubelet)
+            nodes[mname] = NodeInfo(mname, running_version=version)
     sim.nodes[ckey] = nodes
     return ckey
 

@@ -19,12 +19,15 @@ import anyio
 from fleet.clusters import KubeconfigSecretError, kubeconfig_from_secret
 from fleet.config import FleetConfig
 from fleet.controllers.infra import InfraMachines
-from fleet.controllers.observe import fleet_clusters, watched_namespaces
-from fleet.kube import KubeClient, KubeError
+from fleet.controllers.observe import fleet_clusters
+from fleet.intent import apply_intents, fleet_upgrade_from
+from fleet.kube import KubeClient, KubeError, NotFoundError
 from fleet.kube.resources import (
+    AUTOPILOT_PLANS,
     CLUSTERS,
     CONFIGMAPS,
     CONTROL_NODES,
+    FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
@@ -43,6 +46,7 @@ from fleet.model import (
     Snapshot,
     control_plane_from,
     deployment_from,
+    live_autopilot_plan,
     machine_from,
     machine_set_from,
     node_from,
@@ -95,23 +99,29 @@ async def workload_client(mgmt: KubeClient, config: FleetConfig, namespace: str,
 
 
 async def _nodes(mgmt: KubeClient, config: FleetConfig, key: ClusterKey,
-                 timeout: float) -> dict[str, NodeInfo]:
+                 timeout: float) -> tuple[dict[str, NodeInfo], str | None]:
+    """The cluster's Nodes (and ControlNodes), and a still running autopilot Plan."""
     with anyio.fail_after(timeout):
         async with await workload_client(mgmt, config, *key) as wl:
             nodes = {n.name: n for n in map(node_from, (await wl.list(NODES)).items)}
+            plan: str | None = None
             try:
                 for obj in (await wl.list(CONTROL_NODES)).items:
                     cn = node_from(obj)
                     nodes.setdefault(cn.name, cn)
+                plan = live_autopilot_plan((await wl.list(AUTOPILOT_PLANS)).items)
             except KubeError:
-                pass  # no autopilot CRD: no pure controllers to see
-            return nodes
+                pass  # no autopilot CRD: no pure controllers, no Plans to see
+            return nodes, plan
 
 
 async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None = None,
-                  node_timeout: float = 10.0, concurrency: int = 32) -> Observation:
+                  node_timeout: float = 10.0) -> Observation:
     """Read the whole fleet once."""
-    namespaces = watched_namespaces(config)
+    namespaces = list(config.clusters.namespaces)
+    for e in config.clusters.entries:
+        if namespaces and e.namespace not in namespaces:
+            namespaces.append(e.namespace)
     all_clusters = await _list(mgmt, CLUSTERS, namespaces)
     # The same fleet membership and per-cluster settings the controller plans with.
     clusters: dict[ClusterKey, ClusterInfo] = fleet_clusters(config, all_clusters)
@@ -142,23 +152,16 @@ async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None
     plans = [nodeplan_from(o) for o in await _list(mgmt, NODE_PLANS, namespaces)]
 
     nodes: dict[ClusterKey, Mapping[str, NodeInfo] | None] = {}
+    autopilot: dict[ClusterKey, str] = {}
     problems: dict[ClusterKey, str] = {}
-    # Every workload cluster at once (bounded): unreachable ones cost one timeout in
-    # total, not one each.
-    limiter = anyio.CapacityLimiter(max(1, concurrency))
-
-    async def read(key: ClusterKey) -> None:
-        async with limiter:
-            try:
-                nodes[key] = await _nodes(mgmt, config, key, node_timeout)
-            except (KubeError, KubeconfigSecretError, TimeoutError, ValueError, OSError) as e:
-                nodes[key] = None
-                problems[key] = f"workload cluster unreachable: {e!r}"[:300]
-
-    async with anyio.create_task_group() as tg:
-        for key in sorted(keys):
-            tg.start_soon(read, key)
-    nodes = {key: nodes[key] for key in sorted(keys)}
+    for key in sorted(keys):
+        try:
+            nodes[key], plan = await _nodes(mgmt, config, key, node_timeout)
+            if plan is not None:
+                autopilot[key] = plan
+        except (KubeError, KubeconfigSecretError, TimeoutError) as e:
+            nodes[key] = None
+            problems[key] = f"workload cluster unreachable: {e!r}"[:300]
 
     controls, state = FleetControls(), RolloutState()
     cm = await mgmt.get_or_none(CONFIGMAPS, ROLLOUT_CONFIGMAP, config.management.namespace)
@@ -178,6 +181,12 @@ async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None
         machines={(m.ref.namespace, m.ref.name): m for m in machines},
         nodeplans={(p.ref.namespace, p.ref.name): p for p in plans
                    if (p.ref.namespace, p.cluster) in keys},
-        nodes=nodes)
+        nodes=nodes, autopilot_plans=autopilot)
+    try:
+        upgrades = [fleet_upgrade_from(o) for o in (
+            await mgmt.list(FLEET_UPGRADES, config.management.namespace)).items]
+    except NotFoundError:
+        upgrades = []  # the FleetUpgrade CRD is not installed: no intents
+    snapshot = apply_intents(snapshot, upgrades)
     return Observation(snapshot=snapshot, meta=meta, controls=controls, state=state,
                        problems=problems)

@@ -18,7 +18,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from fleet.config import FleetConfig
-from fleet.model import EXECUTOR_AGENT, ClusterKey, ObjectRef, format_time
+from fleet.model import (
+    EXECUTOR_AGENT,
+    ClusterKey,
+    ControlPlaneInfo,
+    MachineDeploymentInfo,
+    ObjectRef,
+    format_time,
+)
 from fleet.planner import PlannerSettings, plan
 from fleet.planner.actions import (
     Action,
@@ -26,16 +33,20 @@ from fleet.planner.actions import (
     HaltObject,
     RecordEvent,
     ReportNotInPlace,
+    ReportOtherDriver,
+    ReportVersionConflict,
     SetRolloutStatus,
 )
 from fleet.planner.simulate import SimFleet
+from fleet.planner.writer import executor_of
 from fleet.rollout.gate import FleetView, GateDecision, RolloutGate
 from fleet.rollout.observe import Observation
 from fleet.rollout.progress import ClusterProgress, NodeState, clusters_from_snapshot
 from fleet.schedule import format_duration
 from fleet.signal import HAPPY_PATH
 
-_QUIET = (SetRolloutStatus, RecordEvent, ReportNotInPlace, HaltObject)
+_QUIET = (SetRolloutStatus, RecordEvent, ReportNotInPlace, HaltObject, ReportVersionConflict,
+          ReportOtherDriver)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +71,7 @@ class DryRun:
     end: datetime | None = None  # when the last node would finish (None: blocked)
     blocked: dict[ClusterKey, str] = field(default_factory=dict)
     waiting: dict[ObjectRef, str] = field(default_factory=dict)
+    executors: dict[ObjectRef, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def duration(self) -> timedelta | None:
@@ -79,10 +91,22 @@ def dry_run(obs: Observation, config: FleetConfig, *, now: datetime,
         # The simulator plays the agent protocol; the order does not depend on it.
         clusters={k: dataclasses.replace(v, executor=EXECUTOR_AGENT)
                   for k, v in snap.clusters.items()},
-        deployments=dict(snap.deployments), machine_sets=dict(snap.machine_sets),
-        control_planes=dict(snap.control_planes), machines=dict(snap.machines),
-        nodeplans=dict(snap.nodeplans),
-        nodes={k: (None if v is None else dict(v)) for k, v in snap.nodes.items()})
+        # The objects as they are written (the simulator lays the FleetUpgrades over them
+        # on every pass, and plays the controller's version writes).
+        deployments={k: dataclasses.replace(o, version=o.object_version, spec_version=None,
+                                            intent=None)
+                     for k, o in snap.deployments.items()},
+        machine_sets=dict(snap.machine_sets),
+        control_planes={k: dataclasses.replace(o, version=o.object_version, spec_version=None,
+                                               intent=None)
+                        for k, o in snap.control_planes.items()},
+        machines=dict(snap.machines), nodeplans=dict(snap.nodeplans),
+        nodes={k: (None if v is None else dict(v)) for k, v in snap.nodes.items()},
+        upgrades=dict(snap.upgrades), autopilot_plans=dict(snap.autopilot_plans))
+    owners: list[MachineDeploymentInfo | ControlPlaneInfo] = [
+        *snap.deployments.values(), *snap.control_planes.values()]
+    executors = {ObjectRef(o.ref.kind, o.ref.namespace, o.ref.name): executor_of(o)
+                 for o in owners}
     gate = RolloutGate(config)
     settings = _planner_settings(config)
     phase_time = node_duration / len(HAPPY_PATH)
@@ -97,7 +121,8 @@ def dry_run(obs: Observation, config: FleetConfig, *, now: datetime,
         state = decision.state
         last = decision
         if result is None:
-            result = DryRun(start=now, decision=decision, clusters=progress)
+            result = DryRun(start=now, decision=decision, clusters=progress,
+                            executors=executors)
         if all(c.complete for c in progress):
             result.end = sim.now
             break
@@ -176,6 +201,8 @@ def plan_document(run: DryRun) -> dict[str, Any]:
                                "nodes": list(s.nodes), "unavailable": s.unavailable,
                                "maxUnavailable": s.max_unavailable} for s in steps],
                     "waiting": run.waiting.get(o.ref),
+                    "executor": run.executors.get(o.ref, ("", ""))[0] or None,
+                    "executorReason": run.executors.get(o.ref, ("", ""))[1] or None,
                 })
             clusters.append({"namespace": key[0], "name": key[1], "phase": g.phase.value,
                              "allowedNow": g.allowed, "reason": g.reason or None,
@@ -221,7 +248,10 @@ def plan_text(doc: dict[str, Any]) -> list[str]:
                 out.append(f"    {o['kind']} {o['name']} -> {o['target']}: "
                            f"{len(o['upToDate'])}/{o['replicas']} up to date, "
                            f"{len(o['inPlace'])} in place, {len(o['clusterAPI'])} left to "
-                           "Cluster API")
+                           "Cluster API"
+                           + (f"; executor {o['executor']}" if o.get("executor") else ""))
+                if o.get("executorReason"):
+                    out.append(f"      ({o['executorReason']})")
                 for s in o["steps"]:
                     out.append(f"      {s['offset']:>8}  start {', '.join(s['nodes'])}  "
                                f"(unavailable {s['unavailable']}/{s['maxUnavailable']})")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import anyio
@@ -32,8 +32,8 @@ from fleet.model import ClusterKey, ObjectRef, Snapshot
 from fleet.planner.actions import PlanResult
 from fleet.rollout.coordinator import RolloutCoordinator
 from fleet.rollout.gate import GateDecision
+from fleet.rollout.intents import write_upgrade_status
 from fleet.rollout.progress import clusters_from_snapshot
-from fleet.status.health import Health
 from fleet.status.server import StatusBoard, make_app, serve
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,8 @@ class RolloutPolicy:
                  clock: Callable[[], datetime] | None = None) -> None:
         kw = {"clock": clock} if clock is not None else {}
         self.coordinator = RolloutCoordinator(mgmt, config, recorder=recorder, **kw)
+        self.mgmt = mgmt
+        self.clock = clock or (lambda: datetime.now(UTC))
         self.config = config
         self.meta = meta
         self.board = board if board is not None else StatusBoard()
@@ -73,6 +75,9 @@ class RolloutPolicy:
         previous = self.decision.next_wakeup if self.decision is not None else None
         self.decision = decision
         self.board.publish(decision, clusters)
+        # The upgrade intents' status: per wave and per cluster, from this very decision.
+        await write_upgrade_status(self.mgmt, snapshot.upgrades, snapshot.intents, decision,
+                                   clusters, clock=self.clock)
         if decision.next_wakeup != previous:
             self._wakeup_changed.set()
         return decision.hold
@@ -129,14 +134,12 @@ class RolloutRuntime:
         so), until cancelled. ``serve`` runs it too; run it alone when not serving HTTP."""
         await self.policy.wakeups(self.controller.trigger.poke, self.controller.clock)
 
-    async def serve(self, *, host: str = "0.0.0.0", port: int | None = None,
-                    health: Health | None = None) -> None:
-        """HTTP endpoints + wake-ups, until cancelled, on every replica. /healthz and
-        /readyz answer what ``health`` checks (fleet.status.health): a standby replica
-        counts as ready once its own parts are, or an HA Deployment never finishes
-        rolling; /status is 503 until this replica leads."""
+    async def serve(self, *, host: str = "0.0.0.0", port: int | None = None) -> None:
+        """HTTP endpoints + wake-ups, until cancelled, on every replica. /readyz answers
+        as soon as the server runs: a standby replica must count as ready too, or an HA
+        Deployment never finishes rolling; /status is 503 until this replica leads."""
         c = self.controller
-        app = make_app(self.board, health=health)
+        app = make_app(self.board)
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: serve(app, host=host, port=port if port is not None
                                         else c.config.status.port))

@@ -41,7 +41,7 @@ from fleet.model import (
     LABEL_DEPLOYMENT_NAME,
     LABEL_SET_NAME,
 )
-from fleet.reported import kubelet_version
+from fleet.signal import RUNNING_VERSION_KEY
 
 INFRA_GROUP = "infrastructure.k0s-fleet.test"
 INFRA_MACHINES = Resource(INFRA_GROUP, "v1beta1", "simmachines", "SimMachine", namespaced=True)
@@ -135,7 +135,6 @@ async def create_cluster(
     control_planes: int = 3,
     workers: int = 6,
     max_unavailable: int | str | None = 2,
-    max_surge: int | str = 0,
     node_prefix: str | None = None,
     create_nodes: bool = True,
 ) -> FleetCluster:
@@ -190,7 +189,7 @@ async def create_cluster(
                 "spec": {"clusterName": name, "replicas": workers,
                          "selector": {"matchLabels": {LABEL_DEPLOYMENT_NAME: fc.md}},
                          "rollout": {"strategy": {"type": "RollingUpdate", "rollingUpdate": {
-                             "maxUnavailable": max_unavailable, "maxSurge": max_surge}}}
+                             "maxUnavailable": max_unavailable, "maxSurge": 0}}}
                          if max_unavailable is not None else {},
                          "template": {"metadata": {"labels": {LABEL_DEPLOYMENT_NAME: fc.md}},
                                       "spec": tspec}}})
@@ -219,11 +218,8 @@ async def create_node(workload: KubeClient, name: str, version: str, *,
     labels = {"kubernetes.io/arch": "amd64", "k0smotron.io/machine-name": name}
     if control_plane:
         labels["node-role.kubernetes.io/control-plane"] = "true"
-    # As a real k0s node registers: no k0s-fleet annotation; the kubelet tells its version.
-    await _create(workload, NODES, {"metadata": {"name": name, "labels": labels}})
-    await workload.patch(NODES, name, {"status": {"nodeInfo": {
-        "kubeletVersion": kubelet_version(version), "architecture": "amd64"}}},
-        subresource="status")
+    await _create(workload, NODES, {"metadata": {
+        "name": name, "labels": labels, "annotations": {RUNNING_VERSION_KEY: version}}})
     await set_node_ready(workload, name, ready)
 
 

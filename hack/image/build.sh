@@ -33,6 +33,10 @@ buildah bud --quiet --layers --isolation chroot --network host "${mounts[@]}" \
   --file "$REPO_ROOT/Dockerfile" --tag "$ref" "$REPO_ROOT" >/dev/null
 t1=$(date +%s.%N)
 
+# Earlier builds' untagged images (replaced finals, stale build stages) older than a day;
+# recent ones stay as the layer cache.
+podman image prune --force --filter until=24h >/dev/null
+
 mkdir -p "$(dirname "$archive")"
 rm -f "$archive"
 buildah push --quiet "$ref" "oci-archive:$archive:$ref" >/dev/null

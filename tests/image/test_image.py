@@ -27,6 +27,7 @@ import tomllib
 import urllib.error
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from fleet.kube import KubeClient
 from fleet.kube.resources import LEASES
 from fleet.testing.binaries import REPO_ROOT
 from fleet.testing.capi import ensure_infra_crd
-from fleet.testing.world import World, free_port
+from fleet.testing.world import ApiServer, World, free_port
 from tests.conftest import unique
 from tests.image.pod import PodRun, container_args, memory_bytes, podman_run_args
 from tests.integration.test_chart_install import create_namespace
@@ -205,20 +206,29 @@ def readyz(port: int) -> int | None:
         return None
 
 
-@pytest.mark.anyio
-async def test_controller_in_the_image_becomes_ready_as_the_chart_s_service_account(
-        image: str, crds_installed: World, mgmt: KubeClient, tmp_path: Path) -> None:
-    server = crds_installed["mgmt"]
+@dataclass(frozen=True)
+class ChartController:
+    """The controller chart installed by helm, and what a kubelet would give its pod."""
+
+    pod: dict[str, Any]
+    run: PodRun
+    status_port: int
+    pod_name: str
+    namespace: str
+
+
+async def chart_controller(server: ApiServer, mgmt: KubeClient,
+                           directory: Path) -> ChartController:
     await ensure_infra_crd(mgmt)
     capi_ns, ns = unique("capi-img"), unique("kf-img")
     await create_namespace(mgmt, capi_ns)
-    inst = await install_controller(server, mgmt, tmp_path, chart_values(capi_ns),
+    inst = await install_controller(server, mgmt, directory, chart_values(capi_ns),
                                     namespace=ns, capi_namespace=capi_ns)
     # The kubelet's files: ConfigMap volume, projected ServiceAccount token, CA, namespace.
-    config = tmp_path / "configmap"
+    config = directory / "configmap"
     config.mkdir()
     (config / "fleet.yaml").write_text(inst.fleet_yaml)
-    sa = tmp_path / "serviceaccount"
+    sa = directory / "serviceaccount"
     sa.mkdir()
     (sa / "token").write_text(await service_account_token(mgmt, ns, inst.service_account))
     (sa / "ca.crt").write_bytes(server.ca_pem)
@@ -235,11 +245,26 @@ async def test_controller_in_the_image_becomes_ready_as_the_chart_s_service_acco
     run = PodRun(fields={"metadata.name": pod_name, "metadata.namespace": ns},
                  volumes={"config": config}, service_account=sa,
                  api_server=("127.0.0.1", server.port), network="host")
+    return ChartController(pod, run, status_port, pod_name, ns)
+
+
+def run_controller(image: str, ctl: ChartController) -> str:
+    """``podman run`` the chart's controller container; returns its name."""
     name = f"k0s-fleet-image-{uuid.uuid4().hex[:8]}"
+    podman("run", "--detach", "--name", name,
+           f"--stop-timeout={ctl.pod['terminationGracePeriodSeconds']}",
+           *podman_run_args(ctl.pod, ctl.run), image, *container_args(ctl.pod))
+    return name
+
+
+@pytest.mark.anyio
+async def test_controller_in_the_image_becomes_ready_as_the_chart_s_service_account(
+        image: str, crds_installed: World, mgmt: KubeClient, tmp_path: Path) -> None:
+    ctl = await chart_controller(crds_installed["mgmt"], mgmt, tmp_path)
+    pod, ns, pod_name, status_port = ctl.pod, ctl.namespace, ctl.pod_name, ctl.status_port
     grace = pod["terminationGracePeriodSeconds"]
     t0 = time.monotonic()
-    podman("run", "--detach", "--name", name, f"--stop-timeout={grace}",
-           *podman_run_args(pod, run), image, *container_args(pod))
+    name = run_controller(image, ctl)
     try:
         def logs() -> str:
             p = podman("logs", name, check=False)

@@ -21,6 +21,7 @@ import yaml
 from fleet.kube import KubeClient
 from fleet.kube.resources import (
     CONFIGMAPS,
+    FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
     NAMESPACES,
@@ -115,11 +116,14 @@ async def test_operations_guide_runs(crds_installed: World, mgmt: KubeClient,
         cm = await mgmt.get(CONFIGMAPS, "k0s-fleet", "k0s-fleet-system")
         assert yaml.safe_load(cm["data"]["fleet.yaml"])["rollout"]["maxConcurrentClusters"] == 3
 
-    async def version_bumped() -> None:
+    async def version_asked() -> None:
+        fu = await mgmt.get(FLEET_UPGRADES, "k0s-v1-32-1", "k0s-fleet-system")
+        assert fu["spec"] == {"version": "v1.32.1+k0s.0"}
+        # Nobody edits the objects' versions by hand any more (the controller writes them).
         md = await mgmt.get(MACHINE_DEPLOYMENTS, "edge-01-workers", "fleet-prod")
+        assert md["spec"]["template"]["spec"]["version"] == "v1.31.3+k0s.0"
         kcp = await mgmt.get(K0S_CONTROL_PLANES, "edge-01", "fleet-prod")
-        assert md["spec"]["template"]["spec"]["version"] == "v1.32.1+k0s.0"
-        assert kcp["spec"]["version"] == "v1.32.1+k0s.0"
+        assert kcp["spec"]["version"] == "v1.31.3+k0s.0"
 
     async def nodeplans_listable() -> None:
         await mgmt.list(NODE_PLANS, "fleet-prod")
@@ -142,7 +146,7 @@ async def test_operations_guide_runs(crds_installed: World, mgmt: KubeClient,
         "Install the controller (management cluster)": controller_installed,
         "Install the agent (each workload cluster)": agent_installed,
         "Configure the fleet YAML": reconfigured,
-        "Roll a version": version_bumped,
+        "Roll a version": version_asked,
         "Watch it": nodeplans_listable,
         "Recover from a failed node": retried,
         "Pause": paused,

@@ -51,7 +51,7 @@ from fleet.extension.progress import RETRY_AFTER_SECONDS, UNOBSERVABLE_RETRY_SEC
 from fleet.extension.selfsigned import make_cert_pair
 from fleet.extension.wire import Hook
 from fleet.kube import KubeClient, NotFoundError, UnreachableError
-from fleet.kube.resources import CLUSTERS, MACHINES, NODE_PLANS, NODES, SECRETS
+from fleet.kube.resources import CLUSTERS, CONFIGMAPS, MACHINES, NODE_PLANS, NODES, SECRETS
 from fleet.model import NODEPLAN_FINALIZER
 from fleet.nodeplan import (
     LABEL_MACHINE,
@@ -60,6 +60,8 @@ from fleet.nodeplan import (
     label_value,
     nodeplan_name,
 )
+from fleet.rollout.annotations import ANN_EMERGENCY_STOP, ROLLOUT_CONFIGMAP, STATE_KEY
+from fleet.rollout.state import RolloutState
 from fleet.signal import HAPPY_PATH, RUNNING_VERSION_KEY, SignalState
 from fleet.testing.world import World
 from tests.conftest import unique
@@ -568,3 +570,52 @@ async def test_workload_clients_from_kubeconfig_secrets(
             await clients(namespace, "c1")
     finally:
         await clients.close()
+
+
+async def test_update_machine_answers_not_yet_while_the_rollout_policy_holds(
+        mgmt: KubeClient, wl1: KubeClient, namespace: str, tmp_path: Path) -> None:
+    """handlers_from_config: the fleet rollout policy (the rollout ConfigMap's switches and
+    the controller's record of admitted clusters) holds UpdateMachine before any dispatch."""
+    await mgmt.create(CLUSTERS, {"metadata": {"name": "c1", "namespace": namespace},
+                                 "spec": {}})
+    cert, key, ca = make_cert_pair(["localhost"]).write(tmp_path / "tls")
+
+    async def workload(namespace: str, cluster: str) -> KubeClient:
+        return wl1
+
+    config = FleetConfig.model_validate({"management": {"namespace": namespace},
+                                         "download": {"digests": {NEW: {"amd64": DIGEST}}}})
+    cm = await mgmt.create(CONFIGMAPS, {
+        "metadata": {"name": ROLLOUT_CONFIGMAP, "namespace": namespace,
+                     "annotations": {ANN_EMERGENCY_STOP: "bad release"}},
+        "data": {STATE_KEY: RolloutState().to_json()}}, namespace)
+    handlers = handlers_from_config(config, mgmt=mgmt, workload_client=workload)
+    server = await start_extension_server(handlers, cert_file=str(cert), key_file=str(key),
+                                          host="127.0.0.1", port=0)
+    try:
+        ext = Extension(server, ssl.create_default_context(cafile=str(ca)),
+                        UpdateMachineService(mgmt=mgmt))
+        driver = CapiDriver(ext, mgmt)
+        machine, _ = await make_machine(mgmt, wl1, namespace)
+        name = machine["metadata"]["name"]
+        await driver.start_in_place(machine, NEW)
+        call = await driver.update_machine_once(name, namespace)
+        assert call.status == "Success" and call.retry_after > 0
+        assert "not yet: emergency stop" in call.message and "bad release" in call.message
+        # Stop lifted, but the controller has not admitted the cluster to its wave.
+        await mgmt.patch(CONFIGMAPS, ROLLOUT_CONFIGMAP, {"metadata": {"annotations": {
+            ANN_EMERGENCY_STOP: None}}}, namespace)
+        call = await driver.update_machine_once(name, namespace)
+        assert call.retry_after > 0 and "has not admitted" in call.message, call
+        assert await plans_for(mgmt, namespace, name) == []
+        # Admitted (as the controller records it before its first start): dispatched.
+        state = RolloutState(admitted={f"{namespace}/c1": "x"})
+        await mgmt.patch(CONFIGMAPS, ROLLOUT_CONFIGMAP, {"data": {STATE_KEY: state.to_json()}},
+                         namespace)
+        call = await driver.update_machine_once(name, namespace)
+        assert "not yet" not in call.message, call
+    finally:
+        await server.close()
+    assert cm["metadata"]["name"] == ROLLOUT_CONFIGMAP
+    assert [p["metadata"]["name"] for p in await plans_for(mgmt, namespace, name)] == [
+        nodeplan_name(name, NEW)]

@@ -28,9 +28,11 @@ from fleet.kube import ForbiddenError, KubeClient
 from fleet.kube.resources import (
     CONFIGMAPS,
     EXTENSION_CONFIGS,
+    FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
     LEASES,
     MACHINE_DEPLOYMENTS,
+    MACHINE_SETS,
     MACHINES,
     NODE_PLANS,
     NODES,
@@ -40,9 +42,10 @@ from fleet.kube.resources import (
 )
 from fleet.nodeplan import NodePlanPhase
 from fleet.testing.binaries import REPO_ROOT
-from fleet.testing.capi import INFRA_GROUP, INFRA_MACHINES, bump, create_cluster, ensure_infra_crd
+from fleet.testing.capi import INFRA_GROUP, INFRA_MACHINES, create_cluster, ensure_infra_crd
 from fleet.testing.responder import NodeResponder
 from fleet.testing.world import ApiServer, World, free_port
+from fleet.upgrade_cli import apply_upgrade, upgrade_object
 from tests.conftest import unique
 from tests.integration.test_chart_install import (
     CLUSTER_ROLE_BINDINGS,
@@ -205,17 +208,27 @@ async def test_controller_upgrades_with_the_chart_identity(  # noqa: PLR0917 - f
                 installed.release))
 
         await wait_for(leading, 30, "the Lease", log)
-        await bump(mgmt, fc, V2)
+        # The upgrade intent: the controller writes the KCP and MD versions itself (and
+        # pauses them while it rolls them), under the chart's RBAC and guard policy.
+        name = unique("to-v2")
+        await apply_upgrade(mgmt, namespace=installed.namespace, name=name, version=V2,
+                            selector=None)
 
         async def done() -> bool:
-            plans = (await mgmt.list(NODE_PLANS, ns)).items
+            plans = [p for p in (await mgmt.list(NODE_PLANS, ns)).items
+                     if p["spec"]["clusterName"] == fc.name]
             machines = {m["metadata"]["name"]: m for m in (await mgmt.list(MACHINES, ns)).items}
+            fu = await mgmt.get(FLEET_UPGRADES, name, installed.namespace)
+            md = await mgmt.get(MACHINE_DEPLOYMENTS, fc.md, ns)  # type: ignore[arg-type]
             return (len(plans) == len(fc.machines)
                     and all((p.get("status") or {}).get("phase") == NodePlanPhase.COMPLETED
                             for p in plans)
-                    and all(machines[cp]["spec"]["version"] == V2 for cp in fc.control_planes))
+                    and all(machines[m]["spec"]["version"] == V2 for m in fc.machines)
+                    and (fu.get("status") or {}).get("phase") == "Complete"
+                    and "cluster.x-k8s.io/paused" not in (md["metadata"].get("annotations")
+                                                          or {}))
 
-        await wait_for(done, 90, "the upgrade", log)
+        await wait_for(done, 120, "the upgrade", log)
         tg.cancel_scope.cancel()
     text = _tail(log, 10**7)
     assert "403" not in text and "Forbidden" not in text and "forbidden" not in text, text[-3000:]
@@ -246,7 +259,15 @@ async def test_controller_is_refused_what_it_must_not_do(
     # What it does (all allowed): watch, patch versions/annotations/status, own NodePlans.
     await ctl.list(MACHINES, ns)
     await ctl.list(SECRETS, ns)  # the kubeconfig Secrets, by list+watch
+    await ctl.list(FLEET_UPGRADES, own)
     await ctl.patch(MACHINES, worker, {"spec": {"version": V2}}, ns)
+    # The one writer of versions: KCP spec.version, MD/MS spec.template.spec.version.
+    await ctl.patch(K0S_CONTROL_PLANES, kcp, {"spec": {"version": V2}}, ns)
+    await ctl.patch(MACHINE_DEPLOYMENTS, md, {"spec": {"template": {"spec": {
+        "version": V2}}}}, ns)
+    assert fc.machine_set is not None
+    await ctl.patch(MACHINE_SETS, fc.machine_set, {"spec": {"template": {"spec": {
+        "version": V2}}}}, ns)
     await ctl.patch(MACHINES, worker, {"metadata": {"annotations": {"x": "y"}}}, ns)
     await ctl.patch(MACHINE_DEPLOYMENTS, md, {"metadata": {"annotations": {"x": "y"}}}, ns)
     await ctl.patch(K0S_CONTROL_PLANES, kcp, {"metadata": {"annotations": {"x": "y"}}}, ns)
@@ -273,6 +294,12 @@ async def test_controller_is_refused_what_it_must_not_do(
         "list Nodes": lambda: ctl.list(NODES),
         "list Pods": lambda: ctl.list(PODS, ns),
         "list ExtensionConfigs (extension off)": lambda: ctl.list(EXTENSION_CONFIGS),
+        "create a FleetUpgrade": lambda: ctl.create(FLEET_UPGRADES, upgrade_object(
+            "evil", own, V2, None), own),
+        "change a FleetUpgrade's spec": lambda: ctl.patch(FLEET_UPGRADES, "any", {
+            "spec": {"version": V2}}, own),
+        "delete a FleetUpgrade": lambda: ctl.delete(FLEET_UPGRADES, "any", own),
+        "list FleetUpgrades elsewhere": lambda: ctl.list(FLEET_UPGRADES, ns),
         "bind itself cluster-admin": lambda: ctl.create(CLUSTER_ROLE_BINDINGS, {
             "metadata": {"name": unique("escalate")},
             "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": "cluster-admin"},
@@ -295,6 +322,14 @@ async def test_controller_is_refused_what_it_must_not_do(
                                  "uid": "00000000-0000-0000-0000-000000000000"}]}}, ns),
         "add a finalizer to a MachineDeployment": lambda: ctl.patch(
             MACHINE_DEPLOYMENTS, md, {"metadata": {"finalizers": ["evil/x"]}}, ns),
+        "scale a MachineSet": lambda: ctl.patch(MACHINE_SETS, fc.machine_set,  # type: ignore[arg-type]
+                                                {"spec": {"replicas": 5}}, ns),
+        "re-template a MachineSet": lambda: ctl.patch(MACHINE_SETS, fc.machine_set, {  # type: ignore[arg-type]
+            "spec": {"template": {"spec": {"bootstrap": {"configRef": {"name": "evil"}}}}}},
+            ns),
+        "relabel a MachineDeployment's Machines": lambda: ctl.patch(
+            MACHINE_DEPLOYMENTS, md, {"spec": {"template": {"metadata": {
+                "labels": {"evil": "x"}}}}}, ns),
     }
     allowed, wrong_reason = [], []
     for refuser, calls in (("RBAC", by_rbac), ("guard", by_guard)):

@@ -23,6 +23,7 @@ import yaml
 
 from fleet.kube import KubeClient
 from fleet.kube.resources import (
+    FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
     LEASES,
     MACHINE_DEPLOYMENTS,
@@ -36,6 +37,7 @@ from fleet.testing.releases import ReleaseServer
 from fleet.testing.responder import NodeResponder
 from fleet.testing.simnode import SimNode
 from fleet.testing.world import World
+from fleet.upgrade_cli import apply_upgrade
 from tests.conftest import unique
 from tests.integration.test_chart_install import (
     CLUSTER_ROLES,
@@ -217,6 +219,7 @@ async def test_both_charts_upgrade_a_cluster_and_the_agent_uses_exactly_its_gran
 CONTROLLER_UNUSED_OK = {
     ("cluster.x-k8s.io", "machinedeployments", "get"): "re-read after a write conflict",
     ("cluster.x-k8s.io", "machines", "get"): "re-read after a write conflict",
+    ("cluster.x-k8s.io", "machinesets", "get"): "re-read after a write conflict",
     ("controlplane.cluster.x-k8s.io", "k0scontrolplanes", "get"): "re-read after a conflict",
     ("fleet.k0s-fleet.io", "nodeplans", "get"): "read after AlreadyExists / unsure create",
 }
@@ -246,14 +249,19 @@ async def test_controller_chart_grants_exactly_what_the_controller_uses(
                 is not None
 
         await wait_for(leading, 30, "the Lease", log)
-        await bump(admin, fc, V2)
+        # Through the upgrade intent: the controller reads it, writes the KCP's and MD's
+        # versions (pausing them, then releasing the pause) and the intent's status.
+        await apply_upgrade(admin, namespace=inst.namespace, name="to-v2", version=V2,
+                            selector=None)
 
         async def done() -> bool:
             plans = (await admin.list(NODE_PLANS, capi_ns)).items
+            fu = await admin.get(FLEET_UPGRADES, "to-v2", inst.namespace)
             return len(plans) == len(fc.machines) and all(
-                (p.get("status") or {}).get("phase") == NodePlanPhase.COMPLETED for p in plans)
+                (p.get("status") or {}).get("phase") == NodePlanPhase.COMPLETED
+                for p in plans) and (fu.get("status") or {}).get("phase") == "Complete"
 
-        await wait_for(done, 90, "the upgrade", log)
+        await wait_for(done, 120, "the upgrade", log)
         # An operator's retry annotations (nothing failed: the controller just removes
         # them), and a NodePlan deleted by a user (the controller releases its finalizer).
         for res, name in ((MACHINE_DEPLOYMENTS, fc.md), (K0S_CONTROL_PLANES, fc.kcp)):

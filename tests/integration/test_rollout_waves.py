@@ -42,7 +42,6 @@ from fleet.model import ObjectRef, format_time
 from fleet.nodeplan import build_nodeplan, nodeplan_name
 from fleet.planner import PlannerSettings, plan
 from fleet.planner.actions import AnnotateWorkerVersion, CreateNodePlan
-from fleet.reported import kubelet_version
 from fleet.rollout.annotations import ANN_PAUSED, ROLLOUT_CONFIGMAP, STATE_KEY
 from fleet.rollout.coordinator import RolloutCoordinator
 from fleet.rollout.gate import GateDecision
@@ -115,10 +114,9 @@ async def make_cluster(mgmt: KubeClient, server: ApiServer, wl: KubeClient, name
                 "cluster.x-k8s.io/set-name": f"{name}-ms"}},
             "spec": {"clusterName": name, "version": version,
                      "bootstrap": {"configRef": boot}, "infrastructureRef": infra}})
-        # As a real node registers: no k0s-fleet annotation, the kubelet's version.
-        await wl.create(NODES, {"metadata": {"name": m}})
-        await wl.patch(NODES, m, {"status": {"nodeInfo": {
-            "kubeletVersion": kubelet_version(version)}, "conditions": [
+        await wl.create(NODES, {"metadata": {"name": m,
+                                             "annotations": {RUNNING_VERSION_KEY: version}}})
+        await wl.patch(NODES, m, {"status": {"conditions": [
             {"type": "Ready", "status": "True", "reason": "KubeletReady",
              "lastHeartbeatTime": "2026-01-01T00:00:00Z",
              "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}, subresource="status")

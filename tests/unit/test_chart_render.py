@@ -223,10 +223,9 @@ def test_controller_pod_meets_restricted_pod_security(values: Path | None) -> No
 # -- controller chart -------------------------------------------------------------------
 # The contract proven against a real API server (tests/integration/test_rbac_*.py).
 CONTROLLER_RULES = {
-    *{("cluster.x-k8s.io", r, v, "*")
-      for r in ("clusters", "machinesets") for v in ("list", "watch")},
-    *{("cluster.x-k8s.io", r, v, "*")
-      for r in ("machinedeployments", "machines") for v in ("get", "list", "watch", "patch")},
+    *{("cluster.x-k8s.io", "clusters", v, "*") for v in ("list", "watch")},
+    *{("cluster.x-k8s.io", r, v, "*") for r in ("machinedeployments", "machinesets", "machines")
+      for v in ("get", "list", "watch", "patch")},
     ("cluster.x-k8s.io", "machinedeployments/status", "patch", "*"),
     *{("controlplane.cluster.x-k8s.io", "k0scontrolplanes", v, "*")
       for v in ("get", "list", "watch", "patch")},
@@ -250,6 +249,10 @@ LOCAL_RULES = {
     ("", "configmaps", "get", "k0s-fleet-rollout"),
     ("", "configmaps", "patch", "k0s-fleet-rollout"),
     ("events.k8s.io", "events", "create", "*"),
+    ("fleet.k0s-fleet.io", "fleetupgrades", "get", "*"),
+    ("fleet.k0s-fleet.io", "fleetupgrades", "list", "*"),
+    ("fleet.k0s-fleet.io", "fleetupgrades", "watch", "*"),
+    ("fleet.k0s-fleet.io", "fleetupgrades/status", "patch", "*"),
 }
 SA_SUBJECT = [{"kind": "ServiceAccount", "name": "r1-k0s-fleet", "namespace": "fleet-system"}]
 
@@ -257,9 +260,9 @@ SA_SUBJECT = [{"kind": "ServiceAccount", "name": "r1-k0s-fleet", "namespace": "f
 def test_controller_default_objects() -> None:
     m = render(CONTROLLER_CHART)
     assert m.kinds() == sorted([
-        "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment",
-        "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount",
-        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+        "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
+        "Deployment", "PodDisruptionBudget", "Role", "RoleBinding", "Service",
+        "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
     ])
     assert rbac_grants(m.one("ClusterRole", "r1-k0s-fleet")["rules"]) == (
         CONTROLLER_RULES | DEFAULT_INFRA)
@@ -272,8 +275,14 @@ def test_controller_default_objects() -> None:
     assert m.one("RoleBinding", "r1-k0s-fleet-local")["subjects"] == SA_SUBJECT
     view = m.one("ClusterRole", "r1-k0s-fleet-nodeplans-view")
     assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
-    assert rbac_grants(view["rules"]) == {("fleet.k0s-fleet.io", "nodeplans", v, "*")
+    assert rbac_grants(view["rules"]) == {("fleet.k0s-fleet.io", r, v, "*")
+                                          for r in ("nodeplans", "fleetupgrades")
                                           for v in ("get", "list", "watch")}
+    edit = m.one("ClusterRole", "r1-k0s-fleet-fleetupgrades-edit")
+    assert "rbac.authorization.k8s.io/aggregate-to-view" not in edit["metadata"]["labels"]
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert rbac_grants(edit["rules"]) == {("fleet.k0s-fleet.io", "fleetupgrades", v, "*")
+                                          for v in ("create", "update", "patch", "delete")}
     sa = m.one("ServiceAccount")
     assert sa["automountServiceAccountToken"] is False
     spec = pod_spec(m.workload())
@@ -321,7 +330,7 @@ def test_guard_policy_targets_the_controller_identity() -> None:
         'request.userInfo.username == "system:serviceaccount:k0s-fleet-system:r1-k0s-fleet"')
     rules = vap["spec"]["matchConstraints"]["resourceRules"]
     assert {r for rule in rules for r in rule["resources"]} == {
-        "machines", "machinedeployments", "k0scontrolplanes"}
+        "machines", "machinedeployments", "machinesets", "k0scontrolplanes"}
     assert all(rule["operations"] == ["UPDATE"] for rule in rules)
     binding = m.one("ValidatingAdmissionPolicyBinding")
     assert binding["spec"] == {"policyName": vap["metadata"]["name"], "validationActions": ["Deny"]}
@@ -474,7 +483,8 @@ def test_crd_ships_with_the_controller_chart() -> None:
     out = helm("template", "r1", "--include-crds", *template_args(CONTROLLER_CHART))
     crds = [d for d in yaml.safe_load_all(out.stdout)
             if d and d["kind"] == "CustomResourceDefinition"]
-    assert [c["metadata"]["name"] for c in crds] == ["nodeplans.fleet.k0s-fleet.io"]
+    assert sorted(c["metadata"]["name"] for c in crds) == [
+        "fleetupgrades.fleet.k0s-fleet.io", "nodeplans.fleet.k0s-fleet.io"]
 
 
 # -- agent chart --------------------------------------------------------------------------
@@ -627,3 +637,19 @@ def test_schema_forbids_unknown_keys_everywhere(chart: Path) -> None:
     assert not open_objects
     # and every default value passes it (helm lint checks that too)
     assert set(yaml.safe_load((chart / "values.yaml").read_text())) <= set(schema["properties"])
+
+
+def test_version_guard_is_opt_in() -> None:
+    names = {p["metadata"]["name"] for p in render(CONTROLLER_CHART).all(
+        "ValidatingAdmissionPolicy")}
+    assert names == {"r1-k0s-fleet-guard"}
+    m = render(CONTROLLER_CHART, sets=["rbac.versionGuard=true"], namespace="k0s-fleet-system")
+    vap = next(p for p in m.all("ValidatingAdmissionPolicy")
+               if p["metadata"]["name"] == "r1-k0s-fleet-version-guard")
+    conds = {c["name"]: c["expression"] for c in vap["spec"]["matchConditions"]}
+    assert conds["not-the-k0s-fleet-controller"] == (
+        'request.userInfo.username != "system:serviceaccount:k0s-fleet-system:r1-k0s-fleet"')
+    assert {r for rule in vap["spec"]["matchConstraints"]["resourceRules"]
+            for r in rule["resources"]} == {"machinedeployments", "k0scontrolplanes"}
+    assert not render(CONTROLLER_CHART, sets=["rbac.versionGuard=true"], api_versions=[]).all(
+        "ValidatingAdmissionPolicy")

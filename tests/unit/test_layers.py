@@ -20,7 +20,7 @@ PURE = [
     "schedule.py", "config.py", "planner", "agents/state.py", "rollout/gate.py",
     "rollout/state.py", "rollout/progress.py", "extension/canupdate.py",
     "extension/patches.py", "extension/wire.py", "extension/progress.py",
-    "extension/activation.py", "status/model.py",
+    "extension/activation.py", "status/model.py", "intent.py", "rollout/hookgate.py",
 ]
 IO_MODULES = ("aiohttp", "kubernetes_asyncio", "subprocess", "socket", "fleet.kube.client",
               "fleet.kube.patch", "fleet.kube.watch", "fleet.clusters", "fleet.controllers")

@@ -1,0 +1,255 @@
+"""The upgrade intent: FleetUpgrade objects, which cluster goes to which version. Pure.
+
+A ``FleetUpgrade`` (fleet.k0s-fleet.io/v1alpha1, in the controller's namespace) says
+"this fleet, or the clusters matching this selector, go to k0s version X". Where several
+select one cluster, the newest (creation time, then name) wins. The controller turns the
+intent into each MachineDeployment's and K0sControlPlane's *target*; it writes the
+version into the object itself when the rollout policy admits the cluster (the planner's
+version step, fleet/planner/writer.py). This module also computes the FleetUpgrade's
+status (per wave and per cluster) from the gate's decision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from fleet.config import LabelSelector
+from fleet.model import (
+    ClusterInfo,
+    ClusterKey,
+    Condition,
+    FleetUpgradeInfo,
+    IntentTarget,
+    ObjectRef,
+    Snapshot,
+    parse_conditions,
+    parse_time,
+)
+from fleet.versions import InvalidVersionError, normalize
+
+KIND_FLEET_UPGRADE = "FleetUpgrade"
+
+# Conditions on a FleetUpgrade (usable with `kubectl wait --for=condition=...`).
+COND_COMPLETE = "Complete"
+COND_PROGRESSING = "Progressing"
+COND_FAILED = "Failed"
+
+PHASE_PENDING = "Pending"
+PHASE_PROGRESSING = "Progressing"
+PHASE_COMPLETE = "Complete"
+PHASE_FAILED = "Failed"
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MAX_CLUSTERS_IN_STATUS = 200
+_MAX_MESSAGE = 900
+
+
+def fleet_upgrade_from(obj: Mapping[str, Any]) -> FleetUpgradeInfo:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    ref = ObjectRef(KIND_FLEET_UPGRADE, meta.get("namespace") or "", meta.get("name") or "",
+                    meta.get("uid") or "")
+    raw = spec.get("version")
+    problems: list[str] = []
+    version: str | None = None
+    try:
+        version = normalize(raw) if isinstance(raw, str) else None
+        if version is None:
+            problems.append("spec.version is missing")
+    except InvalidVersionError as e:
+        problems.append(f"spec.version: {e}")
+    selector: LabelSelector | None = None
+    raw_selector = spec.get("clusterSelector")
+    if raw_selector is not None:
+        try:
+            selector = LabelSelector.model_validate(raw_selector)
+        except ValidationError as e:
+            detail = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}"
+                               for err in e.errors())
+            problems.append(f"spec.clusterSelector: {detail}")
+    return FleetUpgradeInfo(
+        ref=ref, version=version, raw_version=str(raw or ""), selector=selector,
+        created=parse_time(meta.get("creationTimestamp")) or _EPOCH,
+        generation=int(meta.get("generation") or 0),
+        problem="; ".join(problems) or None, deleting=bool(meta.get("deletionTimestamp")),
+        status=dict(obj.get("status") or {}))
+
+
+def _matches(u: FleetUpgradeInfo, cluster: ClusterInfo) -> bool:
+    return u.selector is None or u.selector.matches(cluster.labels)
+
+
+def resolve(upgrades: Iterable[FleetUpgradeInfo], clusters: Mapping[ClusterKey, ClusterInfo]
+            ) -> dict[ClusterKey, IntentTarget]:
+    """Which FleetUpgrade decides each cluster's version: the newest usable one selecting
+    it. Clusters no FleetUpgrade selects are absent (their objects' own versions stand)."""
+    usable = sorted((u for u in upgrades if u.problem is None and not u.deleting
+                     and u.version is not None),
+                    key=lambda u: (u.created, u.ref.name), reverse=True)
+    out: dict[ClusterKey, IntentTarget] = {}
+    for key in sorted(clusters):
+        for u in usable:
+            if _matches(u, clusters[key]):
+                assert u.version is not None
+                out[key] = IntentTarget(ObjectRef(u.ref.kind, u.ref.namespace, u.ref.name),
+                                        u.version)
+                break
+    return out
+
+
+def apply_intents(snapshot: Snapshot, upgrades: Iterable[FleetUpgradeInfo]) -> Snapshot:
+    """The snapshot with every covered object's target set to its cluster's intent
+    (``spec_version`` keeps what the object itself says)."""
+    ups = {(u.ref.namespace, u.ref.name): u for u in upgrades}
+    intents = resolve(ups.values(), snapshot.clusters)
+    if not intents:
+        return dataclasses.replace(snapshot, upgrades=ups)
+    deployments = {k: dataclasses.replace(md, version=t.version, intent=t.intent,
+                                          spec_version=md.object_version)
+                   if (t := intents.get((md.ref.namespace, md.cluster))) else md
+                   for k, md in snapshot.deployments.items()}
+    control_planes = {k: dataclasses.replace(kcp, version=t.version, intent=t.intent,
+                                             spec_version=kcp.object_version)
+                      if (t := intents.get((kcp.ref.namespace, kcp.cluster))) else kcp
+                      for k, kcp in snapshot.control_planes.items()}
+    return dataclasses.replace(snapshot, deployments=deployments,
+                               control_planes=control_planes, intents=intents, upgrades=ups)
+
+
+# -- status -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClusterStanding:
+    """Where one cluster stands, as the FleetUpgrade's status shows it."""
+
+    key: ClusterKey
+    wave: str
+    phase: str  # the gate's cluster phase (Complete, Upgrading, Queued, Failed, Waiting)
+    nodes_done: int
+    nodes_total: int
+    message: str = ""
+    complete: bool = False
+    failed: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WaveStanding:
+    name: str
+    phase: str
+    message: str = ""
+
+
+def _truncate(text: str) -> str:
+    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
+
+
+def upgrade_status(u: FleetUpgradeInfo, intents: Mapping[ClusterKey, IntentTarget],
+                   standings: Sequence[ClusterStanding], waves: Sequence[WaveStanding], *,
+                   fleet_hold: str | None = None) -> dict[str, Any]:
+    """The ``status`` of one FleetUpgrade (without lastTransitionTime, which the writer
+    keeps stable). ``standings`` are every fleet cluster's; only those this FleetUpgrade
+    decides are shown. ``fleet_hold`` is a fleet-wide stop (halt, pause, emergency stop)."""
+    ref = (u.ref.namespace, u.ref.name)
+    if u.problem is not None:
+        msg = _truncate(f"not used: {u.problem}")
+        return {"observedGeneration": u.generation, "phase": PHASE_FAILED, "summary": "0/0",
+                "message": msg, "clustersTotal": 0, "clustersComplete": 0, "nodesTotal": 0,
+                "nodesUpToDate": 0, "waves": [], "clusters": [], "conditions": [
+                    _cond(COND_COMPLETE, False, "Invalid", msg),
+                    _cond(COND_PROGRESSING, False, "Invalid", msg),
+                    _cond(COND_FAILED, True, "Invalid", msg)]}
+    mine = [s for s in standings
+            if (t := intents.get(s.key)) is not None and (t.intent.namespace, t.intent.name) == ref]
+    total, done = len(mine), sum(1 for s in mine if s.complete)
+    failed = [s for s in mine if s.failed]
+    nodes_total = sum(s.nodes_total for s in mine)
+    nodes_done = sum(s.nodes_done for s in mine)
+    names = {s.wave for s in mine}
+    wave_list = []
+    for w in waves:
+        if w.name not in names:
+            continue
+        ws = [s for s in mine if s.wave == w.name]
+        wave_list.append({
+            "name": w.name, "phase": w.phase, "clusters": len(ws),
+            "complete": sum(1 for s in ws if s.complete),
+            "upgrading": sum(1 for s in ws if s.phase == "Upgrading"),
+            "failed": sum(1 for s in ws if s.failed), "message": _truncate(w.message)})
+    cluster_list = [{"namespace": s.key[0], "name": s.key[1], "wave": s.wave,
+                     "phase": s.phase, "nodes": f"{s.nodes_done}/{s.nodes_total}",
+                     "message": _truncate(s.message)}
+                    for s in sorted(mine, key=lambda s: s.key)[:_MAX_CLUSTERS_IN_STATUS]]
+    summary = f"{done}/{total}"
+    if total == 0:
+        phase, message = PHASE_PENDING, "no cluster of the fleet is selected by this upgrade"
+        conds = [_cond(COND_COMPLETE, False, "NoClusters", message),
+                 _cond(COND_PROGRESSING, False, "NoClusters", message),
+                 _cond(COND_FAILED, False, "NoClusters", "")]
+    elif done == total:
+        phase, message = PHASE_COMPLETE, f"{total} cluster(s) on {u.version}"
+        conds = [_cond(COND_COMPLETE, True, "AllClustersUpToDate", message),
+                 _cond(COND_PROGRESSING, False, "AllClustersUpToDate", ""),
+                 _cond(COND_FAILED, False, "AllClustersUpToDate", "")]
+    elif failed:
+        listed = ", ".join(f"{s.key[0]}/{s.key[1]}" for s in failed[:5])
+        phase = PHASE_FAILED
+        message = _truncate(f"{len(failed)} cluster(s) with failed node upgrades ({listed}); "
+                            "retry (annotation fleet.k0s-fleet.io/retry) or clear them"
+                            + (f"; {fleet_hold}" if fleet_hold else ""))
+        conds = [_cond(COND_COMPLETE, False, "ClustersFailed", message),
+                 _cond(COND_PROGRESSING, False, "ClustersFailed", message),
+                 _cond(COND_FAILED, True, "ClustersFailed", message)]
+    else:
+        phase = PHASE_PROGRESSING
+        message = _truncate(f"{done}/{total} clusters on {u.version}, "
+                            f"{nodes_done}/{nodes_total} nodes"
+                            + (f"; {fleet_hold}" if fleet_hold else ""))
+        held = fleet_hold is not None
+        conds = [_cond(COND_COMPLETE, False, "Upgrading", message),
+                 _cond(COND_PROGRESSING, not held, "Held" if held else "Upgrading", message),
+                 _cond(COND_FAILED, False, "Upgrading", "")]
+    return {"observedGeneration": u.generation, "phase": phase, "summary": summary,
+            "message": message, "clustersTotal": total, "clustersComplete": done,
+            "nodesTotal": nodes_total, "nodesUpToDate": nodes_done, "waves": wave_list,
+            "clusters": cluster_list, "conditions": conds}
+
+
+def _cond(ctype: str, status: bool, reason: str, message: str) -> dict[str, Any]:
+    return {"type": ctype, "status": "True" if status else "False", "reason": reason,
+            "message": message}
+
+
+def status_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether ``new`` says anything ``old`` does not (lastTransitionTime aside)."""
+    def strip(s: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(s)
+        out["conditions"] = [
+            (c.type, c.status, c.reason, c.message)
+            for c in parse_conditions(s.get("conditions"))]
+        return out
+    return strip(old) != strip(new)
+
+
+def conditions_of(status: Mapping[str, Any]) -> tuple[Condition, ...]:
+    return parse_conditions(status.get("conditions"))
+
+
+__all__ = [
+    "COND_COMPLETE",
+    "COND_FAILED",
+    "COND_PROGRESSING",
+    "KIND_FLEET_UPGRADE",
+    "ClusterStanding",
+    "WaveStanding",
+    "apply_intents",
+    "fleet_upgrade_from",
+    "resolve",
+    "status_changed",
+    "upgrade_status",
+]

@@ -1,0 +1,228 @@
+"""One writer of versions, and never two drivers. Pure; used by the planner's pass.
+
+*One writer.* For a cluster a FleetUpgrade covers (fleet/intent.py), k0s-fleet writes
+``K0sControlPlane.spec.version`` and ``MachineDeployment.spec.template.spec.version``
+itself, when the rollout policy admits the cluster, control planes before workers. It
+records what it wrote (annotation ``fleet.k0s-fleet.io/version``); an object enrolled so
+whose version differs from the record was written by someone else: reported (condition
+``K0sFleetVersionWriter=False`` + Warning Event) and never raced (no node starts) until it
+is set back, or a FleetUpgrade asks for exactly that version (then it is adopted).
+
+*Executor "paused in place"* (control planes, and workers without Cluster API in-place
+updates): the version is written in the same patch that sets ``cluster.x-k8s.io/paused``
+and k0s-fleet's record of that pause (``fleet.k0s-fleet.io/paused-for``), so neither
+k0smotron nor the MachineDeployment controller ever sees the new version unpaused. Nodes
+are upgraded through NodePlans; each Machine's ``spec.version`` follows as it completes
+(workers: the MachineSet's template too); the pause is released only when every Machine
+is on the target. A restarted controller finds the record and carries on.
+
+*Never two drivers.* Before a node starts, nobody else may be moving the object: a
+Cluster API rollout (another MachineSet of the MD with replicas, Machines being
+deleted), Cluster API in-place updates driven by another extension (its annotations on
+a Machine), an unpaused K0sControlPlane whose Machines are not on its version
+(k0smotron's own rollout). Any of them holds the object with condition
+``K0sFleetOtherDriver=True`` naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from fleet.model import (
+    ControlPlaneInfo,
+    MachineDeploymentInfo,
+    MachineInfo,
+    MachineSetInfo,
+)
+from fleet.planner import conditions as C
+from fleet.planner.actions import Action, RecordWrittenVersion, ReleasePause, WriteVersion
+from fleet.versions import same_version
+
+# Cluster API's in-place update markers on a Machine (set by the owner of the Machine
+# and by the MachineSet controller while an UpdateMachine hook is pending or running).
+ANN_CAPI_UPDATE_IN_PROGRESS = "in-place-updates.internal.cluster.x-k8s.io/update-in-progress"
+ANN_CAPI_PENDING_HOOKS = "runtime.cluster.x-k8s.io/pending-hooks"
+
+Owner = MachineDeploymentInfo | ControlPlaneInfo
+
+
+class ExtensionDrives(str):
+    """A hold that means: Cluster API drives this cluster's worker in-place updates through
+    k0s-fleet's runtime extension (fleet/extension/exclusion.py). The planner starts no
+    worker itself there, but, for objects under a FleetUpgrade, still writes the
+    MachineDeployment's version (unpaused: Cluster API calls the hooks, which hold each node
+    while the policy does) and runs control planes with its paused executor. ``inner`` is
+    the rollout policy's own answer for the object (None: admitted)."""
+
+    inner: str | None
+
+    def __new__(cls, reason: str, inner: str | None) -> ExtensionDrives:
+        obj = super().__new__(cls, reason)
+        obj.inner = inner
+        return obj
+
+
+@dataclass(frozen=True, slots=True)
+class VersionStep:
+    """What the writer decides for one object this pass."""
+
+    actions: tuple[Action, ...] = ()
+    waiting: str = ""  # non-empty: start no node of this object now, and why
+    writer: tuple[str, str, str] | None = None  # (status, reason, message) of VERSION_WRITER
+    conflict: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OtherDriver:
+    reason: str  # a condition reason (conditions.R_*)
+    message: str
+
+
+def enrolled(obj: Owner) -> bool:
+    """Under the one-writer rule: a FleetUpgrade covers its cluster, or k0s-fleet wrote
+    (or adopted) its version before."""
+    return obj.intent is not None or obj.written_version is not None
+
+
+def version_step(obj: Owner, *, hold: str | None, write_blocked: str,
+                 pause: bool = True) -> VersionStep:
+    """The writer's decision for one MD/KCP whose target is ``obj.version``.
+
+    ``hold`` is the rollout policy's (not admitted, paused, window closed...) and
+    ``write_blocked`` any other reason not to write now (Cluster paused, halted, control
+    planes first); neither matters once the version is written.
+    """
+    if not enrolled(obj):
+        return VersionStep()
+    spec, written, target = obj.object_version, obj.written_version, obj.version
+    label = "spec.template.spec.version" if isinstance(obj, MachineDeploymentInfo) \
+        else "spec.version"
+    if written is None:
+        # First sight under an intent: what the object says now is the baseline.
+        if spec is None:
+            return VersionStep(waiting=f"{label} is not set", writer=(
+                "False", C.R_CHANGED_BY_OTHER, f"{label} is not set"))
+        return VersionStep(
+            actions=(RecordWrittenVersion(obj.ref, spec, obj.intent),),
+            waiting=f"enrolling {obj.ref.kind} under the FleetUpgrade (recording {spec})",
+            writer=("True", C.R_WRITTEN, f"version {spec} adopted by k0s-fleet"))
+    if not same_version(spec, written):
+        if obj.intent is not None and target is not None and same_version(spec, target):
+            # The FleetUpgrade asks for exactly what was written: adopt it.
+            return VersionStep(
+                actions=(RecordWrittenVersion(obj.ref, spec or target, obj.intent),),
+                waiting=f"adopting {label} {spec} (the FleetUpgrade asks for it)",
+                writer=("True", C.R_WRITTEN, f"version {spec} adopted by k0s-fleet"))
+        message = (f"{label} was changed to {spec} by someone else (k0s-fleet wrote "
+                   f"{written}); k0s-fleet writes versions itself and starts no node of "
+                   f"this object until it is set back to {written}"
+                   + (f" or a FleetUpgrade asks for {spec}" if spec else ""))
+        return VersionStep(waiting=message, conflict=True,
+                           writer=("False", C.R_CHANGED_BY_OTHER, message))
+    ok = ("True", C.R_WRITTEN, f"version {written} written by k0s-fleet")
+    if target is not None and not same_version(spec, target):
+        if obj.capi_paused and obj.paused_for is None:
+            return VersionStep(waiting=f"{obj.ref.kind} is paused (cluster.x-k8s.io/paused, "
+                                       "not by k0s-fleet)", writer=ok)
+        if hold is not None:
+            return VersionStep(waiting=f"held: {hold or 'paused'}", writer=ok)
+        if write_blocked:
+            return VersionStep(waiting=write_blocked, writer=ok)
+        return VersionStep(
+            actions=(WriteVersion(obj.ref, target, expected=spec, pause=pause,
+                                  intent=obj.intent),),
+            waiting=f"writing {label} {target}" + (" (paused for k0s-fleet)" if pause else ""),
+            writer=("True", C.R_WRITTEN, f"writing version {target}"))
+    return VersionStep(writer=ok)
+
+
+EXECUTOR_OBJECT_VERSION = "object-version"
+EXECUTOR_PAUSED_IN_PLACE = "paused-in-place"
+EXECUTOR_CAPI_IN_PLACE = "capi-in-place"
+
+
+def executor_of(obj: Owner) -> tuple[str, str]:
+    """How this object's nodes get upgraded, and why (shown by ``k0s-fleet plan``)."""
+    if not enrolled(obj):
+        return (EXECUTOR_OBJECT_VERSION,
+                "no FleetUpgrade covers this cluster: the object's own version is the target "
+                "(a version edited by hand races Cluster API's and k0smotron's rollouts)")
+    if isinstance(obj, ControlPlaneInfo):
+        return (EXECUTOR_PAUSED_IN_PLACE,
+                "k0s-fleet pauses k0smotron (cluster.x-k8s.io/paused) with the version it "
+                "writes, upgrades one control plane at a time through NodePlans, sets each "
+                "Machine's version as it completes and unpauses when all are on it")
+    return (EXECUTOR_PAUSED_IN_PLACE,
+            "no Cluster API in-place update drives this MachineDeployment: k0s-fleet pauses "
+            "it with the version it writes, upgrades nodes within maxUnavailable through "
+            "NodePlans, moves the Machines' and MachineSet's versions to the target and "
+            "unpauses (not yet proven against the real Cluster API manager)")
+
+
+def release_pause(obj: Owner, machines: Sequence[MachineInfo], *, in_flight: bool,
+                  machine_sets: Iterable[MachineSetInfo] = ()) -> Action | None:
+    """k0s-fleet's own pause of a finished object is released once every Machine (and,
+    for an MD, every MachineSet template) says the target and nothing is in flight."""
+    target = obj.version
+    if (obj.paused_for is None or not obj.capi_paused or in_flight or target is None
+            or not same_version(obj.object_version, target)):
+        return None
+    if any(not same_version(m.version, target) for m in machines if not m.deleting):
+        return None
+    if any(not same_version(ms.version, target) for ms in machine_sets):
+        return None
+    return ReleasePause(obj.ref, target)
+
+
+def other_driver(obj: Owner, machines: Sequence[MachineInfo],
+                 machine_sets: Sequence[MachineSetInfo] = (), *,
+                 autopilot_plan: str | None = None) -> OtherDriver | None:
+    """Who else moves this object right now (None: nobody)."""
+    if autopilot_plan is not None:
+        return OtherDriver(C.R_AUTOPILOT_PLAN,
+                           f"autopilot Plan {autopilot_plan} is running in the workload "
+                           "cluster (k0smotron's or someone else's rollout)")
+    for m in machines:
+        if ANN_CAPI_UPDATE_IN_PROGRESS in m.annotations or "UpdateMachine" in (
+                m.annotations.get(ANN_CAPI_PENDING_HOOKS) or ""):
+            return OtherDriver(C.R_OTHER_EXTENSION,
+                               f"Machine {m.ref.name} is being updated in place by Cluster API "
+                               "through another runtime extension")
+    if isinstance(obj, MachineDeploymentInfo):
+        live = [ms for ms in machine_sets if ms.replicas > 0]
+        if len(live) > 1:
+            newest = max(live, key=lambda ms: (ms.created is not None, ms.created, ms.ref.name))
+            return OtherDriver(C.R_CAPI_ROLLOUT,
+                               f"Cluster API rolls out the MachineDeployment: MachineSet "
+                               f"{newest.ref.name} has {newest.replicas} replica(s) next to "
+                               f"{len(live) - 1} other MachineSet(s) with replicas")
+        deleting = sorted(m.ref.name for m in machines if m.deleting)
+        if deleting:
+            return OtherDriver(C.R_CAPI_ROLLOUT,
+                               "Cluster API is deleting Machine(s) of the MachineDeployment: "
+                               + ", ".join(deleting[:5]))
+        return None
+    if enrolled(obj) and not obj.capi_paused and obj.version is not None and any(
+            not same_version(m.version, obj.object_version) for m in machines
+            if not m.deleting):
+        why = ("k0s-fleet's pause (cluster.x-k8s.io/paused) was removed by someone else"
+               if obj.paused_for is not None else "the K0sControlPlane is not paused")
+        return OtherDriver(C.R_PAUSE_REMOVED if obj.paused_for is not None else C.R_K0SMOTRON,
+                           f"{why} while Machines are not on {obj.object_version}: "
+                           "k0smotron rolls them itself")
+    return None
+
+
+__all__ = [
+    "ANN_CAPI_PENDING_HOOKS",
+    "ANN_CAPI_UPDATE_IN_PROGRESS",
+    "ExtensionDrives",
+    "OtherDriver",
+    "VersionStep",
+    "enrolled",
+    "executor_of",
+    "other_driver",
+    "release_pause",
+    "version_step",
+]

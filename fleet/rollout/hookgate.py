@@ -1,0 +1,74 @@
+"""The rollout policy as Cluster API's UpdateMachine hook sees it. Pure.
+
+When Cluster API drives a MachineDeployment's in-place update through k0s-fleet's runtime
+extension, the hook is asked to start a node: it answers "not yet" (``retryAfterSeconds``)
+while the fleet's policy holds that cluster or object, exactly as the standalone sequencer
+would not start one: emergency stop, fleet pause, a halted rollout, the cluster paused
+(annotation, fleet config entry, ``spec.paused``), the MachineDeployment paused, a closed
+maintenance window, or a wave that has not admitted the cluster (the admission the
+controller recorded in the rollout ConfigMap before its first start).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from fleet.config import FleetConfig
+from fleet.rollout.annotations import ANN_PAUSED, ROLLOUT_CONFIGMAP, switch
+from fleet.rollout.gate import FleetControls
+from fleet.rollout.state import RolloutState
+from fleet.schedule import window_open
+
+HELD_RETRY_SECONDS = 30
+
+
+@dataclass(frozen=True, slots=True)
+class HookSubject:
+    """What the hook knows of the Machine's cluster and owner."""
+
+    namespace: str
+    cluster: str
+    cluster_labels: Mapping[str, str] = field(default_factory=dict)
+    cluster_annotations: Mapping[str, str] = field(default_factory=dict)
+    cluster_spec_paused: bool = False
+    owner_kind: str = ""
+    owner_name: str = ""
+    owner_annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+def hook_hold(config: FleetConfig, controls: FleetControls, state: RolloutState,
+              subject: HookSubject, now: datetime) -> str | None:
+    """Why no node of ``subject`` may start now (None: go)."""
+    rollout = config.rollout
+    if rollout.emergency_stop:
+        return "emergency stop (rollout.emergencyStop in the fleet config)"
+    if controls.emergency_stop is not None:
+        return f"emergency stop (annotation on ConfigMap {ROLLOUT_CONFIGMAP}" + (
+            f": {controls.emergency_stop})" if controls.emergency_stop else ")")
+    if state.halted is not None:
+        return f"rollout halted: {state.halted.reason}"
+    if rollout.paused:
+        return "rollout paused (rollout.paused in the fleet config)"
+    if controls.paused is not None:
+        return f"rollout paused (annotation on ConfigMap {ROLLOUT_CONFIGMAP}" + (
+            f": {controls.paused})" if controls.paused else ")")
+    settings = config.for_cluster(subject.namespace, subject.cluster, subject.cluster_labels)
+    if (reason := switch(subject.cluster_annotations, ANN_PAUSED)) is not None:
+        return f"cluster paused by annotation {ANN_PAUSED}" + (f": {reason}" if reason else "")
+    if settings.paused:
+        return "cluster paused in the fleet config"
+    if subject.cluster_spec_paused:
+        return "Cluster is paused (spec.paused)"
+    if (reason := switch(subject.owner_annotations, ANN_PAUSED)) is not None:
+        return f"{subject.owner_kind or 'object'} paused by annotation {ANN_PAUSED}" + (
+            f": {reason}" if reason else "")
+    if not window_open(settings.maintenance_windows, now):
+        return "outside the cluster's maintenance window"
+    if f"{subject.namespace}/{subject.cluster}" not in state.admitted:
+        return f"wave {settings.wave.name} has not admitted the cluster yet"
+    return None
+
+
+__all__ = ["HELD_RETRY_SECONDS", "HookSubject", "hook_hold"]

@@ -1,0 +1,290 @@
+"""One upgrade intent, one writer of versions, on real API servers.
+
+A FleetUpgrade drives the controller (with its rollout policy attached, as the entry
+point does): it writes the K0sControlPlane's and MachineDeployment's versions itself,
+pausing each while its nodes are upgraded in place. Beside it runs the k0smotron stand-in
+(fleet/testing/k0smotron.py: k0smotron's documented KCP rules, OWNERSHIP.md fact 3),
+which records every moment it finds an unpaused KCP with an out-of-date Machine, i.e.
+the moment real k0smotron would start a rollout of its own. The node side is the
+scripted responder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+
+from fleet.config import FleetConfig
+from fleet.controllers.runner import FleetController
+from fleet.events import list_events
+from fleet.intent import COND_COMPLETE
+from fleet.kube import ForbiddenError, KubeClient
+from fleet.kube.resources import (
+    FLEET_UPGRADES,
+    K0S_CONTROL_PLANES,
+    MACHINE_DEPLOYMENTS,
+    MACHINE_SETS,
+    MACHINES,
+    NODE_PLANS,
+    Resource,
+)
+from fleet.model import ANN_CAPI_PAUSED, ANN_PAUSED_FOR, ANN_WRITTEN_VERSION
+from fleet.nodeplan import NodePlanPhase
+from fleet.planner import conditions as C
+from fleet.rollout.policy import attach_rollout
+from fleet.testing.capi import FleetCluster, create_cluster, ensure_infra_crd
+from fleet.testing.k0smotron import K0smotronStandIn
+from fleet.testing.responder import NodeResponder
+from fleet.testing.world import World
+from fleet.upgrade_cli import apply_upgrade, follow
+from tests.conftest import unique
+from tests.integration.test_controller_rollout import InvariantWatcher
+
+V1, V2, V3 = "v1.31.2+k0s.0", "v1.31.3+k0s.0", "v1.32.0+k0s.0"
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+async def infra_crd(mgmt: KubeClient) -> None:
+    await ensure_infra_crd(mgmt)
+
+
+def config(namespace: str) -> FleetConfig:
+    return FleetConfig.model_validate({
+        "management": {"namespace": namespace},
+        "clusters": {"namespaces": [namespace]},
+        "download": {"urlTemplate": "https://releases.invalid/{version}/k0s-{arch}",
+                     "allowUnverified": True},
+        "rollout": {"progressDeadlines": {"pending": "60s"}},
+    })
+
+
+@contextlib.asynccontextmanager
+async def controller(mgmt: KubeClient, cfg: FleetConfig) -> AsyncIterator[FleetController]:
+    ctl = FleetController(mgmt, cfg, watch_timeout=30)
+    attach_rollout(ctl)  # the policy writes the FleetUpgrade status, as in production
+    async with anyio.create_task_group() as tg:
+        await tg.start(ctl.run)
+        try:
+            yield ctl
+        finally:
+            tg.cancel_scope.cancel()
+
+
+async def _wait(predicate: Any, timeout: float, what: str) -> None:
+    with anyio.fail_after(timeout):
+        while not await predicate():
+            await anyio.sleep(0.05)
+
+
+def _ann(obj: dict[str, Any]) -> dict[str, str]:
+    return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+async def _cluster(mgmt: KubeClient, wl: KubeClient, world: World, namespace: str, *,
+                   control_planes: int, workers: int) -> FleetCluster:
+    return await create_cluster(mgmt, wl, world["wl1"].kubeconfig(), namespace=namespace,
+                                name=unique("fu"), control_planes=control_planes,
+                                workers=workers, max_unavailable=1, version=V1)
+
+
+async def test_an_intent_upgrades_control_planes_paused_and_survives_a_controller_kill(
+        world: World, mgmt: KubeClient, wl1: KubeClient, infra_crd: None,
+        namespace: str) -> None:
+    fc = await _cluster(mgmt, wl1, world, namespace, control_planes=3, workers=2)
+    assert fc.kcp is not None and fc.md is not None
+    cfg = config(namespace)
+    standin = K0smotronStandIn(mgmt, namespace)
+    watcher = InvariantWatcher(fc, max_unavailable=1, cp_target=V2)
+    responder = NodeResponder(wl1, step_seconds=0.2, only=lambda n: n in fc.machines)
+    async with anyio.create_task_group() as tg:
+        await tg.start(standin.run)
+        await tg.start(watcher.run, mgmt, wl1)
+        await tg.start(responder.run)
+        obj = await apply_upgrade(mgmt, namespace=namespace, name="to-v2", version=V2,
+                                  selector=None)
+
+        async def one_cp_done_while_paused() -> bool:
+            kcp = await mgmt.get(K0S_CONTROL_PLANES, fc.kcp, namespace)  # type: ignore[arg-type]
+            done = [p for p in (await mgmt.list(NODE_PLANS, namespace)).items
+                    if p["spec"]["role"] == "controller"
+                    and (p.get("status") or {}).get("phase") == NodePlanPhase.COMPLETED]
+            return ANN_CAPI_PAUSED in _ann(kcp) and len(done) >= 1
+
+        async with controller(mgmt, cfg):
+            await _wait(one_cp_done_while_paused, 90, "a control plane done, KCP paused")
+        # The controller is gone mid-rollout: the pause, and k0s-fleet's record of it, stay.
+        kcp = await mgmt.get(K0S_CONTROL_PLANES, fc.kcp, namespace)
+        assert kcp["spec"]["version"] == V2
+        assert _ann(kcp).get(ANN_PAUSED_FOR) == V2 and ANN_CAPI_PAUSED in _ann(kcp)
+        md = await mgmt.get(MACHINE_DEPLOYMENTS, fc.md, namespace)
+        assert md["spec"]["template"]["spec"]["version"] == V1  # control planes first
+
+        # A new controller resumes, finishes and releases the pause.
+        async with controller(mgmt, cfg):
+            out = _Lines()
+            with anyio.fail_after(180):
+                rc = await follow(mgmt, namespace=namespace, name="to-v2",
+                                  generation=obj["metadata"]["generation"], out=out, poll=0.2)
+            assert rc == 0, out.lines
+
+            async def released() -> bool:
+                objs = [await mgmt.get(K0S_CONTROL_PLANES, fc.kcp, namespace),  # type: ignore[arg-type]
+                        await mgmt.get(MACHINE_DEPLOYMENTS, fc.md, namespace)]  # type: ignore[arg-type]
+                return all(ANN_CAPI_PAUSED not in _ann(o) for o in objs)
+
+            await _wait(released, 60, "pauses released")
+        tg.cancel_scope.cancel()
+
+    assert standin.sightings == [], standin.sightings[:3]
+    assert standin.paused_seen > 0  # it did look while k0s-fleet held the KCP paused
+    assert watcher.violations == [], watcher.violations[:5]
+    assert watcher.max_seen_cp == 1
+    machines = (await mgmt.list(MACHINES, namespace)).items
+    assert {m["spec"]["version"] for m in machines if m["spec"]["clusterName"] == fc.name} \
+        == {V2}
+    ms = await mgmt.get(MACHINE_SETS, fc.machine_set, namespace)  # type: ignore[arg-type]
+    assert ms["spec"]["template"]["spec"]["version"] == V2
+    for res, name in ((K0S_CONTROL_PLANES, fc.kcp), (MACHINE_DEPLOYMENTS, fc.md)):
+        o = await mgmt.get(res, name, namespace)
+        assert _ann(o).get(ANN_WRITTEN_VERSION) == V2 and ANN_PAUSED_FOR not in _ann(o)
+    fu = await mgmt.get(FLEET_UPGRADES, "to-v2", namespace)
+    st = fu["status"]
+    assert st["phase"] == "Complete" and st["summary"] == "1/1"
+    assert st["clusters"][0]["name"] == fc.name and st["clusters"][0]["nodes"] == "5/5"
+    assert any(c["type"] == COND_COMPLETE and c["status"] == "True" for c in st["conditions"])
+    # Every control plane was upgraded exactly once (no second NodePlan, no autopilot Plan).
+    plans = [p for p in (await mgmt.list(NODE_PLANS, namespace)).items
+             if p["spec"]["clusterName"] == fc.name]
+    assert sorted(p["spec"]["machineName"] for p in plans) == sorted(fc.machines)
+    assert standin.plans_created == []
+
+
+class _Lines:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def write(self, s: str) -> None:
+        self.lines.append(s)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("kind", ["MachineDeployment", "K0sControlPlane"])
+async def test_a_direct_version_bump_of_an_enrolled_object_is_reported_not_raced(  # noqa: PLR0917
+        world: World, mgmt: KubeClient, wl1: KubeClient, infra_crd: None, namespace: str,
+        kind: str) -> None:
+    fc = await _cluster(mgmt, wl1, world, namespace, control_planes=1, workers=2)
+    assert fc.kcp is not None and fc.md is not None
+    res, name = ((MACHINE_DEPLOYMENTS, fc.md) if kind == "MachineDeployment"
+                 else (K0S_CONTROL_PLANES, fc.kcp))
+    cfg = config(namespace)
+    # An intent for the version the cluster already runs: enrols the objects, moves nothing.
+    await apply_upgrade(mgmt, namespace=namespace, name="hold-v1", version=V1, selector=None)
+    async with controller(mgmt, cfg) as ctl:
+        async def enrolled() -> bool:
+            o = await mgmt.get(res, name, namespace)
+            return _ann(o).get(ANN_WRITTEN_VERSION) == V1
+
+        await _wait(enrolled, 60, "enrolment")
+        patch = ({"spec": {"template": {"spec": {"version": V3}}}} if res is MACHINE_DEPLOYMENTS
+                 else {"spec": {"version": V3}})
+        await mgmt.patch(res, name, patch, namespace)
+
+        async def reported() -> bool:
+            o = await mgmt.get(res, name, namespace)
+            return any(c.get("type") == C.VERSION_WRITER and c.get("status") == "False"
+                       and c.get("reason") == C.R_CHANGED_BY_OTHER
+                       for c in (o.get("status") or {}).get("conditions") or [])
+
+        await _wait(reported, 60, "the conflict condition")
+        passes = ctl.stats.passes
+
+        async def more_passes() -> bool:
+            ctl.trigger.poke()
+            return ctl.stats.passes >= passes + 3
+
+        await _wait(more_passes, 30, "three more passes")
+
+        async def event() -> bool:
+            evs = await list_events(mgmt, namespace)
+            return any(e.get("reason") == "VersionChangedByOther"
+                       and (e.get("regarding") or {}).get("name") == name for e in evs)
+
+        await _wait(event, 30, "the Warning Event")
+    assert (await mgmt.list(NODE_PLANS, namespace)).items == []  # no node started
+    o = await mgmt.get(res, name, namespace)
+    assert ANN_CAPI_PAUSED not in _ann(o)  # and nothing of k0s-fleet's was written on it
+    version = (o["spec"]["template"]["spec"]["version"] if res is MACHINE_DEPLOYMENTS
+               else o["spec"]["version"])
+    assert version == V3 and _ann(o).get(ANN_WRITTEN_VERSION) == V1
+
+
+VAPS = Resource("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies",
+                "ValidatingAdmissionPolicy", namespaced=False)
+VAP_BINDINGS = Resource("admissionregistration.k8s.io", "v1",
+                        "validatingadmissionpolicybindings",
+                        "ValidatingAdmissionPolicyBinding", namespaced=False)
+
+
+async def test_the_opt_in_version_guard_refuses_other_writers(
+        world: World, mgmt: KubeClient, wl1: KubeClient, infra_crd: None,
+        namespace: str) -> None:
+    """The chart's rbac.versionGuard policy, as rendered by helm, on the real API server
+    (its binding narrowed to this test's namespace so that other tests are unaffected)."""
+    from tests.unit.test_chart_render import CONTROLLER_CHART, render  # noqa: PLC0415
+
+    fc = await _cluster(mgmt, wl1, world, namespace, control_planes=1, workers=1)
+    assert fc.md is not None and fc.kcp is not None
+    m = render(CONTROLLER_CHART, sets=["rbac.versionGuard=true"], namespace="k0s-fleet-system")
+    vap = next(p for p in m.all("ValidatingAdmissionPolicy")
+               if p["metadata"]["name"].endswith("-version-guard"))
+    binding = next(b for b in m.all("ValidatingAdmissionPolicyBinding")
+                   if b["metadata"]["name"].endswith("-version-guard"))
+    name = unique("version-guard")
+    vap["metadata"] = {"name": name}
+    binding["metadata"] = {"name": name}
+    binding["spec"]["policyName"] = name
+    binding["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": namespace}}}
+    await mgmt.create(VAPS, vap)
+    await mgmt.create(VAP_BINDINGS, binding)
+    try:
+        # Enrolled (as the controller records it): other writers are refused the version.
+        for res, obj in ((MACHINE_DEPLOYMENTS, fc.md), (K0S_CONTROL_PLANES, fc.kcp)):
+            await mgmt.patch(res, obj, {"metadata": {"annotations": {
+                ANN_WRITTEN_VERSION: V1}}}, namespace)
+        bump_md = {"spec": {"template": {"spec": {"version": V2}}}}
+
+        async def refused() -> bool:
+            try:
+                await mgmt.patch(MACHINE_DEPLOYMENTS, fc.md, bump_md, namespace)  # type: ignore[arg-type]
+            except ForbiddenError as e:
+                assert "FleetUpgrade" in str(e) and V2 in str(e), e
+                return True
+            # Not active yet (the policy takes a moment): undo, try again.
+            await mgmt.patch(MACHINE_DEPLOYMENTS, fc.md, {"spec": {"template": {"spec": {  # type: ignore[arg-type]
+                "version": V1}}}}, namespace)
+            return False
+
+        await _wait(refused, 60, "the version guard to refuse")
+        with pytest.raises(ForbiddenError, match="FleetUpgrade"):
+            await mgmt.patch(K0S_CONTROL_PLANES, fc.kcp, {"spec": {"version": V2}}, namespace)
+        # Everything else stays allowed: other spec fields, annotations, and objects that
+        # k0s-fleet does not write the version of.
+        await mgmt.patch(MACHINE_DEPLOYMENTS, fc.md, {"spec": {"replicas": 1}}, namespace)
+        await mgmt.patch(K0S_CONTROL_PLANES, fc.kcp, {"metadata": {"annotations": {
+            "x": "y"}}}, namespace)
+        await mgmt.patch(K0S_CONTROL_PLANES, fc.kcp, {"metadata": {"annotations": {
+            ANN_WRITTEN_VERSION: None}}}, namespace)
+        await mgmt.patch(K0S_CONTROL_PLANES, fc.kcp, {"spec": {"version": V2}}, namespace)
+        md = await mgmt.get(MACHINE_DEPLOYMENTS, fc.md, namespace)
+        assert md["spec"]["template"]["spec"]["version"] == V1
+    finally:
+        await mgmt.delete(VAP_BINDINGS, name)
+        await mgmt.delete(VAPS, name)

@@ -1,0 +1,52 @@
+"""The rollout policy as the UpdateMachine hook applies it (pure)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from fleet.config import FleetConfig
+from fleet.rollout.gate import FleetControls
+from fleet.rollout.hookgate import HookSubject, hook_hold
+from fleet.rollout.state import RolloutState, Transition
+
+NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)  # a Monday, noon UTC
+ADMITTED = RolloutState(admitted={"ns/c1": "fp"})
+SUBJECT = HookSubject("ns", "c1", owner_kind="MachineDeployment", owner_name="md")
+
+
+def cfg(**rollout: object) -> FleetConfig:
+    return FleetConfig.model_validate({"rollout": rollout})
+
+
+def test_an_admitted_cluster_in_its_window_goes() -> None:
+    assert hook_hold(cfg(), FleetControls(), ADMITTED, SUBJECT, NOW) is None
+
+
+@pytest.mark.parametrize(("config", "controls", "state", "subject", "expect"), [
+    (cfg(emergencyStop=True), FleetControls(), ADMITTED, SUBJECT, "emergency stop"),
+    (cfg(), FleetControls(emergency_stop="bad"), ADMITTED, SUBJECT, "emergency stop"),
+    (cfg(paused=True), FleetControls(), ADMITTED, SUBJECT, "rollout paused"),
+    (cfg(), FleetControls(paused="freeze"), ADMITTED, SUBJECT, "freeze"),
+    (cfg(), FleetControls(), RolloutState(admitted={"ns/c1": "x"},
+                                          halted=Transition(NOW, "wave w: 2 failed")),
+     SUBJECT, "halted"),
+    (cfg(), FleetControls(), ADMITTED,
+     HookSubject("ns", "c1", cluster_annotations={"fleet.k0s-fleet.io/paused": "incident"}),
+     "incident"),
+    (cfg(), FleetControls(), ADMITTED, HookSubject("ns", "c1", cluster_spec_paused=True),
+     "spec.paused"),
+    (cfg(), FleetControls(), ADMITTED,
+     HookSubject("ns", "c1", owner_kind="MachineDeployment",
+                 owner_annotations={"fleet.k0s-fleet.io/paused": "true"}),
+     "MachineDeployment paused"),
+    (cfg(maintenanceWindows=[{"schedule": "0 22 * * *", "duration": "4h"}]), FleetControls(),
+     ADMITTED, SUBJECT, "maintenance window"),
+    (cfg(), FleetControls(), RolloutState(), SUBJECT, "has not admitted"),
+])
+def test_the_policy_holds_the_hook(config: FleetConfig, controls: FleetControls,
+                                   state: RolloutState, subject: HookSubject,
+                                   expect: str) -> None:
+    why = hook_hold(config, controls, state, subject, NOW)
+    assert why is not None and expect in why

@@ -1,0 +1,401 @@
+"""The upgrade intent and the one writer of versions, in memory (SimFleet plays the world,
+including a model of k0smotron's documented KCP rule: it acts on an unpaused KCP whose
+Machines are not on its version)."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from fleet.config import LabelSelector
+from fleet.intent import (
+    ClusterStanding,
+    WaveStanding,
+    apply_intents,
+    fleet_upgrade_from,
+    resolve,
+    upgrade_status,
+)
+from fleet.model import (
+    ANN_CAPI_PAUSED,
+    ANN_PAUSED_FOR,
+    ANN_WRITTEN_VERSION,
+    KIND_KCP,
+    KIND_MD,
+    ClusterInfo,
+    FleetUpgradeInfo,
+    MachineSetInfo,
+    ObjectRef,
+)
+from fleet.planner import PENDING, PlannerSettings, plan
+from fleet.planner import conditions as C
+from fleet.planner.actions import (
+    Action,
+    CreateNodePlan,
+    RecordWrittenVersion,
+    ReleasePause,
+    ReportOtherDriver,
+    ReportVersionConflict,
+    SetRolloutStatus,
+    WriteVersion,
+)
+from fleet.planner.simulate import SimFleet, add_cluster
+from fleet.versions import same_version
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+V1, V2, V3 = "v1.31.2+k0s.0", "v1.31.3+k0s.0", "v1.32.0+k0s.0"
+SETTINGS = PlannerSettings(deadlines={PENDING: timedelta(seconds=30)},
+                           default_deadline=timedelta(seconds=120), halt_at_failures=1)
+
+
+def upgrade(name: str, version: str, *, selector: dict[str, object] | None = None,
+            created: datetime = T0) -> FleetUpgradeInfo:
+    spec: dict[str, object] = {"version": version}
+    if selector is not None:
+        spec["clusterSelector"] = selector
+    return fleet_upgrade_from({"metadata": {"namespace": "k0s-fleet-system", "name": name,
+                                            "creationTimestamp": created.isoformat()},
+                               "spec": spec})
+
+
+def of(actions: list[Action], kind: type) -> list:  # type: ignore[type-arg]
+    return [a for a in actions if isinstance(a, kind)]
+
+
+# -- resolution ---------------------------------------------------------------------------
+
+def test_the_newest_selecting_upgrade_decides_and_bad_ones_are_not_used() -> None:
+    clusters = {("ns", "a"): ClusterInfo("ns", "a", labels={"ring": "canary"}),
+                ("ns", "b"): ClusterInfo("ns", "b", labels={"ring": "prod"})}
+    everyone = upgrade("all", V2, created=T0)
+    canary = upgrade("canary", V3, selector={"matchLabels": {"ring": "canary"}},
+                     created=T0 + timedelta(minutes=1))
+    bad = upgrade("bad", "latest", created=T0 + timedelta(minutes=2))
+    assert bad.problem is not None and "spec.version" in bad.problem
+    got = resolve([everyone, canary, bad], clusters)
+    assert got[("ns", "a")].version == V3 and got[("ns", "a")].intent.name == "canary"
+    assert got[("ns", "b")].version == V2 and got[("ns", "b")].intent.name == "all"
+    assert resolve([canary], clusters).keys() == {("ns", "a")}
+
+
+def test_a_bad_selector_is_named() -> None:
+    u = upgrade("x", V2, selector={"matchExpressions": [{"key": "a", "operator": "Near"}]})
+    assert u.problem is not None and "clusterSelector" in u.problem
+    status = upgrade_status(u, {}, [], [])
+    assert status["phase"] == "Failed"
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Complete": "False", "Progressing": "False", "Failed": "True"}
+
+
+def test_intents_set_targets_and_keep_what_the_object_says() -> None:
+    sim = SimFleet(now=T0)
+    ck = add_cluster(sim, "c1", control_planes=1, workers=1)
+    snap = apply_intents(sim.snapshot(), [upgrade("u", "v1.31.3")])
+    kcp = next(iter(snap.control_planes.values()))
+    assert kcp.version == V2 and kcp.spec_version == V1 and kcp.object_version == V1
+    assert snap.intents[ck].intent == ObjectRef("FleetUpgrade", "k0s-fleet-system", "u")
+
+
+def test_status_per_wave_and_cluster() -> None:
+    u = upgrade("u", V2)
+    intents = resolve([u], {("ns", "a"): ClusterInfo("ns", "a"),
+                            ("ns", "b"): ClusterInfo("ns", "b")})
+    stand = [ClusterStanding(("ns", "a"), "canary", "Complete", 3, 3, "up to date",
+                             complete=True),
+             ClusterStanding(("ns", "b"), "prod", "Queued", 0, 3, "waiting for wave canary")]
+    waves = [WaveStanding("canary", "Soaking", "soaking until x"),
+             WaveStanding("prod", "Pending", "")]
+    s = upgrade_status(u, intents, stand, waves)
+    assert s["phase"] == "Progressing" and s["summary"] == "1/2"
+    assert [w["name"] for w in s["waves"]] == ["canary", "prod"]
+    assert s["clusters"][1]["message"] == "waiting for wave canary"
+    conds = {c["type"]: c["status"] for c in s["conditions"]}
+    assert conds == {"Complete": "False", "Progressing": "True", "Failed": "False"}
+    done = upgrade_status(u, intents, [dataclasses.replace(x, complete=True) for x in stand],
+                          waves)
+    assert done["phase"] == "Complete"
+    assert {c["type"]: c["status"] for c in done["conditions"]}["Complete"] == "True"
+
+
+# -- the writer, end to end in memory ---------------------------------------------------------
+
+def k0smotron_would_act(sim: SimFleet) -> list[str]:
+    """k0smotron's documented rule (OWNERSHIP.md fact 3): it skips a paused KCP, and
+    otherwise rolls every Machine whose spec.version differs from the KCP's."""
+    out = []
+    for kcp in sim.control_planes.values():
+        if ANN_CAPI_PAUSED in kcp.annotations:
+            continue
+        for m in sim.machines.values():
+            if m.owner == kcp.ref and not same_version(m.version, kcp.version):
+                out.append(f"{kcp.ref.name}: {m.ref.name} at {m.version}, KCP at {kcp.version}")
+    return out
+
+
+def drive(sim: SimFleet, *, passes: int = 400, hold: object = None,
+          check_paused: bool = True) -> list[Action]:
+    """Plan, act, let the nodes move; check the invariants after every pass."""
+    everything: list[Action] = []
+    for _ in range(passes):
+        result = plan(sim.snapshot(), SETTINGS, hold=hold)  # type: ignore[arg-type]
+        for a in result.actions:
+            if isinstance(a, CreateNodePlan):
+                owner = (sim.deployments if a.owner.kind == KIND_MD else sim.control_planes)[
+                    (a.owner.namespace, a.owner.name)]
+                assert same_version(owner.version, a.version), \
+                    f"{a.machine.name} started before {a.owner.name} says {a.version}"
+                assert not check_paused or ANN_CAPI_PAUSED in owner.annotations, \
+                    "node started on an unpaused object"
+        sim.apply_all(result.actions)
+        everything += result.actions
+        assert k0smotron_would_act(sim) == []
+        in_flight_cps = [p for p in sim.nodeplans.values()
+                         if p.role == "controller" and not p.terminal]
+        assert len(in_flight_cps) <= 1
+        for ckey, name in sim.active_requests():
+            sim.step_node(ckey, name)
+        sim.advance(1)
+        if not result.actions and not sim.active_requests():
+            break
+    return everything
+
+
+def test_an_upgrade_intent_rolls_a_cluster_through_the_one_writer() -> None:
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c1", control_planes=3, workers=4, max_unavailable=2)
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+    actions = drive(sim)
+    kcp = sim.control_planes[("default", "c1-cp")]
+    md = sim.deployments[("default", "c1-md")]
+    assert kcp.version == V2 and md.version == V2
+    for obj in (kcp, md):
+        assert obj.annotations.get(ANN_WRITTEN_VERSION) == V2
+        assert ANN_CAPI_PAUSED not in obj.annotations and ANN_PAUSED_FOR not in obj.annotations
+    assert {m.version for m in sim.machines.values()} == {V2}
+    assert sim.machine_sets[("default", "c1-md-ms")].version == V2
+    writes = of(actions, WriteVersion)
+    assert [w.owner.kind for w in writes] == [KIND_KCP, KIND_MD]  # control planes first
+    assert all(w.pause for w in writes)
+    # The MD's version is written only after every control plane runs the target.
+    md_write = actions.index(writes[1])
+    cp_plans = [a for a in actions[:md_write] if isinstance(a, CreateNodePlan)]
+    assert len(cp_plans) == 3 and all(a.owner.kind == KIND_KCP for a in cp_plans)
+    assert len(of(actions, ReleasePause)) == 2
+
+
+def test_nothing_is_written_while_the_policy_holds_the_cluster() -> None:
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c1", control_planes=1, workers=2)
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+    result = plan(sim.snapshot(), SETTINGS, hold=lambda _c, _o: "outside its window")
+    sim.apply_all(result.actions)  # enrolment only
+    assert of(result.actions, RecordWrittenVersion)
+    result = plan(sim.snapshot(), SETTINGS, hold=lambda _c, _o: "outside its window")
+    assert of(result.actions, WriteVersion) == [] and of(result.actions, CreateNodePlan) == []
+
+
+def _enrolled(sim: SimFleet) -> None:
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V1)
+    sim.apply_all(plan(sim.snapshot(), SETTINGS).actions)
+    assert all(o.annotations.get(ANN_WRITTEN_VERSION) == V1
+               for o in [*sim.deployments.values(), *sim.control_planes.values()])
+
+
+@pytest.mark.parametrize("kind", [KIND_MD, KIND_KCP])
+def test_a_version_written_by_someone_else_is_reported_and_never_raced(kind: str) -> None:
+    """The single-writer rule: an enrolled object bumped directly starts no node, says so
+    (condition + a Warning Event once), and stays so until set back."""
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c1", control_planes=1, workers=2)
+    _enrolled(sim)
+    table = sim.deployments if kind == KIND_MD else sim.control_planes
+    key = next(k for k, o in table.items())
+    table[key] = dataclasses.replace(table[key], version=V3)  # type: ignore[assignment]
+    reports = []
+    for _ in range(5):
+        result = plan(sim.snapshot(), SETTINGS)
+        assert of(result.actions, CreateNodePlan) == []
+        assert of(result.actions, WriteVersion) == []
+        reports += of(result.actions, ReportVersionConflict)
+        sim.apply_all(result.actions)
+    assert len(reports) == 1 and "someone else" in reports[0].message
+    cond = table[key].status.condition(C.VERSION_WRITER)
+    assert cond is not None and cond.status == "False" and cond.reason == C.R_CHANGED_BY_OTHER
+    # Set back: the writer is in charge again.
+    table[key] = dataclasses.replace(table[key], version=V1)  # type: ignore[assignment]
+    sim.apply_all(plan(sim.snapshot(), SETTINGS).actions)
+    cond = table[key].status.condition(C.VERSION_WRITER)
+    assert cond is not None and cond.status == "True"
+
+
+def test_a_foreign_version_the_intent_asks_for_is_adopted() -> None:
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c1", control_planes=0, workers=2)
+    _enrolled(sim)
+    key = ("default", "c1-md")
+    sim.deployments[key] = dataclasses.replace(sim.deployments[key], version=V2)
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+    result = plan(sim.snapshot(), SETTINGS)
+    assert [a.version for a in of(result.actions, RecordWrittenVersion)] == [V2]
+    assert of(result.actions, ReportVersionConflict) == []
+
+
+def test_a_kcp_paused_by_someone_else_is_not_taken_over() -> None:
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c1", control_planes=1, workers=0)
+    _enrolled(sim)
+    sim.annotate(KIND_KCP, ("default", "c1-cp"), ANN_CAPI_PAUSED, "")
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+    result = plan(sim.snapshot(), SETTINGS)
+    assert of(result.actions, WriteVersion) == []
+    decision = next(d for d in result.decisions if d.owner.kind == KIND_KCP)
+    assert "not by k0s-fleet" in decision.waiting
+
+
+def test_an_unpaused_kcp_whose_machines_lag_is_k0smotrons() -> None:
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c1", control_planes=2, workers=0)
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+    sim.apply_all(plan(sim.snapshot(), SETTINGS).actions)  # enrol
+    sim.apply_all(plan(sim.snapshot(), SETTINGS).actions)  # write + pause
+    key = ("default", "c1-cp")
+    assert sim.control_planes[key].version == V2
+    anns = dict(sim.control_planes[key].annotations)
+    anns.pop(ANN_CAPI_PAUSED)  # someone removes k0s-fleet's pause
+    sim.control_planes[key] = dataclasses.replace(sim.control_planes[key], annotations=anns)
+    result = plan(sim.snapshot(), SETTINGS)
+    assert of(result.actions, CreateNodePlan) == []
+    [report] = of(result.actions, ReportOtherDriver)
+    assert report.reason == C.R_PAUSE_REMOVED and "k0smotron" in report.message
+
+
+def test_a_capi_rollout_of_the_md_holds_it() -> None:
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c1", control_planes=0, workers=3)
+    sim.machine_sets[("default", "c1-md-new")] = MachineSetInfo(
+        ref=ObjectRef("MachineSet", "default", "c1-md-new"), cluster="c1",
+        deployment="c1-md", replicas=1, created=T0 + timedelta(hours=1), version=V2)
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+    actions = []
+    for _ in range(4):
+        result = plan(sim.snapshot(), SETTINGS)
+        sim.apply_all(result.actions)
+        actions += result.actions
+    assert of(actions, CreateNodePlan) == []
+    [report] = of(actions, ReportOtherDriver)
+    assert report.reason == C.R_CAPI_ROLLOUT and "c1-md-new" in report.message
+    status = [a for a in actions if isinstance(a, SetRolloutStatus)][-1]
+    other = next(c for c in status.conditions if c.type == C.OTHER_DRIVER)
+    assert other.status == "True"
+
+
+def test_objects_no_intent_covers_keep_their_own_versions() -> None:
+    """Without any FleetUpgrade the writer stays out (no enrolment, no condition)."""
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c1", control_planes=1, workers=1)
+    result = plan(sim.snapshot(), SETTINGS)
+    assert of(result.actions, RecordWrittenVersion) == []
+    for s in of(result.actions, SetRolloutStatus):
+        assert C.VERSION_WRITER not in {c.type for c in s.conditions}
+
+
+def test_selector_type_is_the_fleet_configs() -> None:
+    u = upgrade("x", V2, selector={"matchLabels": {"a": "b"}})
+    assert isinstance(u.selector, LabelSelector) and u.selector.matches({"a": "b"})
+
+
+def test_plan_replays_the_intent_with_its_version_writes_and_names_the_executor() -> None:
+    from fleet.rollout.observe import Observation  # noqa: PLC0415
+    from fleet.rollout.plan import dry_run, plan_document, render_plan  # noqa: PLC0415
+    from tests.unit.test_rollout_gate import waves_config  # noqa: PLC0415
+
+    sim = SimFleet(now=T0)
+    key = add_cluster(sim, "c1", namespace="fleet", control_planes=1, workers=2,
+                      max_unavailable=2)
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+    obs = Observation(snapshot=sim.snapshot(), meta={key: ({}, {})})
+    doc = plan_document(dry_run(obs, waves_config(), now=T0,
+                                node_duration=timedelta(minutes=6)))
+    assert doc["estimatedDuration"] is not None, doc["blocked"]
+    assert [s["kind"] for s in doc["steps"]] == ["K0sControlPlane", "MachineDeployment"]
+    objects = doc["waves"][-1]["clusters"][0]["objects"]
+    assert {o["executor"] for o in objects} == {"paused-in-place"}
+    assert "k0smotron" in next(o["executorReason"] for o in objects
+                               if o["kind"] == "K0sControlPlane")
+    assert "executor paused-in-place" in render_plan(doc)
+    # the observed objects were not touched
+    assert obs.snapshot.control_planes[("fleet", "c1-cp")].object_version == V1
+
+
+def test_where_capi_drives_the_workers_the_md_version_is_written_unpaused() -> None:
+    """Cluster API in-place updates through our extension (the exclusion's hold): control
+    planes still go through the paused executor; the MD's version is written without a
+    pause and no worker is started by the planner (CAPI calls the hooks)."""
+    from fleet.extension.exclusion import HOLD_REASON  # noqa: PLC0415
+    from fleet.planner.writer import ExtensionDrives  # noqa: PLC0415
+
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c1", control_planes=1, workers=2)
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+
+    def hold(_cluster: object, _owner: object) -> str | None:
+        return ExtensionDrives(HOLD_REASON, None)
+
+    actions = drive(sim, hold=hold, check_paused=False)
+    writes = of(actions, WriteVersion)
+    assert [(w.owner.kind, w.pause) for w in writes] == [(KIND_KCP, True), (KIND_MD, False)]
+    created = of(actions, CreateNodePlan)
+    assert [a.owner.kind for a in created] == [KIND_KCP]
+    md = sim.deployments[("default", "c1-md")]
+    assert md.version == V2 and ANN_CAPI_PAUSED not in md.annotations
+    assert ANN_CAPI_PAUSED not in sim.control_planes[("default", "c1-cp")].annotations
+
+
+def test_a_running_autopilot_plan_holds_the_cluster() -> None:
+    sim = SimFleet(now=T0)
+    ck = add_cluster(sim, "c1", control_planes=1, workers=1)
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+    sim.autopilot_plans[ck] = "autopilot (Schedulable)"
+    actions: list[Action] = []
+    for _ in range(4):
+        result = plan(sim.snapshot(), SETTINGS)
+        sim.apply_all(result.actions)
+        actions += result.actions
+    assert of(actions, CreateNodePlan) == []
+    assert {r.reason for r in of(actions, ReportOtherDriver)} == {C.R_AUTOPILOT_PLAN}
+    del sim.autopilot_plans[ck]
+    assert of(drive(sim), CreateNodePlan)  # gone: k0s-fleet carries on
+
+
+def test_live_autopilot_plan_states() -> None:
+    from fleet.model import live_autopilot_plan  # noqa: PLC0415
+
+    def p(state: str | None) -> dict[str, object]:
+        return {"metadata": {"name": "autopilot"},
+                "status": {} if state is None else {"state": state}}
+
+    assert live_autopilot_plan([p(None)]) == "autopilot (new)"
+    assert live_autopilot_plan([p("SchedulableWait")]) == "autopilot (SchedulableWait)"
+    assert live_autopilot_plan([p("Completed"), p("IncompleteTargets")]) is None
+
+
+def test_on_delete_is_read_as_cluster_api_defines_it() -> None:
+    """OnDelete has no maxUnavailable in Cluster API (0): nothing goes down in place, and
+    the object says why, even with a rollingUpdate.maxUnavailable left in the spec."""
+    from fleet.planner.actions import ReportNotInPlace  # noqa: PLC0415
+
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c1", control_planes=0, workers=3, max_unavailable=2)
+    key = ("default", "c1-md")
+    sim.deployments[key] = dataclasses.replace(sim.deployments[key], strategy="OnDelete")
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+    actions: list[Action] = []
+    for _ in range(3):
+        result = plan(sim.snapshot(), SETTINGS)
+        sim.apply_all(result.actions)
+        actions += result.actions
+    assert of(actions, CreateNodePlan) == [] and of(actions, WriteVersion) == []
+    [report] = of(actions, ReportNotInPlace)
+    assert report.reason == C.R_MAX_UNAVAILABLE_ZERO and "OnDelete" in report.message
