@@ -219,6 +219,15 @@ class MachineSetInfo:
     replicas: int = 0
     created: datetime | None = None
     version: str | None = None
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def capi_paused(self) -> bool:
+        return ANN_CAPI_PAUSED in self.annotations
+
+    @property
+    def paused_for(self) -> str | None:
+        return self.annotations.get(ANN_PAUSED_FOR) or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -475,6 +484,7 @@ def machine_set_from(obj: Mapping[str, Any]) -> MachineSetInfo:
         replicas=_int(spec.get("replicas"), 0),
         created=parse_time(_meta(obj).get("creationTimestamp")),
         version=tspec.get("version"),
+        annotations=_annotations(obj),
     )
 
 

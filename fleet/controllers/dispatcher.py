@@ -74,6 +74,7 @@ from fleet.planner.actions import (
     MarkNodePlanFailed,
     PatchMachineSetVersion,
     PatchMachineVersion,
+    PauseObject,
     RecordEvent,
     RecordWrittenVersion,
     ReleaseNodePlan,
@@ -100,7 +101,8 @@ from fleet.telemetry import context_from_traceparent, current_traceparent
 log = logging.getLogger(__name__)
 
 OWNER_RESOURCES: dict[str, Resource] = {KIND_MD: MACHINE_DEPLOYMENTS, KIND_KCP: K0S_CONTROL_PLANES,
-                                        KIND_NODEPLAN: NODE_PLANS, "Machine": MACHINES}
+                                        KIND_NODEPLAN: NODE_PLANS, "Machine": MACHINES,
+                                        "MachineSet": MACHINE_SETS}
 
 
 def _now() -> datetime:
@@ -625,6 +627,17 @@ class Dispatcher:
                              + (f"; FleetUpgrade {a.intent.name}" if a.intent else ""),
                              action="WriteVersion")
 
+    async def _do_PauseObject(self, a: PauseObject) -> None:
+        res = OWNER_RESOURCES[a.owner.kind]
+
+        def mutate(obj: KubeObject) -> dict[str, Any] | None:
+            ann = (obj.get("metadata") or {}).get("annotations") or {}
+            if ANN_CAPI_PAUSED in ann:
+                return None  # paused already (by us, or by someone else: then left alone)
+            return {"metadata": {"annotations": {ANN_CAPI_PAUSED: "", ANN_PAUSED_FOR: a.version}}}
+
+        await self._patch(self.mgmt, res, a.owner.name, a.owner.namespace, mutate)
+
     async def _do_ReleasePause(self, a: ReleasePause) -> None:
         res = OWNER_RESOURCES[a.owner.kind]
 
@@ -637,7 +650,7 @@ class Dispatcher:
             return {"metadata": {"annotations": {ANN_CAPI_PAUSED: None, ANN_PAUSED_FOR: None}}}
 
         obj = await self._patch(self.mgmt, res, a.owner.name, a.owner.namespace, mutate)
-        if obj is not None:
+        if obj is not None and a.owner.kind != "MachineSet":
             await self.event(obj, "PauseReleased",
                              f"every Machine runs {a.version}: reconciliation resumed",
                              action="WriteVersion")
@@ -668,7 +681,7 @@ class Dispatcher:
 
 def _object_version(kind: str, obj: KubeObject) -> str | None:
     spec = obj.get("spec") or {}
-    if kind == KIND_MD:
+    if kind in (KIND_MD, "MachineSet"):
         return ((spec.get("template") or {}).get("spec") or {}).get("version")
     return spec.get("version")
 

@@ -154,6 +154,16 @@ class WriteVersion:
 
 
 @dataclass(frozen=True, slots=True)
+class PauseObject:
+    """Set cluster.x-k8s.io/paused (and k0s-fleet's record of it) on an object that is not
+    paused yet: a MachineSet before its and its Machines' versions move (its controller
+    would otherwise re-apply the old Machine versions from a reconcile in flight)."""
+
+    owner: ObjectRef
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
 class ReleasePause:
     """Every Machine is on the target: remove cluster.x-k8s.io/paused (only if k0s-fleet
     set it, i.e. its record fleet.k0s-fleet.io/paused-for is there) and the record."""
@@ -251,7 +261,8 @@ Action = (
     CreateNodePlan | StartNodePlan | SignalNode | UpdateNodePlanStatus | MarkNodePlanFailed
     | RetryNodePlan | RemoveAnnotation | ClearSignal | UncordonNode | ReleaseNodePlan
     | PatchMachineVersion | AnnotateWorkerVersion | SetRolloutStatus | HaltObject
-    | ReportNotInPlace | RecordEvent | RecordWrittenVersion | WriteVersion | ReleasePause
+    | ReportNotInPlace | RecordEvent | RecordWrittenVersion | WriteVersion | PauseObject
+    | ReleasePause
     | PatchMachineSetVersion | ReportVersionConflict | ReportOtherDriver
 )
 

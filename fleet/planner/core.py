@@ -64,8 +64,10 @@ from fleet.planner.actions import (
     MarkNodePlanFailed,
     PatchMachineSetVersion,
     PatchMachineVersion,
+    PauseObject,
     PlanResult,
     ReleaseNodePlan,
+    ReleasePause,
     RemoveAnnotation,
     ReportNotInPlace,
     ReportOtherDriver,
@@ -821,22 +823,35 @@ class _Pass:
     def _finish_paused_deployment(self, md: MachineDeploymentInfo, target: str,
                                   live: list[MachineInfo], sets: list[MachineSetInfo],
                                   elig: dict[str, Eligibility], *, in_flight: bool) -> None:
-        """The end of the paused in-place sequence of an MD: every node upgraded, so the
-        Machines' and their MachineSets' versions move to the target, then (a later pass,
-        once all of that is observed) the pause is released."""
+        """The end of the paused in-place sequence of an MD, once every node runs the
+        target: pause the Machines' MachineSet (its controller would re-apply the old
+        Machine versions from a reconcile in flight), move the MachineSet's template and
+        the Machines' versions to the target, then release both pauses; each step waits
+        until the previous one is observed."""
         if md.paused_for is None or not md.capi_paused or in_flight \
                 or not same_version(md.object_version, target):
             return
         if not all(elig[m.ref.name].up_to_date for m in live):
             return
-        for m in live:
-            if not same_version(m.version, target):
-                self.emit(PatchMachineVersion(m.ref, target))
         owning = {m.machine_set for m in live}
         mine = [ms for ms in sets if ms.ref.name in owning]
-        for ms in mine:
-            if not same_version(ms.version, target):
+        behind = [m for m in live if not same_version(m.version, target)]
+        sets_behind = [ms for ms in mine if not same_version(ms.version, target)]
+        if behind or sets_behind:
+            unpaused = [ms for ms in mine if not ms.capi_paused]
+            if unpaused:
+                self.emit(*(PauseObject(ms.ref, target) for ms in unpaused))
+                return
+            if any(ms.paused_for is None for ms in mine):
+                return  # a MachineSet paused by someone else: not ours to move
+            for m in behind:
+                self.emit(PatchMachineVersion(m.ref, target))
+            for ms in sets_behind:
                 self.emit(PatchMachineSetVersion(ms.ref, target))
+            return
+        for ms in mine:
+            if ms.paused_for is not None:
+                self.emit(ReleasePause(ms.ref, target))
         release = release_pause(md, live, in_flight=in_flight, machine_sets=mine)
         if release is not None:
             self.emit(release)

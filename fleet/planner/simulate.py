@@ -51,6 +51,7 @@ from fleet.planner.actions import (
     MarkNodePlanFailed,
     PatchMachineSetVersion,
     PatchMachineVersion,
+    PauseObject,
     RecordWrittenVersion,
     ReleaseNodePlan,
     ReleasePause,
@@ -166,6 +167,16 @@ class SimFleet:
             m = self.machines[(a.machine.namespace, a.machine.name)]
             self.machines[(a.machine.namespace, a.machine.name)] = dataclasses.replace(
                 m, version=a.version)
+        elif isinstance(a, PauseObject | ReleasePause) and a.owner.kind == "MachineSet":
+            key = (a.owner.namespace, a.owner.name)
+            ms = self.machine_sets[key]
+            anns = dict(ms.annotations)
+            if isinstance(a, PauseObject) and ANN_CAPI_PAUSED not in anns:
+                anns |= {ANN_CAPI_PAUSED: "", ANN_PAUSED_FOR: a.version}
+            elif isinstance(a, ReleasePause) and ANN_PAUSED_FOR in anns:
+                anns.pop(ANN_PAUSED_FOR)
+                anns.pop(ANN_CAPI_PAUSED, None)
+            self.machine_sets[key] = dataclasses.replace(ms, annotations=anns)
         elif isinstance(a, RecordWrittenVersion | WriteVersion | ReleasePause):
             self._write_version(a)
         elif isinstance(a, PatchMachineSetVersion):

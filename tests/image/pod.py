@@ -141,7 +141,7 @@ def _volumes(pod: Mapping[str, Any], ctr: Mapping[str, Any], run: PodRun) -> lis
         if kind == "emptyDir":
             if m.get("subPath"):
                 raise PodTranslationError(f"volume {m['name']}: subPath of an emptyDir")
-            opts = "rw,mode=1777"
+            opts = "rw,exec,mode=1777"  # a kubelet's emptyDir is not noexec
             if "sizeLimit" in vol[kind]:
                 opts += f",size={memory_bytes(vol[kind]['sizeLimit'])}"
             args += ["--tmpfs", f"{m['mountPath']}:{opts}"]

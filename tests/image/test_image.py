@@ -11,12 +11,15 @@ Each container gets the pod spec the chart renders, translated by tests/image/po
 memory limit, volumes, environment, args). The controller talks to the test world's
 management API server as its in-cluster ServiceAccount: the chart installed by helm, a
 TokenRequest token, the CA and namespace mounted where the kubelet puts them, and
-KUBERNETES_SERVICE_HOST/PORT. The one deliberate difference from a pod: the host's
-network namespace (the API server listens on 127.0.0.1), hence a free status port.
+KUBERNETES_SERVICE_HOST/PORT. The agent upgrades a simulated node
+(fleet.testing.simnode) from its container, with a Pod-bound token of its chart. The one
+deliberate difference from a pod: the host's network namespace (the API and release
+servers listen on 127.0.0.1), hence a free status port.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -37,16 +40,31 @@ import yaml
 
 from fleet.kube import KubeClient
 from fleet.kube.resources import LEASES
+from fleet.signal import HAPPY_PATH, SignalState
 from fleet.testing.binaries import REPO_ROOT
 from fleet.testing.capi import ensure_infra_crd
+from fleet.testing.releases import Release, ReleaseServer, fake_k0s
+from fleet.testing.simnode import SimNode
 from fleet.testing.world import ApiServer, World, free_port
-from tests.helpers.charts import AGENT_CHART, CONTROLLER_CHART, create_namespace, pod_spec, render
+from tests.helpers.charts import (
+    AGENT_CHART,
+    CONTROLLER_CHART,
+    DAEMONSETS,
+    create_namespace,
+    helm_cli,
+    kubeconfig_file,
+    pod_spec,
+    render,
+)
 from tests.helpers.dockerfile import instructions
 from tests.helpers.names import unique
 from tests.helpers.rbac import (
+    AgentInstall,
+    agent_pod_on,
     chart_values,
     install_controller,
     service_account_token,
+    token_for,
 )
 from tests.image.pod import PodRun, container_args, memory_bytes, podman_run_args
 
@@ -298,6 +316,85 @@ async def test_controller_in_the_image_becomes_ready_as_the_chart_s_service_acco
         text = logs()
         assert code == 0, f"exit {code} after SIGTERM:\n{text}"
         assert stopped_after < grace, stopped_after
+        assert "Traceback" not in text and "orbidden" not in text, text
+    finally:
+        podman("rm", "--force", "--time", "0", name, check=False)
+
+
+# -- the agent upgrading a node ----------------------------------------------------------
+def container_release(rs: ReleaseServer, version: str) -> Release:
+    """A fake k0s release whose interpreter exists on this host and in the image (the
+    agent runs ``k0s version`` of the download inside its container)."""
+    body = fake_k0s(version, size=1024 * 1024, python="/usr/bin/python3")
+    rel = Release(version=version, body=body, sha256=hashlib.sha256(body).hexdigest(),
+                  url=f"{rs.base_url}/k0s/{version}")
+    rs.releases[version] = rel
+    return rel
+
+
+@pytest.mark.anyio
+async def test_agent_in_the_image_upgrades_a_node_as_the_chart_runs_it(
+        image: str, crds_installed: World, wl1: KubeClient, tmp_path: Path) -> None:
+    """The agent chart (helm, defaults) on a simulated node: its DaemonSet's container
+    with the node's directories as its hostPath volumes, a Pod-bound token, the host's PID
+    namespace; it downloads, swaps the binary, signals the host's k0s process and
+    verifies, as uid 0 without capabilities on a read-only root filesystem."""
+    server = crds_installed["wl1"]
+    ns, release = unique("kfa-img"), unique("k0s-fleet-agent")
+    await create_namespace(wl1, ns, pod_security="privileged")
+    await helm_cli("install", release, AGENT_CHART, "--namespace", ns, "--kubeconfig",
+                   kubeconfig_file(server, tmp_path))
+    ds = await wl1.get(DAEMONSETS, release, ns)
+    inst = AgentInstall(ns, release, pod_spec(ds)["serviceAccountName"], ds)
+    old, new = "v1.31.3+k0s.0", "v1.32.1+k0s.0"
+    async with ReleaseServer() as rs:
+        container_release(rs, new)
+        async with SimNode.running(wl1, server.kubeconfig(), tmp_path / "node",
+                                   container_release(rs, old), name=unique("img-node"),
+                                   start_agent=False) as node:
+            await agent_upgrade(image, node, rs.releases[new], inst, server, tmp_path=tmp_path)
+
+
+async def agent_upgrade(image: str, node: SimNode, target: Release, inst: AgentInstall,
+                        server: ApiServer, *, tmp_path: Path) -> None:
+    wl1 = node.client
+    bound = await agent_pod_on(wl1, inst, node.name)
+    sa = tmp_path / "serviceaccount"
+    sa.mkdir()
+    (sa / "token").write_text(await token_for(wl1, inst, bound))
+    (sa / "ca.crt").write_bytes(server.ca_pem)
+    (sa / "namespace").write_text(inst.namespace)
+    pod = pod_spec(inst.daemonset)
+    run = PodRun(fields={"spec.nodeName": node.name},
+                 volumes={"k0s-bin": node.binary.parent, "k0s-run": node.socket.parent,
+                          "state": node.state_dir},
+                 service_account=sa, api_server=("127.0.0.1", server.port),
+                 network="host")  # the API and release servers listen on 127.0.0.1
+    name = f"k0s-fleet-agent-image-{uuid.uuid4().hex[:8]}"
+    podman("run", "--detach", "--name", name, *podman_run_args(pod, run), image,
+           *container_args(pod))
+    try:
+        def logs() -> str:
+            p = podman("logs", name, check=False)
+            return (p.stdout + p.stderr)[-4000:]
+
+        with anyio.fail_after(60):
+            while "watching " not in logs():
+                state = podman("inspect", "--format", "{{.State.Status}}",
+                               name).stdout.strip()
+                assert state == "running", f"agent container {state}:\n{logs()}"
+                await anyio.sleep(0.5)
+        first_starts = node.starts
+        plan = await node.request(target)
+        sig = await node.wait_for(plan, {s for s in SignalState if s.terminal},
+                                  timeout=120)
+        assert sig.status is not None
+        assert sig.status.status is SignalState.COMPLETED, (sig.status.reason, logs())
+        assert node.states(plan) == [str(s) for s in HAPPY_PATH]
+        assert await node.running_version() == target.version
+        assert node.binary.read_bytes() == target.body
+        assert node.starts == first_starts + 1  # the host's k0s, restarted by signal
+        text = logs()
         assert "Traceback" not in text and "orbidden" not in text, text
     finally:
         podman("rm", "--force", "--time", "0", name, check=False)

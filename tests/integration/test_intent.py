@@ -149,6 +149,7 @@ async def test_an_intent_upgrades_control_planes_paused_and_survives_a_controlle
         == {V2}
     ms = await mgmt.get(MACHINE_SETS, fc.machine_set, namespace)  # type: ignore[arg-type]
     assert ms["spec"]["template"]["spec"]["version"] == V2
+    assert ANN_CAPI_PAUSED not in _ann(ms) and ANN_PAUSED_FOR not in _ann(ms)
     for res, name in ((K0S_CONTROL_PLANES, fc.kcp), (MACHINE_DEPLOYMENTS, fc.md)):
         o = await mgmt.get(res, name, namespace)
         assert _ann(o).get(ANN_WRITTEN_VERSION) == V2 and ANN_PAUSED_FOR not in _ann(o)

@@ -49,7 +49,7 @@ def test_controller_pod_as_podman_options() -> None:
     assert ("--security-opt", "no-new-privileges") in pairs(args)
     assert "--pid=host" not in args and "--privileged" not in args
     assert f"--memory={512 * 2**20}" in args
-    assert ("--tmpfs", f"/tmp:rw,mode=1777,size={64 * 2**20}") in pairs(args)
+    assert ("--tmpfs", f"/tmp:rw,exec,mode=1777,size={64 * 2**20}") in pairs(args)
     assert ("--mount", "type=bind,source=/cm/fleet.yaml,target=/etc/k0s-fleet/fleet.yaml,ro"
             ) in pairs(args)
     assert ("--mount", f"type=bind,source=/sa,target={SERVICE_ACCOUNT_DIR},ro") in pairs(args)

@@ -34,6 +34,8 @@ from fleet.planner import conditions as C
 from fleet.planner.actions import (
     Action,
     CreateNodePlan,
+    PatchMachineSetVersion,
+    PatchMachineVersion,
     RecordWrittenVersion,
     ReleasePause,
     ReportOtherDriver,
@@ -148,6 +150,14 @@ def drive(sim: SimFleet, *, passes: int = 400, hold: object = None,
                     f"{a.machine.name} started before {a.owner.name} says {a.version}"
                 assert not check_paused or ANN_CAPI_PAUSED in owner.annotations, \
                     "node started on an unpaused object"
+            if isinstance(a, PatchMachineSetVersion):
+                ms = sim.machine_sets[(a.machine_set.namespace, a.machine_set.name)]
+                assert ANN_CAPI_PAUSED in ms.annotations, "MachineSet moved unpaused"
+            if isinstance(a, PatchMachineVersion):
+                m = sim.machines[(a.machine.namespace, a.machine.name)]
+                if m.machine_set:
+                    ms = sim.machine_sets[(a.machine.namespace, m.machine_set)]
+                    assert ANN_CAPI_PAUSED in ms.annotations, "worker Machine moved unpaused"
         sim.apply_all(result.actions)
         everything += result.actions
         assert k0smotron_would_act(sim) == []
@@ -174,7 +184,8 @@ def test_an_upgrade_intent_rolls_a_cluster_through_the_one_writer() -> None:
         assert obj.annotations.get(ANN_WRITTEN_VERSION) == V2
         assert ANN_CAPI_PAUSED not in obj.annotations and ANN_PAUSED_FOR not in obj.annotations
     assert {m.version for m in sim.machines.values()} == {V2}
-    assert sim.machine_sets[("default", "c1-md-ms")].version == V2
+    ms = sim.machine_sets[("default", "c1-md-ms")]
+    assert ms.version == V2 and ANN_CAPI_PAUSED not in ms.annotations
     writes = of(actions, WriteVersion)
     assert [w.owner.kind for w in writes] == [KIND_KCP, KIND_MD]  # control planes first
     assert all(w.pause for w in writes)
@@ -182,7 +193,8 @@ def test_an_upgrade_intent_rolls_a_cluster_through_the_one_writer() -> None:
     md_write = actions.index(writes[1])
     cp_plans = [a for a in actions[:md_write] if isinstance(a, CreateNodePlan)]
     assert len(cp_plans) == 3 and all(a.owner.kind == KIND_KCP for a in cp_plans)
-    assert len(of(actions, ReleasePause)) == 2
+    assert [r.owner.kind for r in of(actions, ReleasePause)] == [
+        KIND_KCP, "MachineSet", KIND_MD]
 
 
 def test_nothing_is_written_while_the_policy_holds_the_cluster() -> None:
