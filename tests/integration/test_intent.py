@@ -21,7 +21,7 @@ import pytest
 from fleet.cli.upgrade import apply_upgrade, follow
 from fleet.config import FleetConfig
 from fleet.controllers.runner import FleetController
-from fleet.events import list_events
+from fleet.events import EventRecorder, list_events
 from fleet.intent import COND_COMPLETE
 from fleet.kube import ForbiddenError, KubeClient
 from fleet.kube.resources import (
@@ -36,7 +36,7 @@ from fleet.kube.resources import (
 from fleet.model import ANN_CAPI_PAUSED, ANN_PAUSED_FOR, ANN_WRITTEN_VERSION
 from fleet.nodeplan import NodePlanPhase
 from fleet.planner import conditions as C
-from fleet.rollout.policy import attach_rollout
+from fleet.rollout.policy import RolloutPolicy
 from fleet.testing.capi import FleetCluster, create_cluster, ensure_infra_crd
 from fleet.testing.k0smotron import K0smotronStandIn
 from fleet.testing.responder import NodeResponder
@@ -65,8 +65,11 @@ def config(namespace: str) -> FleetConfig:
 
 @contextlib.asynccontextmanager
 async def controller(mgmt: KubeClient, cfg: FleetConfig) -> AsyncIterator[FleetController]:
-    ctl = FleetController(mgmt, cfg, watch_timeout=30)
-    attach_rollout(ctl)  # the policy writes the FleetUpgrade status, as in production
+    # the rollout policy writes the FleetUpgrade status, as in production
+    recorder = EventRecorder(mgmt, instance="k0s-fleet",
+                             default_namespace=cfg.management.namespace)
+    ctl = FleetController(mgmt, cfg, watch_timeout=30, recorder=recorder,
+                          policy=RolloutPolicy(mgmt, cfg, recorder=recorder))
     async with anyio.create_task_group() as tg:
         await tg.start(ctl.run)
         try:
