@@ -25,6 +25,7 @@ A second mode measures the planner alone on simulated fleets (no servers):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -50,9 +51,11 @@ import yaml  # noqa: E402
 
 from fleet.config import FleetConfig  # noqa: E402
 from fleet.controllers.runner import FleetController  # noqa: E402
+from fleet.intent import apply_intents, fleet_upgrade_from  # noqa: E402
 from fleet.kube import KubeClient  # noqa: E402
 from fleet.kube.resources import MACHINE_DEPLOYMENTS, NAMESPACES  # noqa: E402
 from fleet.planner import PlannerSettings, plan  # noqa: E402
+from fleet.planner.actions import CreateNodePlan  # noqa: E402
 from fleet.planner.simulate import SimFleet, add_cluster  # noqa: E402
 from fleet.planner.simulate import bump as sim_bump  # noqa: E402
 from fleet.testing.capi import bump, create_cluster, ensure_infra_crd  # noqa: E402
@@ -268,14 +271,31 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 # -- the planner alone at scale (simulation) ------------------------------------------------
 
-def planner_scale(sizes: list[int]) -> dict[str, Any]:
+def planner_scale(sizes: list[int], *, intent: bool = False) -> dict[str, Any]:
+    """Plan passes on N simulated clusters. ``intent``: one FleetUpgrade instead of bumped
+    objects; the passes that enrol the objects and write their versions run first, and the
+    time to lay the intent over the snapshot (apply_intents) is measured too."""
     out = {}
     for n in sizes:
         sim = SimFleet(now=datetime(2026, 1, 1, tzinfo=UTC))
         for i in range(n):
-            sim_bump(sim, add_cluster(sim, f"c{i}", control_planes=3, workers=6), V2)
-        snap = sim.snapshot()
+            key = add_cluster(sim, f"c{i}", control_planes=3, workers=6)
+            if not intent:
+                sim_bump(sim, key, V2)
         settings = PlannerSettings()
+        extra: dict[str, Any] = {}
+        if intent:
+            sim.upgrades[("k0s-fleet-system", "all")] = fleet_upgrade_from({
+                "metadata": {"namespace": "k0s-fleet-system", "name": "all"},
+                "spec": {"version": V2}})
+            for _ in range(2):  # enrol, then write (paused) every control plane's version
+                sim.apply_all(plan(sim.snapshot(), settings).actions)
+            raw = dataclasses.replace(sim.snapshot(), deployments=dict(sim.deployments),
+                                      control_planes=dict(sim.control_planes))
+            t0 = time.perf_counter()
+            apply_intents(raw, sim.upgrades.values())
+            extra["apply_intents_ms"] = round((time.perf_counter() - t0) * 1000, 1)
+        snap = sim.snapshot()
         t0 = time.perf_counter()
         result = plan(snap, settings)
         first = time.perf_counter() - t0
@@ -287,7 +307,9 @@ def planner_scale(sizes: list[int]) -> dict[str, Any]:
             plan(snap, settings)
             times.append(time.perf_counter() - t0)
         out[str(n)] = {"clusters": n, "machines": n * 9, "first_pass_ms": round(first * 1000, 1),
-                       "steady_pass_ms": round(statistics.median(times) * 1000, 1)}
+                       "steady_pass_ms": round(statistics.median(times) * 1000, 1),
+                       "dispatched": sum(isinstance(a, CreateNodePlan) for a in result.actions),
+                       **extra}
     return out
 
 
@@ -304,9 +326,12 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--json", type=Path, help="write the full results here")
     p.add_argument("--planner-scale", help="comma-separated cluster counts: planner only")
+    p.add_argument("--intent", action="store_true",
+                   help="with --planner-scale: one FleetUpgrade instead of bumped objects")
     args = p.parse_args()
     if args.planner_scale:
-        result = planner_scale([int(x) for x in args.planner_scale.split(",")])
+        result = planner_scale([int(x) for x in args.planner_scale.split(",")],
+                               intent=args.intent)
     else:
         result = anyio.run(bench, args)
     text = json.dumps(result if args.planner_scale else result["summary"] | {

@@ -27,8 +27,10 @@ from typing import Any
 import anyio
 import pytest
 
+from fleet.cli.upgrade import apply_upgrade, follow
 from fleet.config import FleetConfig
 from fleet.controllers.runner import FleetController, Trigger
+from fleet.events import EventRecorder
 from fleet.extension import (
     ExtensionEndpoint,
     handlers_from_config,
@@ -40,13 +42,17 @@ from fleet.extension.exclusion import ExtensionExclusion
 from fleet.extension.selfsigned import make_cert_pair
 from fleet.kube import KubeClient, NotFoundError
 from fleet.kube.resources import (
+    CONFIGMAPS,
     EXTENSION_CONFIGS,
     MACHINE_DEPLOYMENTS,
     MACHINES,
     NODE_PLANS,
     NODES,
 )
+from fleet.model import ANN_CAPI_PAUSED, ANN_WRITTEN_VERSION
 from fleet.nodeplan import nodeplan_name
+from fleet.rollout.annotations import ANN_EMERGENCY_STOP, ROLLOUT_CONFIGMAP
+from fleet.rollout.policy import RolloutPolicy
 from fleet.signal import RUNNING_VERSION_KEY
 from fleet.testing.capi import create_cluster, ensure_infra_crd
 from fleet.testing.responder import NodeResponder
@@ -179,3 +185,98 @@ async def test_capi_in_place_rollout_through_extension_and_controller(
         else:
             live.add(node_name)
         assert len(live) <= 1, busy
+
+
+async def test_a_fleet_upgrade_through_the_extension_path(
+        mgmt: KubeClient, wl1: KubeClient, crds_installed: World, namespace: str,
+        tmp_path: Path) -> None:
+    """The intent where CAPI drives the workers through our extension: the controller (its
+    rollout policy wrapped by the production exclusion, as `k0s-fleet controller` wires
+    them) writes the MachineDeployment's version unpaused; UpdateMachine answers "not yet"
+    while the rollout policy holds (here an emergency stop), then CAPI's calls carry every
+    Machine through; the FleetUpgrade ends Complete."""
+    await ensure_infra_crd(mgmt)
+    cert, key, ca = make_cert_pair(["localhost"]).write(tmp_path / "tls")
+    config = fleet_config(namespace, cert, key)
+    fc = await create_cluster(mgmt, wl1, crds_installed["wl1"].kubeconfig(),
+                              namespace=namespace, name=unique("c"), version=V1,
+                              control_planes=0, workers=2, max_unavailable=1,
+                              node_prefix=unique("fu"))
+    assert fc.md is not None
+    responder = NodeResponder(wl1, step_seconds=0.02, only=lambda n: n in fc.machines)
+    ec_name = unique("k0s-fleet")
+    # composed as the controller's entry point does: rollout policy wrapped by the exclusion
+    trigger = Trigger()
+    recorder = EventRecorder(mgmt, instance="k0s-fleet",
+                             default_namespace=config.management.namespace)
+    exclusion = ExtensionExclusion(mgmt, config, RolloutPolicy(mgmt, config, recorder=recorder),
+                                   endpoint=SERVICE, on_change=trigger.poke)
+    controller = FleetController(mgmt, config, watch_timeout=30, trigger=trigger,
+                                 recorder=recorder, policy=exclusion)
+    async with anyio.create_task_group() as tg:
+        await tg.start(responder.run)
+        tg.start_soon(exclusion.run)
+        await tg.start(controller.run)
+        handlers = handlers_from_config(
+            config, mgmt=mgmt, workload_client=workload_client_from_registry(controller.registry))
+        server = await start_extension_server(handlers, cert_file=str(cert), key_file=str(key),
+                                              host="127.0.0.1", port=0)
+        try:
+            assert handlers.update is not None
+            driver = CapiDriver(Extension(server, ssl.create_default_context(cafile=str(ca)),
+                                          handlers.update), mgmt)
+            await register_extension(mgmt, driver, ec_name, namespace)
+            with anyio.fail_after(10):
+                while not exclusion.owns(namespace, fc.name):
+                    await anyio.sleep(0.02)
+            await apply_upgrade(mgmt, namespace=namespace, name="to-v2", version=V2,
+                                selector=None)
+
+            async def written() -> bool:
+                md = await mgmt.get(MACHINE_DEPLOYMENTS, fc.md, namespace)  # type: ignore[arg-type]
+                return md["spec"]["template"]["spec"]["version"] == V2
+
+            with anyio.fail_after(60):
+                while not await written():
+                    await anyio.sleep(0.05)
+            md = await mgmt.get(MACHINE_DEPLOYMENTS, fc.md, namespace)
+            annotations = md["metadata"].get("annotations") or {}
+            assert ANN_CAPI_PAUSED not in annotations  # CAPI drives: not paused
+            assert annotations[ANN_WRITTEN_VERSION] == V2
+            # An emergency stop: CAPI's UpdateMachine call is answered "not yet".
+            await mgmt.patch(CONFIGMAPS, ROLLOUT_CONFIGMAP, {"metadata": {"annotations": {
+                ANN_EMERGENCY_STOP: "bad release"}}}, namespace)
+            first = fc.workers[0]
+            await driver.start_in_place(await mgmt.get(MACHINES, first, namespace), V2)
+            call = await driver.update_machine_once(first, namespace)
+            assert call.retry_after > 0 and "not yet: emergency stop" in call.message, call
+            assert (await mgmt.list(NODE_PLANS, namespace)).items == []
+            await mgmt.patch(CONFIGMAPS, ROLLOUT_CONFIGMAP, {"metadata": {"annotations": {
+                ANN_EMERGENCY_STOP: None}}}, namespace)
+            with anyio.fail_after(120):
+                for name in fc.workers:
+                    if name != first:
+                        await driver.start_in_place(await mgmt.get(MACHINES, name, namespace),
+                                                    V2)
+                    final = await driver.drive(name, namespace)
+                    assert final.status == "Success" and final.retry_after == 0, \
+                        driver.calls[-3:]
+                fu = await follow(mgmt, namespace=namespace, name="to-v2", generation=1,
+                                  out=_Sink(), poll=0.2)
+            assert fu == 0
+        finally:
+            await server.close()
+            with contextlib.suppress(NotFoundError):
+                await mgmt.delete(EXTENSION_CONFIGS, ec_name)
+        tg.cancel_scope.cancel()
+    plans = (await mgmt.list(NODE_PLANS, namespace)).items
+    assert {p["spec"]["source"] for p in plans} == {"runtime-extension"}
+    assert {p["status"]["phase"] for p in plans} == {"Completed"}
+
+
+class _Sink:
+    def write(self, _s: str) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
