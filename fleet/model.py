@@ -161,7 +161,8 @@ class RolloutStatus:
 
 
 class _VersionOwner:
-    """What MachineDeploymentInfo and ControlPlaneInfo share about who writes versions."""
+    """What the version owners (MachineDeployment, MachineSet, K0sControlPlane) share about
+    who writes versions."""
 
     __slots__ = ()
     annotations: Mapping[str, str]
@@ -209,7 +210,7 @@ class MachineDeploymentInfo(_VersionOwner):
 
 
 @dataclass(frozen=True, slots=True)
-class MachineSetInfo:
+class MachineSetInfo(_VersionOwner):
     ref: ObjectRef
     cluster: str
     deployment: str | None
@@ -220,14 +221,7 @@ class MachineSetInfo:
     created: datetime | None = None
     version: str | None = None
     annotations: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def capi_paused(self) -> bool:
-        return ANN_CAPI_PAUSED in self.annotations
-
-    @property
-    def paused_for(self) -> str | None:
-        return self.annotations.get(ANN_PAUSED_FOR) or None
+    spec_version: str | None = None  # MachineSets have no intent: ``version`` is theirs
 
 
 @dataclass(frozen=True, slots=True)

@@ -566,18 +566,19 @@ class Dispatcher:
 
         await self._patch(self.mgmt, res, a.obj.name, a.obj.namespace, mutate)
 
+    async def _event_on(self, ref: ObjectRef, reason: str, note: str, *, action: str,
+                        type: str = WARNING) -> None:
+        """An Event regarding the owner object ``ref`` (its cached copy when there is one)."""
+        await self.event(self._owner_obj(ref) or ref, reason, note, type=type, action=action)
+
     async def _do_HaltObject(self, a: HaltObject) -> None:
-        obj = self._owner_obj(a.owner)
-        await self.event(obj or a.owner, "RolloutHalted", a.message, type=WARNING,
-                         action="Halt")
+        await self._event_on(a.owner, "RolloutHalted", a.message, action="Halt")
 
     async def _do_ReportNotInPlace(self, a: ReportNotInPlace) -> None:
-        obj = self._owner_obj(a.owner)
-        await self.event(obj or a.owner, a.reason, a.message, type=WARNING, action="Plan")
+        await self._event_on(a.owner, a.reason, a.message, action="Plan")
 
     async def _do_RecordEvent(self, a: RecordEvent) -> None:
-        obj = self._owner_obj(a.regarding)
-        await self.event(obj or a.regarding, a.reason, a.note, type=a.type, action=a.action)
+        await self._event_on(a.regarding, a.reason, a.note, type=a.type, action=a.action)
 
     # -- the one writer of versions ----------------------------------------------------------
     async def _do_RecordWrittenVersion(self, a: RecordWrittenVersion) -> None:
@@ -666,13 +667,10 @@ class Dispatcher:
                           mutate)
 
     async def _do_ReportVersionConflict(self, a: ReportVersionConflict) -> None:
-        obj = self._owner_obj(a.owner)
-        await self.event(obj or a.owner, "VersionChangedByOther", a.message, type=WARNING,
-                         action="WriteVersion")
+        await self._event_on(a.owner, "VersionChangedByOther", a.message, action="WriteVersion")
 
     async def _do_ReportOtherDriver(self, a: ReportOtherDriver) -> None:
-        obj = self._owner_obj(a.owner)
-        await self.event(obj or a.owner, a.reason, a.message, type=WARNING, action="Hold")
+        await self._event_on(a.owner, a.reason, a.message, action="Hold")
 
     def _owner_obj(self, ref: ObjectRef) -> KubeObject | None:
         res = OWNER_RESOURCES.get(ref.kind)
