@@ -1,0 +1,445 @@
+"""Sequencing, the second job of a planning pass: which nodes of each K0sControlPlane and
+MachineDeployment to start now (budgets, ordering, failure budgets, the policy's hold,
+the version writer), and the rollout status written on those objects."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from fleet.budget import InvalidMaxUnavailableError, UnavailabilityBudget
+from fleet.eligibility import (
+    Eligibility,
+    control_plane_eligibility,
+    machine_deployment_eligibility,
+    same_version,
+)
+from fleet.model import (
+    ANN_RETRY,
+    ROLE_CONTROLLER,
+    ClusterKey,
+    Condition,
+    ControlPlaneInfo,
+    MachineDeploymentInfo,
+    MachineInfo,
+    MachineSetInfo,
+    NodeInfo,
+    ObjectRef,
+    RolloutStatus,
+)
+from fleet.planner import conditions as C
+from fleet.planner.actions import (
+    CreateNodePlan,
+    Decision,
+    HaltObject,
+    PatchMachineSetVersion,
+    PatchMachineVersion,
+    PauseObject,
+    ReleasePause,
+    ReportNotInPlace,
+    ReportOtherDriver,
+    ReportVersionConflict,
+    RolloutCounts,
+    SetRolloutStatus,
+)
+from fleet.planner.state import (
+    PassState,
+    PlanView,
+    nodeplan_name,
+    truncate,
+    valid_version,
+)
+from fleet.planner.writer import (
+    ExtensionDrives,
+    OtherDriver,
+    VersionStep,
+    enrolled,
+    other_driver,
+    release_pause,
+    version_step,
+)
+from fleet.versions import K0sVersion
+
+
+class Sequencing(PassState):
+    # -- sequencing --------------------------------------------------------------------
+    def _machine_unavailable(self, m: MachineInfo, target: str | None,
+                             nodes: dict[str, NodeInfo] | None) -> str | None:
+        """Why this Machine counts against the budget right now (None: it does not)."""
+        views = self.by_machine.get((m.ref.namespace, m.ref.name), [])
+        if any(v.in_flight for v in views):
+            return "upgrading"
+        if target is not None and any(v.failed and same_version(v.plan.version, target)
+                                      for v in views):
+            return "failed"
+        if m.deleting:
+            return "deleting"
+        if nodes is None:
+            return "cluster unreachable"
+        node = nodes.get(m.node_name)
+        if node is None:
+            return "no node"
+        if self._carries_live_request(node):
+            return "busy"  # e.g. a request whose NodePlan failed its deadline still runs
+        if not node.ready:
+            return "NotReady"
+        if node.unschedulable:
+            return "unschedulable"
+        return None
+
+    def _has_plan_for(self, m: MachineInfo, target: str) -> bool:
+        return (m.ref.namespace, nodeplan_name(m.ref.name, target)) in self.views
+
+    def _failed_for(self, owner: ObjectRef, target: str | None) -> list[PlanView]:
+        return [v for v in self.views_by_owner.get((owner.namespace, owner.kind, owner.name), ())
+                if v.failed and not v.plan.deleting and same_version(v.plan.version, target)]
+
+    def _control_plane(self, kcp: ControlPlaneInfo) -> None:
+        ns = kcp.ref.namespace
+        ckey: ClusterKey = (ns, kcp.cluster)
+        cluster = self.cluster(*ckey)
+        nodes = self.nodes(ckey)
+        machines = [m for m in self.machines_by_owner.get(kcp.ref, []) if m.cluster == kcp.cluster]
+        target = valid_version(kcp.version)
+        if target is None:
+            self._invalid_target(kcp.ref, kcp.version, kcp.status, len(machines))
+            return
+        live = [m for m in machines if not m.deleting]
+        elig = {m.ref.name: control_plane_eligibility(m, kcp) for m in live}
+        updated = sum(1 for e in elig.values() if e.up_to_date)
+        unavailable = {m.ref.name: r for m in machines
+                       if (r := self._machine_unavailable(m, target, nodes)) is not None}
+        missing = max(0, kcp.replicas - len(live))
+        budget = UnavailabilityBudget.one()
+        failed = self._failed_for(kcp.ref, target)
+        halted = len(failed) >= max(1, self.settings.halt_at_failures)
+        not_in_place = {n: e for n, e in elig.items() if not e.up_to_date and not e.in_place}
+        in_flight = [m.ref.name for m in machines
+                     if any(v.in_flight for v in self.by_machine.get((ns, m.ref.name), []))]
+
+        blocked = (f"Cluster {kcp.cluster} not found" if cluster is None
+                   else f"workload cluster {kcp.cluster} unreachable" if nodes is None
+                   else f"Cluster {kcp.cluster} is paused" if cluster.paused
+                   else "halted: failure budget exceeded" if halted else "")
+        policy_hold = self.hold(ckey, kcp.ref)
+        if isinstance(policy_hold, ExtensionDrives) and enrolled(kcp):
+            # CAPI's in-place updates (our extension) are for workers; control planes of a
+            # cluster under a FleetUpgrade are k0s-fleet's own (paused executor).
+            policy_hold = policy_hold.inner
+        step = version_step(kcp, hold=policy_hold if enrolled(kcp) else None,
+                            write_blocked=blocked)
+        self.emit(*step.actions)
+        driver = other_driver(kcp, live, autopilot_plan=self.s.autopilot_plans.get(ckey))
+        release = release_pause(kcp, live, in_flight=bool(in_flight))
+        if release is not None:
+            self.emit(release)
+
+        waiting = ""
+        dispatched: list[str] = []
+        candidates = [m for m in live if elig[m.ref.name].in_place
+                      and not self._has_plan_for(m, target)]
+        if candidates:
+            if cluster is None or nodes is None or blocked:
+                waiting = blocked
+            elif step.waiting:
+                waiting = step.waiting
+            elif driver is not None:
+                waiting = f"held: {driver.message}"
+            elif policy_hold is not None:
+                waiting = f"held: {policy_hold or 'paused'}"
+            elif self._control_plane_busy(ns, kcp.cluster):
+                waiting = "another control plane is being upgraded"
+            elif unavailable or missing:
+                why = ", ".join(f"{n} {r}" for n, r in sorted(unavailable.items()))
+                if missing:
+                    why = ", ".join(x for x in (why, f"{missing} replica(s) missing") if x)
+                waiting = f"waiting for every control plane to be available ({why})"
+            else:
+                m = candidates[0]
+                node = nodes.get(m.node_name)
+                assert node is not None  # available implies present
+                self.emit(CreateNodePlan(
+                    cluster=ckey, owner=kcp.ref, machine=m.ref, node=node.name,
+                    node_kind=node.kind, role=ROLE_CONTROLLER, version=target,
+                    executor=cluster.executor, reason="oldest out-of-date control plane"))
+                dispatched.append(m.ref.name)
+                in_flight.append(m.ref.name)
+        counts = RolloutCounts(
+            target_version=target, updated=updated, total=len(live), in_flight=len(in_flight),
+            failed=len(failed), unavailable=len(unavailable) + missing + len(dispatched),
+            max_unavailable=budget.limit, not_in_place=len(not_in_place), halted=halted)
+        self._rollout_status(kcp.ref, kcp.status, counts, not_in_place=not_in_place,
+                             failed=failed, waiting=waiting, in_flight=in_flight,
+                             budget_problem=None,
+                             extra=self._writer_conditions(kcp.ref, kcp.status, step, driver))
+        self.decisions.append(Decision(kcp.ref, target, updated, len(live), counts.unavailable,
+                                       budget.limit, tuple(dispatched), waiting))
+
+    def _workers_blocked(self, ns: str, cluster: str, target: str) -> str:
+        """Why workers of this cluster must wait for its control planes ('' = they need not)."""
+        cps = self.kcps_by_cluster.get((ns, cluster), [])
+        oldest: K0sVersion | None = None
+        for kcp in cps:
+            kt = valid_version(kcp.version)
+            for m in self.machines_by_owner.get(kcp.ref, []):
+                if m.deleting:
+                    continue
+                if kt is None or not same_version(m.version, kt):
+                    return f"control plane {m.ref.name} is not yet on {kt or kcp.version}"
+                v = K0sVersion.parse(kt)
+                oldest = v if oldest is None or v < oldest else oldest
+        if self._control_plane_busy(ns, cluster):
+            return "a control plane is being upgraded"
+        if oldest is not None and K0sVersion.parse(target) > oldest:
+            return f"workers may not run a newer version ({target}) than control planes ({oldest})"
+        return ""
+
+    def _deployment(self, md: MachineDeploymentInfo) -> None:
+        ns = md.ref.namespace
+        ckey: ClusterKey = (ns, md.cluster)
+        cluster = self.cluster(*ckey)
+        nodes = self.nodes(ckey)
+        machines = [m for m in self.machines_by_owner.get(md.ref, []) if m.cluster == md.cluster]
+        target = valid_version(md.version)
+        if target is None:
+            self._invalid_target(md.ref, md.version, md.status, len(machines))
+            return
+        live = [m for m in machines if not m.deleting]
+        elig: dict[str, Eligibility] = {
+            m.ref.name: machine_deployment_eligibility(
+                m, md, self.s.machine_sets.get((ns, m.machine_set or "")))
+            for m in live}
+        updated = sum(1 for e in elig.values() if e.up_to_date)
+        budget_problem: tuple[str, str] | None = None
+        if md.strategy == "OnDelete":
+            # Cluster API's OnDelete has no maxUnavailable: it replaces a Machine only once
+            # someone deletes it (its own budget is 0), so nothing is taken down in place.
+            budget = UnavailabilityBudget(0, "OnDelete")
+            budget_problem = (C.R_MAX_UNAVAILABLE_ZERO,
+                              "rollout strategy OnDelete: Cluster API takes no Machine down "
+                              "by itself (maxUnavailable is 0 there), so k0s-fleet upgrades "
+                              "none in place; delete Machines to have them replaced, or use "
+                              "RollingUpdate with a maxUnavailable")
+        else:
+            try:
+                budget = UnavailabilityBudget.resolve(md.max_unavailable, md.replicas)
+            except InvalidMaxUnavailableError as e:
+                budget = UnavailabilityBudget(0, str(md.max_unavailable))
+                budget_problem = (C.R_INVALID_MAX_UNAVAILABLE, str(e))
+            else:
+                if budget.impossible:
+                    budget_problem = (C.R_MAX_UNAVAILABLE_ZERO,
+                                      f"maxUnavailable resolves to 0 (from {budget.source!r} of "
+                                      f"{md.replicas} replicas): in-place upgrade impossible")
+        unavailable = {m.ref.name: r for m in machines
+                       if (r := self._machine_unavailable(m, target, nodes)) is not None}
+        missing = max(0, md.replicas - len(live))
+        failed = self._failed_for(md.ref, target)
+        halted = len(failed) >= max(1, self.settings.halt_at_failures)
+        not_in_place = {n: e for n, e in elig.items() if not e.up_to_date and not e.in_place}
+        in_flight = [m.ref.name for m in machines
+                     if any(v.in_flight for v in self.by_machine.get((ns, m.ref.name), []))]
+        candidates = [m for m in live if elig[m.ref.name].in_place
+                      and not self._has_plan_for(m, target) and m.ref.name not in unavailable]
+        blocked_nodes = [m for m in live if elig[m.ref.name].in_place
+                         and not self._has_plan_for(m, target) and m.ref.name in unavailable]
+
+        sets = self.sets_by_deployment.get((ns, md.ref.name), [])
+        blocked = (budget_problem[1] if budget_problem is not None
+                   else f"Cluster {md.cluster} not found" if cluster is None
+                   else f"workload cluster {md.cluster} unreachable" if nodes is None
+                   else f"{'Cluster' if cluster.paused else 'MachineDeployment'} is paused"
+                   if cluster.paused or md.paused
+                   else "halted: failure budget exceeded" if halted else "")
+        step = VersionStep()
+        policy_hold = self.hold(ckey, md.ref)
+        capi_drives = isinstance(policy_hold, ExtensionDrives)
+        if enrolled(md):
+            write_hold = policy_hold.inner if isinstance(policy_hold, ExtensionDrives) \
+                else policy_hold
+            step = version_step(md, hold=write_hold, write_blocked=blocked or (
+                self._workers_blocked(ns, md.cluster, target)), pause=not capi_drives)
+            self.emit(*step.actions)
+            self._finish_paused_deployment(md, target, live, sets, elig,
+                                           in_flight=bool(in_flight) or missing > 0)
+        # Where Cluster API drives the workers through our extension, its MachineSets and
+        # in-place annotations are the intended driver, not another one.
+        driver = None if capi_drives else other_driver(
+            md, machines, sets, autopilot_plan=self.s.autopilot_plans.get(ckey))
+
+        waiting = ""
+        dispatched: list[str] = []
+        if candidates or blocked_nodes:
+            if budget_problem is not None:
+                waiting = budget_problem[1]
+            elif cluster is None:
+                waiting = f"Cluster {md.cluster} not found"
+            elif nodes is None:
+                waiting = f"workload cluster {md.cluster} unreachable"
+            elif cluster.paused or md.paused:
+                waiting = f"{'Cluster' if cluster.paused else 'MachineDeployment'} is paused"
+            elif halted:
+                waiting = "halted: failure budget exceeded"
+            elif step.waiting:
+                waiting = step.waiting
+            elif driver is not None:
+                waiting = f"held: {driver.message}"
+            elif policy_hold is not None:
+                waiting = f"held: {policy_hold or 'paused'}"
+            elif blocked := self._workers_blocked(ns, md.cluster, target):
+                waiting = blocked
+            else:
+                room = budget.room(len(unavailable) + missing)
+                for m in candidates[:room]:
+                    node = nodes.get(m.node_name)
+                    assert node is not None
+                    self.emit(CreateNodePlan(
+                        cluster=ckey, owner=md.ref, machine=m.ref, node=node.name,
+                        node_kind=node.kind, role=m.role, version=target,
+                        executor=cluster.executor, reason="within maxUnavailable"))
+                    dispatched.append(m.ref.name)
+                    in_flight.append(m.ref.name)
+                if len(candidates) > room:
+                    waiting = (f"{len(unavailable) + missing + len(dispatched)} unavailable of "
+                               f"maxUnavailable {budget.limit}")
+                elif not candidates:
+                    waiting = "waiting for nodes to become available: " + ", ".join(
+                        f"{m.ref.name} {unavailable[m.ref.name]}" for m in blocked_nodes)
+        counts = RolloutCounts(
+            target_version=target, updated=updated, total=len(live), in_flight=len(in_flight),
+            failed=len(failed), unavailable=len(unavailable) + missing + len(dispatched),
+            max_unavailable=budget.limit, not_in_place=len(not_in_place), halted=halted)
+        self._rollout_status(md.ref, md.status, counts, not_in_place=not_in_place,
+                             failed=failed, waiting=waiting, in_flight=in_flight,
+                             budget_problem=budget_problem,
+                             extra=self._writer_conditions(md.ref, md.status, step, driver))
+        self.decisions.append(Decision(md.ref, target, updated, len(live), counts.unavailable,
+                                       budget.limit, tuple(dispatched), waiting))
+
+    def _finish_paused_deployment(self, md: MachineDeploymentInfo, target: str,
+                                  live: list[MachineInfo], sets: list[MachineSetInfo],
+                                  elig: dict[str, Eligibility], *, in_flight: bool) -> None:
+        """The end of the paused in-place sequence of an MD, once every node runs the
+        target: pause the Machines' MachineSet (its controller would re-apply the old
+        Machine versions from a reconcile in flight), move the MachineSet's template and
+        the Machines' versions to the target, then release both pauses; each step waits
+        until the previous one is observed."""
+        if md.paused_for is None or not md.capi_paused or in_flight \
+                or not same_version(md.object_version, target):
+            return
+        if not all(elig[m.ref.name].up_to_date for m in live):
+            return
+        owning = {m.machine_set for m in live}
+        mine = [ms for ms in sets if ms.ref.name in owning]
+        behind = [m for m in live if not same_version(m.version, target)]
+        sets_behind = [ms for ms in mine if not same_version(ms.version, target)]
+        if behind or sets_behind:
+            unpaused = [ms for ms in mine if not ms.capi_paused]
+            if unpaused:
+                self.emit(*(PauseObject(ms.ref, target) for ms in unpaused))
+                return
+            if any(ms.paused_for is None for ms in mine):
+                return  # a MachineSet paused by someone else: not ours to move
+            for m in behind:
+                self.emit(PatchMachineVersion(m.ref, target))
+            for ms in sets_behind:
+                self.emit(PatchMachineSetVersion(ms.ref, target))
+            return
+        for ms in mine:
+            if ms.paused_for is not None:
+                self.emit(ReleasePause(ms.ref, target))
+        release = release_pause(md, live, in_flight=in_flight, machine_sets=mine)
+        if release is not None:
+            self.emit(release)
+
+    def _writer_conditions(self, ref: ObjectRef, status: RolloutStatus, step: VersionStep,
+                           driver: OtherDriver | None) -> tuple[Condition, ...]:
+        """VERSION_WRITER (enrolled objects) and OTHER_DRIVER, with their Events."""
+        out: list[Condition] = []
+        if step.writer is not None:
+            w = Condition(C.VERSION_WRITER, *step.writer[:2], truncate(step.writer[2]))
+            if w.status == "False" and not w.same_as(status.condition(C.VERSION_WRITER)):
+                self.emit(ReportVersionConflict(ref, w.message))
+            out.append(w)
+        if driver is not None:
+            d = Condition(C.OTHER_DRIVER, "True", driver.reason, truncate(driver.message))
+            if not d.same_as(status.condition(C.OTHER_DRIVER)):
+                self.emit(ReportOtherDriver(ref, driver.reason, d.message))
+            out.append(d)
+        elif step.writer is not None or status.condition(C.OTHER_DRIVER) is not None:
+            out.append(Condition(C.OTHER_DRIVER, "False", C.R_NO_OTHER_DRIVER, ""))
+        return tuple(out)
+
+    # -- status ------------------------------------------------------------------------
+    def _invalid_target(self, ref: ObjectRef, version: str | None, status: RolloutStatus,
+                        total: int) -> None:
+        message = f"target version {version!r} is not a k0s version"
+        conds = (
+            Condition(C.UP_TO_DATE, "False", C.R_INVALID_VERSION, message),
+            Condition(C.PROGRESSING, "False", C.R_INVALID_VERSION, message),
+            Condition(C.HALTED, "False", C.R_WITHIN_BUDGET, ""),
+            Condition(C.IN_PLACE, "False", C.R_INVALID_VERSION, message),
+        )
+        counts = RolloutCounts(str(version or ""), 0, total, 0, 0, 0, 0, total, False)
+        self._set_status(ref, status, conds, counts)
+        if not conds[3].same_as(status.condition(C.IN_PLACE)):
+            self.emit(ReportNotInPlace(ref, C.R_INVALID_VERSION, message))
+
+    def _rollout_status(self, ref: ObjectRef, status: RolloutStatus, counts: RolloutCounts, *,
+                        not_in_place: dict[str, Eligibility], failed: list[PlanView],
+                        waiting: str, in_flight: Iterable[str],
+                        budget_problem: tuple[str, str] | None,
+                        extra: tuple[Condition, ...] = ()) -> None:
+        target, done = counts.target_version, counts.updated == counts.total
+        summary = f"{counts.updated}/{counts.total} machines on {target}"
+        if done:
+            up = Condition(C.UP_TO_DATE, "True", C.R_UP_TO_DATE, summary)
+        elif counts.halted:
+            up = Condition(C.UP_TO_DATE, "False", C.R_HALTED, summary)
+        elif counts.in_flight:
+            up = Condition(C.UP_TO_DATE, "False", C.R_UPGRADING, summary)
+        else:
+            up = Condition(C.UP_TO_DATE, "False", C.R_WAITING,
+                           truncate(f"{summary}; {waiting}" if waiting else summary))
+        names = sorted(set(in_flight))
+        if names:
+            prog = Condition(C.PROGRESSING, "True", C.R_NODES_UPGRADING,
+                             truncate("upgrading " + ", ".join(names)
+                                       + (f"; {waiting}" if waiting else "")))
+        else:
+            prog = Condition(C.PROGRESSING, "False", C.R_WAITING if waiting else C.R_IDLE,
+                             truncate(waiting))
+        if counts.halted:
+            failed_names = ", ".join(sorted(v.plan.ref.name for v in failed))
+            halt_msg = truncate(
+                f"{len(failed)} failed node upgrade(s) reached the failure budget of "
+                f"{self.settings.halt_at_failures}: {failed_names}; annotate the object or the "
+                f"NodePlans with {ANN_RETRY}=<anything> to retry, or delete the NodePlans")
+            halt = Condition(C.HALTED, "True", C.R_HALTED, halt_msg)
+        else:
+            halt = Condition(C.HALTED, "False", C.R_WITHIN_BUDGET, "")
+        if budget_problem is not None and not done:
+            inplace = Condition(C.IN_PLACE, "False", budget_problem[0],
+                                truncate(budget_problem[1]))
+        elif not_in_place:
+            text = "; ".join(f"{n}: {e.reason}" for n, e in sorted(not_in_place.items()))
+            inplace = Condition(C.IN_PLACE, "False", C.R_NOT_IN_PLACE,
+                                truncate(f"not in-place (left to Cluster API): {text}"))
+        else:
+            inplace = Condition(C.IN_PLACE, "True", C.R_IN_PLACE, "")
+        conds = (up, prog, halt, inplace, *extra)
+        self._set_status(ref, status, conds, counts)
+        if halt.status == "True" and not halt.same_as(status.condition(C.HALTED)):
+            self.emit(HaltObject(ref, failed=len(failed), budget=self.settings.halt_at_failures,
+                                 message=halt.message))
+        if inplace.status == "False" and not inplace.same_as(status.condition(C.IN_PLACE)):
+            self.emit(ReportNotInPlace(ref, inplace.reason, inplace.message))
+
+    def _set_status(self, ref: ObjectRef, status: RolloutStatus, conds: tuple[Condition, ...],
+                    counts: RolloutCounts) -> None:
+        same_conds = all(c.same_as(status.condition(c.type)) for c in conds)
+        # status.k0sFleet only survives where the CRD keeps unknown status fields (Cluster
+        # API's own CRDs prune it); then only a condition change is worth a write, and the
+        # UpToDate message carries updated/total.
+        if same_conds and (not status.counts or dict(status.counts) == counts.as_status()):
+            return
+        self.emit(SetRolloutStatus(ref, conds, counts))

@@ -1,0 +1,154 @@
+"""What one planning pass knows: the snapshot, its indexes, the actions so far, and the
+view of every NodePlan after upkeep (shared by :mod:`fleet.planner.upkeep` and
+:mod:`fleet.planner.sequencing`)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+
+from fleet.executors import EXECUTORS
+from fleet.model import (
+    KIND_KCP,
+    KIND_MD,
+    ROLE_CONTROLLER,
+    ClusterInfo,
+    ClusterKey,
+    ControlPlaneInfo,
+    MachineInfo,
+    MachineSetInfo,
+    NodeInfo,
+    NodePlanInfo,
+    ObjectRef,
+    Snapshot,
+)
+from fleet.nodeplan import nodeplan_name as _nodeplan_name
+from fleet.planner.actions import (
+    Action,
+    Decision,
+)
+from fleet.planner.policy import Hold
+from fleet.planner.settings import PlannerSettings
+from fleet.signal import SignalState
+from fleet.versions import InvalidVersionError, normalize
+
+_MAX_MESSAGE = 900
+nodeplan_name = lru_cache(maxsize=65536)(_nodeplan_name)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRequest:
+    """The state of a NodePlan's request as the node reports it right now."""
+
+    state: SignalState | None
+    reason: str
+
+
+PHASE_DELETING = "Deleting"
+
+
+@dataclass(slots=True)
+class PlanView:
+    """A NodePlan's effective state after this pass' upkeep actions."""
+
+    plan: NodePlanInfo
+    phase: str
+    in_flight: bool
+    failed: bool
+    completed: bool
+
+
+def truncate(text: str) -> str:
+    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
+
+
+@lru_cache(maxsize=4096)
+def valid_version(v: str | None) -> str | None:
+    if not v or not isinstance(v, str):
+        return None
+    try:
+        return normalize(v)
+    except InvalidVersionError:
+        return None
+
+
+class PassState:
+    def __init__(self, snapshot: Snapshot, settings: PlannerSettings,
+                 hold: Hold | None = None) -> None:
+        self.hold = hold or (lambda _cluster, _owner: None)
+        self.s = snapshot
+        self.settings = settings
+        self.now = snapshot.now
+        self.actions: list[Action] = []
+        self.decisions: list[Decision] = []
+        self.wake_at: datetime | None = None
+        self.views: dict[tuple[str, str], PlanView] = {}
+        self.completed: dict[tuple[str, str], NodePlanInfo] = {}
+        # (namespace, machine) -> views of all its NodePlans
+        self.by_machine: dict[tuple[str, str], list[PlanView]] = defaultdict(list)
+        self.machines_by_owner: dict[ObjectRef, list[MachineInfo]] = defaultdict(list)
+        for m in snapshot.machines.values():
+            if m.owner is not None:
+                self.machines_by_owner[m.owner].append(m)
+        # Indexes, so that a pass stays linear in the size of the fleet.
+        self.plans_by_cluster: dict[ClusterKey, list[NodePlanInfo]] = defaultdict(list)
+        for p in snapshot.nodeplans.values():
+            self.plans_by_cluster[(p.ref.namespace, p.cluster)].append(p)
+        self.kcps_by_cluster: dict[ClusterKey, list[ControlPlaneInfo]] = defaultdict(list)
+        for k in snapshot.control_planes.values():
+            self.kcps_by_cluster[(k.ref.namespace, k.cluster)].append(k)
+        self.views_by_owner: dict[tuple[str, str, str], list[PlanView]] = defaultdict(list)
+        self.sets_by_deployment: dict[tuple[str, str], list[MachineSetInfo]] = defaultdict(list)
+        for mset in snapshot.machine_sets.values():
+            if mset.deployment:
+                self.sets_by_deployment[(mset.ref.namespace, mset.deployment)].append(mset)
+        for ms in self.machines_by_owner.values():
+            ms.sort(key=MachineInfo.sort_key)
+
+    # -- helpers -----------------------------------------------------------------------
+    def emit(self, *actions: Action) -> None:
+        self.actions.extend(actions)
+
+    def wake(self, at: datetime) -> None:
+        if self.wake_at is None or at < self.wake_at:
+            self.wake_at = at
+
+    def cluster(self, namespace: str, name: str) -> ClusterInfo | None:
+        return self.s.clusters.get((namespace, name))
+
+    def nodes(self, key: ClusterKey) -> dict[str, NodeInfo] | None:
+        nodes = self.s.nodes.get(key)
+        return None if nodes is None else dict(nodes)
+
+    def node(self, key: ClusterKey, name: str) -> NodeInfo | None:
+        nodes = self.s.nodes.get(key)
+        return None if nodes is None else nodes.get(name)
+
+    def owner_target(self, p: NodePlanInfo) -> str | None:
+        key = (p.ref.namespace, p.owner_name)
+        if p.owner_kind == KIND_MD and key in self.s.deployments:
+            return valid_version(self.s.deployments[key].version)
+        if p.owner_kind == KIND_KCP and key in self.s.control_planes:
+            return valid_version(self.s.control_planes[key].version)
+        return None
+
+    @staticmethod
+    def _carries_live_request(node: NodeInfo) -> bool:
+        return any(c is not None and not c.terminal
+                   for c in (ex.carried(node) for ex in EXECUTORS.values()))
+
+    def _control_plane_busy(self, namespace: str, cluster: str, *,
+                            exclude: NodePlanInfo | None = None) -> bool:
+        for p in self.plans_by_cluster.get((namespace, cluster), ()):
+            if p is exclude:
+                continue
+            if p.role != ROLE_CONTROLLER:
+                continue
+            view = self.views.get((p.ref.namespace, p.ref.name))
+            if view is not None and view.in_flight:
+                return True
+            if view is None and not p.terminal and not p.deleting:
+                return True
+        return False
