@@ -25,7 +25,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from fleet.config import FleetConfig
+from fleet.config import FleetConfig, NodePolicySettings
 from fleet.config_errors import ConfigError, ConfigProblem, problems_from
 
 ENV_PREFIX = "K0S_FLEET_"
@@ -142,6 +142,26 @@ def _norm(s: str) -> str:
     return s.replace("_", "").lower()
 
 
+# K0S_FLEET_AGENT_<SETTING> configures the agent process (fleet.agents.settings); the
+# controller's fleet config takes its ``agent:`` section as K0S_FLEET_AGENT__<KEY>. The
+# single-underscore spelling of one of those keys on the controller is a mix-up, not
+# something for another part of k0s-fleet: say so rather than ignore it.
+_AGENT_PROCESS_PREFIX = "K0S_FLEET_AGENT_"
+
+
+def _agent_setting_for_the_config(var: str) -> str | None:
+    upper = var.upper()
+    if not upper.startswith(_AGENT_PROCESS_PREFIX) or upper.startswith("K0S_FLEET_AGENT__"):
+        return None
+    rest = _norm(upper[len(_AGENT_PROCESS_PREFIX):])
+    for name, field in NodePolicySettings.model_fields.items():
+        if rest in (_norm(name), _norm(field.alias or name)):
+            return (f"{var} is the agent's own setting (k0s-fleet agent); the fleet config's "
+                    f"agent.{field.alias or name} is set with "
+                    f"K0S_FLEET_AGENT__{upper[len(_AGENT_PROCESS_PREFIX):]}")
+    return None
+
+
 def _env_overrides(
     env: Mapping[str, str],
 ) -> tuple[dict[str, Any], dict[tuple[str, ...], str], list[ConfigProblem]]:
@@ -158,6 +178,10 @@ def _env_overrides(
     problems: list[ConfigProblem] = []
     for var in sorted(env):
         if not var.upper().startswith(ENV_PREFIX) or var.upper() == CONFIG_PATH_ENV:
+            continue
+        misplaced = _agent_setting_for_the_config(var)
+        if misplaced is not None:
+            problems.append(ConfigProblem(var, misplaced))
             continue
         segments = var[len(ENV_PREFIX) :].split("__")
         model: type[BaseModel] | None = FleetConfig

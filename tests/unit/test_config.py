@@ -193,6 +193,17 @@ def test_foreign_prefixed_variables_are_left_alone() -> None:
     assert load_config(None, env=env) == FleetConfig()
 
 
+def test_env_agent_process_spelling_on_the_controller_is_an_error() -> None:
+    """K0S_FLEET_AGENT_X is the agent process's; the config's agent: section is
+    K0S_FLEET_AGENT__X. The mix-up is named, not silently ignored."""
+    [line] = problems(None, {"K0S_FLEET_AGENT_DRAIN_TIMEOUT": "5m"})
+    assert line.startswith("K0S_FLEET_AGENT_DRAIN_TIMEOUT: ")
+    assert "K0S_FLEET_AGENT__DRAIN_TIMEOUT" in line and "agent.drainTimeout" in line
+    cfg = load_config(None, env={"K0S_FLEET_AGENT__DRAIN_TIMEOUT": "5m",
+                                 "K0S_FLEET_AGENT_NODE_NAME": "n1"})  # the agent's: left alone
+    assert cfg.agent.drain_timeout == timedelta(minutes=5)
+
+
 def test_env_unknown_nested_key_is_an_error() -> None:
     assert problems(None, {"K0S_FLEET_ROLLOUT__WAVEZ": "[]", "K0S_FLEET_ROLOUT__PAUSED": "1"}) == [
         "K0S_FLEET_ROLLOUT__WAVEZ: unknown key rollout.wavez",
