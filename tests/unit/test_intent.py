@@ -416,14 +416,13 @@ def test_on_delete_is_read_as_cluster_api_defines_it() -> None:
 def test_plan_names_the_capi_in_place_executor_where_cluster_api_drives_workers() -> None:
     from fleet.rollout.observe import Observation  # noqa: PLC0415
     from fleet.rollout.plan import dry_run, plan_document  # noqa: PLC0415
-    from tests.unit.test_rollout_gate import waves_config  # noqa: PLC0415
+    from tests.helpers.gate import waves_config  # noqa: PLC0415
 
     sim = SimFleet(now=T0)
     key = add_cluster(sim, "c1", namespace="fleet", control_planes=1, workers=2,
                       max_unavailable=2)
     sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
-    obs = Observation(snapshot=sim.snapshot(), meta={key: ({}, {})},
-                      extension_clusters=frozenset({key}))
+    obs = Observation(snapshot=sim.snapshot(), extension_clusters=frozenset({key}))
     doc = plan_document(dry_run(obs, waves_config(), now=T0,
                                 node_duration=timedelta(minutes=6)))
     objects = {o["kind"]: o for o in doc["waves"][-1]["clusters"][0]["objects"]}
