@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,9 +26,12 @@ from fleet.cli.common import (
     management_client,
     report_config_error,
 )
-from fleet.config import FleetConfig
+from fleet.config import ExtensionMode, FleetConfig
 from fleet.config_errors import ConfigError
-from fleet.kube import KubeError
+from fleet.extension.activation import extension_active
+from fleet.kube import KubeClient, KubeError
+from fleet.kube.resources import EXTENSION_CONFIGS
+from fleet.model import ClusterKey
 from fleet.rollout.observe import observe
 from fleet.rollout.plan import dry_run, plan_document, render_plan
 from fleet.schedule import parse_duration
@@ -41,10 +45,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--now", help="plan as of this time (RFC 3339), e.g. to see windows")
 
 
+async def extension_clusters(mgmt: KubeClient, config: FleetConfig,
+                             keys: Iterable[ClusterKey]) -> frozenset[ClusterKey]:
+    """Which clusters Cluster API drives through k0s-fleet's extension, as the controller's
+    exclusion decides it (an unreadable ExtensionConfig list counts as none)."""
+    if not config.extension.enabled or config.extension.mode is ExtensionMode.NEVER:
+        return frozenset()
+    try:
+        configs = (await mgmt.list(EXTENSION_CONFIGS)).items \
+            if config.extension.mode is ExtensionMode.AUTO else []
+    except KubeError as e:
+        print(f"k0s-fleet plan: cannot read ExtensionConfigs: {e}", file=sys.stderr)
+        return frozenset()
+    return frozenset(k for k in keys if extension_active(
+        {"metadata": {"namespace": k[0], "name": k[1]}}, configs, config.extension.mode))
+
+
 async def fleet_plan(config: FleetConfig, *, now: datetime,
                      node_duration: str = "3m") -> dict[str, Any]:
     async with await management_client(config) as mgmt:
         obs = await observe(mgmt, config, now=now)
+        obs.extension_clusters = await extension_clusters(mgmt, config,
+                                                          obs.snapshot.clusters)
     return plan_document(dry_run(obs, config, now=now,
                                  node_duration=parse_duration(node_duration)))
 

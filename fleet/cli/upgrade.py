@@ -115,7 +115,7 @@ async def _run(args: argparse.Namespace) -> int:
     version = normalize(args.version)
     selector: LabelSelector | None = parse_label_selector(args.selector) \
         if args.selector else None
-    raw_selector = selector.model_dump(by_alias=True, exclude_defaults=True) \
+    raw_selector = selector.model_dump(mode="json", by_alias=True, exclude_defaults=True) \
         if selector is not None else None
     timeout = parse_duration(args.timeout).total_seconds()
     namespace = config.management.namespace

@@ -22,11 +22,11 @@ from fleet.kube.watch import Reflector, WatchEvent
 from fleet.model import ClusterKey, ObjectRef, Snapshot
 from fleet.planner.actions import PlanResult
 from fleet.planner.policy import FleetPolicy, Hold
-from fleet.planner.writer import ExtensionDrives
+from fleet.planner.writer import EXTENSION_HOLD_REASON, ExtensionDrives
 
 log = logging.getLogger(__name__)
 
-HOLD_REASON = "Cluster API drives in-place updates of this cluster through the runtime extension"
+HOLD_REASON = EXTENSION_HOLD_REASON
 SYNC_REASON = "waiting for the ExtensionConfigs to be read (runtime extension mode auto)"
 
 

@@ -46,6 +46,9 @@ ANN_CAPI_PENDING_HOOKS = "runtime.cluster.x-k8s.io/pending-hooks"
 
 Owner = MachineDeploymentInfo | ControlPlaneInfo
 
+EXTENSION_HOLD_REASON = ("Cluster API drives in-place updates of this cluster through the "
+                         "runtime extension")
+
 
 class ExtensionDrives(str):
     """A hold that means: Cluster API drives this cluster's worker in-place updates through
@@ -142,8 +145,15 @@ EXECUTOR_PAUSED_IN_PLACE = "paused-in-place"
 EXECUTOR_CAPI_IN_PLACE = "capi-in-place"
 
 
-def executor_of(obj: Owner) -> tuple[str, str]:
-    """How this object's nodes get upgraded, and why (shown by ``k0s-fleet plan``)."""
+def executor_of(obj: Owner, *, capi_drives: bool = False) -> tuple[str, str]:
+    """How this object's nodes get upgraded, and why (shown by ``k0s-fleet plan``).
+    ``capi_drives``: Cluster API drives the cluster's workers through our extension."""
+    if capi_drives and isinstance(obj, MachineDeploymentInfo):
+        return (EXECUTOR_CAPI_IN_PLACE,
+                "Cluster API's in-place updates are active and k0s-fleet's runtime extension "
+                "is registered: " + ("k0s-fleet writes the version unpaused and " if enrolled(
+                    obj) else "") + "Cluster API calls UpdateMachine, which starts each node "
+                "only while the rollout policy admits it")
     if not enrolled(obj):
         return (EXECUTOR_OBJECT_VERSION,
                 "no FleetUpgrade covers this cluster: the object's own version is the target "
@@ -217,6 +227,7 @@ def other_driver(obj: Owner, machines: Sequence[MachineInfo],
 __all__ = [
     "ANN_CAPI_PENDING_HOOKS",
     "ANN_CAPI_UPDATE_IN_PROGRESS",
+    "EXTENSION_HOLD_REASON",
     "ExtensionDrives",
     "OtherDriver",
     "VersionStep",

@@ -64,6 +64,9 @@ class Observation:
     controls: FleetControls = field(default_factory=FleetControls)
     state: RolloutState = field(default_factory=RolloutState)
     problems: dict[ClusterKey, str] = field(default_factory=dict)  # unreachable clusters
+    # clusters whose worker in-place updates Cluster API drives through our extension
+    # (filled in by the caller that may read ExtensionConfigs: fleet/cli/plan.py)
+    extension_clusters: frozenset[ClusterKey] = frozenset()
 
 
 async def _list(client: KubeClient, res: Resource, namespaces: list[str]) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ API, unreachable) is reported as blocked.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,7 +39,7 @@ from fleet.planner.actions import (
     SetRolloutStatus,
 )
 from fleet.planner.simulate import SimFleet
-from fleet.planner.writer import executor_of
+from fleet.planner.writer import EXTENSION_HOLD_REASON, ExtensionDrives, executor_of
 from fleet.rollout.gate import FleetView, GateDecision, RolloutGate
 from fleet.rollout.observe import Observation
 from fleet.rollout.progress import ClusterProgress, NodeState, clusters_from_snapshot
@@ -78,6 +79,18 @@ class DryRun:
         return None if self.end is None else self.end - self.start
 
 
+def _with_extension(decision: GateDecision, extension: frozenset[ClusterKey]
+                    ) -> Callable[[ClusterKey, ObjectRef], str | None]:
+    if not extension:
+        return decision.hold
+
+    def hold(cluster: ClusterKey, owner: ObjectRef) -> str | None:
+        inner = decision.hold(cluster, owner)
+        return ExtensionDrives(EXTENSION_HOLD_REASON, inner) if cluster in extension else inner
+
+    return hold
+
+
 def _planner_settings(config: FleetConfig) -> PlannerSettings:
     return PlannerSettings(halt_at_failures=config.rollout.failure_budget)
 
@@ -105,8 +118,9 @@ def dry_run(obs: Observation, config: FleetConfig, *, now: datetime,
         upgrades=dict(snap.upgrades), autopilot_plans=dict(snap.autopilot_plans))
     owners: list[MachineDeploymentInfo | ControlPlaneInfo] = [
         *snap.deployments.values(), *snap.control_planes.values()]
-    executors = {ObjectRef(o.ref.kind, o.ref.namespace, o.ref.name): executor_of(o)
-                 for o in owners}
+    extension = obs.extension_clusters
+    executors = {ObjectRef(o.ref.kind, o.ref.namespace, o.ref.name): executor_of(
+        o, capi_drives=(o.ref.namespace, o.cluster) in extension) for o in owners}
     gate = RolloutGate(config)
     settings = _planner_settings(config)
     phase_time = node_duration / len(HAPPY_PATH)
@@ -126,8 +140,9 @@ def dry_run(obs: Observation, config: FleetConfig, *, now: datetime,
         if all(c.complete for c in progress):
             result.end = sim.now
             break
-        # The controller's own call: the gate's hold is the planner's hold.
-        planned = plan(snapshot, settings, hold=decision.hold)
+        # The controller's own call: the gate's hold is the planner's hold (with the
+        # extension exclusion laid over it, as `k0s-fleet controller` does).
+        planned = plan(snapshot, settings, hold=_with_extension(decision, extension))
         actions: list[Action] = list(planned.actions)
         by_owner: dict[ObjectRef, list[CreateNodePlan]] = {}
         for a in actions:

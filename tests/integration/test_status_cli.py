@@ -16,7 +16,7 @@ import yaml
 
 from fleet.cli.status import fleet_status
 from fleet.kube import KubeClient
-from fleet.kube.resources import CONFIGMAPS, NODE_PLANS
+from fleet.kube.resources import CONFIGMAPS, FLEET_UPGRADES, NODE_PLANS
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP
 from fleet.status.server import StatusBoard, make_app, serve
 from fleet.testing.binaries import REPO_ROOT
@@ -144,3 +144,30 @@ async def test_controller_process_serves_status_metrics_and_health(
         with anyio.fail_after(15):
             await proc.wait()
         log.close()
+
+
+@pytest.mark.anyio
+async def test_upgrade_command_writes_the_intent_and_refuses_bad_input(
+        world: World, mgmt: KubeClient, namespace: str, tmp_path: Path) -> None:
+    kubeconfig = world["mgmt"].write_kubeconfig(tmp_path / "mgmt.yaml")
+    cfg_file = tmp_path / "fleet.yaml"
+    cfg_file.write_text(yaml.safe_dump({
+        "management": {"namespace": namespace, "kubeconfig": str(kubeconfig)},
+        "clusters": {"namespaces": [namespace]}}))
+    await _cli("upgrade", "v1.31.3", "--config", str(cfg_file), "-l", "ring=canary,tier!=db",
+               "--no-wait")
+    fu = await mgmt.get(FLEET_UPGRADES, "upgrade-v1.31.3-k0s.0", namespace)
+    assert fu["spec"]["version"] == "v1.31.3+k0s.0"
+    assert fu["spec"]["clusterSelector"] == {
+        "matchLabels": {"ring": "canary"},
+        "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["db"]}]}
+    # Asked again for another version under the same name: moved, not duplicated.
+    await _cli("upgrade", "v1.31.4+k0s.0", "--name", "upgrade-v1.31.3-k0s.0",
+               "--config", str(cfg_file), "--no-wait")
+    fu = await mgmt.get(FLEET_UPGRADES, "upgrade-v1.31.3-k0s.0", namespace)
+    assert fu["spec"] == {"version": "v1.31.4+k0s.0"}
+    env = {**os.environ, "COLUMNS": "200"}
+    bad = await anyio.run_process([sys.executable, "-m", "fleet.cli", "upgrade", "latest",
+                                   "--config", str(cfg_file), "--no-wait"],
+                                  cwd=REPO_ROOT, check=False, env=env)
+    assert bad.returncode == 2 and b"not a k0s version: 'latest'" in bad.stderr

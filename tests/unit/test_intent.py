@@ -411,3 +411,24 @@ def test_on_delete_is_read_as_cluster_api_defines_it() -> None:
     assert of(actions, CreateNodePlan) == [] and of(actions, WriteVersion) == []
     [report] = of(actions, ReportNotInPlace)
     assert report.reason == C.R_MAX_UNAVAILABLE_ZERO and "OnDelete" in report.message
+
+
+def test_plan_names_the_capi_in_place_executor_where_cluster_api_drives_workers() -> None:
+    from fleet.rollout.observe import Observation  # noqa: PLC0415
+    from fleet.rollout.plan import dry_run, plan_document  # noqa: PLC0415
+    from tests.helpers.gate import waves_config  # noqa: PLC0415
+
+    sim = SimFleet(now=T0)
+    key = add_cluster(sim, "c1", namespace="fleet", control_planes=1, workers=2,
+                      max_unavailable=2)
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+    obs = Observation(snapshot=sim.snapshot(), extension_clusters=frozenset({key}))
+    doc = plan_document(dry_run(obs, waves_config(), now=T0,
+                                node_duration=timedelta(minutes=6)))
+    objects = {o["kind"]: o for o in doc["waves"][-1]["clusters"][0]["objects"]}
+    assert objects["MachineDeployment"]["executor"] == "capi-in-place"
+    assert "UpdateMachine" in objects["MachineDeployment"]["executorReason"]
+    assert objects["K0sControlPlane"]["executor"] == "paused-in-place"
+    # the control plane is upgraded by k0s-fleet; the workers are Cluster API's to start
+    assert [s["kind"] for s in doc["steps"]] == ["K0sControlPlane"]
+    assert "Cluster API drives" in (objects["MachineDeployment"]["waiting"] or "")

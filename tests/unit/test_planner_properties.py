@@ -121,12 +121,12 @@ def check_pass(sim: SimFleet, before: SimFleet, actions: list[Action]) -> None:
 def check_signal(sim: SimFleet, a: SignalNode) -> None:
     nodes = sim.nodes.get(a.cluster) or {}
     node = nodes.get(a.node)
-    if node is None or node.signal is None or node.signal.planId == a.plan_id:
+    if node is None or node.signal is None or node.signal.planId == a.request.plan_id:
         return
     ns, _, name = node.signal.planId.partition("/")
     other = sim.nodeplans.get((ns, name))
     if other is not None and not other.terminal:
-        assert not _live(node), f"{a.plan_id} overwrote live request {node.signal.planId}"
+        assert not _live(node), f"{a.request.plan_id} overwrote live request {node.signal.planId}"
 
 
 def copy_fleet(sim: SimFleet) -> SimFleet:
