@@ -16,14 +16,7 @@ import socket
 
 import anyio
 
-from fleet.cli.common import (
-    Exit,
-    add_fleet_arguments,
-    fail,
-    fleet_config,
-    management_client,
-    report_config_error,
-)
+from fleet.cli import common
 from fleet.config import FleetConfig
 from fleet.config_errors import ConfigError
 from fleet.controllers.leader import LeaderElector, LostLeadershipError
@@ -39,7 +32,7 @@ log = logging.getLogger("fleet.controller")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_fleet_arguments(p)
+    common.add_fleet_arguments(p)
     p.add_argument("--identity", default=os.environ.get("POD_NAME") or socket.gethostname(),
                    help="leader election identity (default: $POD_NAME or the host name)")
     p.add_argument("--no-leader-elect", dest="leader_elect", action="store_false",
@@ -50,9 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
     try:
-        mgmt = await management_client(config)
+        mgmt = await common.management_client(config)
     except ValueError as e:  # no management kubeconfig and not in a cluster
-        return fail("controller", e)
+        return common.fail("controller", e)
     provider = setup_tracing(config.telemetry, resource_attributes={
         "service.instance.id": args.identity})
     try:
@@ -103,9 +96,9 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
                     await lead()
             except LostLeadershipError as e:
                 log.error("%s", e)
-                return Exit.LOST_LEADERSHIP
+                return common.Exit.LOST_LEADERSHIP
             tg.cancel_scope.cancel()
-        return Exit.OK
+        return common.Exit.OK
     finally:
         with anyio.CancelScope(shield=True):
             await mgmt.close()
@@ -116,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = fleet_config(args)
+        config = common.fleet_config(args)
     except ConfigError as e:
-        return report_config_error("controller", e)
+        return common.report_config_error("controller", e)
     return anyio.run(_main, args, config)

@@ -17,15 +17,7 @@ from typing import Any
 
 import anyio
 
-from fleet.cli.common import (
-    Exit,
-    add_fleet_arguments,
-    add_output_argument,
-    fail,
-    fleet_config,
-    management_client,
-    report_config_error,
-)
+from fleet.cli import common
 from fleet.config import ExtensionMode, FleetConfig
 from fleet.config_errors import ConfigError
 from fleet.extension.activation import extension_active
@@ -38,8 +30,8 @@ from fleet.schedule import parse_duration
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_fleet_arguments(p)
-    add_output_argument(p)
+    common.add_fleet_arguments(p)
+    common.add_output_argument(p)
     p.add_argument("--node-duration", default="3m",
                    help="assumed time for one node upgrade (estimate), e.g. 3m")
     p.add_argument("--now", help="plan as of this time (RFC 3339), e.g. to see windows")
@@ -63,7 +55,7 @@ async def extension_clusters(mgmt: KubeClient, config: FleetConfig,
 
 async def fleet_plan(config: FleetConfig, *, now: datetime,
                      node_duration: str = "3m") -> dict[str, Any]:
-    async with await management_client(config) as mgmt:
+    async with await common.management_client(config) as mgmt:
         obs = await observe(mgmt, config, now=now)
         obs.extension_clusters = await extension_clusters(mgmt, config,
                                                           obs.snapshot.clusters)
@@ -72,7 +64,7 @@ async def fleet_plan(config: FleetConfig, *, now: datetime,
 
 
 async def _run(args: argparse.Namespace) -> int:
-    config = fleet_config(args)
+    config = common.fleet_config(args)
     now = datetime.now(UTC)
     if args.now:
         now = datetime.fromisoformat(args.now.replace("Z", "+00:00"))
@@ -83,13 +75,13 @@ async def _run(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         sys.stdout.write(render_plan(doc) + "\n")
-    return Exit.OK
+    return common.Exit.OK
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         return anyio.run(_run, args)
     except ConfigError as e:
-        return report_config_error("plan", e)
+        return common.report_config_error("plan", e)
     except (KubeError, OSError, ValueError) as e:
-        return fail("plan", e)
+        return common.fail("plan", e)

@@ -19,15 +19,7 @@ import anyio
 from rich.console import Console
 from rich.live import Live
 
-from fleet.cli.common import (
-    Exit,
-    add_fleet_arguments,
-    add_output_argument,
-    fail,
-    fleet_config,
-    management_client,
-    report_config_error,
-)
+from fleet.cli import common
 from fleet.config import FleetConfig
 from fleet.config_errors import ConfigError
 from fleet.kube import KubeError
@@ -40,8 +32,8 @@ from fleet.status.view import render
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_fleet_arguments(p)
-    add_output_argument(p)
+    common.add_fleet_arguments(p)
+    common.add_output_argument(p)
     p.add_argument("--once", action="store_true", help="print once and exit (no live view)")
     p.add_argument("--interval", default="5s", help="refresh interval of the live view")
     p.add_argument("--url", help="read the controller's /status (e.g. http://localhost:8080)")
@@ -49,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 async def fleet_status(config: FleetConfig, *, now: datetime | None = None) -> dict[str, Any]:
     """Observe the fleet once and compute its status document (writes nothing)."""
-    async with await management_client(config) as mgmt:
+    async with await common.management_client(config) as mgmt:
         obs = await observe(mgmt, config, now=now)
     clusters = clusters_from_snapshot(obs.snapshot)
     decision = RolloutGate(config).evaluate(FleetView(clusters, obs.controls, obs.state),
@@ -72,15 +64,15 @@ async def _once(args: argparse.Namespace, config: FleetConfig | None) -> dict[st
 
 
 async def _run(args: argparse.Namespace) -> int:
-    config = None if args.url else fleet_config(args)
+    config = None if args.url else common.fleet_config(args)
     console = Console()
     if args.output == "json":
         doc = await _once(args, config)
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-        return Exit.OK
+        return common.Exit.OK
     if args.once:
         console.print(render(await _once(args, config)))
-        return Exit.OK
+        return common.Exit.OK
     interval = parse_duration(args.interval).total_seconds()
     with Live(console=console, auto_refresh=False, screen=False) as live:
         while True:
@@ -92,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         return anyio.run(_run, args)
     except ConfigError as e:
-        return report_config_error("status", e)
+        return common.report_config_error("status", e)
     except (KubeError, aiohttp.ClientError, OSError, ValueError) as e:
-        return fail("status", e)
+        return common.fail("status", e)
     except KeyboardInterrupt:
-        return Exit.INTERRUPTED
+        return common.Exit.INTERRUPTED

@@ -17,15 +17,7 @@ from typing import Any
 
 import anyio
 
-from fleet.cli.common import (
-    Exit,
-    add_fleet_arguments,
-    add_output_argument,
-    fail,
-    fleet_config,
-    management_client,
-    report_config_error,
-)
+from fleet.cli import common
 from fleet.config_errors import ConfigError
 from fleet.kube import AlreadyExistsError, KubeClient, KubeError
 from fleet.kube.resources import FLEET_UPGRADES
@@ -36,8 +28,8 @@ from fleet.versions import InvalidVersionError, normalize
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_fleet_arguments(p)
-    add_output_argument(p)
+    common.add_fleet_arguments(p)
+    common.add_output_argument(p)
     p.add_argument("version", help="k0s version, e.g. v1.31.3+k0s.0")
     p.add_argument("--name", help="FleetUpgrade name (default: upgrade-<version>)")
     p.add_argument("-l", "--selector", default="",
@@ -104,14 +96,14 @@ async def follow(mgmt: KubeClient, *, namespace: str, name: str, generation: int
             out.flush()
             last = line
         if current and condition(obj, "Complete"):
-            return Exit.OK
+            return common.Exit.OK
         if current and condition(obj, "Failed"):
-            return Exit.FAILED
+            return common.Exit.FAILED
         await anyio.sleep(poll)
 
 
 async def _run(args: argparse.Namespace) -> int:
-    config = fleet_config(args)
+    config = common.fleet_config(args)
     version = normalize(args.version)
     selector: LabelSelector | None = parse_label_selector(args.selector) \
         if args.selector else None
@@ -120,29 +112,29 @@ async def _run(args: argparse.Namespace) -> int:
     timeout = parse_duration(args.timeout).total_seconds()
     namespace = config.management.namespace
     name = args.name or default_name(version)
-    async with await management_client(config) as mgmt:
+    async with await common.management_client(config) as mgmt:
         obj = await apply_upgrade(mgmt, namespace=namespace, name=name, version=version,
                                   selector=raw_selector)
         print(f"fleetupgrade.fleet.k0s-fleet.io/{name} in {namespace}: "
               f"{'clusters ' + args.selector if args.selector else 'the whole fleet'} -> "
               f"{version}", file=sys.stderr)
         if not args.wait:
-            return Exit.OK
+            return common.Exit.OK
         with anyio.move_on_after(timeout):
             return await follow(mgmt, namespace=namespace, name=name,
                                 generation=int(obj["metadata"].get("generation") or 1),
                                 as_json=args.output == "json")
         print(f"k0s-fleet upgrade: not complete after {args.timeout}", file=sys.stderr)
-        return Exit.NOT_DONE
+        return common.Exit.NOT_DONE
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         return anyio.run(_run, args)
     except ConfigError as e:
-        return report_config_error("upgrade", e)
+        return common.report_config_error("upgrade", e)
     except InvalidVersionError as e:
         print(f"k0s-fleet upgrade: {e}", file=sys.stderr)
-        return Exit.BAD_CONFIG
+        return common.Exit.BAD_CONFIG
     except (KubeError, OSError, ValueError) as e:
-        return fail("upgrade", e)
+        return common.fail("upgrade", e)

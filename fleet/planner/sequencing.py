@@ -4,7 +4,8 @@ the version writer), and the rollout status written on those objects."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from fleet.budget import InvalidMaxUnavailableError, UnavailabilityBudget
 from fleet.eligibility import (
@@ -16,6 +17,7 @@ from fleet.eligibility import (
 from fleet.model import (
     ANN_RETRY,
     ROLE_CONTROLLER,
+    ClusterInfo,
     ClusterKey,
     Condition,
     ControlPlaneInfo,
@@ -60,6 +62,27 @@ from fleet.planner.writer import (
 from fleet.versions import K0sVersion
 
 
+@dataclass(slots=True)
+class OwnerState:
+    """What sequencing knows about one K0sControlPlane or MachineDeployment this pass."""
+
+    ns: str
+    ckey: ClusterKey
+    cluster: ClusterInfo | None
+    nodes: dict[str, NodeInfo] | None
+    machines: list[MachineInfo]
+    target: str
+    live: list[MachineInfo]
+    elig: dict[str, Eligibility]
+    updated: int
+    unavailable: dict[str, str]
+    missing: int
+    failed: list[PlanView]
+    halted: bool
+    not_in_place: dict[str, Eligibility]
+    in_flight: list[str]
+
+
 class Sequencing(PassState):
     # -- sequencing --------------------------------------------------------------------
     def _machine_unavailable(self, m: MachineInfo, target: str | None,
@@ -93,28 +116,60 @@ class Sequencing(PassState):
         return [v for v in self.views_by_owner.get((owner.namespace, owner.kind, owner.name), ())
                 if v.failed and not v.plan.deleting and same_version(v.plan.version, target)]
 
-    def _control_plane(self, kcp: ControlPlaneInfo) -> None:
-        ns = kcp.ref.namespace
-        ckey: ClusterKey = (ns, kcp.cluster)
-        cluster = self.cluster(*ckey)
-        nodes = self.nodes(ckey)
-        machines = [m for m in self.machines_by_owner.get(kcp.ref, []) if m.cluster == kcp.cluster]
-        target = valid_version(kcp.version)
+    def _owner_state(self, owner: ControlPlaneInfo | MachineDeploymentInfo,
+                     eligibility: Callable[[MachineInfo], Eligibility]) -> OwnerState | None:
+        """What a KCP's or MD's sequencing starts from; None (status written) when its
+        target is no k0s version."""
+        ns = owner.ref.namespace
+        ckey: ClusterKey = (ns, owner.cluster)
+        machines = [m for m in self.machines_by_owner.get(owner.ref, [])
+                    if m.cluster == owner.cluster]
+        target = valid_version(owner.version)
         if target is None:
-            self._invalid_target(kcp.ref, kcp.version, kcp.status, len(machines))
-            return
+            self._invalid_target(owner.ref, owner.version, owner.status, len(machines))
+            return None
+        nodes = self.nodes(ckey)
         live = [m for m in machines if not m.deleting]
-        elig = {m.ref.name: control_plane_eligibility(m, kcp) for m in live}
-        updated = sum(1 for e in elig.values() if e.up_to_date)
-        unavailable = {m.ref.name: r for m in machines
-                       if (r := self._machine_unavailable(m, target, nodes)) is not None}
-        missing = max(0, kcp.replicas - len(live))
+        elig = {m.ref.name: eligibility(m) for m in live}
+        failed = self._failed_for(owner.ref, target)
+        return OwnerState(
+            ns=ns, ckey=ckey, cluster=self.cluster(*ckey), nodes=nodes, machines=machines,
+            target=target, live=live, elig=elig,
+            updated=sum(1 for e in elig.values() if e.up_to_date),
+            unavailable={m.ref.name: r for m in machines
+                         if (r := self._machine_unavailable(m, target, nodes)) is not None},
+            missing=max(0, owner.replicas - len(live)), failed=failed,
+            halted=len(failed) >= max(1, self.settings.halt_at_failures),
+            not_in_place={n: e for n, e in elig.items() if not e.up_to_date and not e.in_place},
+            in_flight=[m.ref.name for m in machines if any(
+                v.in_flight for v in self.by_machine.get((ns, m.ref.name), []))])
+
+    def _report(self, owner: ControlPlaneInfo | MachineDeploymentInfo, st: OwnerState,
+                budget: UnavailabilityBudget, *, dispatched: list[str], waiting: str,
+                budget_problem: tuple[str, str] | None, step: VersionStep,
+                driver: OtherDriver | None) -> None:
+        """The object's rollout status and this pass' decision for it."""
+        counts = RolloutCounts(
+            target_version=st.target, updated=st.updated, total=len(st.live),
+            in_flight=len(st.in_flight), failed=len(st.failed),
+            unavailable=len(st.unavailable) + st.missing + len(dispatched),
+            max_unavailable=budget.limit, not_in_place=len(st.not_in_place), halted=st.halted)
+        self._rollout_status(owner.ref, owner.status, counts, not_in_place=st.not_in_place,
+                             failed=st.failed, waiting=waiting, in_flight=st.in_flight,
+                             budget_problem=budget_problem,
+                             extra=self._writer_conditions(owner.ref, owner.status, step, driver))
+        self.decisions.append(Decision(owner.ref, st.target, st.updated, len(st.live),
+                                       counts.unavailable, budget.limit, tuple(dispatched),
+                                       waiting))
+
+    def _control_plane(self, kcp: ControlPlaneInfo) -> None:
+        st = self._owner_state(kcp, lambda m: control_plane_eligibility(m, kcp))
+        if st is None:
+            return
+        (ns, ckey, cluster, nodes, target, live, elig, unavailable, missing, halted, in_flight) = (
+            st.ns, st.ckey, st.cluster, st.nodes, st.target, st.live, st.elig, st.unavailable,
+            st.missing, st.halted, st.in_flight)
         budget = UnavailabilityBudget.one()
-        failed = self._failed_for(kcp.ref, target)
-        halted = len(failed) >= max(1, self.settings.halt_at_failures)
-        not_in_place = {n: e for n, e in elig.items() if not e.up_to_date and not e.in_place}
-        in_flight = [m.ref.name for m in machines
-                     if any(v.in_flight for v in self.by_machine.get((ns, m.ref.name), []))]
 
         blocked = (f"Cluster {kcp.cluster} not found" if cluster is None
                    else f"workload cluster {kcp.cluster} unreachable" if nodes is None
@@ -163,16 +218,8 @@ class Sequencing(PassState):
                     executor=cluster.executor, reason="oldest out-of-date control plane"))
                 dispatched.append(m.ref.name)
                 in_flight.append(m.ref.name)
-        counts = RolloutCounts(
-            target_version=target, updated=updated, total=len(live), in_flight=len(in_flight),
-            failed=len(failed), unavailable=len(unavailable) + missing + len(dispatched),
-            max_unavailable=budget.limit, not_in_place=len(not_in_place), halted=halted)
-        self._rollout_status(kcp.ref, kcp.status, counts, not_in_place=not_in_place,
-                             failed=failed, waiting=waiting, in_flight=in_flight,
-                             budget_problem=None,
-                             extra=self._writer_conditions(kcp.ref, kcp.status, step, driver))
-        self.decisions.append(Decision(kcp.ref, target, updated, len(live), counts.unavailable,
-                                       budget.limit, tuple(dispatched), waiting))
+        self._report(kcp, st, budget, dispatched=dispatched, waiting=waiting,
+                     budget_problem=None, step=step, driver=driver)
 
     def _workers_blocked(self, ns: str, cluster: str, target: str) -> str:
         """Why workers of this cluster must wait for its control planes ('' = they need not)."""
@@ -194,21 +241,14 @@ class Sequencing(PassState):
         return ""
 
     def _deployment(self, md: MachineDeploymentInfo) -> None:
-        ns = md.ref.namespace
-        ckey: ClusterKey = (ns, md.cluster)
-        cluster = self.cluster(*ckey)
-        nodes = self.nodes(ckey)
-        machines = [m for m in self.machines_by_owner.get(md.ref, []) if m.cluster == md.cluster]
-        target = valid_version(md.version)
-        if target is None:
-            self._invalid_target(md.ref, md.version, md.status, len(machines))
+        st = self._owner_state(md, lambda m: machine_deployment_eligibility(
+            m, md, self.s.machine_sets.get((md.ref.namespace, m.machine_set or ""))))
+        if st is None:
             return
-        live = [m for m in machines if not m.deleting]
-        elig: dict[str, Eligibility] = {
-            m.ref.name: machine_deployment_eligibility(
-                m, md, self.s.machine_sets.get((ns, m.machine_set or "")))
-            for m in live}
-        updated = sum(1 for e in elig.values() if e.up_to_date)
+        (ns, ckey, cluster, nodes, machines, target, live, elig, unavailable, missing, halted,
+         in_flight) = (
+            st.ns, st.ckey, st.cluster, st.nodes, st.machines, st.target, st.live, st.elig,
+            st.unavailable, st.missing, st.halted, st.in_flight)
         budget_problem: tuple[str, str] | None = None
         if md.strategy == "OnDelete":
             # Cluster API's OnDelete has no maxUnavailable: it replaces a Machine only once
@@ -230,14 +270,6 @@ class Sequencing(PassState):
                     budget_problem = (C.R_MAX_UNAVAILABLE_ZERO,
                                       f"maxUnavailable resolves to 0 (from {budget.source!r} of "
                                       f"{md.replicas} replicas): in-place upgrade impossible")
-        unavailable = {m.ref.name: r for m in machines
-                       if (r := self._machine_unavailable(m, target, nodes)) is not None}
-        missing = max(0, md.replicas - len(live))
-        failed = self._failed_for(md.ref, target)
-        halted = len(failed) >= max(1, self.settings.halt_at_failures)
-        not_in_place = {n: e for n, e in elig.items() if not e.up_to_date and not e.in_place}
-        in_flight = [m.ref.name for m in machines
-                     if any(v.in_flight for v in self.by_machine.get((ns, m.ref.name), []))]
         candidates = [m for m in live if elig[m.ref.name].in_place
                       and not self._has_plan_for(m, target) and m.ref.name not in unavailable]
         blocked_nodes = [m for m in live if elig[m.ref.name].in_place
@@ -304,16 +336,8 @@ class Sequencing(PassState):
                 elif not candidates:
                     waiting = "waiting for nodes to become available: " + ", ".join(
                         f"{m.ref.name} {unavailable[m.ref.name]}" for m in blocked_nodes)
-        counts = RolloutCounts(
-            target_version=target, updated=updated, total=len(live), in_flight=len(in_flight),
-            failed=len(failed), unavailable=len(unavailable) + missing + len(dispatched),
-            max_unavailable=budget.limit, not_in_place=len(not_in_place), halted=halted)
-        self._rollout_status(md.ref, md.status, counts, not_in_place=not_in_place,
-                             failed=failed, waiting=waiting, in_flight=in_flight,
-                             budget_problem=budget_problem,
-                             extra=self._writer_conditions(md.ref, md.status, step, driver))
-        self.decisions.append(Decision(md.ref, target, updated, len(live), counts.unavailable,
-                                       budget.limit, tuple(dispatched), waiting))
+        self._report(md, st, budget, dispatched=dispatched, waiting=waiting,
+                     budget_problem=budget_problem, step=step, driver=driver)
 
     def _finish_paused_deployment(self, md: MachineDeploymentInfo, target: str,
                                   live: list[MachineInfo], sets: list[MachineSetInfo],
