@@ -57,6 +57,7 @@ from fleet.model import (
     KIND_MD,
     KIND_NODEPLAN,
     NODEPLAN_FINALIZER,
+    ClusterKey,
     Condition,
     ObjectRef,
     format_time,
@@ -356,12 +357,22 @@ class Dispatcher:
             await self.event(obj, "NodeUpgradeRetried", f"attempt {a.attempts} requested",
                              action="Retry")
 
-    async def _do_SignalNode(self, a: SignalNode) -> None:
-        wc = self.registry.get(a.cluster)
+    def _signal_object(self, cluster: ClusterKey, node_kind: str
+                       ) -> tuple[KubeClient, Resource, ObjectCache] | None:
+        """Where a node's signal lives: its workload cluster's client, the resource (Node,
+        or ControlNode for a pure controller) and that cluster's cache of it."""
+        wc = self.registry.get(cluster)
         if wc is None or wc.client is None:
+            return None
+        if node_kind == KIND_CONTROL_NODE:
+            return wc.client, CONTROL_NODES, wc.control_nodes
+        return wc.client, NODES, wc.nodes
+
+    async def _do_SignalNode(self, a: SignalNode) -> None:
+        target = self._signal_object(a.cluster, a.node_kind)
+        if target is None:
             return
-        res = CONTROL_NODES if a.node_kind == KIND_CONTROL_NODE else NODES
-        cache = wc.control_nodes if a.node_kind == KIND_CONTROL_NODE else wc.nodes
+        client, res, cache = target
         ex = executor(a.executor)
         req = a.request
         value = ex.encode(req)
@@ -377,7 +388,7 @@ class Dispatcher:
             return {"metadata": {"annotations": {ex.version_key: SIGNAL_VERSION,
                                                  ex.data_key: value}}}
 
-        await self._patch(wc.client, res, a.node, None, mutate, cache=cache)
+        await self._patch(client, res, a.node, None, mutate, cache=cache)
 
     def _plan_alive(self, plan_id: str) -> bool:
         ns, _, name = plan_id.partition("/")
@@ -472,12 +483,10 @@ class Dispatcher:
 
     # -- nodes -----------------------------------------------------------------------------
     async def _do_ClearSignal(self, a: ClearSignal) -> None:
-        wc = self.registry.get(a.cluster)
-        if wc is None or wc.client is None:
+        target = self._signal_object(a.cluster, a.node_kind)
+        if target is None:
             return
-        res = CONTROL_NODES if a.node_kind == KIND_CONTROL_NODE else NODES
-        cache = wc.control_nodes if a.node_kind == KIND_CONTROL_NODE else wc.nodes
-
+        client, res, cache = target
         ex = executor(a.executor)
 
         def mutate(node: KubeObject) -> dict[str, Any] | None:
@@ -487,7 +496,7 @@ class Dispatcher:
             return {"metadata": {"annotations": dict.fromkeys((ex.data_key, ex.version_key))}}
 
         try:
-            obj = await self._patch(wc.client, res, a.node, None, mutate, cache=cache)
+            obj = await self._patch(client, res, a.node, None, mutate, cache=cache)
         except NotFoundError:
             return
         if obj is not None:

@@ -62,6 +62,18 @@ from fleet.planner.writer import (
 from fleet.versions import K0sVersion
 
 
+def _held(step: VersionStep, driver: OtherDriver | None, policy_hold: str | None) -> str:
+    """Why no node starts although one could: the version writer waits, another driver
+    holds the cluster, or the fleet policy does ("" when none of them)."""
+    if step.waiting:
+        return step.waiting
+    if driver is not None:
+        return f"held: {driver.message}"
+    if policy_hold is not None:
+        return f"held: {policy_hold or 'paused'}"
+    return ""
+
+
 @dataclass(slots=True)
 class OwnerState:
     """What sequencing knows about one K0sControlPlane or MachineDeployment this pass."""
@@ -195,12 +207,8 @@ class Sequencing(PassState):
         if candidates:
             if cluster is None or nodes is None or blocked:
                 waiting = blocked
-            elif step.waiting:
-                waiting = step.waiting
-            elif driver is not None:
-                waiting = f"held: {driver.message}"
-            elif policy_hold is not None:
-                waiting = f"held: {policy_hold or 'paused'}"
+            elif held := _held(step, driver, policy_hold):
+                waiting = held
             elif self._control_plane_busy(ns, kcp.cluster):
                 waiting = "another control plane is being upgraded"
             elif unavailable or missing:
@@ -311,12 +319,8 @@ class Sequencing(PassState):
                 waiting = f"{'Cluster' if cluster.paused else 'MachineDeployment'} is paused"
             elif halted:
                 waiting = "halted: failure budget exceeded"
-            elif step.waiting:
-                waiting = step.waiting
-            elif driver is not None:
-                waiting = f"held: {driver.message}"
-            elif policy_hold is not None:
-                waiting = f"held: {policy_hold or 'paused'}"
+            elif held := _held(step, driver, policy_hold):
+                waiting = held
             elif blocked := self._workers_blocked(ns, md.cluster, target):
                 waiting = blocked
             else:
