@@ -142,7 +142,12 @@ class NodePlanUpkeep(PassState):
 
         # Pending or InProgress.
         if req is None:
-            self._ensure_signalled(p, ckey, node)
+            # A request whose plan misses its deadline in this very pass is not sent: the
+            # plan is marked failed below, and a node signalled now would be busy while no
+            # in-flight plan counts it against the budget.
+            unsent_since = p.phase_since or p.started_at or self.now
+            if p.node_state or self.now < unsent_since + self.settings.deadline(PENDING):
+                self._ensure_signalled(p, ckey, node)
             state_key = PENDING
             phase = NodePlanPhase.PENDING if p.phase == NodePlanPhase.PENDING else p.phase
             node_state = ""
