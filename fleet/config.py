@@ -436,11 +436,17 @@ class TelemetrySettings(ConfigModel):
     otlp_endpoint: str | None = Field(
         None,
         description="OTLP/HTTP collector, e.g. http://otel-collector:4318 (/v1/traces is "
-        "appended when no path is given); unset = no OTLP export.",
+        "appended when no path is given); unset = OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, "
+        "else no OTLP export.",
     )
-    service_name: str = Field("k0s-fleet", min_length=1, description="OpenTelemetry service.name")
-    sampling_ratio: float = Field(
-        1.0, ge=0.0, le=1.0, description="Fraction of new traces recorded (parent-based)."
+    service_name: str | None = Field(
+        None, min_length=1,
+        description="OpenTelemetry service.name; unset = OTEL_SERVICE_NAME, else k0s-fleet.",
+    )
+    sampling_ratio: float | None = Field(
+        None, ge=0.0, le=1.0,
+        description="Fraction of new traces recorded (parent-based); unset = "
+        "OTEL_TRACES_SAMPLER/OTEL_TRACES_SAMPLER_ARG, else every trace.",
     )
     trace_file: str | None = Field(
         None, description="Append finished spans as JSON lines to this file."

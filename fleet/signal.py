@@ -234,6 +234,21 @@ class InvalidSignalError(ValueError):
     """The signal annotation is present but unusable; the message says why."""
 
 
+class _DuplicateKeyError(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are unique: a second "command" appended after the
+    status must not replace the controller's (parsers disagree on which one wins)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKeyError(repr(key))
+        out[key] = value
+    return out
+
+
 def parse_signal(annotations: dict[str, str] | None) -> SignalData | None:
     """Read the signal from an object's annotations.
 
@@ -248,9 +263,11 @@ def parse_signal(annotations: dict[str, str] | None) -> SignalData | None:
     if version != SIGNAL_VERSION:
         raise InvalidSignalError(f"unsupported {SIGNAL_VERSION_KEY} {version!r}")
     try:
-        data: Any = json.loads(raw)
+        data: Any = json.loads(raw, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         raise InvalidSignalError(f"{SIGNAL_DATA_KEY} is not JSON: {e.msg} at {e.pos}") from None
+    except _DuplicateKeyError as e:
+        raise InvalidSignalError(f"{SIGNAL_DATA_KEY} has the key {e} twice") from None
     try:
         return SignalData.model_validate(data)
     except ValidationError as e:
@@ -265,17 +282,62 @@ def signal_annotations(data: SignalData) -> dict[str, str]:
     return {SIGNAL_VERSION_KEY: SIGNAL_VERSION, SIGNAL_DATA_KEY: data.to_json()}
 
 
+STATUS_MEMBER = ',"status":'
+
+
+def request_part(raw: str) -> str | None:
+    """The controller's request inside a signal value, byte for byte: everything before
+    the trailing ``,"status":{...}`` member (or before the closing brace when there is no
+    status). None when ``raw`` is not in that shape.
+
+    A quote inside a JSON string is always escaped, so ``,"status":`` outside the
+    member can only be a key; the admission policy of the agent chart makes the same cut
+    (``charts/k0s-fleet-agent/templates/signal-policy.yaml``).
+    """
+    text = raw.rstrip()
+    cut = text.find(STATUS_MEMBER)
+    if cut >= 0:
+        return text[:cut]
+    if not text.endswith("}"):
+        return None
+    return text[:-1]
+
+
+def _status_member(status: SignalStatus) -> str:
+    body = json.dumps(status.model_dump(mode="json", exclude_none=True),
+                      separators=(",", ":"))
+    # A flat object: every brace inside is inside a string. Escaped, the member matches
+    # the admission policy's ^,"status":\{[^{}]*\}\}$ whatever the reason says.
+    inner = body[1:-1].replace("{", "\\u007b").replace("}", "\\u007d")
+    return STATUS_MEMBER + "{" + inner + "}"
+
+
 def replace_status(raw: str, status: SignalStatus) -> str:
     """The signal value ``raw`` with its status replaced and every other field as written.
 
     The node side writes status this way rather than re-serialising its model, so that
-    request fields it does not know (a newer controller's) survive its writes.
+    request fields it does not know (a newer controller's) survive its writes, and so
+    that the request part stays byte for byte what the controller wrote (the admission
+    policy lets nobody else change it): ``<request part>,"status":{...}}``.
     """
     data = json.loads(raw)
     if not isinstance(data, dict):
         raise InvalidSignalError(f"{SIGNAL_DATA_KEY} is not a JSON object")
-    data["status"] = status.model_dump(mode="json", exclude_none=True)
-    return json.dumps(data, separators=(",", ":"))
+    request = request_part(raw)
+    if request is not None:
+        try:
+            kept = json.loads(request + "}")
+        except json.JSONDecodeError:
+            kept = None
+        data.pop("status", None)
+        if kept == data and data:
+            return request + _status_member(status) + "}"
+    # Not in the usual shape (hand-written, status not last): re-serialise with status last.
+    data.pop("status", None)
+    member = _status_member(status)
+    if not data:
+        return "{" + member[1:] + "}"
+    return json.dumps(data, separators=(",", ":"))[:-1] + member + "}"
 
 
 def signal_digest(raw: str) -> str:

@@ -4,6 +4,12 @@ file, and W3C ``traceparent`` helpers for carrying trace context on Kubernetes o
 Nothing here touches global OpenTelemetry state unless asked (``set_global=True``), so
 tests can build as many providers as they like.
 
+The standard OpenTelemetry environment is honoured (``OTEL_SERVICE_NAME``,
+``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER``/``_ARG``, ``OTEL_EXPORTER_OTLP_*``
+including headers, certificate, timeout and compression, ``OTEL_TRACES_EXPORTER=none``,
+``OTEL_SDK_DISABLED``); an explicitly configured value (fleet YAML, agent flag) wins
+where both are set (:func:`setup_tracing`).
+
 Objects carry a traceparent in the annotation :data:`TRACEPARENT_ANNOTATION`; a
 reconcile starts its own span *linked* to that context (a link, not a parent: one
 reconcile serves many requests, and a request outlives many reconciles).
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from os import PathLike, fspath
@@ -21,7 +28,6 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from opentelemetry import trace
-from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -30,21 +36,28 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import Link, SpanContext
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
 from opentelemetry.util.types import Attributes
 
 from fleet import __version__
-from fleet.config import TelemetrySettings
+from fleet.tracecontext import (
+    _PRESET,
+    TRACEPARENT_ANNOTATION,
+    DurableSpan,
+    TracingOptions,
+    TracingSettings,
+    context_from_traceparent,
+    current_traceparent,
+    get_tracer,
+    link_from_traceparent,
+    otlp_from_environment,
+    resolved_service_name,
+    tracing_wanted,
+)
 
 log = logging.getLogger(__name__)
 
-TRACEPARENT_ANNOTATION = "tracing.k8s.io/traceparent"
-# W3C version 00 is 55 characters; later versions may append fields. Anything much
-# longer is not a traceparent and is not worth parsing.
-_MAX_TRACEPARENT = 512
-_PROPAGATOR = TraceContextTextMapPropagator()
 
 
 class JsonLinesSpanExporter(SpanExporter):
@@ -134,41 +147,69 @@ def otlp_traces_endpoint(endpoint: str) -> str:
     return endpoint
 
 
+class _PresetIdGenerator(RandomIdGenerator):
+    """Random ids, except for a span started by :func:`start_span_with_id`."""
+
+    def generate_span_id(self) -> int:
+        preset = _PRESET.get()
+        return preset[1] if preset is not None else super().generate_span_id()
+
+    def generate_trace_id(self) -> int:
+        preset = _PRESET.get()
+        return preset[0] if preset is not None else super().generate_trace_id()
+
+
 def setup_tracing(
-    settings: TelemetrySettings,
+    settings: TracingSettings,
     *,
+    default_service_name: str = "k0s-fleet",
     extra_exporters: Sequence[SpanExporter] = (),
     resource_attributes: Mapping[str, str] | None = None,
     set_global: bool = False,
 ) -> TracerProvider:
-    """A TracerProvider for ``settings``: service name, parent-based ratio sampling, an
-    OTLP/HTTP exporter when ``otlpEndpoint`` is set and a JSON-lines file exporter when
-    ``traceFile`` is set (both batched). ``extra_exporters`` (e.g. an in-memory exporter
-    in tests) are attached synchronously. The caller owns the provider: call
-    ``shutdown()`` on exit to flush. With ``set_global`` it also becomes the global
-    provider (once per process; OpenTelemetry ignores later attempts).
+    """A TracerProvider for ``settings``; configured values win over the environment.
+
+    - ``service.name``: ``settings.service_name`` > ``OTEL_SERVICE_NAME`` >
+      ``default_service_name``; other resource attributes: ``resource_attributes`` >
+      ``OTEL_RESOURCE_ATTRIBUTES``.
+    - Sampling: ``settings.sampling_ratio`` (parent-based ratio) > ``OTEL_TRACES_SAMPLER``
+      (and ``_ARG``) > parent-based always-on.
+    - OTLP/HTTP export (batched): to ``settings.otlp_endpoint`` when set (other
+      ``OTEL_EXPORTER_OTLP_*`` settings such as headers still apply), else wherever
+      ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`` points; none with
+      ``OTEL_TRACES_EXPORTER=none`` or ``OTEL_SDK_DISABLED=true`` unless configured.
+    - A JSON-lines file (batched) when ``settings.trace_file`` is set.
+
+    ``extra_exporters`` (e.g. an in-memory exporter in tests) are attached synchronously.
+    The caller owns the provider: call ``shutdown()`` on exit to flush. With
+    ``set_global`` it also becomes the global provider (once per process).
     """
     resource = Resource.create(
         {
-            "service.name": settings.service_name,
-            "service.version": __version__,
             **(resource_attributes or {}),
+            "service.name": resolved_service_name(settings, default_service_name),
+            "service.version": __version__,
         }
     )
-    provider = TracerProvider(
-        resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.sampling_ratio))
-    )
-    if settings.otlp_endpoint:
+    sampler: Sampler | None = None  # None: the SDK reads OTEL_TRACES_SAMPLER
+    if settings.sampling_ratio is not None:
+        sampler = ParentBased(TraceIdRatioBased(settings.sampling_ratio))
+    provider = TracerProvider(resource=resource, sampler=sampler,
+                              id_generator=_PresetIdGenerator())
+    if settings.otlp_endpoint or otlp_from_environment():
+        protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or \
+            os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        if protocol and protocol != "http/protobuf":
+            log.warning("OTLP protocol %r is not supported; exporting with http/protobuf",
+                        protocol)
         # Imported here: it pulls in requests and protobuf, which most processes never need.
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
             OTLPSpanExporter,
         )
 
-        provider.add_span_processor(
-            BatchSpanProcessor(
-                OTLPSpanExporter(endpoint=otlp_traces_endpoint(settings.otlp_endpoint))
-            )
-        )
+        endpoint = otlp_traces_endpoint(settings.otlp_endpoint) \
+            if settings.otlp_endpoint else None  # None: the exporter reads the environment
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     if settings.trace_file:
         provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(settings.trace_file)))
     for exporter in extra_exporters:
@@ -178,56 +219,21 @@ def setup_tracing(
     return provider
 
 
-def get_tracer(name: str, provider: trace.TracerProvider | None = None) -> trace.Tracer:
-    """A tracer from ``provider``, or from the global provider when none is given."""
-    if provider is not None:
-        return provider.get_tracer(name, __version__)
-    return trace.get_tracer(name, __version__)
-
-
-def current_traceparent(context: Context | None = None) -> str | None:
-    """The W3C traceparent of the current span (or of ``context``); ``None`` when there
-    is no valid span."""
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier, context=context)
-    return carrier.get("traceparent")
-
-
-def _span_context(traceparent: object) -> tuple[Context, SpanContext] | None:
-    if not isinstance(traceparent, str) or len(traceparent) > _MAX_TRACEPARENT:
-        return None
-    try:
-        ctx = _PROPAGATOR.extract({"traceparent": traceparent.strip()})
-        span_ctx = trace.get_current_span(ctx).get_span_context()
-    except Exception:  # a malformed header must never break a reconcile
-        return None
-    if not span_ctx.is_valid:
-        return None
-    return ctx, span_ctx
-
-
-def context_from_traceparent(traceparent: object) -> Context | None:
-    """An OpenTelemetry Context whose (remote) parent is ``traceparent``, or ``None`` when
-    it is missing or malformed. Never raises."""
-    found = _span_context(traceparent)
-    return found[0] if found else None
-
-
-def link_from_traceparent(traceparent: object, attributes: Attributes = None) -> Link | None:
-    """A span Link to ``traceparent``, or ``None`` when it is missing or malformed.
-    Never raises."""
-    found = _span_context(traceparent)
-    return Link(found[1], attributes) if found else None
-
 
 __all__ = [
     "TRACEPARENT_ANNOTATION",
+    "DurableSpan",
     "JsonLinesSpanExporter",
+    "TracingOptions",
+    "TracingSettings",
     "context_from_traceparent",
     "current_traceparent",
     "get_tracer",
     "link_from_traceparent",
+    "otlp_from_environment",
     "otlp_traces_endpoint",
+    "resolved_service_name",
     "setup_tracing",
     "span_to_dict",
+    "tracing_wanted",
 ]

@@ -74,7 +74,7 @@ from fleet.signal import (
     replace_status,
     utcnow,
 )
-from fleet.telemetry import get_tracer, link_from_traceparent
+from fleet.tracecontext import DurableSpan, get_tracer
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ class Agent:
                 backoff.reset()
                 if sig.status is not None and sig.status.status.terminal:
                     crash_point(f"{sig.status.status}:after")
-                    await self._cleanup_request(sig)
+                    await self._cleanup_request(sig, ended_here=True)
                     return
             except RequestReplacedError:
                 log.info("request %s is no longer on %s; abandoned", sig.planId, self.name)
@@ -264,26 +264,75 @@ class Agent:
         handler = handlers.get(state)
         if handler is None:  # terminal: nothing to do
             return sig
+        if state is None:
+            await self._begin_upgrade_trace(sig)
         with self._span(str(state) if state else "Start", sig) as span:
             if state is not None:
                 crash_point(f"{state}:before")
             result: SignalData = await handler(sig, span)
             return result
 
+    def _upgrade(self, sig: SignalData) -> DurableSpan:
+        """The request's upgrade span: a child of the controller's dispatch span (the
+        request's traceparent), with an id every agent process derives alike."""
+        return DurableSpan.derive(self._rid(sig), sig.traceparent)
+
     @contextlib.contextmanager
     def _span(self, step: str, sig: SignalData) -> Iterator[trace.Span]:
-        link = link_from_traceparent(sig.traceparent)
-        attrs = {"k0s.node": self.name, "k0s.version": sig.command.k0supdate.version,
-                 "fleet.plan_id": sig.planId, "fleet.step": step}
+        attrs = {"k0s_fleet.node": self.name, "k0s_fleet.version": sig.command.k0supdate.version,
+                 "k0s_fleet.nodeplan": sig.planId, "k0s_fleet.step": step}
         t0 = time.monotonic()
-        with self.tracer.start_as_current_span(f"agent.{step}", links=[link] if link else None,
-                                               attributes=attrs) as span:
+        with self.tracer.start_as_current_span(
+                f"agent.{step}", context=self._upgrade(sig).child_context(),
+                attributes=attrs) as span:
             try:
                 yield span
             finally:
                 seconds = time.monotonic() - t0
-                span.set_attribute("fleet.step.seconds", seconds)
+                span.set_attribute("k0s_fleet.step.seconds", seconds)
                 log.info("step %s of %s took %.3fs", step, sig.planId, seconds)
+
+    def _trace_marker(self, sig: SignalData) -> Path:
+        return self._marker(sig, "trace")
+
+    async def _begin_upgrade_trace(self, sig: SignalData) -> None:
+        """Remember when this node's upgrade began (the upgrade span's start)."""
+        marker = self._trace_marker(sig)
+        if not marker.exists():
+            await anyio.to_thread.run_sync(write_durably, marker, json.dumps(
+                {"start_unix_nano": time.time_ns()}).encode())
+
+    def _end_upgrade_trace(self, sig: SignalData, *, ended_here: bool) -> None:
+        """Record the upgrade span, once, when the request has ended: from the start this
+        agent noted (else the request's creation) to now when this process just wrote the
+        terminal status (its last step span has ended), else to that status's time."""
+        marker = self._trace_marker(sig)
+        try:
+            start = int(json.loads(marker.read_bytes())["start_unix_nano"])
+        except FileNotFoundError:
+            return  # recorded already, or never begun here
+        except (OSError, ValueError, KeyError, TypeError):
+            start = int(sig.created.timestamp() * 1e9)
+        status = sig.status
+        end = time.time_ns() if ended_here or status is None \
+            else int(status.timestamp.timestamp() * 1e9)
+        cmd = sig.command.k0supdate
+        attrs: dict[str, str | bool] = {
+            "k0s_fleet.node": self.name, "k0s_fleet.nodeplan": sig.planId,
+            "k0s_fleet.version": cmd.version, "k0s_fleet.executor": "agent",
+            "k0s_fleet.signal_object": str(self.s.signal_object),
+            "k0s_fleet.outcome": str(status.status) if status is not None else "",
+        }
+        if status is not None and status.previousversion:
+            attrs["k0s_fleet.previous_version"] = status.previousversion
+        span = self._upgrade(sig).start(self.tracer, "agent.upgrade",
+                                        start_time=min(start, end), attributes=attrs)
+        if status is not None and status.status is not SignalState.COMPLETED:
+            span.set_attribute("k0s_fleet.failure_reason", status.reason)
+            span.set_status(trace.Status(trace.StatusCode.ERROR,
+                                         f"{status.status}: {status.reason}"))
+        span.end(end_time=max(start, end))
+        unlink_quiet(marker)
 
     async def _transition(self, sig: SignalData, status: SignalStatus,
                           extra: dict[str, str | None] | None = None) -> SignalData:
@@ -319,6 +368,11 @@ class Agent:
             raise RequestReplacedError()
         log.info("%s: %s -> %s%s", sig.planId, seen.status if seen else "(new)", status.status,
                  f" ({status.reason})" if status.reason else "")
+        if status.status.terminal and status.status is not SignalState.COMPLETED:
+            span = trace.get_current_span()
+            span.set_attribute("k0s_fleet.failure_reason", status.reason)
+            span.set_status(trace.Status(trace.StatusCode.ERROR,
+                                         f"{status.status}: {status.reason}"))
         return sig.with_status(status)
 
     def _status(self, sig: SignalData, state: SignalState, *, reason: str = "",
@@ -347,7 +401,8 @@ class Agent:
     async def _start(self, sig: SignalData, span: trace.Span) -> SignalData:
         cmd = sig.command.k0supdate
         problem = policy_problem(cmd, allow_unverified=self.s.allow_unverified,
-                                 file_url_roots=tuple(str(r) for r in self.s.file_url_roots))
+                                 file_url_roots=tuple(str(r) for r in self.s.file_url_roots),
+                                 url_prefixes=self.s.allowed_url_prefixes)
         if problem:
             log.warning("refusing request %s: %s", sig.planId, problem)
             return await self._transition(sig, SignalStatus(
@@ -357,7 +412,7 @@ class Agent:
         await anyio.to_thread.run_sync(swap.discard_rollback, self.binary)
         self._clear_markers(keep=self._rid(sig))
         status = first_status(cmd, running, utcnow())
-        span.set_attribute("k0s.previous_version", running or "")
+        span.set_attribute("k0s_fleet.previous_version", running or "")
         extra: dict[str, str | None] | None = {RUNNING_VERSION_KEY: running} if running else None
         return await self._transition(sig, status, extra)
 
@@ -368,9 +423,9 @@ class Agent:
         except FinalDownloadError as e:
             return await self._transition(
                 sig, self._status(sig, SignalState.FAILED_DOWNLOAD, reason=str(e)))
-        span.set_attributes({"fleet.download.bytes": result.bytes,
-                             "fleet.download.attempts": result.attempts,
-                             "fleet.download.reused": result.reused})
+        span.set_attributes({"k0s_fleet.download.bytes": result.bytes,
+                             "k0s_fleet.download.attempts": result.attempts,
+                             "k0s_fleet.download.reused": result.reused})
         crash_point("Downloading:after")
         what = "reused the staged binary" if result.reused else \
             f"downloaded {result.bytes} bytes in {result.seconds:.2f}s"
@@ -388,8 +443,8 @@ class Agent:
                 pol = self.s.policy_for(sig.command.k0supdate.policy)
                 result = await drain.drain(self.client, self.name,
                                            timeout=self._remaining(sig, pol.drain_timeout))
-                span.set_attributes({"fleet.drain.evicted": len(result.evicted),
-                                     "fleet.drain.timed_out": result.timed_out})
+                span.set_attributes({"k0s_fleet.drain.evicted": len(result.evicted),
+                                     "k0s_fleet.drain.timed_out": result.timed_out})
                 if result.timed_out:
                     msg = f"drain did not finish within {pol.drain_timeout:g}s: " \
                           f"{result.summary()}"
@@ -427,7 +482,7 @@ class Agent:
         except swap.ApplyError as e:
             return await self._transition(
                 sig, self._status(sig, SignalState.FAILED_APPLY, reason=str(e)))
-        span.set_attribute("fleet.apply.action", str(result.action))
+        span.set_attribute("k0s_fleet.apply.action", str(result.action))
         crash_point("ApplyingUpdate:after")  # renamed, status not yet written: k0s issue 7703
         new = await self._transition(sig, self._status(
             sig, SignalState.RESTARTING, reason=f"binary {result.action}"))
@@ -445,8 +500,8 @@ class Agent:
                     crash_point=lambda p: crash_point(f"Restarting:{p}"))
         except RestartError as e:
             return await self._rollback(sig, f"restart failed: {e}")
-        span.set_attributes({"fleet.restart.issued": outcome.issued,
-                             "fleet.restart.detail": outcome.detail})
+        span.set_attributes({"k0s_fleet.restart.issued": outcome.issued,
+                             "k0s_fleet.restart.detail": outcome.detail})
         crash_point("Restarting:after")
         return await self._transition(sig, self._status(
             sig, SignalState.VERIFYING, reason=outcome.detail, restarted=True))
@@ -462,7 +517,7 @@ class Agent:
             timeout=self._remaining(sig, self.s.policy_for(cmd.policy).verify_timeout),
             node_ready=self._node_ready_check(),
             replaced_pid=restart.pid if restart is not None else None)
-        span.set_attribute("fleet.verify.ok", result.ok)
+        span.set_attribute("k0s_fleet.verify.ok", result.ok)
         if not result.ok:
             return await self._rollback(sig, f"{cmd.version} {result.reason}")
         crash_point("Verifying:after")
@@ -496,7 +551,7 @@ class Agent:
         assert sig.status is not None
         previous = sig.status.previousversion
         with self._span("RollingBack", sig) as span:
-            span.set_attribute("fleet.rollback.reason", why)
+            span.set_attribute("k0s_fleet.rollback.reason", why)
             try:
                 with anyio.CancelScope(shield=True):
                     restored = await anyio.to_thread.run_sync(swap.restore, self.binary)
@@ -546,9 +601,10 @@ class Agent:
         if sig is not None and sig.request_key not in self._cleaned:
             await self._cleanup_request(sig)
 
-    async def _cleanup_request(self, sig: SignalData) -> None:
-        """Files a finished request leaves behind (idempotent)."""
+    async def _cleanup_request(self, sig: SignalData, *, ended_here: bool = False) -> None:
+        """Files a finished request leaves behind (idempotent); records its upgrade span."""
         state = sig.status.status if sig.status is not None else None
+        self._end_upgrade_trace(sig, ended_here=ended_here)
         await anyio.to_thread.run_sync(swap.discard_staged, self.binary)
         if state is not SignalState.FAILED_VERIFY:
             # a node that failed even its rollback keeps the copy for a human
@@ -595,10 +651,10 @@ async def serve(settings: AgentSettings, tracer: trace.Tracer | None = None) -> 
     lock = await hold_host_lock(settings.state_dir)
     try:
         if settings.kubeconfig is not None:
-            client = await KubeClient.from_kubeconfig_file(str(settings.kubeconfig),
-                                                           name=settings.node_name)
+            client = await KubeClient.from_kubeconfig_file(
+                str(settings.kubeconfig), name=settings.node_name, transport="light")
         else:
-            client = KubeClient.in_cluster(name=settings.node_name)
+            client = KubeClient.in_cluster(name=settings.node_name, transport="light")
         async with client, anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
             await Agent(settings, client, tracer=tracer).run()

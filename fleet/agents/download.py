@@ -19,9 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urljoin, urlsplit
 
-import aiohttp
 import anyio
 
 from fleet.agents.files import (
@@ -33,6 +32,7 @@ from fleet.agents.files import (
     unlink_quiet,
 )
 from fleet.kube.backoff import Backoff
+from fleet.kube.http import HttpClient, Response, TruncatedBodyError
 
 log = logging.getLogger(__name__)
 
@@ -203,31 +203,63 @@ def _check_space(directory: Path, incoming: int, policy: DownloadPolicy) -> None
         )
 
 
+MAX_REDIRECTS = 10
+REDIRECTS = (301, 302, 303, 307, 308)
+
+
+async def _open_following_redirects(url: str, headers: dict[str, str],
+                                    policy: DownloadPolicy) -> tuple[HttpClient, Response]:
+    """GET ``url``, following redirects to http(s) URLs; the caller releases and closes."""
+    current = url
+    for _ in range(MAX_REDIRECTS + 1):
+        parts = urlsplit(current)
+        client = HttpClient(f"{parts.scheme}://{parts.netloc}",
+                            connect_timeout=policy.stall_timeout, pool_size=0)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        try:
+            resp = await client.request("GET", target, headers=headers,
+                                        read_timeout=policy.stall_timeout)
+        except BaseException:
+            await client.close()
+            raise
+        location = resp.headers.get("location")
+        if resp.status not in REDIRECTS or not location:
+            return client, resp
+        resp.release()
+        await client.close()
+        current = urljoin(current, location)
+        if urlsplit(current).scheme.lower() not in ("http", "https"):
+            raise FinalDownloadError(f"{url} redirects to a non-http(s) URL: {current}")
+    raise FinalDownloadError(f"{url}: more than {MAX_REDIRECTS} redirects")
+
+
 async def _fetch_http(url: str, sink: _Sink, directory: Path, policy: DownloadPolicy) -> None:
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=policy.stall_timeout,
-                                    sock_read=policy.stall_timeout)
-    headers = {"Accept-Encoding": "identity"}
+    headers = {"Accept-Encoding": "identity", "User-Agent": "k0s-fleet-agent"}
     if sink.written:
         headers["Range"] = f"bytes={sink.written}-"
     try:
-        async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as session, \
-                session.get(url, headers=headers) as resp:
-            resumed_at = _range_start(resp.headers.get("Content-Range"))
+        client, resp = await _open_following_redirects(url, headers, policy)
+        try:
+            resumed_at = _range_start(resp.headers.get("content-range"))
+            reason = f"HTTP {resp.status} {resp.reason or ''}".strip()
             if resp.status == 206 and resumed_at == sink.written:
                 log.info("resuming %s at byte %d", url, sink.written)
             elif resp.status == 200:
                 sink.reset()
             elif resp.status in (408, 429) or resp.status >= 500:
-                raise TransientDownloadError(f"HTTP {resp.status} {resp.reason or ''}".strip())
+                raise TransientDownloadError(reason)
             elif resp.status in (416, 206):
                 sink.reset()  # the server cannot resume where we are: start over
                 raise TransientDownloadError(f"HTTP {resp.status}: cannot resume, restarting")
             else:
-                raise FinalDownloadError(f"HTTP {resp.status} {resp.reason or ''} for {url}")
+                raise FinalDownloadError(f"{reason} for {url}")
             if resp.content_length is not None:
                 _check_space(directory, resp.content_length, policy)
-            async for chunk in resp.content.iter_chunked(CHUNK):
+            async for chunk in resp.iter_chunks(CHUNK):
                 sink.write(chunk)
+        finally:
+            resp.release()
+            await client.close()
     except DownloadError:
         raise
     except TimeoutError as e:
@@ -235,9 +267,9 @@ async def _fetch_http(url: str, sink: _Sink, directory: Path, policy: DownloadPo
             f"transfer stalled: no data for {policy.stall_timeout:g}s "
             f"({sink.written} bytes received)"
         ) from e
-    except aiohttp.ClientPayloadError as e:
+    except TruncatedBodyError as e:
         raise TransientDownloadError(f"truncated transfer after {sink.written} bytes: {e}") from e
-    except (aiohttp.ClientError, OSError) as e:
+    except (ValueError, OSError) as e:
         raise TransientDownloadError(f"{type(e).__name__}: {e}") from e
 
 

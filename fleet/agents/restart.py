@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import anyio
 
 from fleet.agents.files import unlink_quiet, write_durably
 from fleet.agents.settings import AgentSettings, HostNamespace, RestartStrategy, VersionSource
 from fleet.agents.state import RestartAction, RestartMarker, restart_action
+from fleet.kube.http import HttpClient
 
 log = logging.getLogger(__name__)
 
@@ -107,16 +107,21 @@ class K0sProbe:
         sock = self.settings.status_socket
         if sock is None:
             return None
+        http = HttpClient("http://localhost", unix_socket=str(sock), connect_timeout=3.0,
+                          pool_size=0)
         try:
-            conn = aiohttp.UnixConnector(path=str(sock))
-            timeout = aiohttp.ClientTimeout(total=3.0)
-            async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session, \
-                    session.get("http://localhost/status") as resp:
-                if resp.status != 200:
-                    return None
-                data: Any = json.loads(await resp.read())
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            with anyio.fail_after(3.0):
+                resp = await http.request("GET", "/status", read_timeout=3.0)
+                try:
+                    if resp.status != 200:
+                        return None
+                    data: Any = json.loads(await resp.read(max_bytes=1024 * 1024))
+                finally:
+                    resp.release()
+        except (OSError, TimeoutError, ValueError):
             return None
+        finally:
+            await http.close()
         return data if isinstance(data, dict) else None
 
     async def pid(self) -> int | None:

@@ -5,14 +5,20 @@ name in kebab case, its help the field's description."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from fleet.agents.state import url_prefix_problem
 from fleet.signal import DrainTimeoutAction, NodePolicy
+
+# Where k0s releases come from unless the agent is told otherwise: the fixed part of the
+# fleet config's default download.urlTemplate (fleet.config.DEFAULT_URL_TEMPLATE).
+DEFAULT_RELEASE_PREFIX = "https://get.k0sproject.io/"
 
 
 class SignalObject(StrEnum):
@@ -100,6 +106,13 @@ class AgentSettings(BaseSettings):
                                    "they explicitly allow it")
     file_url_roots: tuple[Path, ...] = Field((), description="directory file: URLs may read "
                                              "from (repeatable; default: none)")
+    # http(s) download URLs must lie under one of these (scheme, host, port, path prefix);
+    # anything else is refused (InvalidRequest) before anything is touched. file: URLs
+    # are judged by file_url_roots instead.
+    allowed_url_prefixes: tuple[str, ...] = Field(
+        (DEFAULT_RELEASE_PREFIX,),
+        description="http(s) download URLs must lie under this prefix (repeatable; default: "
+        f"{DEFAULT_RELEASE_PREFIX}, the fleet's default release location)")
 
     drain: bool = Field(True, description="evict pods (without it: cordon only)")
     drain_timeout: float = Field(default=300.0, gt=0)
@@ -113,9 +126,41 @@ class AgentSettings(BaseSettings):
 
     kubeconfig: Path | None = Field(None, description="kubeconfig file (default: in-cluster)")
     log_level: str = "INFO"
-    # Tracing (spans per step, linked to the request's traceparent).
-    otlp_endpoint: str | None = Field(None, description="OTLP/HTTP collector for spans")
+    # Tracing: the request's upgrade span and one child span per step, in the trace of
+    # the controller's dispatch (the request's traceparent). Unset values fall back to
+    # the OTEL_* environment (fleet.telemetry.setup_tracing).
+    otlp_endpoint: str | None = Field(
+        None, description="OTLP/HTTP collector for spans (default: "
+        "OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT)")
+    otel_service_name: str | None = Field(
+        None, min_length=1,
+        description="OpenTelemetry service.name (default: OTEL_SERVICE_NAME, else "
+        "k0s-fleet-agent)")
+    trace_sampling_ratio: float | None = Field(
+        None, ge=0.0, le=1.0,
+        description="fraction of new traces recorded (default: OTEL_TRACES_SAMPLER[_ARG], "
+        "else all)")
     trace_file: Path | None = Field(None, description="append spans as JSON lines")
+
+    @field_validator("allowed_url_prefixes", mode="before")
+    @classmethod
+    def _prefix_list(cls, v: object) -> object:
+        """A JSON list (as the chart sets it) or comma-separated prefixes, as text."""
+        if isinstance(v, str):
+            text = v.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [p.strip() for p in text.split(",") if p.strip()]
+        return v
+
+    @field_validator("allowed_url_prefixes")
+    @classmethod
+    def _prefixes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for prefix in v:
+            problem = url_prefix_problem(prefix)
+            if problem:
+                raise ValueError(f"allowed URL prefix {prefix!r}: {problem}")
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> AgentSettings:

@@ -15,7 +15,7 @@ from datetime import datetime
 from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from fleet.signal import (
     CORDONED_BY_KEY,
@@ -111,12 +111,52 @@ def request_id(key: RequestKey) -> str:
 
 
 # -- policy: requests this agent refuses before touching anything -------------------------
+def url_prefix_problem(prefix: str) -> str | None:
+    """Why ``prefix`` cannot serve as an allowed download prefix, or None."""
+    parts = urlsplit(prefix)
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        return "must be an http(s) URL with a host"
+    if parts.username is not None or parts.password is not None:
+        return "must not carry user information"
+    if parts.query or parts.fragment:
+        return "must not have a query or fragment"
+    if ".." in PurePosixPath(unquote(parts.path)).parts:
+        return "must not contain '..'"
+    return None
+
+
+def _origin(parts: SplitResult) -> tuple[str, str, int]:
+    scheme = parts.scheme.lower()
+    return (scheme, (parts.hostname or "").lower(),
+            parts.port or (443 if scheme == "https" else 80))
+
+
+def url_under_prefix(url: str, prefix: str) -> bool:
+    """Whether ``url`` lies under ``prefix``: same scheme, host and port, and a path at or
+    below the prefix's path (on a segment boundary, percent-decoded, no ``..``), without
+    user information (``https://good.example@evil.example/`` is evil.example)."""
+    try:
+        u, p = urlsplit(url), urlsplit(prefix)
+        if u.username is not None or u.password is not None or _origin(u) != _origin(p):
+            return False
+    except ValueError:  # e.g. a port out of range
+        return False
+    path, base = unquote(u.path) or "/", unquote(p.path) or "/"
+    if ".." in PurePosixPath(path).parts:
+        return False
+    if base.endswith("/"):
+        return path.startswith(base)
+    return path == base or path.startswith(base + "/")
+
+
 def policy_problem(cmd: K0sUpdateCommand, *, allow_unverified: bool,
-                   file_url_roots: tuple[str, ...]) -> str | None:
+                   file_url_roots: tuple[str, ...],
+                   url_prefixes: tuple[str, ...] = ()) -> str | None:
     """Why this agent refuses the request (InvalidRequest), or None.
 
     The signal model already rejects structurally bad requests; this is the agent's own
-    policy: a binary it will run as root must be verified unless both the request and
+    policy: a binary it will run as root must come from where the agent was installed to
+    accept releases from (``url_prefixes``), and be verified unless both the request and
     the agent's configuration say otherwise, and a file: URL may only read below the
     directories the agent was told to trust (anyone able to annotate a Node could
     otherwise have it install /etc/shadow, or a file an unprivileged user dropped in
@@ -136,6 +176,10 @@ def policy_problem(cmd: K0sUpdateCommand, *, allow_unverified: bool,
         if not any(_under(path, PurePosixPath(root)) for root in file_url_roots):
             return (f"file URL {cmd.url!r} is outside the directories this agent may read "
                     f"({', '.join(file_url_roots) or 'none configured: --file-url-root'})")
+        return None
+    if not any(url_under_prefix(cmd.url, prefix) for prefix in url_prefixes):
+        return (f"download URL {cmd.url!r} is not under any prefix this agent accepts "
+                f"({', '.join(url_prefixes) or 'none configured: --allowed-url-prefix'})")
     return None
 
 

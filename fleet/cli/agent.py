@@ -3,7 +3,8 @@
 The flags are generated from :class:`~fleet.agents.settings.AgentSettings`, so every
 setting has one and none can drift: ``--<field-name>`` in kebab case, the field's
 description as help; ``--no-<name>`` for a switch that defaults on; a repeatable
-``--<name without the plural s>`` for a tuple; choices for an enum; ``''`` clears an
+``--<name in the singular>`` for a tuple (``file_url_roots`` -> ``--file-url-root``,
+``allowed_url_prefixes`` -> ``--allowed-url-prefix``); choices for an enum; ``''`` clears an
 optional path. Every flag defaults to "not given", so the environment (or the default)
 applies.
 """
@@ -24,8 +25,7 @@ from pydantic import BaseModel, ValidationError
 from fleet.agents.agent import serve
 from fleet.agents.settings import AgentSettings
 from fleet.cli.common import Exit
-from fleet.config import TelemetrySettings
-from fleet.telemetry import get_tracer, setup_tracing
+from fleet.tracecontext import TracingOptions, get_tracer, tracing_wanted
 
 _SCALARS: dict[Any, Any] = {str: str, int: int, float: float, Path: Path}
 
@@ -43,6 +43,13 @@ def _unwrap(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
+def _singular(flag: str) -> str:
+    for plural, singular in (("xes", "x"), ("ses", "s"), ("s", "")):
+        if flag.endswith(plural):
+            return flag.removesuffix(plural) + singular
+    return flag
+
+
 def add_settings_flags(p: argparse.ArgumentParser, model: type[BaseModel]) -> None:
     """One flag per field of ``model`` (see the module docstring for the rules)."""
     S = argparse.SUPPRESS
@@ -56,7 +63,7 @@ def add_settings_flags(p: argparse.ArgumentParser, model: type[BaseModel]) -> No
             else:
                 p.add_argument(flag, action="store_true", **kw)
         elif get_origin(tp) is tuple and get_args(tp)[0] in _SCALARS:
-            p.add_argument(flag.removesuffix("s"), type=_SCALARS[get_args(tp)[0]],
+            p.add_argument(_singular(flag), type=_SCALARS[get_args(tp)[0]],
                            action="append", **kw)
         elif isinstance(tp, type) and issubclass(tp, Enum):
             p.add_argument(flag, choices=[str(m.value) for m in tp], **kw)
@@ -92,14 +99,17 @@ def run(args: argparse.Namespace) -> int:
     )
     provider = None
     tracer = None
-    if settings.otlp_endpoint or settings.trace_file:
-        provider = setup_tracing(
-            TelemetrySettings(otlp_endpoint=settings.otlp_endpoint,
-                              service_name="k0s-fleet-agent",
-                              trace_file=str(settings.trace_file) if settings.trace_file
-                              else None),
-            resource_attributes={"k8s.node.name": settings.node_name},
-        )
+    tracing = TracingOptions(
+        otlp_endpoint=settings.otlp_endpoint, service_name=settings.otel_service_name,
+        sampling_ratio=settings.trace_sampling_ratio,
+        trace_file=str(settings.trace_file) if settings.trace_file else None)
+    if tracing_wanted(tracing):
+        # Only an agent that exports pays for the OpenTelemetry SDK (~5 MiB, ~0.05 s of
+        # start-up CPU on every node; bench/agent_footprint.py).
+        from fleet.telemetry import setup_tracing  # noqa: PLC0415
+
+        provider = setup_tracing(tracing, default_service_name="k0s-fleet-agent",
+                                 resource_attributes={"k8s.node.name": settings.node_name})
         tracer = get_tracer("fleet.agents", provider)
     try:
         anyio.run(serve, settings, tracer)

@@ -42,13 +42,15 @@ from fleet.cli.upgrade import apply_upgrade
 from fleet.config import FleetConfig, TelemetrySettings
 from fleet.controllers.runner import FleetController
 from fleet.events import EventRecorder
-from fleet.kube.resources import CLUSTERS, NAMESPACES
+from fleet.kube.resources import CLUSTERS, NAMESPACES, NODE_PLANS
 from fleet.model import ROLE_CONTROLLER, Snapshot
 from fleet.nodeplan import NodePlanPhase, nodeplan_name
 from fleet.planner import PlanResult
 from fleet.rollout.policy import RolloutPolicy
 from fleet.telemetry import get_tracer, setup_tracing
+from fleet.testing.binaries import MissingBinaryError, binary
 from fleet.testing.capi import create_cluster, ensure_infra_crd
+from fleet.testing.jaeger import Jaeger
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.responder import NodeResponder
 from fleet.testing.simnode import SimNode
@@ -79,6 +81,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=600.0,
                    help="give up (exit 1) after this many seconds in total")
     p.add_argument("--workdir", type=Path, help="where logs and traces go (default: a temp dir)")
+    p.add_argument("--no-jaeger", dest="jaeger", action="store_false",
+                   help="do not export traces to a local Jaeger even where it is built")
 
 
 @dataclass
@@ -211,14 +215,36 @@ async def _world(names: list[str], workdir: Path) -> AsyncIterator[Any]:
         await anyio.to_thread.run_sync(world.close)
 
 
+def _workdir(args: argparse.Namespace) -> Path:
+    workdir: Path = args.workdir or Path(tempfile.mkdtemp(prefix="k0s-fleet-demo-"))
+    (workdir / "traces").mkdir(parents=True, exist_ok=True)
+    return workdir
+
+
 async def _main(args: argparse.Namespace) -> int:
+    """The demo, with a local Jaeger receiving its traces where Jaeger is built."""
+    workdir = _workdir(args)
+    jaeger: Jaeger | None = None
+    if args.jaeger:
+        try:
+            binary("jaeger")
+            jaeger = Jaeger(workdir / "jaeger")
+        except MissingBinaryError:
+            jaeger = None
+    with contextlib.ExitStack() as stack:
+        if jaeger is not None:
+            stack.enter_context(jaeger)
+        code, shown = await _demo(args, workdir, jaeger)
+        if jaeger is not None and shown and sys.stdin.isatty():
+            await anyio.to_thread.run_sync(
+                input, "Jaeger keeps the traces until you press Enter ... ")
+    return code
 
 
+async def _demo(args: argparse.Namespace, workdir: Path,
+                jaeger: Jaeger | None) -> tuple[int, int]:
     console = Console()
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="k0s-fleet-demo-"))
-    workdir.mkdir(parents=True, exist_ok=True)
     traces = workdir / "traces"
-    traces.mkdir(exist_ok=True)
     logging.basicConfig(filename=workdir / "demo.log", level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     names = [f"wl{i + 1}" for i in range(args.clusters)]
@@ -232,6 +258,10 @@ async def _main(args: argparse.Namespace) -> int:
     console.print(f"[bold]k0s-fleet demo[/]: {args.clusters} clusters x ({args.control_planes} "
                   f"control planes + {args.workers} workers), "
                   f"{'scripted nodes' if args.fast else 'real agents'}; logs in {workdir}")
+    otlp = jaeger.otlp_endpoint if jaeger is not None else None
+    if jaeger is not None:
+        console.print(f"traces also go to Jaeger: {jaeger.query_url}")
+    trace_ids: list[tuple[str, str]] = []
     ok = False
     with anyio.move_on_after(args.timeout) as scope:
         async with _world(["mgmt", *names], workdir) as w, \
@@ -243,7 +273,8 @@ async def _main(args: argparse.Namespace) -> int:
             await ensure_infra_crd(mgmt)
             await mgmt.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
             provider = setup_tracing(TelemetrySettings(
-                service_name="k0s-fleet-controller", trace_file=str(traces / "controller.jsonl")))
+                service_name="k0s-fleet-controller", trace_file=str(traces / "controller.jsonl"),
+                otlp_endpoint=otlp))
             stack.callback(provider.shutdown)
             config = FleetConfig.model_validate({
                 "management": {"namespace": NAMESPACE},
@@ -285,7 +316,8 @@ async def _main(args: argparse.Namespace) -> int:
                     await stack.enter_async_context(SimNode.running(
                         wl, w[server].kubeconfig(), workdir / "nodes" / machine, old,
                         name=machine, agent_args=[
-                            "--trace-file", str(traces / f"agent-{machine}.jsonl")]))
+                            "--trace-file", str(traces / f"agent-{machine}.jsonl"),
+                            *(["--otlp-endpoint", otlp] if otlp else [])]))
             async with anyio.create_task_group() as tg:
                 for responder in responders:
                     await tg.start(responder.run)
@@ -321,6 +353,10 @@ async def _main(args: argparse.Namespace) -> int:
                     live.update(board.render())
                 ok = board.complete
                 tg.cancel_scope.cancel()
+            for plan in (await mgmt.list(NODE_PLANS, NAMESPACE)).items:
+                tp = str((plan.get("status") or {}).get("traceparent") or "")
+                if tp.count("-") == 3:
+                    trace_ids.append((plan["metadata"]["name"], tp.split("-")[1]))
             provider.force_flush()
     if scope.cancelled_caught:
         console.print(f"[red]gave up after {args.timeout:.0f}s[/]")
@@ -332,7 +368,13 @@ async def _main(args: argparse.Namespace) -> int:
         f"in {took:.1f}s\ntraces: {spans} spans as JSON lines in {traces}/ "
         f"(controller.jsonl{'' if args.fast else ' and one agent-<node>.jsonl per node'})\n"
         f"logs: {workdir}", title="k0s-fleet demo"))
-    return 0 if ok else 1
+    # one trace per node upgrade: show a few
+    for plan_name, trace_id in sorted(trace_ids)[:3]:
+        link = f"  {jaeger.query_url}/api/traces/{trace_id}" if jaeger is not None else ""
+        console.print(f"trace of {plan_name}: {trace_id}{link}", soft_wrap=True)
+    if len(trace_ids) > 3:
+        console.print(f"... and {len(trace_ids) - 3} more (NodePlan status.traceparent)")
+    return (0 if ok else 1), len(trace_ids)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""KubeClient: one API server, one kubernetes-asyncio ApiClient, plain-dict objects."""
+"""KubeClient: one API server, plain-dict objects, over a chosen transport."""
 
 from __future__ import annotations
 
@@ -6,17 +6,15 @@ import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-import aiohttp
 import anyio
 import yaml
-from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio import config as k8s_config
-from kubernetes_asyncio.client.exceptions import ApiException
 
-from fleet.kube.errors import KubeError, NotFoundError, UnreachableError, from_status
+from fleet.kube.errors import KubeError, NotFoundError, UnreachableError
 from fleet.kube.resources import Resource
+from fleet.kube.transport import LineStream, Transport, TransportName
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +23,6 @@ KubeObject = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
-
-_RESPONSE_TYPES = {code: "object" for code in (200, 201, 202)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,31 +39,47 @@ class KubeClient:
     kubernetes-asyncio's global default configuration.
     """
 
-    def __init__(self, api: k8s_client.ApiClient, *, name: str = "cluster") -> None:
+    def __init__(self, api: Transport, *, name: str = "cluster") -> None:
         self._api = api
         self.name = name
 
-    # -- construction ------------------------------------------------------------
+    # -- construction ------------------------------------------------------------------------
     @classmethod
     async def from_kubeconfig(cls, kubeconfig: Mapping[str, Any], *, name: str = "cluster",
-                              context: str | None = None) -> KubeClient:
-        cfg = k8s_client.Configuration()
-        await k8s_config.load_kube_config_from_dict(
-            dict(kubeconfig), context=context, client_configuration=cfg, temp_file_path=None
-        )
-        return cls(k8s_client.ApiClient(configuration=cfg), name=name)
+                              context: str | None = None,
+                              transport: TransportName = "generated",
+                              base_dir: Path | None = None) -> KubeClient:
+        """``transport``: ``generated`` (kubernetes-asyncio, every kubeconfig feature) or
+        ``light`` (small, for the node agent; see :mod:`fleet.kube.transport`)."""
+        if transport == "light":
+            from fleet.kube.light import LightTransport, credentials_from_kubeconfig  # noqa: PLC0415
+
+            creds = credentials_from_kubeconfig(kubeconfig, context=context, base_dir=base_dir)
+            return cls(LightTransport(creds, name=name), name=name)
+        from fleet.kube.generated import GeneratedTransport  # noqa: PLC0415
+
+        return cls(await GeneratedTransport.from_kubeconfig(kubeconfig, name=name,
+                                                            context=context), name=name)
 
     @classmethod
     async def from_kubeconfig_file(cls, path: str, *, name: str = "cluster",
-                                   context: str | None = None) -> KubeClient:
-        data = yaml.safe_load(await anyio.Path(path).read_text(encoding="utf-8"))
-        return await cls.from_kubeconfig(data, name=name, context=context)
+                                   context: str | None = None,
+                                   transport: TransportName = "generated") -> KubeClient:
+        file = await anyio.Path(path).absolute()
+        data = yaml.safe_load(await file.read_text(encoding="utf-8"))
+        return await cls.from_kubeconfig(data, name=name, context=context,
+                                         transport=transport, base_dir=Path(file.parent))
 
     @classmethod
-    def in_cluster(cls, *, name: str = "management") -> KubeClient:
-        cfg = k8s_client.Configuration()
-        k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        return cls(k8s_client.ApiClient(configuration=cfg), name=name)
+    def in_cluster(cls, *, name: str = "management",
+                   transport: TransportName = "generated") -> KubeClient:
+        if transport == "light":
+            from fleet.kube.light import LightTransport, in_cluster_credentials  # noqa: PLC0415
+
+            return cls(LightTransport(in_cluster_credentials(), name=name), name=name)
+        from fleet.kube.generated import GeneratedTransport  # noqa: PLC0415
+
+        return cls(GeneratedTransport.in_cluster(name=name), name=name)
 
     async def close(self) -> None:
         await self._api.close()
@@ -80,53 +92,21 @@ class KubeClient:
 
     @property
     def host(self) -> str:
-        return str(self._api.configuration.host)
+        return self._api.host
 
-    # -- raw request -------------------------------------------------------------
+    # -- raw request -------------------------------------------------------------------------
     async def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
                       body: Any = None, content_type: str = "application/json",
                       timeout: float | None = 30.0) -> Any:
         query_params = [(k, _query_value(v)) for k, v in (query or {}).items() if v is not None]
-        try:
-            return await self._api.call_api(
-                path, method,
-                query_params=query_params,
-                header_params={"Content-Type": content_type, "Accept": "application/json"},
-                body=body,
-                response_types_map=_RESPONSE_TYPES,
-                auth_settings=["BearerToken"],
-                _return_http_data_only=True,
-                _preload_content=True,
-                _request_timeout=timeout,
-            )
-        except ApiException as e:
-            raise from_status(e.status or 0, e.body, e.headers) from None
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            raise UnreachableError(f"{self.name}: {method} {path}: {e!r}") from e
+        return await self._api.call(method, path, query=query_params, body=body,
+                                    content_type=content_type, timeout=timeout)
 
     async def open_stream(self, path: str, *, query: Mapping[str, Any],
-                          read_timeout: float) -> aiohttp.ClientResponse:
-        """Open a streaming GET (a watch); the caller reads and releases the response."""
+                          read_timeout: float) -> LineStream:
+        """Open a streaming GET (a watch); the caller reads lines and releases it."""
         query_params = [(k, _query_value(v)) for k, v in query.items() if v is not None]
-        try:
-            resp = await self._api.call_api(
-                path, "GET",
-                query_params=query_params,
-                header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"],
-                _return_http_data_only=True,
-                _preload_content=False,
-                _request_timeout=aiohttp.ClientTimeout(
-                    connect=10, sock_connect=10, sock_read=read_timeout
-                ),
-            )
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            raise UnreachableError(f"{self.name}: watch {path}: {e!r}") from e
-        if not 200 <= resp.status <= 299:
-            body = await resp.read()
-            resp.release()
-            raise from_status(resp.status, body, resp.headers)
-        return resp  # type: ignore[no-any-return]
+        return await self._api.stream(path, query=query_params, read_timeout=read_timeout)
 
     # -- typed verbs -------------------------------------------------------------
     async def get(self, res: Resource, name: str, namespace: str | None = None,
@@ -220,8 +200,8 @@ class KubeClient:
         try:
             while True:
                 try:
-                    line = await resp.content.readline()
-                except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                    line = await resp.readline()
+                except (TimeoutError, OSError) as e:
                     raise UnreachableError(f"{self.name}: watch {res}: {e!r}") from e
                 if not line:
                     return

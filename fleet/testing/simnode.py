@@ -71,6 +71,12 @@ class SimNode:
     signal_object: str = "node"
     agent_args: list[str] = field(default_factory=list)
     restart_delay: float = 0.1
+    # download URLs the agent accepts: by default the release server of the initial release
+    url_prefixes: list[str] = field(default_factory=list)
+    # extra environment of the agent process (e.g. OTEL_* settings)
+    agent_env: dict[str, str] = field(default_factory=dict)
+    # the checkout whose fleet package the agent runs (benchmarks compare revisions)
+    agent_repo: Path = REPO_ROOT
 
     starts: int = 0
     history: list[Transition] = field(default_factory=list)
@@ -120,10 +126,13 @@ class SimNode:
                       initial: Release, *, name: str | None = None,
                       signal_object: str = "node", agent_args: Sequence[str] = (),
                       start_agent: bool = True, crash_at: str | None = None,
-                      labels: dict[str, str] | None = None) -> AsyncIterator[SimNode]:
+                      labels: dict[str, str] | None = None,
+                      agent_env: dict[str, str] | None = None) -> AsyncIterator[SimNode]:
         node = cls(name=name or f"sim-{uuid.uuid4().hex[:8]}", root=root, client=client,
                    kubeconfig=kubeconfig, signal_object=signal_object,
-                   agent_args=list(agent_args))
+                   agent_args=list(agent_args), agent_env=dict(agent_env or {}))
+        node.url_prefixes = [initial.url.rsplit("/", 1)[0] + "/"] \
+            if initial.url.startswith("http") else []
         node._prepare(initial)
         await node._create_object(labels or {})
         async with anyio.create_task_group() as tg:
@@ -368,6 +377,7 @@ class SimNode:
             "--verify-timeout", "20",
             "--rollback-timeout", "20",
             "--restart-grace", "2",
+            *(a for prefix in self.url_prefixes for a in ("--allowed-url-prefix", prefix)),
             *self.agent_args,
         ]
 
@@ -375,7 +385,7 @@ class SimNode:
                           extra_args: Sequence[str] = ()) -> anyio.abc.Process:
         if self.agent is not None and self.agent.returncode is None:
             raise RuntimeError(f"agent of {self.name} is already running")
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        env = {**os.environ, "PYTHONPATH": str(self.agent_repo), **self.agent_env}
         env.pop(CRASH_ENV, None)
         if crash_at:
             env[CRASH_ENV] = crash_at
@@ -386,7 +396,7 @@ class SimNode:
         try:
             self.agent = await anyio.open_process(
                 [*self.agent_command(), *extra_args], stdout=logf, stderr=subprocess.STDOUT,
-                env=env, start_new_session=True, cwd=str(REPO_ROOT))
+                env=env, start_new_session=True, cwd=str(self.agent_repo))
         finally:
             logf.close()
         return self.agent

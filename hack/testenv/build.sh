@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the pinned kube-apiserver, etcd and helm used by the test world from the
+# Builds the pinned kube-apiserver, etcd, helm and jaeger used by the test world from the
 # official Go modules, into a cache keyed by the pins; a second run builds nothing.
 #
 #   hack/testenv/build.sh            # prints the bin directory on the last line
@@ -80,6 +80,34 @@ build_helm() {
   mv "$gobin/helm" "$out"
 }
 
+# Jaeger v2 (an OpenTelemetry collector distribution with in-memory trace storage and
+# the query API): the trace backend of the tracing tests. Its module has replace
+# directives, so it is built from a wrapper module that repeats them.
+build_jaeger() {
+  local out="$bin/jaeger-$JAEGER_VERSION"
+  [[ -x $out ]] && return
+  local dir="$work/jaeger-$JAEGER_VERSION" upstream_mod
+  rm -rf "$dir" && mkdir -p "$dir"
+  upstream_mod=$(cd "$dir" && go mod download -json "github.com/jaegertracing/jaeger@$JAEGER_VERSION" \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  {
+    printf 'module k0s-fleet.test/jaeger\n\ngo 1.25\n\nrequire github.com/jaegertracing/jaeger %s\n\n' \
+      "$JAEGER_VERSION"
+    grep -E '^replace ' "$upstream_mod" || true
+  } >"$dir/go.mod"
+  cat >"$dir/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import _ "github.com/jaegertracing/jaeger/cmd/jaeger"
+GO
+  log "building jaeger $JAEGER_VERSION (cold: several minutes)"
+  (cd "$dir" && go mod tidy >/dev/null && go build -trimpath -ldflags=-s -o "$out.tmp" \
+     github.com/jaegertracing/jaeger/cmd/jaeger)
+  mv "$out.tmp" "$out"
+}
+
 # One build at a time per cache (parallel `make test` runs share it).
 exec 9>"$cache/.build.lock"
 flock 9
@@ -87,9 +115,11 @@ start=$(date +%s)
 build_etcd
 build_helm
 build_kube_apiserver
+build_jaeger
 # Stable names for the harness; the versioned files are the cache keys.
 ln -sf "kube-apiserver-$KUBE_VERSION-$KUBE_BUILD_REV" "$bin/kube-apiserver"
 ln -sf "etcd-$ETCD_VERSION" "$bin/etcd"
 ln -sf "helm-$HELM_VERSION" "$bin/helm"
+ln -sf "jaeger-$JAEGER_VERSION" "$bin/jaeger"
 log "binaries ready in $(( $(date +%s) - start ))s"
 echo "$bin"

@@ -335,19 +335,22 @@ def container_release(rs: ReleaseServer, version: str) -> Release:
 @pytest.mark.anyio
 async def test_agent_in_the_image_upgrades_a_node_as_the_chart_runs_it(
         image: str, crds_installed: World, wl1: KubeClient, tmp_path: Path) -> None:
-    """The agent chart (helm, defaults) on a simulated node: its DaemonSet's container
+    """The agent chart (helm, defaults but the release server as the allowed download
+    prefix) on a simulated node: its DaemonSet's container
     with the node's directories as its hostPath volumes, a Pod-bound token, the host's PID
     namespace; it downloads, swaps the binary, signals the host's k0s process and
     verifies, as uid 0 without capabilities on a read-only root filesystem."""
     server = crds_installed["wl1"]
     ns, release = unique("kfa-img"), unique("k0s-fleet-agent")
     await create_namespace(wl1, ns, pod_security="privileged")
-    await helm_cli("install", release, AGENT_CHART, "--namespace", ns, "--kubeconfig",
-                   kubeconfig_file(server, tmp_path))
-    ds = await wl1.get(DAEMONSETS, release, ns)
-    inst = AgentInstall(ns, release, pod_spec(ds)["serviceAccountName"], ds)
     old, new = "v1.31.3+k0s.0", "v1.32.1+k0s.0"
     async with ReleaseServer() as rs:
+        # the agent downloads only under the prefixes it is installed with
+        await helm_cli("install", release, AGENT_CHART, "--namespace", ns, "--kubeconfig",
+                       kubeconfig_file(server, tmp_path), "--set-json",
+                       f'download.allowedUrlPrefixes=["{rs.base_url}/k0s/"]')
+        ds = await wl1.get(DAEMONSETS, release, ns)
+        inst = AgentInstall(ns, release, pod_spec(ds)["serviceAccountName"], ds)
         container_release(rs, new)
         async with SimNode.running(wl1, server.kubeconfig(), tmp_path / "node",
                                    container_release(rs, old), name=unique("img-node"),

@@ -117,7 +117,7 @@ async def test_size_limits(rs: ReleaseServer, binary: Path) -> None:
 
 async def test_unreachable_server_is_retried_then_final(binary: Path) -> None:
     with pytest.raises(FinalDownloadError,
-                       match=r"giving up on .* after 3 attempts: ClientConnectorError"):
+                       match=r"giving up on .* after 3 attempts: HttpConnectionError: connecting"):
         await ensure_staged("http://127.0.0.1:9/k0s", "a" * 64, binary, FAST)
 
 

@@ -128,7 +128,7 @@ def record_timing(line: str) -> None:
 async def test_happy_path(sim: Any, releases: ReleaseServer, wl1: KubeClient,
                           wl1_namespace: str, tmp_path: Path) -> None:
     """Drains (PDB-free pods evicted, DaemonSet/mirror pods left), swaps, restarts once,
-    verifies, uncordons; spans linked to the request; idle afterwards."""
+    verifies, uncordons; one trace under the request's traceparent; idle afterwards."""
     new = releases.releases[NEW]
     spans = tmp_path / "spans.jsonl"
     async with sim(agent_args=["--trace-file", str(spans)]) as node:
@@ -176,15 +176,24 @@ async def test_happy_path(sim: Any, releases: ReleaseServer, wl1: KubeClient,
 
         assert await node.stop_agent() == 0  # SIGTERM: clean exit, spans flushed
     recorded = [json.loads(line) for line in spans.read_text().splitlines()]
-    names = [s["name"] for s in recorded]
-    for step in ("Start", *(str(s) for s in HAPPY_PATH[:-1])):
-        assert f"agent.{step}" in names
-    trace_id = TRACEPARENT.split("-")[1]
+    _, trace_id, dispatch_span, _ = TRACEPARENT.split("-")
+    (upgrade,) = [s for s in recorded if s["name"] == "agent.upgrade"]
+    # the controller's dispatch span (the request's traceparent) -> upgrade -> steps
+    assert upgrade["parent_span_id"] == dispatch_span
+    assert upgrade["attributes"]["k0s_fleet.outcome"] == "Completed"
+    assert upgrade["attributes"]["k0s_fleet.previous_version"] == OLD
+    steps_recorded = sorted(s["name"] for s in recorded if s is not upgrade)
+    assert steps_recorded == sorted(f"agent.{step}" for step in
+                                    ("Start", *(str(s) for s in HAPPY_PATH[:-1])))
     for s in recorded:
-        assert [link["trace_id"] for link in s["links"]] == [trace_id]
-        assert s["attributes"]["k0s.node"] == node.name
+        assert s["trace_id"] == trace_id and s["links"] == []
+        assert s["attributes"]["k0s_fleet.node"] == node.name
+        if s is not upgrade:
+            assert s["parent_span_id"] == upgrade["span_id"]
+            assert upgrade["start_time_unix_nano"] <= s["start_time_unix_nano"]
+            assert s["end_time_unix_nano"] <= upgrade["end_time_unix_nano"] + 1_000_000
     download = next(s for s in recorded if s["name"] == "agent.Downloading")
-    assert download["attributes"]["fleet.download.bytes"] == len(new.body)
+    assert download["attributes"]["k0s_fleet.download.bytes"] == len(new.body)
 
 
 async def test_already_on_version(sim: Any, releases: ReleaseServer) -> None:
@@ -433,6 +442,7 @@ REFUSED: list[tuple[str, str]] = [
     (request_json(url="https://r.example/k0s", version=NEW), "no sha256"),
     (request_json(url="https://r.example/k0s", version=NEW, allowunverified=True),
      "refuses unverified"),
+    (request_json(url="https://r.example/k0s", **GOOD), "not under any prefix"),
 ]
 
 
@@ -478,3 +488,38 @@ def _rejected(obj: KubeObject, raw: str) -> bool:
     if ann.get(SIGNAL_DATA_KEY) != raw or SIGNAL_REJECTED_KEY not in ann:
         return False
     return bool(json.loads(ann[SIGNAL_REJECTED_KEY])["digest"] == signal_digest(raw))
+
+
+async def test_urls_outside_the_allowed_prefixes_are_refused_untouched(
+        sim: Any, releases: ReleaseServer) -> None:
+    """The agent accepts only URLs under the prefixes it was installed with (SimNode: the
+    release server's /k0s/). The same bytes by another name, a path outside the prefix, or
+    user information that moves the host: refused before any download, binary untouched;
+    the request the controller would show says why. The release URL itself works."""
+    new = releases.releases[NEW]
+    base = releases.base_url  # http://127.0.0.1:<port>
+    port = base.rsplit(":", 1)[1]
+    outside = [
+        new.url.replace("127.0.0.1", "localhost"),  # the same server, another host name
+        f"{base}/k0s-mirror/{NEW}",
+        f"{base}/k0s/../k0s/{NEW}",
+        f"http://127.0.0.1:{port}@localhost:{port}/k0s/{NEW}",
+        new.url.replace("http://", "https://"),
+    ]
+    async with sim() as node:
+        before = sha256_file(node.binary)
+        fetched = releases.requests[NEW]
+        for url in outside:
+            plan = await node.request(new, url=url)
+            sig = await node.wait_for(plan, TERMINAL, timeout=30)
+            assert sig.status is not None
+            assert sig.status.status is SignalState.INVALID_REQUEST, (url, sig.status)
+            assert "not under any prefix" in sig.status.reason and url in sig.status.reason
+            assert node.states(plan) == ["InvalidRequest"]
+        assert releases.requests[NEW] == fetched  # nothing was downloaded
+        assert sha256_file(node.binary) == before and node.restarts == 0
+        assert not list(node.binary.parent.glob(".k0s.fleet-*"))
+        plan = await node.request(new)
+        sig = await node.wait_for(plan, TERMINAL, timeout=60)
+        assert sig.status is not None and sig.status.status is SignalState.COMPLETED, \
+            sig.status.reason

@@ -29,3 +29,8 @@ def test_demo_upgrades_its_fleet_and_exits_zero(tmp_path: Path, fast: bool) -> N
     spans = [json.loads(line) for f in (tmp_path / "traces").glob("*.jsonl")
              for line in f.read_text().splitlines()]
     assert {"node-upgrade", "reconcile"} <= {s["name"] for s in spans}, proc.stdout[-1500:]
+    # one trace per node upgrade, printed with a Jaeger link (Jaeger is in the test world)
+    traced = {s["trace_id"] for s in spans if s["name"] == "node-upgrade"}
+    shown = [line for line in proc.stdout.splitlines() if line.startswith("trace of ")]
+    assert len(shown) == 3 and all(line.split()[3] in traced for line in shown), shown
+    assert all("/api/traces/" in line for line in shown), shown

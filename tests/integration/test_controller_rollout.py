@@ -29,6 +29,7 @@ from fleet.kube.resources import (
     K0S_CONTROL_PLANES,
     LEASES,
     MACHINE_DEPLOYMENTS,
+    MACHINES,
     NODE_PLANS,
     NODES,
 )
@@ -178,7 +179,12 @@ async def test_control_planes_wait_for_a_not_ready_peer_then_go_one_by_one_befor
     assert watcher.violations == [], watcher.violations[:5]
     assert watcher.max_seen_cp == 1
     order = [s.node for s in responder.steps if s.state == SignalState.DOWNLOADING]
-    assert order == [*fc.control_planes, *fc.workers]  # oldest first, CPs before workers
+    # Oldest first (creationTimestamp, then name: Machines created in one second tie),
+    # control planes before workers.
+    age = {m["metadata"]["name"]: (m["metadata"]["creationTimestamp"], m["metadata"]["name"])
+           for m in (await mgmt.list(MACHINES, namespace)).items}
+    assert order == [*sorted(fc.control_planes, key=age.__getitem__),
+                     *sorted(fc.workers, key=age.__getitem__)]
     versions = await machine_versions(mgmt, fc)
     assert {versions[c] for c in fc.control_planes} == {V2}
 
@@ -230,9 +236,10 @@ async def test_silent_node_fails_its_deadline_halts_and_retry_resumes(
         namespace: str) -> None:
     fc = await create_cluster(mgmt, wl2, crds_installed["wl2"].kubeconfig(), namespace=namespace,
                               name=unique("dl"), control_planes=0, workers=3, max_unavailable=1)
-    silent = fc.workers[0]
+    # Every worker is silent at first: whichever the planner starts with (oldest first;
+    # Machines created in the same second tie) misses its deadline.
     responder = NodeResponder(wl2, step_seconds=0.02, only=lambda n: n in fc.machines,
-                              behaviours={silent: Behaviour(silent=True)})
+                              behaviours={w: Behaviour(silent=True) for w in fc.workers})
     async with anyio.create_task_group() as tg:
         await tg.start(responder.run)
         async with running_controller(mgmt, fleet_config(namespace)):
@@ -240,7 +247,8 @@ async def test_silent_node_fails_its_deadline_halts_and_retry_resumes(
             md = await wait_condition(mgmt, MACHINE_DEPLOYMENTS, fc.md, namespace,  # type: ignore[arg-type]
                                       C.HALTED, timeout=20)
             [plan] = (await mgmt.list(NODE_PLANS, namespace)).items
-            assert plan["spec"]["machineName"] == silent
+            silent = plan["spec"]["machineName"]
+            assert silent in fc.workers
             assert plan["status"]["phase"] == NodePlanPhase.FAILED
             assert "no progress in Pending" in plan["status"]["message"]
             failed = cond(plan, "Failed")
@@ -249,7 +257,8 @@ async def test_silent_node_fails_its_deadline_halts_and_retry_resumes(
             await anyio.sleep(0.5)
             assert len((await mgmt.list(NODE_PLANS, namespace)).items) == 1  # halted
             # The operator fixes the node and asks for a retry on the MachineDeployment.
-            responder.behave(silent, Behaviour())
+            for w in fc.workers:
+                responder.behave(w, Behaviour())
             await annotate(mgmt, MACHINE_DEPLOYMENTS, fc.md, namespace, {ANN_RETRY: "1"})  # type: ignore[arg-type]
             await wait_rollout(mgmt, fc)
         tg.cancel_scope.cancel()

@@ -1,4 +1,5 @@
-"""The client layer against a real kube-apiserver + etcd."""
+"""The client layer against a real kube-apiserver + etcd, over each transport
+(``generated``: kubernetes-asyncio; ``light``: fleet.kube.http, the node agent's)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from fleet.kube import (
     patch_with_retry,
 )
 from fleet.kube.resources import CONFIGMAPS, NODES
+from fleet.kube.transport import TRANSPORTS, TransportName
 from fleet.kube.watch import Reflector, WatchEvent, watch_once
 from fleet.testing.world import World
 from tests.helpers.names import unique
@@ -28,31 +30,44 @@ from tests.helpers.names import unique
 pytestmark = pytest.mark.anyio
 
 
-async def test_crud_and_typed_errors(mgmt: KubeClient, namespace: str) -> None:
-    cm = await mgmt.create(CONFIGMAPS, {"metadata": {"name": "a", "namespace": namespace},
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> TransportName:
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+async def kube(crds_installed: World, transport: TransportName) -> AsyncIterator[KubeClient]:
+    async with await KubeClient.from_kubeconfig(crds_installed["mgmt"].kubeconfig(),
+                                                name="mgmt", transport=transport) as c:
+        yield c
+
+
+async def test_crud_and_typed_errors(kube: KubeClient, namespace: str) -> None:
+    cm = await kube.create(CONFIGMAPS, {"metadata": {"name": "a", "namespace": namespace},
                                         "data": {"k": "v"}})
     with pytest.raises(AlreadyExistsError):
-        await mgmt.create(CONFIGMAPS, {"metadata": {"name": "a", "namespace": namespace}})
+        await kube.create(CONFIGMAPS, {"metadata": {"name": "a", "namespace": namespace}})
     stale = cm["metadata"]["resourceVersion"]
-    await mgmt.patch(CONFIGMAPS, "a", {"data": {"k": "w"}}, namespace)
+    await kube.patch(CONFIGMAPS, "a", {"data": {"k": "w"}}, namespace)
     with pytest.raises(ConflictError):
-        await mgmt.patch(CONFIGMAPS, "a", {"metadata": {"resourceVersion": stale},
+        await kube.patch(CONFIGMAPS, "a", {"metadata": {"resourceVersion": stale},
                                            "data": {"k": "x"}}, namespace)
     with pytest.raises(NotFoundError):
-        await mgmt.get(CONFIGMAPS, "missing", namespace)
-    assert await mgmt.get_or_none(CONFIGMAPS, "missing", namespace) is None
+        await kube.get(CONFIGMAPS, "missing", namespace)
+    assert await kube.get_or_none(CONFIGMAPS, "missing", namespace) is None
 
 
-async def test_bad_token_is_unauthorized(world: World) -> None:
-    async with await world["mgmt"].client(token="not-a-token") as c:
+async def test_bad_token_is_unauthorized(world: World, transport: TransportName) -> None:
+    async with await KubeClient.from_kubeconfig(world["mgmt"].kubeconfig(token="not-a-token"),
+                                                transport=transport) as c:
         with pytest.raises(UnauthorizedError):
             await c.list(NODES)
 
 
-async def test_list_is_paginated(mgmt: KubeClient, namespace: str) -> None:
+async def test_list_is_paginated(kube: KubeClient, namespace: str) -> None:
     for i in range(7):
-        await mgmt.create(CONFIGMAPS, {"metadata": {"name": f"p{i}", "namespace": namespace}})
-    listed = await mgmt.list(CONFIGMAPS, namespace, page_size=2)
+        await kube.create(CONFIGMAPS, {"metadata": {"name": f"p{i}", "namespace": namespace}})
+    listed = await kube.list(CONFIGMAPS, namespace, page_size=2)
     names = sorted(o["metadata"]["name"] for o in listed.items)
     assert [n for n in names if n.startswith("p")] == [f"p{i}" for i in range(7)]
     assert listed.resource_version
@@ -60,10 +75,10 @@ async def test_list_is_paginated(mgmt: KubeClient, namespace: str) -> None:
 
 
 async def test_concurrent_writers_both_land_through_real_conflicts(
-    mgmt: KubeClient, namespace: str
+    kube: KubeClient, namespace: str
 ) -> None:
     """Two writers hammer one object; every intent lands, and 409s really happened."""
-    await mgmt.create(CONFIGMAPS, {"metadata": {"name": "hot", "namespace": namespace},
+    await kube.create(CONFIGMAPS, {"metadata": {"name": "hot", "namespace": namespace},
                                    "data": {}})
     writes = 15
     mutate_calls = {"a": 0, "b": 0}
@@ -76,12 +91,12 @@ async def test_concurrent_writers_both_land_through_real_conflicts(
                 log = json.loads((obj.get("data") or {}).get("log", "[]"))
                 return {"data": {"log": json.dumps([*log, f"{who}{i}"])}}
 
-            await patch_with_retry(mgmt, CONFIGMAPS, "hot", mutate, namespace)
+            await patch_with_retry(kube, CONFIGMAPS, "hot", mutate, namespace)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(writer, "a")
         tg.start_soon(writer, "b")
-    final = await mgmt.get(CONFIGMAPS, "hot", namespace)
+    final = await kube.get(CONFIGMAPS, "hot", namespace)
     log = json.loads(final["data"]["log"])
     expected = [f"a{i}" for i in range(writes)] + [f"b{i}" for i in range(writes)]
     assert sorted(log) == sorted(expected)
@@ -91,19 +106,19 @@ async def test_concurrent_writers_both_land_through_real_conflicts(
 
 
 async def test_patch_with_retry_declines_when_mutate_says_so(
-    mgmt: KubeClient, namespace: str
+    kube: KubeClient, namespace: str
 ) -> None:
-    await mgmt.create(CONFIGMAPS, {"metadata": {"name": "d", "namespace": namespace},
+    await kube.create(CONFIGMAPS, {"metadata": {"name": "d", "namespace": namespace},
                                    "data": {"owner": "other"}})
     result = await patch_with_retry(
-        mgmt, CONFIGMAPS, "d",
+        kube, CONFIGMAPS, "d",
         lambda o: None if o["data"]["owner"] != "me" else {"data": {"x": "1"}}, namespace,
     )
     assert result is None
-    assert "x" not in (await mgmt.get(CONFIGMAPS, "d", namespace))["data"]
+    assert "x" not in (await kube.get(CONFIGMAPS, "d", namespace))["data"]
 
 
-async def test_reflector_tracks_changes_and_deletions(mgmt: KubeClient, namespace: str) -> None:
+async def test_reflector_tracks_changes_and_deletions(kube: KubeClient, namespace: str) -> None:
     events: list[WatchEvent] = []
     seen = anyio.Event()
 
@@ -112,14 +127,14 @@ async def test_reflector_tracks_changes_and_deletions(mgmt: KubeClient, namespac
         if ev.type == "DELETED" and ev.object["metadata"]["name"] == "r1":
             seen.set()
 
-    refl = Reflector(mgmt, CONFIGMAPS, namespace=namespace, listener=listener)
+    refl = Reflector(kube, CONFIGMAPS, namespace=namespace, listener=listener)
     async with anyio.create_task_group() as tg:
         tg.start_soon(refl.run)
         with anyio.fail_after(10):
             await refl.synced.wait()
-        await mgmt.create(CONFIGMAPS, {"metadata": {"name": "r1", "namespace": namespace}})
-        await mgmt.patch(CONFIGMAPS, "r1", {"data": {"a": "b"}}, namespace)
-        await mgmt.delete(CONFIGMAPS, "r1", namespace)
+        await kube.create(CONFIGMAPS, {"metadata": {"name": "r1", "namespace": namespace}})
+        await kube.patch(CONFIGMAPS, "r1", {"data": {"a": "b"}}, namespace)
+        await kube.delete(CONFIGMAPS, "r1", namespace)
         with anyio.fail_after(10):
             await seen.wait()
         tg.cancel_scope.cancel()
@@ -145,8 +160,9 @@ def scratch() -> Iterator[World]:
 
 
 @pytest.fixture
-async def scratch_client(scratch: World) -> AsyncIterator[KubeClient]:
-    async with await scratch["scratch"].client() as c:
+async def scratch_client(scratch: World, transport: TransportName) -> AsyncIterator[KubeClient]:
+    async with await KubeClient.from_kubeconfig(scratch["scratch"].kubeconfig(),
+                                                name="scratch", transport=transport) as c:
         yield c
 
 

@@ -29,7 +29,19 @@ from fleet.kube.resources import (
     SECRETS,
     SERVICE_ACCOUNTS,
 )
-from fleet.signal import HAPPY_PATH, SignalState
+from fleet.signal import (
+    HAPPY_PATH,
+    SIGNAL_DATA_KEY,
+    SIGNAL_VERSION,
+    SIGNAL_VERSION_KEY,
+    K0sUpdateCommand,
+    SignalCommand,
+    SignalData,
+    SignalState,
+    SignalStatus,
+    replace_status,
+    utcnow,
+)
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.simnode import SimNode
 from fleet.testing.world import World
@@ -220,3 +232,67 @@ async def test_agent_is_refused_everything_else(
         "metadata": {"name": "p", "namespace": ns},
         "deleteOptions": {"preconditions": {"uid": pod["metadata"]["uid"]}}}, ns)
     assert (await wl1.get(PODS, "p", ns))["metadata"].get("deletionTimestamp")
+
+
+# -- who may write the request part of the signal -------------------------------------------
+SIGNAL_DENIED = "only the k0s-fleet controller may"
+
+
+async def test_only_the_controller_identity_may_write_the_request(
+        wl1: KubeClient, agent_client: tuple[KubeClient, str, str]) -> None:
+    """The chart's signal policy: the agent's identity (any identity but the controller's,
+    here the admin token in system:masters) may replace the status of its own Node's
+    signal, and nothing of the request: not the URL, not the digest, not the signal
+    version, not a fresh request, not a second "command" smuggled after the status."""
+    agent, mine, _ = agent_client
+    request = SignalData(
+        planId=unique("plan"), created=utcnow(), traceparent=None,
+        command=SignalCommand(id=1, k0supdate=K0sUpdateCommand(
+            url="https://get.k0sproject.io/v1.32.1+k0s.0/k0s-v1.32.1+k0s.0-amd64",
+            version=NEW, sha256="a" * 64)))
+    raw = request.to_json()
+
+    def ann(**values: str | None) -> dict[str, Any]:
+        return {"metadata": {"annotations": values}}
+
+    # Not even a request of its own making on a Node without one.
+    with pytest.raises(ForbiddenError, match=SIGNAL_DENIED):
+        await agent.patch(NODES, mine, ann(**{SIGNAL_DATA_KEY: raw}))
+    # The controller (admin, system:masters) writes the request.
+    await wl1.patch(NODES, mine, ann(**{SIGNAL_VERSION_KEY: SIGNAL_VERSION,
+                                        SIGNAL_DATA_KEY: raw}))
+    # The agent's own status write lands: request part byte for byte, status replaced.
+    status = replace_status(raw, SignalStatus(status=SignalState.DOWNLOADING,
+                                              reason="a reason with {braces} and \"quotes\""))
+    await agent.patch(NODES, mine, ann(**{SIGNAL_DATA_KEY: status}))
+    later = replace_status(status, SignalStatus(status=SignalState.CORDONING, sha256="a" * 64))
+    await agent.patch(NODES, mine, ann(**{SIGNAL_DATA_KEY: later}))
+
+    evil_url = later.replace("https://get.k0sproject.io/", "https://evil.example/")
+    evil_digest = later.replace("a" * 64, "b" * 64, 1)
+    smuggled = later[:-1] + ',"command":{"id":1,"k0supdate":{"url":"https://evil.example/k0s",' \
+        f'"version":"{NEW}","sha256":"{"b" * 64}"}}}}}}'
+    refused = {
+        "another URL": ann(**{SIGNAL_DATA_KEY: evil_url}),
+        "another digest": ann(**{SIGNAL_DATA_KEY: evil_digest}),
+        "a second command after the status": ann(**{SIGNAL_DATA_KEY: smuggled}),
+        "a new request": ann(**{SIGNAL_DATA_KEY: raw.replace(request.planId, "other")}),
+        "withdrawing the request": ann(**{SIGNAL_DATA_KEY: None}),
+        "the signal version": ann(**{SIGNAL_VERSION_KEY: "v9"}),
+    }
+    landed = []
+    for what, patch in refused.items():
+        try:
+            await agent.patch(NODES, mine, patch)
+        except ForbiddenError as e:
+            assert SIGNAL_DENIED in str(e), (what, e)
+            continue
+        landed.append(what)
+    assert landed == []
+    current = (await wl1.get(NODES, mine))["metadata"]["annotations"]
+    assert current[SIGNAL_DATA_KEY] == later and current[SIGNAL_VERSION_KEY] == SIGNAL_VERSION
+    # Other annotations stay the agent's to write (cordon mark, running version).
+    await agent.patch(NODES, mine, ann(**{"fleet.k0s-fleet.io/k0s-version": NEW}))
+    # ... and the controller may replace or withdraw its request.
+    await wl1.patch(NODES, mine, ann(**{SIGNAL_DATA_KEY: evil_url}))
+    await wl1.patch(NODES, mine, ann(**{SIGNAL_DATA_KEY: None, SIGNAL_VERSION_KEY: None}))

@@ -205,12 +205,21 @@ async def test_both_charts_upgrade_a_cluster_and_the_agent_uses_exactly_its_gran
     granted = _grants(await admin.get(CLUSTER_ROLES, release))
     assert refused == []
     assert used <= granted
-    assert granted - used == set(), f"granted but never used: {sorted(granted - used)}"
+    unused = granted - used
+    assert unused <= set(AGENT_UNUSED_OK), f"granted but never used: {sorted(unused)}"
     print(f"\n[rbac] agent used exactly: {sorted(used)}")
     ctl_used, ctl_refused = audited.used(
         f"system:serviceaccount:{controller.namespace}:{controller.service_account}")
     assert ctl_refused == []
     assert ctl_used
+
+
+# Granted to the agent but not necessarily used by this scenario, and why they stay.
+AGENT_UNUSED_OK = {
+    # the watch cache saves the GET unless a status write meets a 409 or the watch has
+    # not yet delivered the agent's own previous write (timing: not every run)
+    ("", "nodes", "get"): "re-read after a write conflict or a lagging watch",
+}
 
 
 # Granted to the controller but not used by this scenario, and why they stay.

@@ -103,3 +103,23 @@ async def test_signal_strategy_without_a_process(tmp_path: Path) -> None:
     assert "init system" in await Restarter(s).restart(None)
     assert await K0sProbe(s).running() is None
     assert await K0sProbe(s).pid() is None
+
+
+def test_allowed_url_prefixes_from_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("K0S_FLEET_AGENT_NODE_NAME", "n")
+    assert settings_from([]).allowed_url_prefixes == ("https://get.k0sproject.io/",)
+    monkeypatch.setenv("K0S_FLEET_AGENT_ALLOWED_URL_PREFIXES", '["https://m.example/k0s/"]')
+    assert settings_from([]).allowed_url_prefixes == ("https://m.example/k0s/",)
+    monkeypatch.setenv("K0S_FLEET_AGENT_ALLOWED_URL_PREFIXES", '["https://m.example/k0s/"]')
+    s = settings_from(["--allowed-url-prefix", "https://a.example/",
+                       "--allowed-url-prefix", "http://b.example:8080/k0s"])
+    assert s.allowed_url_prefixes == ("https://a.example/", "http://b.example:8080/k0s")
+    assert AgentSettings(node_name="n", allowed_url_prefixes="https://a.example/, "
+                         "https://b.example/").allowed_url_prefixes == (
+        "https://a.example/", "https://b.example/")
+
+
+@pytest.mark.parametrize("prefix", ["ftp://x.example/", "https://u@x.example/", "x.example"])
+def test_an_unusable_allowed_url_prefix_is_named(prefix: str) -> None:
+    with pytest.raises(ValidationError, match="allowed URL prefix"):
+        settings_from(["--node-name", "n", "--allowed-url-prefix", prefix])

@@ -30,6 +30,7 @@ from fleet.agents.state import (
     restart_action,
     successor,
     uncordon_patch,
+    url_prefix_problem,
 )
 from fleet.signal import (
     CORDONED_BY_KEY,
@@ -117,7 +118,54 @@ def test_digest_required_unless_both_sides_allow() -> None:
                                                    allow_unverified=False,
                                                    file_url_roots=()) or "")
     assert policy_problem(cmd(sha256=None, allowunverified=True), allow_unverified=True,
-                          file_url_roots=()) is None
+                          file_url_roots=(), url_prefixes=("https://r.example/",)) is None
+
+
+PREFIX = "https://releases.example/k0s/"
+
+
+@pytest.mark.parametrize(("url", "ok"), [
+    ("https://releases.example/k0s/v1.32.1/k0s-amd64", True),
+    ("https://RELEASES.example:443/k0s/v1.32.1/k0s?arch=amd64", True),
+    ("https://releases.example/k0s", False),  # the prefix ends with a slash
+    ("https://releases.example/k0s-evil/k0s", False),
+    ("https://releases.example/k0s/../evil/k0s", False),
+    ("https://releases.example/k0s/%2e%2e/evil/k0s", False),
+    ("https://releases.example/other/k0s", False),
+    ("http://releases.example/k0s/v1/k0s", False),  # another scheme
+    ("https://releases.example:8443/k0s/v1/k0s", False),  # another port
+    ("https://releases.example.evil.example/k0s/v1/k0s", False),
+    ("https://releases.example@evil.example/k0s/v1/k0s", False),
+    ("https://user@releases.example/k0s/v1/k0s", False),
+    ("https://evil.example/k0s/v1/k0s", False),
+])
+def test_http_urls_only_under_allowed_prefixes(url: str, ok: bool) -> None:
+    problem = policy_problem(cmd(url=url), allow_unverified=False, file_url_roots=(),
+                             url_prefixes=("https://other.example/", PREFIX))
+    assert (problem is None) is ok, problem
+    if not ok:
+        assert problem is not None and PREFIX in problem
+
+
+def test_a_prefix_without_trailing_slash_ends_at_a_segment() -> None:
+    prefixes = ("https://r.example/k0s",)
+    ok = policy_problem(cmd(url="https://r.example/k0s/v1"), allow_unverified=False,
+                        file_url_roots=(), url_prefixes=prefixes)
+    evil = policy_problem(cmd(url="https://r.example/k0s-evil"), allow_unverified=False,
+                          file_url_roots=(), url_prefixes=prefixes)
+    assert ok is None and evil is not None
+
+
+def test_no_prefixes_refuses_every_http_url() -> None:
+    problem = policy_problem(cmd(url="https://r.example/k0s"), allow_unverified=False,
+                             file_url_roots=())
+    assert problem is not None and "--allowed-url-prefix" in problem
+
+
+@pytest.mark.parametrize("prefix", ["ftp://r.example/", "https:///k0s/", "https://u@r.example/",
+                                    "https://r.example/?a=1", "https://r.example/a/../b/"])
+def test_unusable_prefixes_are_named(prefix: str) -> None:
+    assert url_prefix_problem(prefix) is not None
 
 
 @pytest.mark.parametrize(("url", "ok"), [

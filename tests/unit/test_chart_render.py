@@ -430,8 +430,8 @@ def _env(spec: dict[str, Any]) -> dict[str, Any]:
 def test_agent_default_signal_strategy_has_no_capabilities() -> None:
     m = render(AGENT_CHART)
     assert m.kinds() == sorted(["ClusterRole", "ClusterRoleBinding", "DaemonSet",
-                                "ServiceAccount", "ValidatingAdmissionPolicy",
-                                "ValidatingAdmissionPolicyBinding"])
+                                "ServiceAccount", *["ValidatingAdmissionPolicy",
+                                                    "ValidatingAdmissionPolicyBinding"] * 2])
     spec = pod_spec(m.workload())
     assert spec["hostPID"] is True
     assert spec["securityContext"]["appArmorProfile"] == {"type": "Unconfined"}
@@ -496,15 +496,38 @@ def test_agent_env_is_valid_agent_settings(values: Path | None) -> None:
 
 def test_own_node_policy_targets_the_agent_identity() -> None:
     m = render(AGENT_CHART, namespace="k0s-fleet-agent")
-    vap = m.one("ValidatingAdmissionPolicy")
+    vap = m.one("ValidatingAdmissionPolicy", "r1-k0s-fleet-agent-own-node")
     (cond,) = vap["spec"]["matchConditions"]
     assert cond["expression"] == (
         'request.userInfo.username == "system:serviceaccount:k0s-fleet-agent:r1-k0s-fleet-agent"')
-    binding = m.one("ValidatingAdmissionPolicyBinding")
+    binding = m.one("ValidatingAdmissionPolicyBinding", "r1-k0s-fleet-agent-own-node")
     assert binding["spec"] == {"policyName": vap["metadata"]["name"], "validationActions": ["Deny"]}
     assert not render(AGENT_CHART, api_versions=[]).all("ValidatingAdmissionPolicy")
-    assert not render(AGENT_CHART, sets=["rbac.ownNodeOnly=false"]).all(
-        "ValidatingAdmissionPolicy")
+    assert [v["metadata"]["name"] for v in render(
+        AGENT_CHART, sets=["rbac.ownNodeOnly=false"]).all("ValidatingAdmissionPolicy")] == [
+        "r1-k0s-fleet-agent-signal-request"]
+
+
+def test_signal_policy_exempts_exactly_the_configured_controller_identity() -> None:
+    m = render(AGENT_CHART, sets=["signalPolicy.controllerUsers[0]=capi-admin",
+                                  "json:signalPolicy.controllerGroups=[]"])
+    vap = m.one("ValidatingAdmissionPolicy", "r1-k0s-fleet-agent-signal-request")
+    (cond,) = vap["spec"]["matchConditions"]
+    assert '["capi-admin"]' in cond["expression"] and "[]" in cond["expression"]
+    default = render(AGENT_CHART).one("ValidatingAdmissionPolicy",
+                                      "r1-k0s-fleet-agent-signal-request")
+    assert '["system:masters"]' in default["spec"]["matchConditions"][0]["expression"]
+    assert [v["metadata"]["name"] for v in render(
+        AGENT_CHART, sets=["signalPolicy.enabled=false"]).all("ValidatingAdmissionPolicy")] == [
+        "r1-k0s-fleet-agent-own-node"]
+
+
+def test_agent_allowed_url_prefixes_reach_the_agent() -> None:
+    env = _env(pod_spec(render(AGENT_CHART, sets=[
+        "download.allowedUrlPrefixes[0]=https://mirror.example/k0s/"]).workload()))
+    assert env["K0S_FLEET_AGENT_ALLOWED_URL_PREFIXES"] == '["https://mirror.example/k0s/"]'
+    default = _env(pod_spec(render(AGENT_CHART).workload()))
+    assert default["K0S_FLEET_AGENT_ALLOWED_URL_PREFIXES"] == '["https://get.k0sproject.io/"]'
 
 
 # -- schema: a typo fails at install, not at 3 a.m. ----------------------------------------

@@ -12,6 +12,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fleet.agents.settings import DEFAULT_RELEASE_PREFIX
+from fleet.agents.state import url_under_prefix
 from fleet.config import (
     DEFAULT_URL_TEMPLATE,
     DownloadSettings,
@@ -64,7 +66,7 @@ def test_defaults_without_a_file() -> None:
     assert cfg.download.url_template == DEFAULT_URL_TEMPLATE
     assert cfg.download.arches == ["amd64", "arm64", "arm"]
     assert not cfg.download.allow_unverified
-    assert cfg.telemetry.service_name == "k0s-fleet"
+    assert cfg.telemetry.service_name is None  # OTEL_SERVICE_NAME, else k0s-fleet
     assert cfg.extension.port == 9443
     assert cfg.status.port == 8080
     assert [w.name for w in cfg.rollout.effective_waves] == ["default"]
@@ -636,3 +638,8 @@ def test_label_selector_string() -> None:
     assert parse_label_selector("").matches({})
 
 
+
+
+def test_agents_default_release_prefix_covers_the_default_url_template() -> None:
+    url = DEFAULT_URL_TEMPLATE.format(version="v1.32.1+k0s.0", arch="amd64")
+    assert url_under_prefix(url, DEFAULT_RELEASE_PREFIX)

@@ -35,7 +35,7 @@ LAYERS = [
     "config",
     "selectors",
     "config_types",
-    "config_errors | schedule | signal",
+    "config_errors | schedule | signal | tracecontext",
     "versions",
     "kube",                                           # the only API-server client layer
 ]

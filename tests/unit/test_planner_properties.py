@@ -288,3 +288,25 @@ def test_worker_rollout_respects_budget_in_any_completion_order(
         assert upgraded == {n for n in nodes if nodes[n].ready}
     else:
         assert not upgraded
+
+
+def test_a_plan_past_its_pending_deadline_is_not_signalled_then_failed() -> None:
+    """Regression (seed 292774678742148780519962217103882747670): a created but unsignalled
+    NodePlan whose Pending deadline passed was signalled and marked failed in one pass;
+    the node was then busy while no in-flight plan counted it, and a retarget dispatched
+    past maxUnavailable."""
+    sim = SimFleet(now=T0)
+    ckey = add_cluster(sim, "c0", control_planes=0, workers=4, max_unavailable=2)
+    bump(sim, ckey, V2, control_plane=False, workers=True)
+    cfg = PlannerSettings(deadlines={PENDING: timedelta(seconds=5)},
+                          default_deadline=timedelta(seconds=10), halt_at_failures=1)
+    for _ in range(3):
+        run_pass(sim, cfg)
+    sim.delete_plan(("default", "c0-md-1-v1.31.3-k0s.0"))
+    for _ in range(3):
+        run_pass(sim, cfg)
+    sim.advance(10)
+    bump(sim, ckey, V3)
+    actions = plan(sim.snapshot(), cfg).actions
+    assert not [a for a in actions if isinstance(a, SignalNode) and a.node == "c0-md-2"]
+    run_pass(sim, cfg)  # the oracle checks maxUnavailable after the pass

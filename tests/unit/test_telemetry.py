@@ -2,24 +2,33 @@
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
 from fleet.config import TelemetrySettings
 from fleet.telemetry import (
+    DurableSpan,
+    TracingOptions,
     context_from_traceparent,
     current_traceparent,
     get_tracer,
     link_from_traceparent,
+    otlp_from_environment,
     otlp_traces_endpoint,
+    resolved_service_name,
     setup_tracing,
+    tracing_wanted,
 )
 
 VALID = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -186,11 +195,130 @@ def test_provider_is_not_installed_globally_unless_asked() -> None:
         provider.shutdown()
 
 
-def test_otlp_exporter_is_configured_without_connecting() -> None:
-    # Building the provider must not reach the collector; shutting down with no spans
-    # sends nothing either.
-    provider = setup_tracing(TelemetrySettings(otlp_endpoint="http://127.0.0.1:9/"))
+class _Collector:
+    """A loopback OTLP/HTTP receiver: records (path, headers, body) of every POST."""
+
+    def __init__(self) -> None:
+        received = self.received = []  # type: list[tuple[str, dict[str, str], bytes]]
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                received.append((self.path, dict(self.headers.items()), body))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def collectors() -> Iterator[tuple[_Collector, _Collector]]:
+    a, b = _Collector(), _Collector()
+    yield a, b
+    a.close()
+    b.close()
+
+
+def _export_one(settings: TracingOptions | TelemetrySettings) -> TracerProvider:
+    provider = setup_tracing(settings)
+    with get_tracer("test", provider).start_as_current_span("one"):
+        pass
+    assert provider.force_flush(10_000)
     provider.shutdown()
+    return provider
+
+
+def test_otlp_export_follows_the_standard_environment(
+        monkeypatch: pytest.MonkeyPatch, collectors: tuple[_Collector, _Collector]) -> None:
+    env_collector, _ = collectors
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", env_collector.url)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=fleet")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "from-env")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test")
+    assert tracing_wanted(TracingOptions())
+    provider = _export_one(TracingOptions())
+    assert provider.resource.attributes["service.name"] == "from-env"
+    assert provider.resource.attributes["deployment.environment"] == "test"
+    [(path, headers, body)] = env_collector.received
+    assert path == "/v1/traces" and body
+    assert {k.lower(): v for k, v in headers.items()}["x-tenant"] == "fleet"
+    assert b"from-env" in body  # the resource travels in the protobuf payload
+
+
+def test_configured_values_win_over_the_environment(
+        monkeypatch: pytest.MonkeyPatch, collectors: tuple[_Collector, _Collector]) -> None:
+    env_collector, configured = collectors
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", env_collector.url)
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "from-env")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    provider = _export_one(TelemetrySettings(otlp_endpoint=configured.url,
+                                             service_name="from-config", sampling_ratio=1.0))
+    assert provider.resource.attributes["service.name"] == "from-config"
+    assert env_collector.received == []
+    [(path, _, body)] = configured.received
+    assert path == "/v1/traces" and b"from-config" in body
+
+
+def test_the_environment_sampler_applies_when_no_ratio_is_configured(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    memory = InMemorySpanExporter()
+    provider = setup_tracing(TracingOptions(), extra_exporters=[memory])
+    with get_tracer("test", provider).start_as_current_span("dropped") as span:
+        assert not span.is_recording()
+    provider.shutdown()
+    assert memory.get_finished_spans() == ()
+
+
+@pytest.mark.parametrize(("env", "wanted"), [
+    ({}, False),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, True),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_TRACES_EXPORTER": "none"}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}, False),
+])
+def test_otlp_from_environment(env: dict[str, str], wanted: bool) -> None:
+    assert otlp_from_environment(env) is wanted
+
+
+def test_the_configured_service_name_beats_the_environment_which_beats_the_default() -> None:
+    env = {"OTEL_SERVICE_NAME": "env"}
+    assert resolved_service_name(TracingOptions(service_name="cfg"), "dflt", env) == "cfg"
+    assert resolved_service_name(TracingOptions(), "dflt", env) == "env"
+    assert resolved_service_name(TracingOptions(), "dflt", {}) == "dflt"
+
+
+def test_durable_span_ids_are_the_same_in_every_process() -> None:
+    """Two 'processes' (providers) deriving the upgrade span of one request agree, and
+    children started under it in either are its children; the span itself gets the id."""
+    a, b = DurableSpan.derive("req-1", VALID), DurableSpan.derive("req-1", VALID)
+    assert (a.trace_id, a.span_id) == (b.trace_id, b.span_id)
+    assert f"{a.trace_id:032x}" == VALID.split("-")[1]
+    assert DurableSpan.derive("req-2", VALID).span_id != a.span_id
+    memory = InMemorySpanExporter()
+    provider = setup_tracing(TracingOptions(), extra_exporters=[memory])
+    tracer = get_tracer("test", provider)
+    with tracer.start_as_current_span("step", context=b.child_context()):
+        pass
+    a.start(tracer, "upgrade").end()
+    provider.shutdown()
+    spans = {s.name: s for s in memory.get_finished_spans()}
+    up, step = spans["upgrade"], spans["step"]
+    assert up.context is not None and step.parent is not None and up.parent is not None
+    assert up.context.span_id == a.span_id and step.parent.span_id == a.span_id
+    assert up.parent.span_id == int(VALID.split("-")[2], 16)
+    root = DurableSpan.derive("req-3", None)  # no traceparent: a root of its own
+    assert root.parent is None and root.trace_id == DurableSpan.derive("req-3", "").trace_id
 
 
 @pytest.mark.parametrize(
