@@ -102,6 +102,14 @@ PROVIDER.add_span_processor(SimpleSpanProcessor(SPANS))
 
 
 
+def _node_upgrade_spans(plans: list[KubeObject]) -> list[Any]:
+    """The controller's finished node-upgrade spans in these NodePlans' traces."""
+    trace_ids = {p["metadata"]["annotations"]["tracing.k8s.io/traceparent"].split("-")[1]
+                 for p in plans}
+    return [s for s in SPANS.get_finished_spans() if s.name == "node-upgrade"
+            and f"{s.context.trace_id:032x}" in trace_ids]
+
+
 def cond(obj: KubeObject, ctype: str) -> dict[str, Any]:
     return next(c for c in obj["status"]["conditions"] if c["type"] == ctype)
 
@@ -128,6 +136,12 @@ async def test_machine_deployment_rollout(  # noqa: PLR0917 - fixtures
             await wait_condition(mgmt, MACHINE_DEPLOYMENTS, fc.md, namespace,  # type: ignore[arg-type]
                                  C.UP_TO_DATE, "False", timeout=10)
             await wait_rollout(mgmt, fc)
+            # The MD can read up to date (from what the nodes report) a moment before the
+            # last NodePlan's Completed write and its span: wait for those too.
+            with anyio.fail_after(30):
+                while len(_node_upgrade_spans(
+                        (await mgmt.list(NODE_PLANS, namespace)).items)) < 6:
+                    await anyio.sleep(0.1)
         tg.cancel_scope.cancel()
     assert watcher.violations == [], watcher.violations[:5]
     assert watcher.max_seen_unavailable == limit  # the budget was used, never exceeded
@@ -140,9 +154,7 @@ async def test_machine_deployment_rollout(  # noqa: PLR0917 - fixtures
     assert {p["status"]["phase"] for p in plans} == {NodePlanPhase.COMPLETED}
     traceparents = {p["metadata"]["annotations"]["tracing.k8s.io/traceparent"] for p in plans}
     assert len(traceparents) == 6  # one trace per node upgrade
-    trace_ids = {tp.split("-")[1] for tp in traceparents}
-    done = [s for s in SPANS.get_finished_spans() if s.name == "node-upgrade"
-            and f"{s.context.trace_id:032x}" in trace_ids]
+    done = _node_upgrade_spans(plans)
     assert len(done) == 6
     assert all((s.attributes or {}).get("k0s_fleet.outcome") == "Completed" for s in done)
     reasons = {e["reason"] for e in await list_events(mgmt, namespace)}
