@@ -48,6 +48,11 @@ image: venv testenv
 	bash hack/image/build.sh
 	$(BIN)/pytest tests/image -q -n 0 -s
 
+# The chaos suite (docs/reliability.md): >= 1000 seeded trials; failing seeds are printed.
+CHAOS_TRIALS ?= 1000
+chaos: venv
+	$(BIN)/python -m tests.helpers.chaos --trials $(CHAOS_TRIALS)
+
 bench: venv testenv
 	$(BIN)/python bench/rollout.py
 

@@ -15,6 +15,7 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -104,14 +105,28 @@ class WorkloadCluster:
         """Nodes are known (listed at least once since this client was built)."""
         return self.client is not None and self.nodes.synced
 
+    def unreachable(self, after: float) -> tuple[datetime, str] | None:
+        """(since when, last error) when this cluster's Node watch has failed without a
+        single success for ``after`` seconds or more; None while it answers (or before
+        that bound: one dropped watch is not an outage)."""
+        r = self.node_reflector
+        if r is None or r.failing_since is None or r.failing_since_wall is None:
+            return None
+        if r.failing_for() < after:
+            return None
+        return r.failing_since_wall, r.last_error or "no answer"
+
 
 class ClusterRegistry:
     """Workload cluster clients keyed by CAPI Cluster, following their kubeconfig Secrets."""
 
     def __init__(self, secrets: ObjectCache, *, on_change: Callable[[], None],
                  client_factory: ClientFactory = _default_factory,
-                 watch_timeout: int = 120) -> None:
+                 watch_timeout: int = 120, unreachable_after: float = 30.0) -> None:
         self.secrets = secrets
+        # A cluster whose Node watch has failed this long is unreachable: its last cache
+        # is not decided on, nothing new starts there (docs/controller.md).
+        self.unreachable_after = unreachable_after
         self.on_change = on_change
         self.client_factory = client_factory
         self.watch_timeout = watch_timeout
@@ -121,6 +136,10 @@ class ClusterRegistry:
 
     def get(self, key: ClusterKey) -> WorkloadCluster | None:
         return self.clusters.get(key)
+
+    def unreachable(self, key: ClusterKey) -> tuple[datetime, str] | None:
+        wc = self.clusters.get(key)
+        return None if wc is None else wc.unreachable(self.unreachable_after)
 
     def client(self, key: ClusterKey) -> KubeClient | None:
         wc = self.clusters.get(key)
@@ -211,7 +230,8 @@ class ClusterRegistry:
         cache = wc.nodes
         reflector = Reflector(wc.client, NODES, listener=cache.on_event,
                               watch_timeout=self.watch_timeout,
-                              backoff=Backoff(initial=0.1, maximum=5.0))
+                              backoff=Backoff(initial=0.1, maximum=5.0),
+                              on_health=self.on_change)
         wc.node_reflector = reflector
 
         async def mark_synced() -> None:

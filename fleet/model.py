@@ -120,6 +120,9 @@ class ClusterInfo:
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
     # the CAPI Cluster's annotations (the rollout reads its pause/hold annotations there)
     annotations: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # Its workload API server has not answered since then (the Node watch keeps failing).
+    unreachable_since: datetime | None = None
+    unreachable_error: str = ""
 
     @property
     def key(self) -> ClusterKey:
@@ -199,6 +202,7 @@ class MachineDeploymentInfo(_VersionOwner):
     version: str | None
     max_unavailable: int | str | None
     strategy: str = "RollingUpdate"
+    max_surge: int | str | None = None  # None: Cluster API's default, 1
     bootstrap: TemplateRef | None = None
     infrastructure: TemplateRef | None = None
     failure_domain: str | None = None
@@ -289,6 +293,7 @@ class NodeInfo:
     cordoned_by: str | None = None
     arch: str = "amd64"
     kubelet_version: str | None = None  # status.nodeInfo.kubeletVersion, e.g. v1.31.3+k0s
+    k0s_version: str | None = None  # a ControlNode's status.k0sVersion (autopilot's report)
 
     @property
     def available(self) -> bool:
@@ -453,6 +458,7 @@ def deployment_from(obj: Mapping[str, Any]) -> MachineDeploymentInfo:
         replicas=_int(spec.get("replicas"), 1),
         version=tspec.get("version"),
         max_unavailable=rolling.get("maxUnavailable"),
+        max_surge=rolling.get("maxSurge"),
         strategy=str(strategy.get("type") or "RollingUpdate"),
         bootstrap=_template_ref((tspec.get("bootstrap") or {}).get("configRef")),
         infrastructure=_template_ref(tspec.get("infrastructureRef")),
@@ -578,6 +584,8 @@ def node_from(obj: Mapping[str, Any]) -> NodeInfo:
         arch=str(((status.get("nodeInfo") or {}).get("architecture"))
                  or (_meta(obj).get("labels") or {}).get("kubernetes.io/arch") or "amd64"),
         kubelet_version=(status.get("nodeInfo") or {}).get("kubeletVersion") or None,
+        k0s_version=(str(status.get("k0sVersion") or "") or None)
+        if kind == KIND_CONTROL_NODE else None,
     )
 
 

@@ -46,7 +46,9 @@ def nodeplan_name(machine: str, version: str) -> str:
     if len(base) <= _MAX_NAME:
         return base
     digest = hashlib.sha256(base.encode()).hexdigest()[:10]
-    return f"{base[: _MAX_NAME - 11]}-{digest}"
+    # Cut where it may be: a DNS-1123 subdomain's dot-separated labels start and end
+    # alphanumeric, so no "." or "-" may remain before the "-<digest>" suffix.
+    return f"{base[: _MAX_NAME - 11].rstrip('.-')}-{digest}"
 
 
 def label_value(value: str) -> str:

@@ -101,6 +101,22 @@ def readable(source: ObjectSource, obj: RawObject, parser: Callable[[RawObject],
         return None
 
 
+def watched_namespaces(config: FleetConfig) -> list[str]:
+    """The management namespaces to watch: ``clusters.namespaces`` plus those of explicit
+    ``clusters.entries`` (an entry is a member wherever it lives); empty means all."""
+    namespaces = list(config.clusters.namespaces)
+    for e in config.clusters.entries:
+        if namespaces and e.namespace not in namespaces:
+            namespaces.append(e.namespace)
+    return namespaces
+
+
+def custom_kubeconfig_secrets(config: FleetConfig) -> list[tuple[str, str]]:
+    """(namespace, name) of kubeconfig Secrets set explicitly in clusters.entries."""
+    return sorted({(e.namespace, e.kubeconfig_secret) for e in config.clusters.entries
+                   if e.kubeconfig_secret})
+
+
 def fleet_clusters(config: FleetConfig, clusters: Iterable[RawObject]
                    ) -> dict[ClusterKey, ClusterInfo]:
     """The CAPI Clusters that make up the fleet, with their effective settings."""

@@ -39,6 +39,7 @@ from opentelemetry import trace
 from fleet.agents import drain, swap
 from fleet.agents.download import DownloadPolicy, FinalDownloadError, ensure_staged
 from fleet.agents.files import partial_path, unlink_quiet, write_durably
+from fleet.agents.hostfault import HostFaults, describe, failure_state
 from fleet.agents.restart import K0sProbe, Restarter, RestartError, read_marker, restart_once
 from fleet.agents.settings import AgentSettings
 from fleet.agents.state import (
@@ -138,7 +139,10 @@ class Agent:
 
     # -- main loop ---------------------------------------------------------------------------
     async def run(self) -> None:
-        unlink_quiet(partial_path(self.binary))  # a download a killed agent left behind
+        try:
+            unlink_quiet(partial_path(self.binary))  # a download a killed agent left behind
+        except OSError as e:  # a read-only binary directory: requests will say so
+            log.warning("cannot remove a leftover download: %s", describe(e))
         self.s.state_dir.mkdir(parents=True, exist_ok=True)
         async with anyio.create_task_group() as tg:
             reflector = Reflector(self.client, self.res,
@@ -216,10 +220,12 @@ class Agent:
     # -- the walk ----------------------------------------------------------------------------
     async def _drive(self, sig: SignalData) -> None:
         backoff = Backoff(initial=0.5, maximum=30.0)
+        faults = HostFaults()
         while True:
             try:
                 sig = await self._step(sig)
                 backoff.reset()
+                faults.reset()
                 if sig.status is not None and sig.status.status.terminal:
                     crash_point(f"{sig.status.status}:after")
                     await self._cleanup_request(sig, ended_here=True)
@@ -239,6 +245,15 @@ class Agent:
                 log.warning("status of %s changed under us (now %s); resuming from there",
                             sig.planId, moved.status.status if moved.status else None)
                 sig = moved
+            except OSError as e:  # the host's filesystem: read-only, full, vanished
+                state = sig.status.status if sig.status else None
+                if faults.give_up(state, e):
+                    sig = await self._host_fault(sig, e)
+                    continue
+                delay = backoff.next_delay()
+                log.warning("step %s of %s: host fault %s; retrying in %.1fs",
+                            state or "start", sig.planId, describe(e), delay)
+                await anyio.sleep(delay)
             except KubeError as e:  # the API server is unreachable, throttling, ...
                 delay = backoff.next_delay()
                 log.warning("step %s of %s: %s; retrying in %.1fs",
@@ -249,6 +264,28 @@ class Agent:
                 log.exception("step %s of %s failed; retrying in %.1fs",
                               sig.status.status if sig.status else "start", sig.planId, delay)
                 await anyio.sleep(delay)
+
+    async def _host_fault(self, sig: SignalData, e: OSError) -> SignalData:
+        """End the request in the failure state for where it is, naming path and errno.
+
+        The installed binary is intact: an apply either replaced it atomically or not at
+        all; from Restarting on (the new binary may be in place, k0s not yet restarted
+        onto it) the previous binary is put back first. The cordon is undone by
+        housekeeping once the failure is recorded."""
+        state = sig.status.status if sig.status else None
+        why = f"host fault in {state or 'Start'}: {describe(e)}"
+        log.error("%s: %s", sig.planId, why)
+        if state is SignalState.RESTARTING:
+            try:
+                restored = await anyio.to_thread.run_sync(swap.restore, self.binary)
+                why += "; previous binary restored" if restored else "; no rollback copy"
+            except swap.ApplyError as again:
+                why += f"; restoring the previous binary failed too: {again}"
+        if sig.status is None:  # not even Downloading recorded: record the start first
+            sig = await self._transition(sig, first_status(sig.command.k0supdate, None,
+                                                           utcnow()))
+        return await self._transition(sig, self._status(sig, failure_state(state),
+                                                        reason=why))
 
     async def _step(self, sig: SignalData) -> SignalData:
         state = sig.status.status if sig.status is not None else None
@@ -602,14 +639,19 @@ class Agent:
             await self._cleanup_request(sig)
 
     async def _cleanup_request(self, sig: SignalData, *, ended_here: bool = False) -> None:
-        """Files a finished request leaves behind (idempotent); records its upgrade span."""
+        """Files a finished request leaves behind (idempotent, best effort: a host that
+        cannot even delete them - read-only, vanished - must not undo the outcome);
+        records its upgrade span."""
         state = sig.status.status if sig.status is not None else None
         self._end_upgrade_trace(sig, ended_here=ended_here)
-        await anyio.to_thread.run_sync(swap.discard_staged, self.binary)
-        if state is not SignalState.FAILED_VERIFY:
-            # a node that failed even its rollback keeps the copy for a human
-            await anyio.to_thread.run_sync(swap.discard_rollback, self.binary)
-            self._clear_markers(keep=None)
+        try:
+            await anyio.to_thread.run_sync(swap.discard_staged, self.binary)
+            if state is not SignalState.FAILED_VERIFY:
+                # a node that failed even its rollback keeps the copy for a human
+                await anyio.to_thread.run_sync(swap.discard_rollback, self.binary)
+                self._clear_markers(keep=None)
+        except OSError as e:
+            log.warning("%s: cannot clean up after the request: %s", sig.planId, describe(e))
         self._cleaned.add(sig.request_key)
 
     def _clear_markers(self, keep: str | None) -> None:

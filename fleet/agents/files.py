@@ -22,11 +22,20 @@ def sha256_file(path: Path) -> str | None:
     return h.hexdigest()
 
 
+def _named(e: OSError, path: Path) -> OSError:
+    """``e`` naming ``path`` (write/fsync errors name no file), for a failure reason."""
+    if e.filename is not None:
+        return e
+    return type(e)(e.errno, e.strerror, str(path))
+
+
 def fsync_dir(directory: Path) -> None:
     """Make renames and unlinks in ``directory`` durable."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
+    except OSError as e:
+        raise _named(e, directory) from e
     finally:
         os.close(fd)
 
@@ -57,10 +66,15 @@ def write_durably(path: Path, data: bytes) -> None:
     """Write a small file so that after a crash it holds either nothing or ``data``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()  # no half-written marker left behind
+        raise _named(e, tmp) from e
     os.replace(tmp, path)
     fsync_dir(path.parent)
 

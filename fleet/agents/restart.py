@@ -197,7 +197,7 @@ class Restarter:
         else:
             assert s.restart_command is not None  # settings validation
             argv = [*host_prefix(s.host_namespace), *shlex.split(s.restart_command)]
-        code, out = await run_command(argv, timeout=s.verify_timeout)
+        code, out = await run_command(argv, timeout=s.restart_timeout)
         if code != 0:
             raise RestartError(f"{shlex.join(argv)} exited {code}: {out[-300:]}")
         return f"ran {shlex.join(argv)}"

@@ -84,6 +84,9 @@ class AgentSettings(BaseSettings):
     # to let it take effect before issuing it again (see state.restart_action).
     restart_grace: float = Field(default=20.0, ge=0, description="seconds a recorded restart "
                                  "gets to replace the process before re-issuing")
+    restart_timeout: float = Field(default=120.0, gt=0, description="seconds a restart "
+                                   "command (systemctl/--restart-command) may take; not the "
+                                   "verify timeout")
     host_namespace: HostNamespace = Field(HostNamespace.AUTO, description="run "
                                           "systemctl/commands via nsenter into pid 1's namespaces")
 

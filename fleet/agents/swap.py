@@ -24,6 +24,7 @@ from fleet.agents.files import (
     staged_path,
     unlink_quiet,
 )
+from fleet.agents.hostfault import describe
 from fleet.agents.state import ApplyAction, apply_action
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def apply(binary: Path, expected_sha256: str) -> ApplyResult:
         link_replace(staged, binary)  # the staged name survives until the status lands
         fsync_dir(binary.parent)
     except OSError as e:
-        raise ApplyError(f"cannot replace {binary}: {e.strerror or e}") from e
+        raise ApplyError(f"cannot replace {binary}: {describe(e)}") from e
     log.info("installed %s (sha256 %s)", binary, expected_sha256)
     return ApplyResult(action, kept_rollback=kept)
 
@@ -89,7 +90,7 @@ def restore(binary: Path) -> bool:
             link_replace(keep, binary)
             fsync_dir(binary.parent)
         except OSError as e:
-            raise ApplyError(f"cannot restore {binary} from {keep}: {e.strerror or e}") from e
+            raise ApplyError(f"cannot restore {binary} from {keep}: {describe(e)}") from e
         log.info("restored %s from %s", binary, keep)
     return True
 

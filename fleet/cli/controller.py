@@ -17,6 +17,7 @@ import socket
 import anyio
 
 from fleet.cli import common
+from fleet.cli.probes import probes
 from fleet.config import FleetConfig
 from fleet.config_errors import ConfigError
 from fleet.controllers.leader import LeaderElector, LostLeadershipError
@@ -61,6 +62,7 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
         controller = FleetController(mgmt, config, identity=args.identity, recorder=recorder,
                                      trigger=trigger, policy=exclusion,
                                      tracer=get_tracer("fleet.controller", provider))
+        health = probes(controller, exclusion, config)
 
         async def lead() -> None:
             await controller.run()
@@ -74,10 +76,12 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
                         return
 
             tg.start_soon(on_signal)
-            # HTTP endpoints on every replica. /readyz answers as soon as the server runs:
-            # a standby replica must count as ready too, or an HA Deployment never
-            # finishes rolling; /status is 503 until this replica leads.
-            tg.start_soon(functools.partial(serve, make_app(board), port=config.status.port))
+            # HTTP endpoints on every replica. /healthz and /readyz answer what the probes
+            # check (fleet.cli.probes): a standby replica is ready once its own
+            # parts are, or an HA Deployment never finishes rolling; /status is 503 until
+            # this replica leads.
+            tg.start_soon(functools.partial(serve, make_app(board, health=health.health),
+                                            port=config.status.port))
             # A soak ending or a window opening is announced by no watch event.
             tg.start_soon(rollout.wakeups, trigger.poke, controller.clock)
             tg.start_soon(exclusion.run)
@@ -85,7 +89,8 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
             # every replica, leader or not (returns at once when the extension is off).
             tg.start_soon(functools.partial(
                 serve_configured_extension, config, mgmt=mgmt,
-                tracer=get_tracer("fleet.extension", provider)))
+                tracer=get_tracer("fleet.extension", provider),
+                on_serving=health.extension_serving))
             try:
                 if args.leader_elect:
                     elector = LeaderElector(mgmt, namespace=config.management.namespace,

@@ -59,6 +59,7 @@ from fleet.model import (
     NODEPLAN_FINALIZER,
     ClusterKey,
     Condition,
+    NodePlanInfo,
     ObjectRef,
     format_time,
     node_from,
@@ -427,7 +428,7 @@ class Dispatcher:
             if p.started_at and p.completed_at:
                 took = f" in {(p.completed_at - p.started_at).total_seconds():.1f}s"
             await self.event(obj, "NodeUpgraded", f"node {p.node} runs {p.version}{took}",
-                             related=p.owner_ref, action="Complete")
+                             related=p.owner_ref, action="Complete", key=_attempt_key(p))
 
     async def _do_MarkNodePlanFailed(self, a: MarkNodePlanFailed) -> None:
         now = self.clock()
@@ -448,7 +449,7 @@ class Dispatcher:
             self._trace_result(obj, "Failed", a.message)
             p = nodeplan_from(obj)
             await self.event(obj, "NodeUpgradeFailed", a.message, type=WARNING,
-                             related=p.owner_ref, action="Fail")
+                             related=p.owner_ref, action="Fail", key=_attempt_key(p))
 
     def _trace_result(self, obj: KubeObject, outcome: str, message: str) -> None:
         """One span covering a node upgrade from request to outcome, in its own trace."""
@@ -712,3 +713,9 @@ def action_target(action: Action) -> tuple[str, ...]:
         return ("Node", *action.cluster, action.node)
     return ("other",)
 
+
+def _attempt_key(p: NodePlanInfo) -> str:
+    """Events of one attempt of a NodePlan: a retried attempt that ends with the same
+    text is a new Event, not a duplicate (events.py dedupes on content + key)."""
+    started = format_time(p.started_at) if p.started_at else ""
+    return f"attempt {p.attempts} {started}"

@@ -3,9 +3,14 @@
 Only the holder of the Lease runs the controller. The holder renews it every
 ``renew_every`` seconds; another candidate takes it over when the record has not moved
 for ``lease_seconds`` as measured on its own monotonic clock (so clock skew between
-hosts does not matter). A holder that cannot renew for ``lease_seconds`` stops leading
-before anyone else may start. Every write carries the Lease's resourceVersion, so two
+hosts does not matter). Every write carries the Lease's resourceVersion, so two
 candidates can never both believe they won.
+
+The holder stops acting ``renew_deadline`` (2/3 of the lease by default) after the
+*start* of its last successful renewal, and each renewal attempt is cut off at that same
+instant: a stalled API server (a GET or PUT that neither answers nor fails) cannot keep
+an old leader acting past the point where a standby, which counts the lease from when it
+*observed* the last renewal (necessarily after that attempt started), may take over.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class LeaderElector:
     def __init__(self, client: KubeClient, *, namespace: str, identity: str,
                  name: str = "k0s-fleet-controller", lease_seconds: int = 15,
                  renew_every: float | None = None, retry_every: float | None = None,
+                 renew_deadline: float | None = None,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.client = client
         self.namespace = namespace
@@ -45,6 +51,11 @@ class LeaderElector:
         self.lease_seconds = lease_seconds
         self.renew_every = renew_every or lease_seconds / 3
         self.retry_every = retry_every or lease_seconds / 5
+        self.renew_deadline = renew_deadline or lease_seconds * 2 / 3
+        if not 0 < self.renew_every < self.renew_deadline < lease_seconds:
+            raise ValueError(
+                f"leader election needs 0 < renew_every ({self.renew_every}) < renew_deadline "
+                f"({self.renew_deadline}) < lease_seconds ({lease_seconds})")
         self.monotonic = monotonic
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
@@ -93,6 +104,19 @@ class LeaderElector:
             return False
         return True
 
+    async def _attempt(self, deadline: float) -> bool:
+        """One acquire-or-renew, abandoned after ``deadline`` seconds (stalled server)."""
+        with anyio.move_on_after(deadline) as scope:
+            try:
+                return await self.try_acquire_or_renew()
+            except KubeError as e:
+                log.warning("leader election (%s/%s): %s", self.namespace, self.name, e)
+                return False
+        if scope.cancelled_caught:
+            log.warning("leader election (%s/%s): no answer within %.1fs", self.namespace,
+                        self.name, deadline)
+        return False
+
     async def release(self) -> None:
         try:
             lease = await self.client.get(LEASES, self.name, self.namespace)
@@ -110,12 +134,11 @@ class LeaderElector:
         Returns when ``lead`` returns; raises LostLeadershipError when renewal failed.
         """
         while True:
-            try:
-                if await self.try_acquire_or_renew():
-                    break
-            except KubeError as e:
-                log.warning("leader election: %s", e)
+            started = self.monotonic()
+            if await self._attempt(self.renew_deadline):
+                break
             await anyio.sleep(self.retry_every)
+        last_ok = started
         self.leading = True
         self.transitions += 1
         log.info("%s leads (lease %s/%s)", self.identity, self.namespace, self.name)
@@ -127,19 +150,19 @@ class LeaderElector:
                     tg.cancel_scope.cancel()
 
                 async def renew() -> None:
-                    nonlocal lost
-                    last_ok = self.monotonic()
+                    nonlocal lost, last_ok
                     while True:
-                        await anyio.sleep(self.renew_every)
-                        try:
-                            ok = await self.try_acquire_or_renew()
-                        except KubeError as e:
-                            log.warning("renewing lease: %s", e)
-                            ok = False
-                        if ok:
-                            last_ok = self.monotonic()
-                        elif self.monotonic() - last_ok >= self.lease_seconds * 2 / 3:
-                            # Stop well before another candidate may take over.
+                        left = last_ok + self.renew_deadline - self.monotonic()
+                        await anyio.sleep(max(0.0, min(self.renew_every, left)))
+                        started = self.monotonic()
+                        left = last_ok + self.renew_deadline - started
+                        if left > 0 and await self._attempt(left):
+                            last_ok = started
+                        elif self.monotonic() - last_ok >= self.renew_deadline:
+                            # Stop before another candidate may take over.
+                            log.warning("%s: lease %s/%s not renewed within %.1fs; stopping",
+                                        self.identity, self.namespace, self.name,
+                                        self.renew_deadline)
                             lost = True
                             tg.cancel_scope.cancel()
                             return
@@ -149,7 +172,7 @@ class LeaderElector:
         finally:
             self.leading = False
             if not lost:
-                with anyio.CancelScope(shield=True):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self.renew_deadline):
                     await self.release()
         if lost:
             raise LostLeadershipError(f"{self.identity}: could not renew lease "

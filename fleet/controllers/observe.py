@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
@@ -41,7 +42,8 @@ log = logging.getLogger(__name__)
 WATCHED = (CLUSTERS, MACHINE_DEPLOYMENTS, MACHINE_SETS, MACHINES, K0S_CONTROL_PLANES,
            NODE_PLANS, SECRETS)
 # Only CAPI's kubeconfig Secrets are cached (never every Secret of the namespace).
-SECRET_FIELD_SELECTOR = "type=cluster.x-k8s.io/secret"
+CAPI_SECRET_TYPE = "cluster.x-k8s.io/secret"
+SECRET_FIELD_SELECTOR = f"type={CAPI_SECRET_TYPE}"
 
 
 class ManagementView:
@@ -49,7 +51,8 @@ class ManagementView:
 
     def __init__(self, client: KubeClient, *, namespaces: Iterable[str] = (),
                  on_change: Callable[[], None] | None = None, watch_timeout: int = 120,
-                 intent_namespace: str | None = None) -> None:
+                 intent_namespace: str | None = None,
+                 extra_secrets: Iterable[tuple[str, str]] = ()) -> None:
         self.client = client
         self.namespaces: list[str | None] = list(namespaces) or [None]
         # FleetUpgrades live in the controller's own namespace (management.namespace).
@@ -58,6 +61,9 @@ class ManagementView:
                        for res in (*WATCHED, FLEET_UPGRADES)}
         self.reflectors: list[Reflector] = []
         self.watch_timeout = watch_timeout
+        # Kubeconfig Secrets named in the config (clusters.entries[].kubeconfigSecret):
+        # they need not carry Cluster API's Secret type, so each gets its own watch.
+        self.extra_secrets = sorted(set(extra_secrets))
 
     def __getitem__(self, res: Resource) -> ObjectCache:
         return self.caches[res]
@@ -76,6 +82,13 @@ class ManagementView:
             if self.intent_namespace is not None:
                 r = Reflector(self.client, FLEET_UPGRADES, namespace=self.intent_namespace,
                               listener=self.caches[FLEET_UPGRADES].on_event,
+                              watch_timeout=self.watch_timeout)
+                self.reflectors.append(r)
+                tg.start_soon(r.run)
+            for ns, name in self.extra_secrets:
+                r = Reflector(self.client, SECRETS, namespace=ns,
+                              listener=self.caches[SECRETS].on_event,
+                              field_selector=f"metadata.name={name}",
                               watch_timeout=self.watch_timeout)
                 self.reflectors.append(r)
                 tg.start_soon(r.run)
@@ -104,8 +117,10 @@ def management_objects(view: ManagementView) -> ManagementObjects:
 
 
 def workload_nodes(registry: ClusterRegistry, key: ClusterKey) -> dict[str, NodeInfo] | None:
+    """The cluster's Nodes (and ControlNodes); None when not known: never listed, or its
+    API server has not answered for the registry's bound (a stale cache is not used)."""
     wc = registry.get(key)
-    if wc is None or not wc.observed:
+    if wc is None or not wc.observed or registry.unreachable(key) is not None:
         return None
     return cluster_nodes(wc.nodes, wc.control_nodes)
 
@@ -119,6 +134,11 @@ def snapshot_of(*, now: datetime, view: ManagementView, registry: ClusterRegistr
         wc = registry.get(key)
         if wc is not None and (live := live_autopilot_plan(wc.plans)) is not None:
             autopilot[key] = live
-    return build_snapshot(now=now, objects=management_objects(view), clusters=clusters,
+    infos = dict(clusters)
+    for key, info in clusters.items():
+        if (down := registry.unreachable(key)) is not None:
+            infos[key] = dataclasses.replace(info, unreachable_since=down[0],
+                                             unreachable_error=down[1])
+    return build_snapshot(now=now, objects=management_objects(view), clusters=infos,
                           nodes={key: workload_nodes(registry, key) for key in clusters},
                           infra=infra, autopilot_plans=autopilot)

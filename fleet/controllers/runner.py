@@ -48,7 +48,12 @@ from fleet.planner.actions import (
     StartNodePlan,
 )
 from fleet.signal import SignalState
-from fleet.snapshot import control_planes_needing_infra, fleet_clusters
+from fleet.snapshot import (
+    control_planes_needing_infra,
+    custom_kubeconfig_secrets,
+    fleet_clusters,
+    watched_namespaces,
+)
 from fleet.telemetry import get_tracer, link_from_traceparent
 
 log = logging.getLogger(__name__)
@@ -123,7 +128,8 @@ class FleetController:
                  settings: PlannerSettings | None = None, policy: FleetPolicy | None = None,
                  on_pass: PassListener | None = None,
                  client_factory: ClientFactory | None = None, trigger: Trigger | None = None,
-                 concurrency: int = 16, watch_timeout: int = 120) -> None:
+                 concurrency: int = 16, watch_timeout: int = 120,
+                 unreachable_after: float = 30.0, wedged_after: float = 180.0) -> None:
         self.mgmt = mgmt
         self.config = config
         self.clock = clock
@@ -133,12 +139,14 @@ class FleetController:
         self.on_pass = on_pass
         self.tracer = tracer or get_tracer("fleet.controller")
         self.trigger = trigger or Trigger()
-        self.view = ManagementView(mgmt, namespaces=config.clusters.namespaces,
+        self.view = ManagementView(mgmt, namespaces=watched_namespaces(config),
+                                   extra_secrets=custom_kubeconfig_secrets(config),
                                    on_change=self.trigger.poke, watch_timeout=watch_timeout,
                                    intent_namespace=config.management.namespace)
-        registry_kw = {"client_factory": client_factory} if client_factory else {}
-        self.registry = ClusterRegistry(self.view[SECRETS], on_change=self.trigger.poke,
-                                        watch_timeout=watch_timeout, **registry_kw)
+        self.registry = ClusterRegistry(
+            self.view[SECRETS], on_change=self.trigger.poke, watch_timeout=watch_timeout,
+            unreachable_after=unreachable_after,
+            **({"client_factory": client_factory} if client_factory else {}))
         self.recorder = recorder or EventRecorder(
             mgmt, instance=identity, default_namespace=config.management.namespace)
         self.dispatcher = Dispatcher(mgmt=mgmt, view=self.view, registry=self.registry,
@@ -154,24 +162,65 @@ class FleetController:
         self._cooldown: dict[tuple[str, ...], datetime] = {}
         self._failures: dict[tuple[str, ...], Backoff] = {}
         self._actions_tg: anyio.abc.TaskGroup | None = None
+        # Liveness: a pass (or a change waiting for one) older than this means wedged.
+        self.wedged_after = wedged_after
+        self.watch_timeout = watch_timeout
+        self.running = False  # run() entered (this replica leads, or runs alone)
+        self._pass_started: float | None = None
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
         """Watch, plan and act until cancelled."""
-        async with anyio.create_task_group() as tg:
-            self.dispatcher.background = tg
-            self._actions_tg = tg
-            await tg.start(self.registry.run)
-            await tg.start(self.view.run)
-            log.info("%s: management caches synced; controlling", self.identity)
-            self.ready.set()
-            task_status.started()
-            await self.loop()
+        self.running = True
+        try:
+            async with anyio.create_task_group() as tg:
+                self.dispatcher.background = tg
+                self._actions_tg = tg
+                await tg.start(self.registry.run)
+                await tg.start(self.view.run)
+                log.info("%s: management caches synced; controlling", self.identity)
+                self.ready.set()
+                task_status.started()
+                await self.loop()
+        finally:
+            self.running = False
+
+    # -- probes ------------------------------------------------------------------------
+    def readiness_problem(self) -> str | None:
+        """None when this instance's caches are synced (or it does not run: standby)."""
+        if not self.running:
+            return None
+        if not self.ready.is_set():
+            waiting = [f"{r.res}" + (f" ({r.last_error})" if r.last_error else "")
+                       for r in self.view.reflectors if not r.synced.is_set()]
+            return "management caches not synced yet" + (
+                f": {', '.join(waiting)}" if waiting else "")
+        return None
+
+    def liveness_problem(self) -> str | None:
+        """None unless the control loop is wedged (see fleet.status.health)."""
+        if not self.running:
+            return None
+        now = time.monotonic()
+        bound = self.wedged_after
+        if self._pass_started is not None and now - self._pass_started > bound:
+            return f"a planning pass has been running for {now - self._pass_started:.0f}s"
+        first = self.trigger.first_poke
+        if self.ready.is_set() and first is not None and now - first > bound:
+            return f"changes have waited {now - first:.0f}s for a planning pass"
+        # A watch request may legitimately stay silent until its timeout (+ read slack).
+        quiet = max(bound, self.watch_timeout + 60)
+        for r in self.view.reflectors:
+            if now - r.last_activity > quiet:
+                return (f"the {r.res} watch has neither progressed nor failed for "
+                        f"{now - r.last_activity:.0f}s")
+        return None
 
     async def loop(self) -> None:
         timeout: float | None = 0.0
         while True:
             await self.trigger.wait(timeout)
+            self._pass_started = time.monotonic()
             try:
                 result = await self.reconcile_once()
             except Exception:
@@ -181,6 +230,8 @@ class FleetController:
                 log.exception("planning pass failed; next attempt in %.1fs", delay)
                 timeout = delay
                 continue
+            finally:
+                self._pass_started = None
             wake = result.wake_at
             for t in (self._retry_at, *self._cooldown.values()):
                 if t is not None and (wake is None or t < wake):

@@ -55,6 +55,13 @@ class ExtensionExclusion:
         if self.watching:
             await self.reflector.run()
 
+    def readiness_problem(self) -> str | None:
+        """None once the ExtensionConfig store is synced (or not needed)."""
+        if not self.watching or self.reflector.synced.is_set():
+            return None
+        return "ExtensionConfig cache not synced yet" + (
+            f" ({self.reflector.last_error})" if self.reflector.last_error else "")
+
     @property
     def stopped(self) -> bool:
         return self.inner is not None and self.inner.stopped

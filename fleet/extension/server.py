@@ -17,7 +17,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -221,9 +221,13 @@ async def running_extension_server(handlers: ExtensionHandlers, **kwargs: Any,
         await server.close()
 
 
-async def serve_extension(handlers: ExtensionHandlers, **kwargs: Any) -> None:
-    """Serve until cancelled (the controller runs this in its task group)."""
+async def serve_extension(handlers: ExtensionHandlers, *,
+                          on_serving: Callable[[], None] | None = None, **kwargs: Any) -> None:
+    """Serve until cancelled (the controller runs this in its task group).
+    ``on_serving`` is called once the certificate is loaded and the port listens."""
     async with running_extension_server(handlers, **kwargs):
+        if on_serving is not None:
+            on_serving()
         await anyio.sleep_forever()
 
 
@@ -250,7 +254,8 @@ async def serve_configured_extension(config: FleetConfig, *, mgmt: KubeClient,
                                      workload_client: WorkloadClientGetter | None = None,
                                      artifacts: ArtifactResolver | None = None,
                                      tracer: Tracer | None = None,
-                                     host: str = "0.0.0.0") -> None:
+                                     host: str = "0.0.0.0",
+                                     on_serving: Callable[[], None] | None = None) -> None:
     """Serve the extension per ``config.extension`` until cancelled; returns at once
     when it is not enabled.
 
@@ -272,7 +277,8 @@ async def serve_configured_extension(config: FleetConfig, *, mgmt: KubeClient,
         await serve_extension(
             handlers_from_config(config, mgmt=mgmt, workload_client=workload_client,
                                  artifacts=artifacts, tracer=tracer),
-            cert_file=ext.cert_file, key_file=ext.key_file, host=host, port=ext.port)
+            cert_file=ext.cert_file, key_file=ext.key_file, host=host, port=ext.port,
+            on_serving=on_serving)
     finally:
         if own is not None:
             with anyio.CancelScope(shield=True):

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Literal
 
 import anyio
 
 from fleet.kube.backoff import Backoff
 from fleet.kube.client import KubeClient, KubeObject
-from fleet.kube.errors import GoneError, KubeError, from_status
+from fleet.kube.errors import GoneError, KubeError, NotFoundError, from_status
 from fleet.kube.resources import Resource
 
 log = logging.getLogger(__name__)
@@ -72,7 +74,8 @@ class Reflector:
     def __init__(self, client: KubeClient, res: Resource, *, namespace: str | None = None,
                  label_selector: str | None = None, field_selector: str | None = None,
                  listener: Listener | None = None, watch_timeout: int = 120,
-                 backoff: Backoff | None = None) -> None:
+                 backoff: Backoff | None = None,
+                 on_health: Callable[[], None] | None = None) -> None:
         self.client = client
         self.res = res
         self.namespace = namespace
@@ -86,6 +89,37 @@ class Reflector:
         self.resource_version = ""
         self.relists = 0
         self.reconnects = 0
+        # Health, for "is this API server answering?" and "is this task still turning?".
+        self.last_activity = time.monotonic()  # last success *or* failure
+        self.failing_since: float | None = None  # monotonic; None while requests succeed
+        self.failing_since_wall: datetime | None = None
+        self.last_error: str | None = None
+        self.successes = 0
+        self.absent = False  # the last list said the resource type is not served (404)
+        self.on_health = on_health  # called on every failure and on the recovery after
+
+    def _succeeded(self) -> None:
+        self.last_activity = time.monotonic()
+        self.successes += 1
+        if self.failing_since is not None:
+            log.info("%s: %s answering again", self.client.name, self.res)
+            self.failing_since, self.failing_since_wall, self.last_error = None, None, None
+            if self.on_health is not None:
+                self.on_health()
+
+    def _failed(self, error: Exception) -> None:
+        self.last_activity = time.monotonic()
+        if self.failing_since is None:
+            self.failing_since, self.failing_since_wall = self.last_activity, datetime.now(UTC)
+        self.last_error = str(error)
+        if self.on_health is not None:
+            self.on_health()
+
+    def failing_for(self, now: float | None = None) -> float:
+        """Seconds since list/watch requests started failing without a success (0: fine)."""
+        if self.failing_since is None:
+            return 0.0
+        return (time.monotonic() if now is None else now) - self.failing_since
 
     def items(self) -> list[KubeObject]:
         return list(self.store.values())
@@ -107,6 +141,8 @@ class Reflector:
         self.store = fresh
         self.resource_version = listed.resource_version
         self.relists += 1
+        self.absent = False
+        self._succeeded()
         for key, obj in old.items():
             if key not in fresh:
                 await self._emit(WatchEvent("DELETED", obj))
@@ -116,6 +152,17 @@ class Reflector:
                 await self._emit(WatchEvent("ADDED", obj))
             elif _rv(prev) != _rv(obj):
                 await self._emit(WatchEvent("MODIFIED", obj))
+        self.synced.set()
+
+    async def _absent(self, error: NotFoundError) -> None:
+        if not self.absent:
+            log.warning("%s: %s is not served (%s); treating it as empty until it is",
+                        self.client.name, self.res, error)
+        self.absent = True
+        self._succeeded()  # the server answered
+        old, self.store, self.resource_version = self.store, {}, ""
+        for obj in old.values():
+            await self._emit(WatchEvent("DELETED", obj))
         self.synced.set()
 
     async def _apply(self, event: WatchEvent) -> None:
@@ -148,17 +195,28 @@ class Reflector:
                     else:
                         await self._apply(item)
                     self.backoff.reset()
+                    self._succeeded()
+                self._succeeded()  # the server ended the watch normally
             except GoneError:
                 log.info("%s: %s watch expired (410); re-listing", self.client.name, self.res)
                 need_list = True
+            except NotFoundError as e:
+                # The resource type is not served (its CRD is not installed): there are
+                # no such objects, which is a synced, empty store - not a reason to wait
+                # forever. Keep asking; when the CRD appears, the list fills the store.
+                await self._absent(e)
+                need_list = True
+                await anyio.sleep(self.backoff.next_delay())
             except KubeError as e:
                 self.reconnects += 1
+                self._failed(e)
                 delay = self.backoff.next_delay()
                 log.warning("%s: %s watch failed (%s); retrying in %.2fs",
                             self.client.name, self.res, e, delay)
                 # After a failure the cached resourceVersion may be long gone; a fresh
-                # list is cheap compared to missing changes.
-                need_list = need_list or not self.resource_version
+                # list is cheap compared to missing changes, and answers at once whether
+                # the server is back (an idle watch would not say so for minutes).
+                need_list = True
                 await anyio.sleep(delay)
 
 

@@ -47,3 +47,4 @@ R_K0SMOTRON = "K0smotronUnpaused"
 R_PAUSE_REMOVED = "PauseRemoved"
 R_OTHER_EXTENSION = "InPlaceUpdateByOtherExtension"
 R_AUTOPILOT_PLAN = "AutopilotPlan"
+R_CLUSTER_UNREACHABLE = "ClusterUnreachable"  # its workload API server does not answer

@@ -103,6 +103,8 @@ class Sequencing(PassState):
         views = self.by_machine.get((m.ref.namespace, m.ref.name), [])
         if any(v.in_flight for v in views):
             return "upgrading"
+        if any(v.recording for v in views):
+            return "completing (its NodePlan's end is being recorded)"
         if target is not None and any(v.failed and same_version(v.plan.version, target)
                                       for v in views):
             return "failed"
@@ -168,7 +170,7 @@ class Sequencing(PassState):
             max_unavailable=budget.limit, not_in_place=len(st.not_in_place), halted=st.halted)
         self._rollout_status(owner.ref, owner.status, counts, not_in_place=st.not_in_place,
                              failed=st.failed, waiting=waiting, in_flight=st.in_flight,
-                             budget_problem=budget_problem,
+                             budget_problem=budget_problem, unreachable=self._unreachable(st.ckey),
                              extra=self._writer_conditions(owner.ref, owner.status, step, driver))
         self.decisions.append(Decision(owner.ref, st.target, st.updated, len(st.live),
                                        counts.unavailable, budget.limit, tuple(dispatched),
@@ -184,7 +186,8 @@ class Sequencing(PassState):
         budget = UnavailabilityBudget.one()
 
         blocked = (f"Cluster {kcp.cluster} not found" if cluster is None
-                   else f"workload cluster {kcp.cluster} unreachable" if nodes is None
+                   else self._unreachable(ckey) or f"workload cluster {kcp.cluster} unreachable"
+                   if nodes is None
                    else f"Cluster {kcp.cluster} is paused" if cluster.paused
                    else "halted: failure budget exceeded" if halted else "")
         policy_hold = self.hold(ckey, kcp.ref)
@@ -269,7 +272,8 @@ class Sequencing(PassState):
                               "RollingUpdate with a maxUnavailable")
         else:
             try:
-                budget = UnavailabilityBudget.resolve(md.max_unavailable, md.replicas)
+                budget = UnavailabilityBudget.resolve(md.max_unavailable, md.replicas,
+                                                      md.max_surge)
             except InvalidMaxUnavailableError as e:
                 budget = UnavailabilityBudget(0, str(md.max_unavailable))
                 budget_problem = (C.R_INVALID_MAX_UNAVAILABLE, str(e))
@@ -286,7 +290,8 @@ class Sequencing(PassState):
         sets = self.sets_by_deployment.get((ns, md.ref.name), [])
         blocked = (budget_problem[1] if budget_problem is not None
                    else f"Cluster {md.cluster} not found" if cluster is None
-                   else f"workload cluster {md.cluster} unreachable" if nodes is None
+                   else self._unreachable(ckey) or f"workload cluster {md.cluster} unreachable"
+                   if nodes is None
                    else f"{'Cluster' if cluster.paused else 'MachineDeployment'} is paused"
                    if cluster.paused or md.paused
                    else "halted: failure budget exceeded" if halted else "")
@@ -314,7 +319,7 @@ class Sequencing(PassState):
             elif cluster is None:
                 waiting = f"Cluster {md.cluster} not found"
             elif nodes is None:
-                waiting = f"workload cluster {md.cluster} unreachable"
+                waiting = self._unreachable(ckey) or f"workload cluster {md.cluster} unreachable"
             elif cluster.paused or md.paused:
                 waiting = f"{'Cluster' if cluster.paused else 'MachineDeployment'} is paused"
             elif halted:
@@ -416,8 +421,10 @@ class Sequencing(PassState):
                         not_in_place: dict[str, Eligibility], failed: list[PlanView],
                         waiting: str, in_flight: Iterable[str],
                         budget_problem: tuple[str, str] | None,
-                        extra: tuple[Condition, ...] = ()) -> None:
+                        extra: tuple[Condition, ...] = (),
+                        unreachable: str | None = None) -> None:
         target, done = counts.target_version, counts.updated == counts.total
+        waiting = unreachable or waiting
         summary = f"{counts.updated}/{counts.total} machines on {target}"
         if done:
             up = Condition(C.UP_TO_DATE, "True", C.R_UP_TO_DATE, summary)
@@ -436,6 +443,13 @@ class Sequencing(PassState):
         else:
             prog = Condition(C.PROGRESSING, "False", C.R_WAITING if waiting else C.R_IDLE,
                              truncate(waiting))
+        if unreachable is not None:
+            # Nothing is known of its nodes now: say so in both, whatever was last seen.
+            prog = Condition(C.PROGRESSING, prog.status, C.R_CLUSTER_UNREACHABLE,
+                             truncate(unreachable))
+            if not done:
+                up = Condition(C.UP_TO_DATE, "False", C.R_CLUSTER_UNREACHABLE,
+                               truncate(f"{summary}; {unreachable}"))
         if counts.halted:
             failed_names = ", ".join(sorted(v.plan.ref.name for v in failed))
             halt_msg = truncate(

@@ -65,6 +65,7 @@ from fleet.planner.actions import (
     WriteVersion,
 )
 from fleet.planner.conditions import NP_FAILED, R_DEADLINE
+from fleet.reported import kubelet_version
 from fleet.signal import (
     HAPPY_PATH,
     K0sUpdateCommand,
@@ -331,6 +332,8 @@ def add_cluster(
     ``version`` and Ready."""
     ckey = (namespace, name)
     sim.clusters[ckey] = ClusterInfo(namespace, name, executor=executor)
+    # Nodes as a real cluster publishes them: the kubelet's version, no k0s-fleet record.
+    kubelet = kubelet_version(version)
     nodes: dict[str, NodeInfo] = {}
     infra_cp = TemplateRef("infrastructure.cluster.x-k8s.io", "SimMachineTemplate", f"{name}-cp")
     if control_planes:
@@ -346,7 +349,7 @@ def add_cluster(
                 role=ROLE_CONTROLLER, created=sim.now + timedelta(seconds=i), owner=kcp.ref,
                 node_name=mname, annotations={ANN_K0S_CONFIG: '{"args": ["--debug"]}'},
                 infra=InfraMachineInfo(infra_cp.name, infra_cp.group_kind))
-            nodes[mname] = NodeInfo(mname, running_version=version)
+            nodes[mname] = NodeInfo(mname, kubelet_version=kubelet)
     if workers:
         boot = TemplateRef("bootstrap.cluster.x-k8s.io", "K0sWorkerConfigTemplate", f"{name}-w")
         infra = TemplateRef("infrastructure.cluster.x-k8s.io", "SimMachineTemplate", f"{name}-w")
@@ -365,7 +368,7 @@ def add_cluster(
                 ref=ObjectRef("Machine", namespace, mname), cluster=name, version=version,
                 role=ROLE_WORKER, created=sim.now + timedelta(seconds=100 + i), owner=md.ref,
                 machine_set=ms.ref.name, node_name=mname)
-            nodes[mname] = NodeInfo(mname, running_version=version)
+            nodes[mname] = NodeInfo(mname, kubelet_version=kubelet)
     sim.nodes[ckey] = nodes
     return ckey
 

@@ -23,6 +23,7 @@ from fleet.model import (
     NodePlanInfo,
     ObjectRef,
     Snapshot,
+    format_time,
 )
 from fleet.nodeplan import nodeplan_name as _nodeplan_name
 from fleet.planner.actions import (
@@ -58,6 +59,10 @@ class PlanView:
     in_flight: bool
     failed: bool
     completed: bool
+    # Its node is done, its Completed status is written by this very pass: it still takes
+    # its place in the budget until that lands (the next node starts a pass later, so
+    # the NodePlans never show more in flight than the budget allows).
+    recording: bool = False
 
 
 def truncate(text: str) -> str:
@@ -115,6 +120,15 @@ class PassState:
         if self.wake_at is None or at < self.wake_at:
             self.wake_at = at
 
+    def _unreachable(self, ckey: ClusterKey) -> str | None:
+        """"workload cluster X unreachable since T: error" when its API server is down."""
+        info = self.cluster(*ckey)
+        if self.s.nodes.get(ckey) is not None or info is None or info.unreachable_since is None:
+            return None
+        return (f"workload cluster {ckey[1]} unreachable since "
+                f"{format_time(info.unreachable_since)}"
+                + (f": {info.unreachable_error}" if info.unreachable_error else ""))
+
     def cluster(self, namespace: str, name: str) -> ClusterInfo | None:
         return self.s.clusters.get((namespace, name))
 
@@ -147,7 +161,7 @@ class PassState:
             if p.role != ROLE_CONTROLLER:
                 continue
             view = self.views.get((p.ref.namespace, p.ref.name))
-            if view is not None and view.in_flight:
+            if view is not None and (view.in_flight or view.recording):
                 return True
             if view is None and not p.terminal and not p.deleting:
                 return True

@@ -141,7 +141,16 @@ class NodePlanUpkeep(PassState):
             return
 
         # Pending or InProgress.
-        if req is None:
+        down = self._unreachable(ckey)
+        if down is not None and p.phase != NodePlanPhase.PENDING:
+            # What the node does is unknown: keep its last known state (the deadline keeps
+            # running from it) and say why nothing is known, rather than blame the node.
+            node_state = p.node_state
+            phase = p.phase
+            state_key = (COMPLETING if node_state == SignalState.COMPLETED.value
+                         else node_state or PENDING)
+            message = f"{down}; last known node state {node_state or phase}"
+        elif req is None:
             # A request whose plan misses its deadline in this very pass is not sent: the
             # plan is marked failed below, and a node signalled now would be busy while no
             # in-flight plan counts it against the budget.
@@ -207,6 +216,8 @@ class NodePlanUpkeep(PassState):
 
     def _pending_message(self, p: NodePlanInfo, ckey: ClusterKey,
                          node: NodeInfo | None) -> str:
+        if (down := self._unreachable(ckey)) is not None:
+            return down
         if self.s.nodes.get(ckey) is None:
             return f"workload cluster {p.cluster} unreachable"
         if node is None:
@@ -246,7 +257,7 @@ class NodePlanUpkeep(PassState):
             running_version=node.running_version or p.version,
             conditions=self._plan_conditions(p, NodePlanPhase.COMPLETED, message,
                                              dispatched=True)))
-        self._add_view(p, NodePlanPhase.COMPLETED)
+        self._add_view(p, NodePlanPhase.COMPLETED).recording = True
         self._complete_machine(dataclasses.replace(p, completed_at=self.now))
 
     def _complete_machine(self, p: NodePlanInfo) -> None:

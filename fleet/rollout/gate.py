@@ -213,7 +213,7 @@ class RolloutGate:
         if (paused := self.cluster_pause(c)) is not None:
             return paused
         if not c.observed:
-            return "workload cluster not observed (unreachable or not synced yet)"
+            return c.not_observed_reason
         is_open, nxt = self._window(self.settings(c).maintenance_windows, now)
         if not is_open:
             if nxt is not None:
@@ -335,7 +335,7 @@ class RolloutGate:
                     reasons[c.key] = (f"{c.failed} failed node upgrade(s); retry (annotation "
                                       "fleet.k0s-fleet.io/retry) or clear them to continue")
                 elif not c.observed:
-                    reasons[c.key] = "workload cluster not observed (unreachable or not synced)"
+                    reasons[c.key] = c.not_observed_reason
                 else:
                     reasons[c.key] = "nothing to upgrade in place (left to Cluster API, or " \
                                      "nodes not Ready)"

@@ -52,6 +52,7 @@ from fleet.snapshot import (
     cluster_nodes,
     control_planes_needing_infra,
     fleet_clusters,
+    watched_namespaces,
 )
 
 log = logging.getLogger(__name__)
@@ -103,12 +104,9 @@ async def _nodes(mgmt: KubeClient, config: FleetConfig, key: ClusterKey,
 
 
 async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None = None,
-                  node_timeout: float = 10.0) -> Observation:
+                  node_timeout: float = 10.0, concurrency: int = 32) -> Observation:
     """Read the whole fleet once."""
-    namespaces = list(config.clusters.namespaces)
-    for e in config.clusters.entries:
-        if namespaces and e.namespace not in namespaces:
-            namespaces.append(e.namespace)
+    namespaces = watched_namespaces(config)
     all_clusters = await _list(mgmt, CLUSTERS, namespaces)
     # The same fleet membership and per-cluster settings the controller plans with.
     clusters = fleet_clusters(config, all_clusters)
@@ -131,14 +129,24 @@ async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None
     nodes: dict[ClusterKey, Mapping[str, NodeInfo] | None] = {}
     autopilot: dict[ClusterKey, str] = {}
     problems: dict[ClusterKey, str] = {}
-    for key in sorted(clusters):
-        try:
-            nodes[key], plan = await _nodes(mgmt, config, key, node_timeout)
-            if plan is not None:
-                autopilot[key] = plan
-        except (KubeError, KubeconfigSecretError, TimeoutError) as e:
-            nodes[key] = None
-            problems[key] = f"workload cluster unreachable: {e!r}"[:300]
+    # Every workload cluster at once (bounded): unreachable ones cost one timeout in
+    # total, not one each.
+    limiter = anyio.CapacityLimiter(max(1, concurrency))
+
+    async def read(key: ClusterKey) -> None:
+        async with limiter:
+            try:
+                nodes[key], plan = await _nodes(mgmt, config, key, node_timeout)
+                if plan is not None:
+                    autopilot[key] = plan
+            except (KubeError, KubeconfigSecretError, TimeoutError, ValueError, OSError) as e:
+                nodes[key] = None
+                problems[key] = f"workload cluster unreachable: {e!r}"[:300]
+
+    async with anyio.create_task_group() as tg:
+        for key in sorted(clusters):
+            tg.start_soon(read, key)
+    nodes = {key: nodes[key] for key in sorted(clusters)}
 
     controls, state = FleetControls(), RolloutState()
     cm = await mgmt.get_or_none(CONFIGMAPS, ROLLOUT_CONFIGMAP, config.management.namespace)

@@ -12,6 +12,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 
 from fleet.eligibility import (
@@ -31,6 +32,7 @@ from fleet.model import (
 )
 from fleet.nodeplan import NodePlanPhase
 from fleet.planner.conditions import HALTED
+from fleet.reported import running_version
 from fleet.rollout.annotations import ANN_PAUSED, switch
 from fleet.versions import InvalidVersionError, normalize, same_version
 
@@ -109,10 +111,21 @@ class ClusterProgress:
     objects: tuple[ObjectProgress, ...] = ()
     observed: bool = True  # its Nodes are known right now (False: unreachable / stale)
     spec_paused: bool = False  # Cluster.spec.paused (Cluster API's own pause)
+    unreachable_since: datetime | None = None  # its API server stopped answering then
+    unreachable_error: str = ""
 
     @property
     def key(self) -> ClusterKey:
         return (self.namespace, self.name)
+
+    @property
+    def not_observed_reason(self) -> str:
+        """Why its Nodes are not known right now (for holds and the status view)."""
+        if self.unreachable_since is not None:
+            since = self.unreachable_since.strftime("%Y-%m-%dT%H:%M:%SZ")
+            return f"workload cluster unreachable since {since}" + (
+                f": {self.unreachable_error}" if self.unreachable_error else "")
+        return "workload cluster not observed (not synced yet, or no usable kubeconfig)"
 
     @property
     def started(self) -> bool:
@@ -173,18 +186,10 @@ def _target(version: str | None) -> str | None:
         return None
 
 
-def _reported_version(m: MachineInfo, node: NodeInfo | None) -> str | None:
-    if node is not None and node.running_version:
-        return node.running_version
-    # Nodes of the autopilot executor may not carry our running-version annotation; the
-    # controller records completion on the Machine.
-    return m.running_version_annotation or (m.version if m.role == "controller" else None)
-
-
 def _node_progress(m: MachineInfo, target: str | None, nodes: Mapping[str, NodeInfo] | None,
                    plan: NodePlanInfo | None, eligibility: Eligibility | None) -> NodeProgress:
     node = None if nodes is None else nodes.get(m.node_name)
-    version = _reported_version(m, node)
+    version = running_version(m, node)
     on_target = target is not None and same_version(version, target)
     if plan is not None and plan.phase in (NodePlanPhase.PENDING, NodePlanPhase.IN_PROGRESS):
         return NodeProgress(m.ref.name, m.node_name, NodeState.UPGRADING, version,
@@ -238,7 +243,9 @@ def clusters_from_snapshot(snapshot: Snapshot) -> list[ClusterProgress]:
             labels=dict(info.labels) if info else {},
             annotations=dict(info.annotations) if info else {},
             objects=tuple(objects), observed=nodes is not None,
-            spec_paused=bool(info and info.paused)))
+            spec_paused=bool(info and info.paused),
+            unreachable_since=info.unreachable_since if info else None,
+            unreachable_error=info.unreachable_error if info else ""))
     return out
 
 

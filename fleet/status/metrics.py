@@ -60,6 +60,13 @@ class FleetMetrics:
                                          "Time from dispatch to completion of a node upgrade.",
                                          buckets=UPGRADE_BUCKETS, registry=r)
         self._waves: set[str] = set()
+        self._unreachable: set[str] = set()
+        self.cluster_unreachable = Gauge(
+            "k0s_fleet_cluster_unreachable",
+            "1 for each workload cluster whose API server has stopped answering "
+            "(nothing new starts there until it answers again).", ["cluster"], registry=r)
+        self.clusters_unreachable = Gauge(
+            "k0s_fleet_clusters_unreachable", "Workload clusters not answering.", registry=r)
         self._seeded = False
         self._started: set[tuple[str, str, int]] = set()
         self._done: set[tuple[str, str, int]] = set()
@@ -74,6 +81,14 @@ class FleetMetrics:
         for p in CLUSTER_PHASES:
             self.clusters.labels(p).set(phases.count(p))
         self.progress.set(summary["progress"])
+        unreachable = {f'{c["namespace"]}/{c["name"]}' for w in doc["waves"]
+                       for c in w["clusters"] if c.get("unreachableSince")}
+        for name in self._unreachable - unreachable:
+            self.cluster_unreachable.remove(name)
+        for name in unreachable:
+            self.cluster_unreachable.labels(name).set(1)
+        self._unreachable = unreachable
+        self.clusters_unreachable.set(len(unreachable))
         for p in ROLLOUT_PHASES:
             self.rollout_phase.labels(p).set(1 if doc["rollout"]["phase"] == p else 0)
         seen: set[str] = set()

@@ -7,7 +7,7 @@ every planning pass and the server only reads it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from fleet.model import ClusterKey, Snapshot
 from fleet.rollout.gate import GateDecision
 from fleet.rollout.progress import ClusterProgress
+from fleet.status.health import Health
 from fleet.status.metrics import FleetMetrics
 from fleet.status.model import build_status
 
@@ -60,26 +61,27 @@ class StatusBoard:
             self._gauges_from = doc
 
 
-def _always() -> bool:
-    return True
-
-
-def make_app(board: StatusBoard, *, ready: Callable[[], bool] = _always,
-             live: Callable[[], bool] = _always) -> web.Application:
-    """``ready``: e.g. "caches synced and leading"; ``live``: "the loop still turns"."""
+def make_app(board: StatusBoard, *, health: Health | None = None) -> web.Application:
+    """``health``: the liveness and readiness checks (fleet.status.health); without it
+    both endpoints answer 200 (only for tests of the other endpoints)."""
+    checks = health or Health()
 
     async def status(_: web.Request) -> web.Response:
         if board.status is None:
             return web.json_response({"error": "no rollout decision yet"}, status=503)
         return web.json_response(board.status, dumps=lambda o: json.dumps(o, indent=1))
 
+    def answer(problems: list[str], bad: str) -> web.Response:
+        if not problems:
+            return web.Response(text="ok\n")
+        return web.Response(text=bad + "\n" + "".join(f"- {p}\n" for p in problems),
+                            status=503)
+
     async def healthz(_: web.Request) -> web.Response:
-        ok = live()
-        return web.Response(text="ok\n" if ok else "unhealthy\n", status=200 if ok else 503)
+        return answer(checks.live.problems(), "unhealthy")
 
     async def readyz(_: web.Request) -> web.Response:
-        ok = ready()
-        return web.Response(text="ok\n" if ok else "not ready\n", status=200 if ok else 503)
+        return answer(checks.ready.problems(), "not ready")
 
     async def metrics(_: web.Request) -> web.Response:
         board.refresh_metrics()

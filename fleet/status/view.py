@@ -18,7 +18,7 @@ _STATE_STYLE = {
 _PHASE_STYLE = {
     "Complete": "green", "Progressing": "cyan", "Upgrading": "cyan", "Soaking": "blue",
     "Pending": "dim", "Queued": "dim", "Waiting": "yellow", "Halted": "bold red",
-    "Failed": "bold red", "Paused": "yellow", "Stopped": "bold red",
+    "Failed": "bold red", "Paused": "yellow", "Stopped": "bold red", "Unreachable": "bold red",
 }
 
 
@@ -69,7 +69,8 @@ def render(doc: dict[str, Any], *, width: int = 30) -> RenderableType:
         table.add_column("why not now", overflow="fold", max_width=60)
         for c in w["clusters"]:
             table.add_row(
-                f"{c['namespace']}/{c['name']}", _phase(c["phase"]),
+                f"{c['namespace']}/{c['name']}",
+                _phase("Unreachable" if c.get("unreachableSince") else c["phase"]),
                 ProgressBar(total=max(1, c["nodes"]), completed=c["upToDate"], width=width),
                 f"{c['upToDate']}/{c['nodes']}", _states(c["nodesByState"]),
                 Text(c["problem"] or c["reason"] or "", style="dim"))

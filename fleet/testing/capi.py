@@ -41,7 +41,7 @@ from fleet.model import (
     LABEL_DEPLOYMENT_NAME,
     LABEL_SET_NAME,
 )
-from fleet.signal import RUNNING_VERSION_KEY
+from fleet.reported import kubelet_version
 
 INFRA_GROUP = "infrastructure.k0s-fleet.test"
 INFRA_MACHINES = Resource(INFRA_GROUP, "v1beta1", "simmachines", "SimMachine", namespaced=True)
@@ -135,6 +135,7 @@ async def create_cluster(
     control_planes: int = 3,
     workers: int = 6,
     max_unavailable: int | str | None = 2,
+    max_surge: int | str = 0,
     node_prefix: str | None = None,
     create_nodes: bool = True,
 ) -> FleetCluster:
@@ -189,7 +190,7 @@ async def create_cluster(
                 "spec": {"clusterName": name, "replicas": workers,
                          "selector": {"matchLabels": {LABEL_DEPLOYMENT_NAME: fc.md}},
                          "rollout": {"strategy": {"type": "RollingUpdate", "rollingUpdate": {
-                             "maxUnavailable": max_unavailable, "maxSurge": 0}}}
+                             "maxUnavailable": max_unavailable, "maxSurge": max_surge}}}
                          if max_unavailable is not None else {},
                          "template": {"metadata": {"labels": {LABEL_DEPLOYMENT_NAME: fc.md}},
                                       "spec": tspec}}})
@@ -218,8 +219,11 @@ async def create_node(workload: KubeClient, name: str, version: str, *,
     labels = {"kubernetes.io/arch": "amd64", "k0smotron.io/machine-name": name}
     if control_plane:
         labels["node-role.kubernetes.io/control-plane"] = "true"
-    await _create(workload, NODES, {"metadata": {
-        "name": name, "labels": labels, "annotations": {RUNNING_VERSION_KEY: version}}})
+    # As a real k0s node registers: no k0s-fleet annotation; the kubelet tells its version.
+    await _create(workload, NODES, {"metadata": {"name": name, "labels": labels}})
+    await workload.patch(NODES, name, {"status": {"nodeInfo": {
+        "kubeletVersion": kubelet_version(version), "architecture": "amd64"}}},
+        subresource="status")
     await set_node_ready(workload, name, ready)
 
 

@@ -43,6 +43,7 @@ class InvariantWatcher:
     cp_target: str | None = None
     nodes: dict[str, KubeObject] = field(default_factory=dict)
     plan_uids: dict[str, set[str]] = field(default_factory=dict)
+    plans: dict[str, KubeObject] = field(default_factory=dict)
     requests: dict[str, set[tuple[str, str, int]]] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     events: int = 0
@@ -93,6 +94,18 @@ class InvariantWatcher:
         self.plan_uids.setdefault(meta["name"], set()).add(meta["uid"])
         if len(self.plan_uids[meta["name"]]) > 1:
             self.violations.append(f"NodePlan {meta['name']} created twice")
+        # What `kubectl get nodeplans` shows: never more worker plans in flight than the
+        # budget (a finished node's plan is recorded before the next one starts).
+        if ev.type == "DELETED":
+            self.plans.pop(meta["name"], None)
+        else:
+            self.plans[meta["name"]] = ev.object
+        if self.armed:
+            live = [n for n, p in self.plans.items()
+                    if (p.get("spec") or {}).get("machineName") in self.fc.workers
+                    and (p.get("status") or {}).get("phase") not in ("Completed", "Failed")]
+            if len(live) > self.max_unavailable:
+                self.violations.append(f"{len(live)} worker NodePlans in flight: {live}")
 
     def check(self) -> None:
         if not self.armed:

@@ -26,6 +26,7 @@ from fleet.model import format_time
 from fleet.nodeplan import build_nodeplan
 from fleet.planner import PlannerSettings, plan
 from fleet.planner.actions import AnnotateWorkerVersion, CreateNodePlan
+from fleet.reported import kubelet_version
 from fleet.rollout.coordinator import RolloutCoordinator
 from fleet.rollout.gate import GateDecision
 from fleet.rollout.observe import observe
@@ -99,9 +100,10 @@ async def make_cluster(mgmt: KubeClient, server: ApiServer, wl: KubeClient, name
                 "cluster.x-k8s.io/set-name": f"{name}-ms"}},
             "spec": {"clusterName": name, "version": version,
                      "bootstrap": {"configRef": boot}, "infrastructureRef": infra}})
-        await wl.create(NODES, {"metadata": {"name": m,
-                                             "annotations": {RUNNING_VERSION_KEY: version}}})
-        await wl.patch(NODES, m, {"status": {"conditions": [
+        # As a real node registers: no k0s-fleet annotation, the kubelet's version.
+        await wl.create(NODES, {"metadata": {"name": m}})
+        await wl.patch(NODES, m, {"status": {"nodeInfo": {
+            "kubeletVersion": kubelet_version(version)}, "conditions": [
             {"type": "Ready", "status": "True", "reason": "KubeletReady",
              "lastHeartbeatTime": "2026-01-01T00:00:00Z",
              "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}, subresource="status")

@@ -233,7 +233,8 @@ async def test_max_unavailable_zero_is_reported(
         mgmt: KubeClient, wl1: KubeClient, crds_installed: World, infra_crd: None,
         namespace: str) -> None:
     fc = await create_cluster(mgmt, wl1, crds_installed["wl1"].kubeconfig(), namespace=namespace,
-                              name=unique("mu0"), control_planes=0, workers=2, max_unavailable=0)
+                              name=unique("mu0"), control_planes=0, workers=2, max_unavailable=0,
+                              max_surge=1)  # both 0 would mean 1, as Cluster API resolves it
     await bump(mgmt, fc, V2)
     async with running_controller(mgmt, fleet_config(namespace)):
         md = await wait_condition(mgmt, MACHINE_DEPLOYMENTS, fc.md, namespace, C.IN_PLACE,  # type: ignore[arg-type]
@@ -387,7 +388,9 @@ async def test_controller_process_killed_and_replaced_mid_rollout(  # noqa: PLR0
             return await anyio.open_process(
                 [sys.executable, "-m", "fleet.cli", "controller", "--config", str(config),
                  "--kubeconfig", str(kubeconfig), "--identity", identity,
-                 "--lease-seconds", "2", "--log-level", "DEBUG"],
+                 # Each renewal is cut off at 2/3 of the lease: 2 s leases (1.3 s per
+                 # GET+PUT) are lost on this loaded 2-core machine; 6 s are not.
+                 "--lease-seconds", "6", "--log-level", "DEBUG"],
                 stdout=subprocess.DEVNULL, stderr=log, cwd=str(REPO_ROOT),
                 env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
 

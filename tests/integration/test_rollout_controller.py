@@ -26,6 +26,7 @@ from fleet.rollout.plan import dry_run, plan_document
 from fleet.rollout.policy import RolloutPolicy
 from fleet.rollout.state import RolloutState
 from fleet.signal import SignalState
+from fleet.status.health import Health
 from fleet.status.server import StatusBoard, make_app, serve
 from fleet.testing.capi import FleetCluster, bump, create_cluster
 from fleet.testing.responder import Behaviour, NodeResponder
@@ -61,6 +62,13 @@ async def _cluster(mgmt: KubeClient, wl: KubeClient, world: World, server: str, 
     return fc
 
 
+def _health(controller: FleetController) -> Health:
+    health = Health()
+    health.ready.add("controller", controller.readiness_problem)
+    health.live.add("controller", controller.liveness_problem)
+    return health
+
+
 @contextlib.asynccontextmanager
 async def rollout_controller(mgmt: KubeClient, cfg: FleetConfig
                              ) -> AsyncIterator[tuple[FleetController, StatusBoard, int]]:
@@ -74,7 +82,7 @@ async def rollout_controller(mgmt: KubeClient, cfg: FleetConfig
     async with anyio.create_task_group() as tg:
         # the status server on a free port (the entry point serves it on status.port)
         port = await tg.start(lambda task_status: serve(
-            make_app(board, ready=controller.ready.is_set), host="127.0.0.1",
+            make_app(board, health=_health(controller)), host="127.0.0.1",
             port=0, task_status=task_status))
         tg.start_soon(policy.wakeups, controller.trigger.poke, controller.clock)
         await tg.start(controller.run)

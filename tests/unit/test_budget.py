@@ -59,3 +59,22 @@ def test_room_never_negative_and_never_exceeds(limit: int, replicas: int,
 
 def test_control_plane_budget_is_one() -> None:
     assert UnavailabilityBudget.one().limit == 1
+
+
+@pytest.mark.parametrize(("unavailable", "surge", "replicas", "limit"), [
+    (0, 0, 3, 1),  # both 0: Cluster API makes maxUnavailable 1
+    ("0%", "0%", 3, 1),
+    ("30%", "10%", 3, 0),  # surge rounds up to 1: no fencepost, in-place impossible
+    (0, None, 3, 0),  # maxSurge missing = CAPI's default 1
+    (0, 1, 3, 0),
+    (2, 0, 3, 2),
+    (0, 0, 0, 0),  # nothing to upgrade
+])
+def test_max_surge_and_max_unavailable_both_zero_mean_one(
+        unavailable: int | str, surge: int | str | None, replicas: int, limit: int) -> None:
+    assert UnavailabilityBudget.resolve(unavailable, replicas, surge).limit == limit
+
+
+def test_invalid_max_surge_is_named() -> None:
+    with pytest.raises(InvalidMaxUnavailableError, match="maxSurge"):
+        UnavailabilityBudget.resolve(0, 3, "lots")

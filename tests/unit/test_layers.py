@@ -28,7 +28,7 @@ LAYERS = [
     "dispatch",                                       # create-or-adopt a NodePlan
     "artifacts | clusters | events | telemetry",      # shared I/O services
     "planner | snapshot",                             # pure decisions
-    "eligibility | budget | executors | intent",
+    "eligibility | budget | executors | intent | reported",
     "model",
     "nodeplan",
     "config_loader | downloads",

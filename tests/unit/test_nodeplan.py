@@ -28,3 +28,14 @@ def test_build_sets_owner_and_spec() -> None:
     assert plan["metadata"]["ownerReferences"][0]["uid"] == "u-1"
     assert plan["spec"]["version"] == "v1.31.3+k0s.0"
     assert plan["metadata"]["annotations"]["tracing.k8s.io/traceparent"].startswith("00-")
+
+
+def test_long_names_are_valid_dns_subdomains_wherever_they_are_cut() -> None:
+    import re  # noqa: PLC0415
+    label = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    for n in range(200, 253):
+        for sep in ".-":
+            machine = ("a" * n + sep + "b" * 30)[:250]
+            name = nodeplan_name(machine, "v1.31.3+k0s.0")
+            assert len(name) <= 253
+            assert all(label.match(part) for part in name.split(".")), name[-40:]

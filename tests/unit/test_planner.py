@@ -306,8 +306,11 @@ class TestNodePlanLifecycle:
         nodes["c1-md-0"] = dataclasses.replace(nodes["c1-md-0"], running_version=V2)
         actions = step(sim)
         assert of(actions, AnnotateWorkerVersion)
-        assert creates(actions) == ["c1-md-1"]  # next node in the same pass
+        # The next node starts once the Completed status is recorded (the next pass), so
+        # the NodePlans never show more in flight than maxUnavailable.
+        assert creates(actions) == []
         assert sim.nodeplans[key].phase == NodePlanPhase.COMPLETED
+        assert creates(step(sim)) == ["c1-md-1"]
 
     def test_control_plane_completion_patches_machine_version(self) -> None:
         sim, ck = fleet(control_planes=1, workers=0)
@@ -390,6 +393,7 @@ class TestNodePlanLifecycle:
         assert node.signal is not None and node.signal.created == sim.nodeplans[key].started_at
         assert node.signal.status is None  # a fresh request
         sim.finish_node(ck, "c1-md-0")
+        assert creates(step(sim)) == []  # its Completed status is recorded first
         assert creates(step(sim)) == ["c1-md-1"]
 
     def test_retry_annotation_on_plan(self) -> None:
@@ -465,7 +469,8 @@ class TestNodePlanLifecycle:
         sim.finish_node(ck, "c1-md-0")
         actions = step(sim)
         assert of(actions, AnnotateWorkerVersion)  # it runs V2 now
-        assert creates(actions) == ["c1-md-0"]  # and is the oldest machine not on V3
+        assert creates(actions) == []  # its Completed status is recorded first
+        assert creates(step(sim)) == ["c1-md-0"]  # the oldest machine not on V3
 
     def test_autopilot_signal_is_understood(self) -> None:
         sim, ck = fleet(control_planes=0, workers=1, max_unavailable=1, executor="autopilot")

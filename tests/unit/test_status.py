@@ -16,6 +16,7 @@ from rich.console import Console
 from fleet.model import NodePlanInfo, ObjectRef
 from fleet.nodeplan import NodePlanPhase
 from fleet.rollout.gate import FleetControls
+from fleet.status.health import Health
 from fleet.status.metrics import FleetMetrics
 from fleet.status.model import build_status
 from fleet.status.server import StatusBoard, make_app, serve
@@ -134,7 +135,10 @@ def test_registries_are_independent() -> None:
 async def test_http_endpoints() -> None:
     board = StatusBoard()
     ready = {"ok": False}
-    app = make_app(board, ready=lambda: ready["ok"])
+    health = Health()
+    health.ready.add("caches", lambda: None if ready["ok"] else "not synced yet")
+    health.live.add("loop", lambda: None)
+    app = make_app(board, health=health)
     async with anyio.create_task_group() as tg:
         port = await tg.start(lambda task_status: serve(app, host="127.0.0.1", port=0,
                                                         task_status=task_status))
@@ -144,6 +148,7 @@ async def test_http_endpoints() -> None:
                 assert r.status == 503
             async with s.get(f"{base}/readyz") as r:
                 assert r.status == 503
+                assert "caches: not synced yet" in await r.text()
             ready["ok"] = True
             async with s.get(f"{base}/readyz") as r:
                 assert r.status == 200

@@ -60,9 +60,17 @@ fleet/rollout/annotations.py). */}}
 {{- define "k0s-fleet.rolloutConfigMap" -}}k0s-fleet-rollout{{- end }}
 
 {{/* Namespaces the controller works in (JSON list): rbac.namespaces, else
-fleet.clusters.namespaces; empty = all namespaces. */}}
+fleet.clusters.namespaces plus the namespaces of fleet.clusters.entries (the controller
+watches those too); empty = all namespaces. */}}
 {{- define "k0s-fleet.workNamespaces" -}}
-{{- $ns := .Values.rbac.namespaces | default ((.Values.fleet.clusters | default dict).namespaces) | default list }}
+{{- $clusters := .Values.fleet.clusters | default dict }}
+{{- $ns := .Values.rbac.namespaces | default list }}
+{{- if and (not $ns) $clusters.namespaces }}
+{{- $ns = $clusters.namespaces }}
+{{- range ($clusters.entries | default list) }}
+{{- if .namespace }}{{- $ns = append $ns .namespace }}{{- end }}
+{{- end }}
+{{- end }}
 {{- $ns | uniq | toJson }}
 {{- end }}
 

@@ -1,0 +1,60 @@
+"""Fleet membership on real servers (issue #12 item 6): a cluster listed in
+clusters.entries outside clusters.namespaces is watched and rolled like any other, and its
+custom kubeconfigSecret is read even without Cluster API's Secret type."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import yaml
+
+from fleet.config import FleetConfig
+from fleet.kube import KubeClient
+from fleet.kube.resources import NAMESPACES, SECRETS
+from fleet.testing.capi import create_cluster, ensure_infra_crd
+from fleet.testing.world import World
+from tests.helpers.controller import V1, running_controller, wait_rollout
+from tests.helpers.names import unique
+from tests.integration.test_controller_rollout import fleet_config_dict
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def other_namespace(mgmt: KubeClient) -> AsyncIterator[str]:
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    await mgmt.create(NAMESPACES, {"metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        await mgmt.delete(NAMESPACES, name)
+
+
+async def test_entry_outside_namespaces_with_an_opaque_kubeconfig_secret_is_controlled(
+        mgmt: KubeClient, wl2: KubeClient, crds_installed: World, namespace: str,
+        other_namespace: str) -> None:
+    await ensure_infra_crd(mgmt)
+    name = unique("entry")
+    fc = await create_cluster(mgmt, wl2, crds_installed["wl2"].kubeconfig(),
+                              namespace=other_namespace, name=name, control_planes=0,
+                              workers=2, max_unavailable=1)
+    # The CAPI-typed Secret goes; a plain (Opaque) one under a custom name stands in.
+    await mgmt.delete(SECRETS, f"{name}-kubeconfig", other_namespace)
+    await mgmt.create(SECRETS, {
+        "metadata": {"name": f"{name}-proxied", "namespace": other_namespace},
+        "type": "Opaque",
+        "data": {"value": base64.b64encode(yaml.safe_dump(
+            crds_installed["wl2"].kubeconfig()).encode()).decode()}}, other_namespace)
+    raw = fleet_config_dict(namespace)
+    raw["clusters"]["entries"] = [{"name": name, "namespace": other_namespace,
+                                   "kubeconfigSecret": f"{name}-proxied"}]
+    config = FleetConfig.model_validate(raw)
+    async with running_controller(mgmt, config) as controller:
+        # Nothing to do at V1; the controller says so on the MD only if it sees the
+        # cluster's Nodes through the custom Secret.
+        await wait_rollout(mgmt, fc, timeout=60, target=V1)
+        wc = controller.registry.get((other_namespace, name))
+        assert wc is not None and wc.observed and wc.error is None

@@ -1,0 +1,93 @@
+"""A workload API server that stops answering (issue #12 item 2), on real servers.
+
+The controller watches a cluster whose kube-apiserver is stopped mid-rollout (its own
+server on the shared etcd, so no other test is disturbed): after the bound it is marked
+unreachable (the NodePlan in flight keeps its state and says since when, the
+MachineDeployment's Progressing condition says ClusterUnreachable, no other node is
+started there), and when the server answers again everything resumes by itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from fleet.kube import KubeClient
+from fleet.kube.resources import MACHINE_DEPLOYMENTS, NODE_PLANS
+from fleet.planner import conditions as C
+from fleet.testing.capi import bump, create_cluster, ensure_infra_crd
+from fleet.testing.world import World
+from tests.helpers.controller import V2, running_controller
+from tests.helpers.names import unique
+from tests.integration.test_controller_rollout import fleet_config
+
+pytestmark = pytest.mark.anyio
+
+
+async def _wait(pred: Any, timeout: float, what: str) -> Any:
+    with anyio.fail_after(timeout):
+        while True:
+            got = await pred()
+            if got:
+                return got
+            await anyio.sleep(0.2)
+    raise AssertionError(what)  # pragma: no cover - fail_after raises first
+
+
+async def test_stopped_workload_server_is_marked_unreachable_and_resumes(
+        mgmt: KubeClient, crds_installed: World, namespace: str) -> None:
+    await ensure_infra_crd(mgmt)
+    server = await anyio.to_thread.run_sync(crds_installed.add_server, unique("down"))
+    try:
+        async with await server.client() as wl:
+            name = unique("un")
+            fc = await create_cluster(mgmt, wl, server.kubeconfig(), namespace=namespace,
+                                      name=name, control_planes=0, workers=3,
+                                      max_unavailable=1)
+            # Deadlines long enough that only the outage can explain a message.
+            config = fleet_config(namespace, progressDeadlines={"pending": "10m"})
+            async with running_controller(mgmt, config, unreachable_after=3) as controller:
+                await bump(mgmt, fc, V2)
+                # Nobody answers on the node: one NodePlan is created and signalled.
+
+                async def one_signalled() -> list[dict[str, Any]]:
+                    plans = (await mgmt.list(NODE_PLANS, namespace)).items
+                    return [p for p in plans if "signalled" in
+                            ((p.get("status") or {}).get("message") or "")]
+                [signalled] = await _wait(one_signalled, 60, "a NodePlan signalled")
+                await anyio.to_thread.run_sync(server.stop)
+
+                async def plan_says_unreachable() -> bool:
+                    p = await mgmt.get(NODE_PLANS, signalled["metadata"]["name"], namespace)
+                    return "unreachable since" in (p.get("status") or {}).get("message", "")
+                await _wait(plan_says_unreachable, 60, "NodePlan says unreachable since")
+                key = (namespace, name)
+                assert controller.registry.unreachable(key) is not None
+
+                async def md_condition() -> bool:
+                    md = await mgmt.get(MACHINE_DEPLOYMENTS, fc.md or "", namespace)
+                    return any(c.get("type") == C.PROGRESSING
+                               and c.get("reason") == C.R_CLUSTER_UNREACHABLE
+                               for c in (md.get("status") or {}).get("conditions") or [])
+                await _wait(md_condition, 60, "MD condition ClusterUnreachable")
+                plans = (await mgmt.list(NODE_PLANS, namespace)).items
+                assert len(plans) == 1  # nothing new started there
+                assert plans[0]["status"]["phase"] != "Failed"
+
+                await anyio.to_thread.run_sync(server.start)
+
+                async def resumed() -> bool:
+                    p = await mgmt.get(NODE_PLANS, signalled["metadata"]["name"], namespace)
+                    msg = (p.get("status") or {}).get("message", "")
+                    return controller.registry.unreachable(key) is None and \
+                        "unreachable" not in msg
+                await _wait(resumed, 90, "cluster reachable again, NodePlan message back")
+                await _wait(lambda: _not(md_condition), 60, "MD condition back")
+    finally:
+        await anyio.to_thread.run_sync(server.stop)
+
+
+async def _not(pred: Any) -> bool:
+    return not await pred()

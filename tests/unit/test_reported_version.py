@@ -1,0 +1,92 @@
+"""Item 1 of issue #12: nodes k0s-fleet never upgraded do not block their cluster.
+
+Nodes here are built the way real clusters publish them: no k0s-fleet annotation, only
+the kubelet's version (and, for pure controllers, the ControlNode's status.k0sVersion).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fleet.model import KIND_CONTROL_NODE, NodeInfo, node_from
+from fleet.planner.simulate import SimFleet, add_cluster, bump
+from fleet.reported import kubernetes_release, running_version
+from fleet.rollout.gate import FleetView, RolloutGate
+from fleet.rollout.progress import NodeState, clusters_from_snapshot
+from tests.helpers.gate import T0, config
+
+V1 = "v1.31.2+k0s.0"
+V2 = "v1.31.3+k0s.0"
+
+
+def test_kubelet_version_parses_as_a_kubernetes_release() -> None:
+    assert kubernetes_release("v1.31.3+k0s") == (1, 31, 3)
+    assert kubernetes_release("1.30.0") == (1, 30, 0)
+    assert kubernetes_release("garbage") is None
+    assert kubernetes_release(None) is None
+
+
+def test_controlnode_reports_its_k0s_version() -> None:
+    cn = node_from({"kind": KIND_CONTROL_NODE, "metadata": {"name": "c0"},
+                    "status": {"k0sVersion": V2}})
+    assert cn.k0s_version == V2
+    node = node_from({"kind": "Node", "metadata": {"name": "n0"},
+                      "status": {"k0sVersion": V2}})
+    assert node.k0s_version is None  # only ControlNodes carry it
+
+
+def test_cluster_created_at_the_target_is_complete_without_annotations() -> None:
+    sim = SimFleet(now=T0)
+    key = add_cluster(sim, "fresh", namespace="fleet", control_planes=1, workers=3, version=V2)
+    # The simulated fleet builds Nodes as real clusters publish them.
+    assert all(n.running_version is None and n.kubelet_version == "v1.31.3+k0s"
+               for n in sim.nodes[key].values())
+    [progress] = clusters_from_snapshot(sim.snapshot())
+    assert progress.complete, [n for o in progress.objects for n in o.nodes]
+    decision = RolloutGate(config()).evaluate(FleetView([progress]), T0)
+    assert decision.clusters[key].phase.value == "Complete"
+
+
+def test_scaled_up_worker_at_the_target_does_not_block_the_cluster() -> None:
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c", namespace="fleet", control_planes=1, workers=2, version=V1)
+    bump(sim, ("fleet", "c"), V2)
+    # k0s-fleet upgraded the two old nodes (its agent reported, its Machine record).
+    for name in ("c-cp-0", "c-md-0", "c-md-1"):
+        sim.nodes[("fleet", "c")][name] = NodeInfo(name, running_version=V2)
+    cp = sim.machines[("fleet", "c-cp-0")]
+    sim.machines[("fleet", "c-cp-0")] = dataclasses.replace(cp, version=V2)
+    # An MD scale-up: CAPI creates a Machine at the target; its Node reports the kubelet.
+    old = sim.machines[("fleet", "c-md-1")]
+    sim.machines[("fleet", "c-md-2")] = dataclasses.replace(
+        old, ref=dataclasses.replace(old.ref, name="c-md-2"), node_name="c-md-2", version=V2)
+    sim.nodes[("fleet", "c")]["c-md-2"] = NodeInfo("c-md-2", kubelet_version="v1.31.3+k0s")
+    md = sim.deployments[("fleet", "c-md")]
+    sim.deployments[("fleet", "c-md")] = dataclasses.replace(md, replicas=3)
+    [progress] = clusters_from_snapshot(sim.snapshot())
+    states = {n.node: n.state for o in progress.objects for n in o.nodes}
+    assert states["c-md-2"] is NodeState.UP_TO_DATE
+    assert progress.complete
+
+
+def test_kubelet_contradicting_the_machine_is_not_on_target() -> None:
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c", namespace="fleet", control_planes=0, workers=1, version=V2)
+    m = sim.machines[("fleet", "c-md-0")]
+    # The Machine says V2 but the kubelet still runs 1.31.2: not done.
+    node = NodeInfo("c-md-0", kubelet_version="v1.31.2+k0s")
+    assert running_version(m, node) == "v1.31.2+k0s"
+    sim.nodes[("fleet", "c")]["c-md-0"] = node
+    [progress] = clusters_from_snapshot(sim.snapshot())
+    assert not progress.complete
+
+
+def test_exact_reports_win_and_pure_controllers_use_their_controlnode() -> None:
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c", namespace="fleet", control_planes=1, workers=1, version=V1)
+    cp, w = sim.machines[("fleet", "c-cp-0")], sim.machines[("fleet", "c-md-0")]
+    assert running_version(w, NodeInfo("c-md-0", running_version=V2,
+                                       kubelet_version="v1.31.3+k0s")) == V2
+    cn = NodeInfo("c-cp-0", kind=KIND_CONTROL_NODE, k0s_version=V2)
+    assert running_version(cp, cn) == V2
+    assert running_version(w, NodeInfo("c-md-0")) is None  # a worker that reports nothing
