@@ -7,6 +7,7 @@ leaves it alone and says why. Every comparison of versions goes through fleet.ve
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -18,6 +19,7 @@ from fleet.model import (
     MachineDeploymentInfo,
     MachineInfo,
     MachineSetInfo,
+    NodeInfo,
     comparable_k0s_config,
 )
 from fleet.versions import InvalidVersionError, K0sVersion
@@ -60,14 +62,47 @@ def _version_problem(label: str, value: str | None) -> str | None:
     return None
 
 
-def worker_is_up_to_date(machine: MachineInfo, target: str | None) -> bool:
-    """A worker is up to date when its spec or its recorded running version is the target."""
-    return same_version(machine.version, target) or same_version(
+_K0S_BUILD = re.compile(r"\+k0s\.\d+$")
+
+
+def kubelet_form(version: str) -> str:
+    """What a k0s kubelet reports for k0s ``version``: ``v1.31.3+k0s.0`` -> ``v1.31.3+k0s``
+    (the k0s build number is not visible there)."""
+    return _K0S_BUILD.sub("+k0s", version.strip())
+
+
+def node_reports(node: NodeInfo | None, target: str | None) -> bool | None:
+    """Whether the node itself reports running ``target``; None when it says nothing.
+
+    The agent's running-version annotation decides; a node without one (a stock k0s node)
+    is judged by its kubelet version, which names the Kubernetes release only.
+    """
+    if node is None or target is None:
+        return None
+    if node.running_version:
+        return same_version(node.running_version, target)
+    if node.kubelet_version:
+        return node.kubelet_version.strip() == kubelet_form(target)
+    return None
+
+
+def worker_is_up_to_date(machine: MachineInfo, target: str | None,
+                         node: NodeInfo | None = None) -> bool:
+    """A worker is up to date when its spec or its recorded running version is the target
+    AND its node, when it says anything, reports the target.
+
+    The Machine's ``spec.version`` alone is not enough: with CAPI's in-place updates,
+    CAPI sets it when it moves the Machine to the new MachineSet, before UpdateMachine has
+    run; and a node rolled back keeps its recorded version. What the node reports decides.
+    """
+    recorded = same_version(machine.version, target) or same_version(
         machine.running_version_annotation, target)
+    return recorded and node_reports(node, target) is not False
 
 
 def machine_deployment_eligibility(machine: MachineInfo, md: MachineDeploymentInfo,
-                                   machine_set: MachineSetInfo | None) -> Eligibility:
+                                   machine_set: MachineSetInfo | None,
+                                   node: NodeInfo | None = None) -> Eligibility:
     """MD rule: only spec.template.spec.version differs; template references unchanged.
 
     The Machine's MachineSet carries the templates it was created from; any difference from
@@ -76,7 +111,7 @@ def machine_deployment_eligibility(machine: MachineInfo, md: MachineDeploymentIn
     """
     if problem := _version_problem(f"{md.ref}", md.version):
         return Eligibility(False, False, (problem,))
-    if worker_is_up_to_date(machine, md.version):
+    if worker_is_up_to_date(machine, md.version, node):
         return UP_TO_DATE
     reasons: list[str] = []
     if problem := _version_problem(f"machine {machine.ref.name}", machine.version):

@@ -10,6 +10,7 @@ import pytest
 
 from fleet.kube import KubeClient
 from fleet.kube.resources import NAMESPACES
+from fleet.testing.capimanager import CapiEnvs
 from fleet.testing.world import World
 
 WORLD_SERVERS = ["mgmt", "wl1", "wl2"]
@@ -58,6 +59,20 @@ async def wl1(crds_installed: World) -> AsyncIterator[KubeClient]:
 async def wl2(crds_installed: World) -> AsyncIterator[KubeClient]:
     async with await crds_installed["wl2"].client() as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+async def capi_envs(crds_installed: World) -> AsyncIterator[CapiEnvs]:
+    """Real Cluster API managers, each on its own management API server of the session's
+    world, started on first use (``await capi_envs.get(version, gates)``)."""
+    envs = CapiEnvs(crds_installed)
+    try:
+        yield envs
+    finally:
+        started = {e.name: round(e.manager.startup_seconds, 2) for e in envs.started()}
+        if started:
+            print(f"\n[test world] CAPI manager start-up seconds: {started}")
+        await envs.close()
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from fleet.budget import InvalidMaxUnavailableError, UnavailabilityBudget
 from fleet.eligibility import (
     Eligibility,
     control_plane_eligibility,
+    kubelet_form,
     machine_deployment_eligibility,
     same_version,
 )
@@ -28,6 +29,7 @@ from fleet.model import (
     ObjectRef,
     RolloutStatus,
 )
+from fleet.nodeplan import NodePlanPhase
 from fleet.planner import conditions as C
 from fleet.planner.actions import (
     CreateNodePlan,
@@ -149,7 +151,12 @@ class Sequencing(PassState):
         return OwnerState(
             ns=ns, ckey=ckey, cluster=self.cluster(*ckey), nodes=nodes, machines=machines,
             target=target, live=live, elig=elig,
-            updated=sum(1 for e in elig.values() if e.up_to_date),
+            # Upgraded: up to date and no plan of it still going on or not yet recorded as
+            # done (a node reports the new version before it is uncordoned, and a plan
+            # completed in this pass says InProgress until its status write lands).
+            updated=sum(1 for m in live if elig[m.ref.name].up_to_date and not any(
+                v.in_flight or v.plan.phase in (NodePlanPhase.PENDING, NodePlanPhase.IN_PROGRESS)
+                for v in self.by_machine.get((ns, m.ref.name), []))),
             unavailable={m.ref.name: r for m in machines
                          if (r := self._machine_unavailable(m, target, nodes)) is not None},
             missing=max(0, owner.replicas - len(live)), failed=failed,
@@ -161,7 +168,7 @@ class Sequencing(PassState):
     def _report(self, owner: ControlPlaneInfo | MachineDeploymentInfo, st: OwnerState,
                 budget: UnavailabilityBudget, *, dispatched: list[str], waiting: str,
                 budget_problem: tuple[str, str] | None, step: VersionStep,
-                driver: OtherDriver | None) -> None:
+                driver: OtherDriver | None, done_note: str = "") -> None:
         """The object's rollout status and this pass' decision for it."""
         counts = RolloutCounts(
             target_version=st.target, updated=st.updated, total=len(st.live),
@@ -171,7 +178,8 @@ class Sequencing(PassState):
         self._rollout_status(owner.ref, owner.status, counts, not_in_place=st.not_in_place,
                              failed=st.failed, waiting=waiting, in_flight=st.in_flight,
                              budget_problem=budget_problem, unreachable=self._unreachable(st.ckey),
-                             extra=self._writer_conditions(owner.ref, owner.status, step, driver))
+                             extra=self._writer_conditions(owner.ref, owner.status, step, driver),
+                             done_note=done_note)
         self.decisions.append(Decision(owner.ref, st.target, st.updated, len(st.live),
                                        counts.unavailable, budget.limit, tuple(dispatched),
                                        waiting))
@@ -252,8 +260,10 @@ class Sequencing(PassState):
         return ""
 
     def _deployment(self, md: MachineDeploymentInfo) -> None:
+        # A worker is judged by what its node reports too (never by spec.version alone).
         st = self._owner_state(md, lambda m: machine_deployment_eligibility(
-            m, md, self.s.machine_sets.get((md.ref.namespace, m.machine_set or ""))))
+            m, md, self.s.machine_sets.get((md.ref.namespace, m.machine_set or "")),
+            self.node((md.ref.namespace, md.cluster), m.node_name)))
         if st is None:
             return
         (ns, ckey, cluster, nodes, machines, target, live, elig, unavailable, missing, halted,
@@ -346,7 +356,9 @@ class Sequencing(PassState):
                     waiting = "waiting for nodes to become available: " + ", ".join(
                         f"{m.ref.name} {unavailable[m.ref.name]}" for m in blocked_nodes)
         self._report(md, st, budget, dispatched=dispatched, waiting=waiting,
-                     budget_problem=budget_problem, step=step, driver=driver)
+                     budget_problem=budget_problem, step=step, driver=driver,
+                     done_note=C.CAPI_UP_TO_DATE_NOTE.format(
+                         kubelet=kubelet_form(st.target), target=st.target))
 
     def _finish_paused_deployment(self, md: MachineDeploymentInfo, target: str,
                                   live: list[MachineInfo], sets: list[MachineSetInfo],
@@ -422,12 +434,13 @@ class Sequencing(PassState):
                         waiting: str, in_flight: Iterable[str],
                         budget_problem: tuple[str, str] | None,
                         extra: tuple[Condition, ...] = (),
-                        unreachable: str | None = None) -> None:
+                        unreachable: str | None = None, done_note: str = "") -> None:
         target, done = counts.target_version, counts.updated == counts.total
         waiting = unreachable or waiting
         summary = f"{counts.updated}/{counts.total} machines on {target}"
         if done:
-            up = Condition(C.UP_TO_DATE, "True", C.R_UP_TO_DATE, summary)
+            up = Condition(C.UP_TO_DATE, "True", C.R_UP_TO_DATE,
+                           truncate(f"{summary} ({done_note})" if done_note else summary))
         elif counts.halted:
             up = Condition(C.UP_TO_DATE, "False", C.R_HALTED, summary)
         elif counts.in_flight:

@@ -269,7 +269,8 @@ def _object_progress(
         if target is not None:
             if isinstance(obj, MachineDeploymentInfo):
                 ms = snapshot.machine_sets.get((m.ref.namespace, m.machine_set or ""))
-                elig = machine_deployment_eligibility(m, obj, ms)
+                elig = machine_deployment_eligibility(
+                    m, obj, ms, nodes.get(m.node_name) if nodes is not None else None)
             else:
                 elig = control_plane_eligibility(m, obj)
         progress.append(_node_progress(m, target, nodes, by_machine.get(m.ref.name), elig))

@@ -5,6 +5,13 @@
 ``K0sControlPlane`` with its control-plane Machines (and their infrastructure Machines,
 cloned from the KCP's template), a ``MachineDeployment`` with one ``MachineSet`` and its
 worker Machines; and in the workload cluster one Ready Node per Machine, named after it.
+No Cluster API manager is involved: the objects are written as CAPI would leave them,
+against Cluster API's real CRDs (the test world installs them).
+
+``create_capi_cluster`` writes only what a user applies (Cluster, kubeconfig Secret,
+stand-in K0sControlPlane, templates, MachineDeployment) for a management API server on
+which the real CAPI manager runs (:mod:`fleet.testing.capimanager`); the manager creates
+the MachineSets and Machines and :mod:`fleet.testing.providers` provisions them.
 Nothing here runs in production.
 """
 
@@ -42,22 +49,20 @@ from fleet.model import (
     LABEL_SET_NAME,
 )
 from fleet.reported import kubelet_version
+from fleet.testing.providers import (
+    BOOTSTRAP_GROUP,
+    INFRA_GROUP,
+    K0S_WORKER_CONFIG_TEMPLATES,
+    SIM_MACHINE_TEMPLATES,
+    SIM_MACHINES,
+)
+from fleet.testing.world import TEST_CRDS, crd_documents
 
-INFRA_GROUP = "infrastructure.k0s-fleet.test"
-INFRA_MACHINES = Resource(INFRA_GROUP, "v1beta1", "simmachines", "SimMachine", namespaced=True)
-INFRA_TEMPLATE_KIND = "SimMachineTemplate"
-BOOTSTRAP_GROUP = "bootstrap.cluster.x-k8s.io"
-
-INFRA_CRD: KubeObject = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-    "metadata": {"name": f"simmachines.{INFRA_GROUP}"},
-    "spec": {"group": INFRA_GROUP, "scope": "Namespaced",
-             "names": {"kind": "SimMachine", "plural": "simmachines",
-                       "singular": "simmachine", "listKind": "SimMachineList"},
-             "versions": [{"name": "v1beta1", "served": True, "storage": True,
-                           "schema": {"openAPIV3Schema": {
-                               "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]},
-}
+INFRA_MACHINES = SIM_MACHINES
+INFRA_TEMPLATE_KIND = SIM_MACHINE_TEMPLATES.kind
+# The SimMachine CRD (config/test-crds, installed on every server of the test world).
+INFRA_CRD: KubeObject = next(d for d in crd_documents(TEST_CRDS)
+                             if d["metadata"]["name"] == f"simmachines.{INFRA_GROUP}")
 
 K0S_CONFIG_SPEC: dict[str, Any] = {"args": ["--enable-metrics-scraper"],
                                    "k0s": {"spec": {"api": {"sans": ["10.0.0.1"]}}}}
@@ -198,7 +203,9 @@ async def create_cluster(
                 "metadata": {"name": fc.machine_set, "namespace": namespace,
                              "labels": {**labels, LABEL_DEPLOYMENT_NAME: fc.md}},
                 "spec": {"clusterName": name, "replicas": workers,
-                         "template": {"spec": tspec}}})
+                         "selector": {"matchLabels": {LABEL_DEPLOYMENT_NAME: fc.md}},
+                         "template": {"metadata": {"labels": {LABEL_DEPLOYMENT_NAME: fc.md}},
+                                      "spec": tspec}}})
             for i in range(workers):
                 mname = f"{prefix}-md-{i:0{width}d}"
                 fc.workers.append(mname)
@@ -285,3 +292,76 @@ async def annotate(client: KubeClient, res: Resource, name: str, namespace: str 
                    annotations: dict[str, str | None]) -> None:
     await patch_with_retry(client, res, name,
                            lambda _o: {"metadata": {"annotations": annotations}}, namespace)
+
+
+# -- clusters driven by the real Cluster API manager ----------------------------------------
+
+@dataclass
+class CapiCluster:
+    """The declarative objects of one cluster; the CAPI manager makes the rest."""
+
+    namespace: str
+    name: str
+    version: str
+    kcp: str
+    md: str
+    worker_template: str
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+
+def rollout_strategy(strategy: str = "RollingUpdate", *, max_unavailable: int | str = 1,
+                     max_surge: int | str = 0) -> dict[str, Any]:
+    if strategy == "OnDelete":
+        return {"type": "OnDelete"}
+    return {"type": strategy, "rollingUpdate": {"maxUnavailable": max_unavailable,
+                                                "maxSurge": max_surge}}
+
+
+async def create_capi_cluster(
+    mgmt: KubeClient, workload_kubeconfig: dict[str, Any], *, namespace: str, name: str,
+    version: str = "v1.31.2+k0s.0", workers: int = 3, strategy: str = "RollingUpdate",
+    max_unavailable: int | str = 1, max_surge: int | str = 0,
+) -> CapiCluster:
+    """Cluster, kubeconfig Secret, stand-in K0sControlPlane (no Machines), worker templates
+    and a MachineDeployment of ``workers`` replicas: what a user applies. The real CAPI
+    manager creates the MachineSet and Machines; :class:`fleet.testing.providers.
+    ProviderPlayer` provisions them."""
+    kcp, md, template = f"{name}-cp", f"{name}-md", f"{name}-w"
+    await _create(mgmt, SECRETS, kubeconfig_secret(f"{name}-kubeconfig", namespace, name,
+                                                    workload_kubeconfig))
+    await _create(mgmt, K0S_CONTROL_PLANES, {
+        "metadata": {"name": kcp, "namespace": namespace,
+                     "labels": {LABEL_CLUSTER_NAME: name}},
+        "spec": {"version": version, "replicas": 1, "updateStrategy": "InPlace",
+                 "machineTemplate": {"infrastructureRef": {
+                     "apiGroup": INFRA_GROUP, "kind": INFRA_TEMPLATE_KIND, "name": kcp}},
+                 "k0sConfigSpec": K0S_CONFIG_SPEC}})
+    await _create(mgmt, CLUSTERS, {
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"controlPlaneRef": {"apiGroup": K0S_CONTROL_PLANES.group,
+                                     "kind": K0S_CONTROL_PLANES.kind, "name": kcp}}})
+    await _create(mgmt, SIM_MACHINE_TEMPLATES, {
+        "metadata": {"name": template, "namespace": namespace},
+        "spec": {"template": {"spec": {}}}})
+    await _create(mgmt, K0S_WORKER_CONFIG_TEMPLATES, {
+        "metadata": {"name": template, "namespace": namespace},
+        "spec": {"template": {"spec": {"args": ["--enable-metrics-scraper"]}}}})
+    labels = {LABEL_CLUSTER_NAME: name, LABEL_DEPLOYMENT_NAME: md}
+    await _create(mgmt, MACHINE_DEPLOYMENTS, {
+        "metadata": {"name": md, "namespace": namespace, "labels": {LABEL_CLUSTER_NAME: name}},
+        "spec": {"clusterName": name, "replicas": workers,
+                 "selector": {"matchLabels": labels},
+                 "rollout": {"strategy": rollout_strategy(
+                     strategy, max_unavailable=max_unavailable, max_surge=max_surge)},
+                 "template": {"metadata": {"labels": labels}, "spec": {
+                     "clusterName": name, "version": version,
+                     "bootstrap": {"configRef": {"apiGroup": BOOTSTRAP_GROUP,
+                                                 "kind": "K0sWorkerConfigTemplate",
+                                                 "name": template}},
+                     "infrastructureRef": {"apiGroup": INFRA_GROUP,
+                                           "kind": INFRA_TEMPLATE_KIND,
+                                           "name": template}}}}})
+    return CapiCluster(namespace, name, version, kcp, md, template)

@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 
 from fleet.testing.binaries import binary
-from fleet.testing.world import _kill, _wait_tcp, free_port
+from fleet.testing.world import free_port, kill_group, wait_tcp
 
 
 @dataclass(frozen=True)
@@ -113,11 +113,11 @@ class Jaeger:
                                      start_new_session=True)
         logf.close()
         for port in (self.health_port, self.otlp_port, self.query_port):
-            _wait_tcp(port, self.proc, "jaeger", 60)
+            wait_tcp(port, self.proc, "jaeger", 60)
         return self
 
     def stop(self) -> None:
-        _kill(self.proc)
+        kill_group(self.proc)
 
     def __enter__(self) -> Jaeger:
         return self.start()

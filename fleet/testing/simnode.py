@@ -49,6 +49,7 @@ from fleet.signal import (
     parse_signal,
 )
 from fleet.testing.binaries import REPO_ROOT
+from fleet.testing.providers import PRESSURE_CONDITIONS, kubelet_version
 from fleet.testing.releases import Release
 
 CRASH_ENV = "K0S_FLEET_AGENT_CRASH_AT"
@@ -77,6 +78,7 @@ class SimNode:
     agent_env: dict[str, str] = field(default_factory=dict)
     # the checkout whose fleet package the agent runs (benchmarks compare revisions)
     agent_repo: Path = REPO_ROOT
+    provider_id: str | None = None  # spec.providerID, for a Node Cluster API links
 
     starts: int = 0
     history: list[Transition] = field(default_factory=list)
@@ -127,10 +129,12 @@ class SimNode:
                       signal_object: str = "node", agent_args: Sequence[str] = (),
                       start_agent: bool = True, crash_at: str | None = None,
                       labels: dict[str, str] | None = None,
-                      agent_env: dict[str, str] | None = None) -> AsyncIterator[SimNode]:
+                      agent_env: dict[str, str] | None = None,
+                      provider_id: str | None = None) -> AsyncIterator[SimNode]:
         node = cls(name=name or f"sim-{uuid.uuid4().hex[:8]}", root=root, client=client,
                    kubeconfig=kubeconfig, signal_object=signal_object,
-                   agent_args=list(agent_args), agent_env=dict(agent_env or {}))
+                   agent_args=list(agent_args), agent_env=dict(agent_env or {}),
+                   provider_id=provider_id)
         node.url_prefixes = [initial.url.rsplit("/", 1)[0] + "/"] \
             if initial.url.startswith("http") else []
         node._prepare(initial)
@@ -163,7 +167,7 @@ class SimNode:
     async def _create_object(self, labels: dict[str, str]) -> None:
         body: KubeObject = {"metadata": {"name": self.name, "labels": {
             "k0s-fleet.test/simnode": "true", **labels}}}
-        body["spec"] = {}
+        body["spec"] = {"providerID": self.provider_id} if self.provider_id else {}
         await self.client.create(self.res, body)
 
     async def delete_object(self) -> None:
@@ -220,13 +224,24 @@ class SimNode:
         return str(st["Version"]) if st and "Version" in st else None
 
     async def set_ready(self, ready: bool, message: str) -> None:
+        """The Node's Ready condition; when the service is up, also the kubelet version it
+        reports, as a k0s kubelet does (``v1.31.3+k0s`` for k0s ``v1.31.3+k0s.0``)."""
         if self.signal_object != "node":
             return
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        await self.client.patch(NODES, self.name, {"status": {"conditions": [{
+        # The whole list (a merge patch replaces it): Ready, and the pressure conditions
+        # a kubelet reports, which Cluster API's NodeHealthy needs.
+        status: dict[str, Any] = {"conditions": [{
             "type": "Ready", "status": "True" if ready else "False",
             "reason": "KubeletReady" if ready else "KubeletNotReady", "message": message,
-            "lastHeartbeatTime": now, "lastTransitionTime": now}]}}, subresource="status")
+            "lastHeartbeatTime": now, "lastTransitionTime": now}] + [{
+                "type": t, "status": "False", "reason": f"KubeletHasNo{t}", "message": "",
+                "lastHeartbeatTime": now, "lastTransitionTime": now}
+                for t in PRESSURE_CONDITIONS]}
+        running = await self.running_version() if ready else None
+        if running:
+            status["nodeInfo"] = {"kubeletVersion": kubelet_version(running)}
+        await self.client.patch(NODES, self.name, {"status": status}, subresource="status")
 
     async def wait_ready(self, timeout: float = 20.0) -> None:
         with anyio.fail_after(timeout):

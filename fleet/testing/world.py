@@ -31,12 +31,19 @@ import yaml
 
 from fleet.kube import AlreadyExistsError, KubeClient, KubeError
 from fleet.kube.resources import CRDS
-from fleet.testing.binaries import REPO_ROOT, binary
+from fleet.testing.binaries import REPO_ROOT, binary, capi_data_dir, pins
 
 log = logging.getLogger(__name__)
 
 CHART_CRDS = REPO_ROOT / "charts" / "k0s-fleet" / "crds"
+# Stand-ins for what cannot be built here (k0smotron, k0s autopilot) and the test world's
+# own provider kinds; Cluster API's CRDs are the real ones (capi_crds_dir).
 TEST_CRDS = REPO_ROOT / "config" / "test-crds"
+
+
+def capi_crds_dir(version: str | None = None) -> Path:
+    """The real CRDs of Cluster API ``version`` (default: the pinned v1.14.x)."""
+    return capi_data_dir(version or pins()["CAPI_VERSION"]) / "crds"
 ADMIN_USER = "test-admin"
 
 
@@ -46,7 +53,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_tcp(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float) -> None:
+def wait_tcp(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -57,7 +64,7 @@ def _wait_tcp(port: int, proc: subprocess.Popen[bytes], what: str, timeout: floa
     raise TimeoutError(f"{what} did not listen on {port} within {timeout}s")
 
 
-def _kill(proc: subprocess.Popen[bytes] | None, grace: float = 5.0) -> None:
+def kill_group(proc: subprocess.Popen[bytes] | None, grace: float = 5.0) -> None:
     if proc is None or proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
@@ -91,10 +98,10 @@ class Etcd:
             stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
         )
         logf.close()
-        _wait_tcp(self.port, self.proc, "etcd", 30)
+        wait_tcp(self.port, self.proc, "etcd", 30)
 
     def stop(self) -> None:
-        _kill(self.proc)
+        kill_group(self.proc)
 
 
 @dataclass
@@ -170,7 +177,7 @@ class ApiServer:
             )
             logf.close()
             try:
-                _wait_tcp(self.port, self.proc, f"kube-apiserver {self.name}", 60)
+                wait_tcp(self.port, self.proc, f"kube-apiserver {self.name}", 60)
                 self._wait_ready(t0)
                 return
             except RuntimeError:
@@ -209,7 +216,7 @@ class ApiServer:
         raise TimeoutError(f"kube-apiserver {self.name} not ready after {timeout}s")
 
     def stop(self) -> None:
-        _kill(self.proc)
+        kill_group(self.proc)
 
     def restart(self) -> None:
         self.stop()
@@ -272,7 +279,8 @@ async def install_crds(client: KubeClient, docs: list[dict[str, Any]],
                 await anyio.sleep(0.05)
             # Established can precede discovery; wait until the resource answers a list.
             group = doc["spec"]["group"]
-            version = doc["spec"]["versions"][0]["name"]
+            served = [v for v in doc["spec"]["versions"] if v.get("served", True)]
+            version = next((v for v in served if v.get("storage")), served[0])["name"]
             plural = doc["spec"]["names"]["plural"]
             while True:
                 try:
@@ -292,6 +300,7 @@ class World:
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="k0s-fleet-world-"))
         self.etcd = Etcd(self.workdir)
         token = secrets.token_hex(16)
+        self.admin_token = token
         extra_args = extra_args or {}
         self.servers = {
             n: ApiServer(n, self.workdir / n, self.etcd, token, extra_args.get(n, []))
@@ -327,7 +336,8 @@ class World:
         return server
 
     async def install_crds(self) -> None:
-        docs = crd_documents(CHART_CRDS, TEST_CRDS)
+        """k0s-fleet's CRDs, the stand-ins and Cluster API's real CRDs on every server."""
+        docs = crd_documents(CHART_CRDS, TEST_CRDS, capi_crds_dir())
         async with anyio.create_task_group() as tg:
             for s in self.servers.values():
                 tg.start_soon(self._install_one, s, docs)

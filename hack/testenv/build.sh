@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds the pinned kube-apiserver, etcd, helm and jaeger used by the test world from the
-# official Go modules, into a cache keyed by the pins; a second run builds nothing.
+# Builds the pinned kube-apiserver, etcd, helm, jaeger and Cluster API managers used by
+# the test world from the official Go modules, into a cache keyed by the pins; a second
+# run builds nothing. The CAPI CRDs and webhook configurations are copied from the same
+# module versions into $cache/capi/<version>/ (never into the repository).
 #
 #   hack/testenv/build.sh            # prints the bin directory on the last line
 #
@@ -108,6 +110,44 @@ GO
   mv "$out.tmp" "$out"
 }
 
+# The Cluster API core manager at version $1, main package $2 (v1.14 moved it to ./core
+# and its Go API into the module sigs.k8s.io/cluster-api/api, whose in-repo replace does
+# not apply to a dependency: pin it to the same version), plus the module's CRDs and
+# webhook configurations, where the test world reads them.
+build_capi() {
+  local version=$1 main=$2 config=$3 api_module=$4
+  local out="$bin/capi-manager-$version-$CAPI_BUILD_REV"
+  local data="$cache/capi/$version"
+  [[ -x $out && -d $data/crds ]] && return
+  local dir="$work/capi-$version"
+  rm -rf "$dir" && mkdir -p "$dir"
+  local go_line
+  go_line=$(cd "$dir" && go mod download -json "sigs.k8s.io/cluster-api@$version" \
+    | python3 -c 'import json,sys; print(open(json.load(sys.stdin)["GoMod"]).read())' \
+    | grep -m1 '^go ')
+  {
+    printf 'module k0s-fleet.test/capi\n\n%s\n\nrequire sigs.k8s.io/cluster-api %s\n' \
+      "$go_line" "$version"
+    [[ $api_module == yes ]] && printf 'require sigs.k8s.io/cluster-api/api %s\n' "$version"
+  } >"$dir/go.mod"
+  printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$main" >"$dir/tools.go"
+  log "building Cluster API manager $version (cold: several minutes)"
+  local pkg=sigs.k8s.io/cluster-api/version
+  local v=${version#v}
+  (cd "$dir" && go mod tidy >/dev/null 2>&1 || true
+   cd "$dir" && go build -trimpath -o "$out.tmp" -ldflags="-s -X $pkg.gitVersion=$version \
+     -X $pkg.gitMajor=${v%%.*} -X $pkg.gitMinor=$(cut -d. -f2 <<<"$v") -X $pkg.gitTreeState=clean" \
+     "$main")
+  local src
+  src=$(cd "$dir" && go list -m -f '{{.Dir}}' sigs.k8s.io/cluster-api)
+  rm -rf "$data.tmp" && mkdir -p "$data.tmp/crds" "$data.tmp/webhook"
+  cp "$src/$config"/crd/bases/*.yaml "$data.tmp/crds/"
+  cp "$src/$config/webhook/manifests.yaml" "$data.tmp/webhook/"
+  chmod -R u+w "$data.tmp"
+  rm -rf "$data" && mv "$data.tmp" "$data"
+  mv "$out.tmp" "$out"
+}
+
 # One build at a time per cache (parallel `make test` runs share it).
 exec 9>"$cache/.build.lock"
 flock 9
@@ -116,10 +156,14 @@ build_etcd
 build_helm
 build_kube_apiserver
 build_jaeger
+build_capi "$CAPI_VERSION" sigs.k8s.io/cluster-api/core core/config yes
+build_capi "$CAPI_OLD_VERSION" sigs.k8s.io/cluster-api config no
 # Stable names for the harness; the versioned files are the cache keys.
 ln -sf "kube-apiserver-$KUBE_VERSION-$KUBE_BUILD_REV" "$bin/kube-apiserver"
 ln -sf "etcd-$ETCD_VERSION" "$bin/etcd"
 ln -sf "helm-$HELM_VERSION" "$bin/helm"
 ln -sf "jaeger-$JAEGER_VERSION" "$bin/jaeger"
+ln -sf "capi-manager-$CAPI_VERSION-$CAPI_BUILD_REV" "$bin/capi-manager-$CAPI_VERSION"
+ln -sf "capi-manager-$CAPI_OLD_VERSION-$CAPI_BUILD_REV" "$bin/capi-manager-$CAPI_OLD_VERSION"
 log "binaries ready in $(( $(date +%s) - start ))s"
 echo "$bin"

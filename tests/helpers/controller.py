@@ -177,8 +177,10 @@ async def wait_condition(  # noqa: PLR0917
         while True:
             obj = await mgmt.get(res, name, namespace)
             st = obj.get("status") or {}
-            fresh = target is None or (st.get("k0sFleet") or {}).get("targetVersion") == target
+            # Cluster API's MachineDeployment CRD prunes status.k0sFleet: the condition's
+            # message names the target ("3/3 machines on v1.31.3+k0s.0 ...").
             for c in st.get("conditions") or []:
+                fresh = target is None or f" on {target}" in (c.get("message") or "")
                 if fresh and c.get("type") == ctype and c.get("status") == status:
                     return obj
             await anyio.sleep(0.05)

@@ -69,7 +69,7 @@ async def make_cluster(mgmt: KubeClient, server: ApiServer, wl: KubeClient, name
         "type": "cluster.x-k8s.io/secret",
         "data": {"value": base64.b64encode(kubeconfig.encode()).decode()}})
     await mgmt.create(CLUSTERS, {"metadata": {"name": name, "namespace": namespace,
-                                              "labels": labels or {}}, "spec": {}})
+                                              "labels": labels or {}}, "spec": {"paused": False}})
     boot = {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "K0sWorkerConfigTemplate",
             "name": f"{name}-w"}
     infra = {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachineTemplate",
@@ -82,13 +82,16 @@ async def make_cluster(mgmt: KubeClient, server: ApiServer, wl: KubeClient, name
     await mgmt.create(MACHINE_DEPLOYMENTS, {
         "metadata": {"name": f"{name}-md", "namespace": namespace},
         "spec": {"clusterName": name, "replicas": workers,
+                 "selector": {"matchLabels": {"cluster.x-k8s.io/deployment-name": f"{name}-md"}},
                  "rollout": {"strategy": {"type": "RollingUpdate",
                                           "rollingUpdate": {"maxUnavailable": max_unavailable}}},
                  "template": template(target)}})
     await mgmt.create(MACHINE_SETS, {
         "metadata": {"name": f"{name}-ms", "namespace": namespace,
                      "labels": {"cluster.x-k8s.io/deployment-name": f"{name}-md"}},
-        "spec": {"clusterName": name, "replicas": workers, "template": template(version)}})
+        "spec": {"clusterName": name, "replicas": workers,
+                 "selector": {"matchLabels": {"cluster.x-k8s.io/deployment-name": f"{name}-md"}},
+                 "template": template(version)}})
     machines = []
     for i in range(workers):
         m = f"{name}-{i}-{suffix}"

@@ -76,7 +76,14 @@ async def _md_and_kcp(mgmt: KubeClient) -> None:
                  "selector": {"matchLabels": {"md": "edge-01-workers"}},
                  "template": {"metadata": {"labels": {"md": "edge-01-workers"}},
                               "spec": {"clusterName": "edge-01", "version": "v1.31.3+k0s.0",
-                                       "bootstrap": {}, "infrastructureRef": {}}}}})
+                                       "bootstrap": {"configRef": {
+                                           "apiGroup": "bootstrap.cluster.x-k8s.io",
+                                           "kind": "K0sWorkerConfigTemplate",
+                                           "name": "edge-01-workers"}},
+                                       "infrastructureRef": {
+                                           "apiGroup": "infrastructure.k0s-fleet.test",
+                                           "kind": "SimMachineTemplate",
+                                           "name": "edge-01-workers"}}}}})
     await mgmt.create(K0S_CONTROL_PLANES, {
         "metadata": {"name": "edge-01", "namespace": "fleet-prod"},
         "spec": {"version": "v1.31.3+k0s.0", "replicas": 3}})

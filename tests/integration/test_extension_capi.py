@@ -361,7 +361,8 @@ async def test_fleet_config_executor_and_pause_apply(
         mgmt: KubeClient, wl1: KubeClient, namespace: str, tmp_path: Path) -> None:
     """handlers_from_config: the cluster's executor goes into the NodePlan; pause holds."""
     await mgmt.create(CLUSTERS, {"metadata": {"name": "c1", "namespace": namespace,
-                                              "labels": {"tier": "prod"}}, "spec": {}})
+                                              "labels": {"tier": "prod"}},
+                                 "spec": {"paused": False}})
     cert, key, ca = make_cert_pair(["localhost"]).write(tmp_path / "tls")
 
     async def workload(namespace: str, cluster: str) -> KubeClient:
@@ -496,7 +497,7 @@ async def test_update_machine_answers_not_yet_while_the_rollout_policy_holds(
     """handlers_from_config: the fleet rollout policy (the rollout ConfigMap's switches and
     the controller's record of admitted clusters) holds UpdateMachine before any dispatch."""
     await mgmt.create(CLUSTERS, {"metadata": {"name": "c1", "namespace": namespace},
-                                 "spec": {}})
+                                 "spec": {"paused": False}})
     cert, key, ca = make_cert_pair(["localhost"]).write(tmp_path / "tls")
 
     async def workload(namespace: str, cluster: str) -> KubeClient:

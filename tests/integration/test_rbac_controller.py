@@ -175,8 +175,9 @@ async def test_controller_is_refused_what_it_must_not_do(
     await ctl.patch(MACHINES, worker, {"metadata": {"annotations": {"x": "y"}}}, ns)
     await ctl.patch(MACHINE_DEPLOYMENTS, md, {"metadata": {"annotations": {"x": "y"}}}, ns)
     await ctl.patch(K0S_CONTROL_PLANES, kcp, {"metadata": {"annotations": {"x": "y"}}}, ns)
-    await ctl.patch(MACHINE_DEPLOYMENTS, md, {"status": {"k0sFleet": {"summary": "0/1"}}}, ns,
-                    subresource="status")
+    await ctl.patch(MACHINE_DEPLOYMENTS, md, {"status": {"conditions": [{
+        "type": "K0sFleetUpToDate", "status": "False", "reason": "Waiting", "message": "0/1",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}, ns, subresource="status")
 
     label = {"metadata": {"labels": {"x": "y"}}}
     by_rbac: dict[str, Callable[[], Awaitable[Any]]] = {

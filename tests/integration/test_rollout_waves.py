@@ -238,7 +238,7 @@ async def test_cluster_pause_annotation_and_restart_keep_the_admission(
 @pytest.mark.anyio
 async def test_events_are_deduplicated(mgmt: KubeClient, namespace: str) -> None:
     cluster = await mgmt.create(CLUSTERS, {"metadata": {"name": "ev", "namespace": namespace},
-                                           "spec": {}})
+                                           "spec": {"paused": False}})
     rec = EventRecorder(mgmt, instance="t1", clock=lambda: T0)
     assert await rec.emit(cluster, reason="Tested", action="Test", note="hello")
     assert not await rec.emit(cluster, reason="Tested", action="Test", note="hello")

@@ -8,7 +8,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from fleet.eligibility import control_plane_eligibility, machine_deployment_eligibility
+from fleet.eligibility import (
+    control_plane_eligibility,
+    kubelet_form,
+    machine_deployment_eligibility,
+)
 from fleet.model import (
     ANN_K0S_CONFIG,
     ANN_MACHINE_RUNNING_VERSION,
@@ -19,6 +23,7 @@ from fleet.model import (
     MachineDeploymentInfo,
     MachineInfo,
     MachineSetInfo,
+    NodeInfo,
     ObjectRef,
     TemplateRef,
     control_plane_from,
@@ -76,7 +81,27 @@ class TestMachineDeployment:
     @pytest.mark.parametrize("spelling", ["v1.31.3+k0s.0", "v1.31.3", "v1.31.3-k0s.0",
                                           "1.31.3+k0s.0"])
     def test_version_spellings_are_the_same_release(self, spelling: str) -> None:
-        assert machine_deployment_eligibility(worker(spelling), md(), ms()).up_to_date
+        node = NodeInfo("w-0", running_version=spelling)
+        assert machine_deployment_eligibility(worker(spelling), md(), ms(), node).up_to_date
+
+    def test_spec_version_alone_is_not_up_to_date(self) -> None:
+        # CAPI's in-place flow sets spec.version before UpdateMachine has run.
+        m = worker("v1.31.3+k0s.0")
+        node = NodeInfo("w-0", running_version="v1.31.2+k0s.0")
+        assert not machine_deployment_eligibility(m, md(), ms(), node).up_to_date
+
+    def test_a_rolled_back_node_is_not_up_to_date(self) -> None:
+        m = worker("v1.31.3+k0s.0", annotations={ANN_MACHINE_RUNNING_VERSION: "v1.31.3+k0s.0"})
+        node = NodeInfo("w-0", running_version="v1.31.2+k0s.0")
+        assert not machine_deployment_eligibility(m, md(), ms(), node).up_to_date
+
+    def test_a_stock_node_is_judged_by_its_kubelet(self) -> None:
+        up = NodeInfo("w-0", kubelet_version="v1.31.3+k0s")
+        down = NodeInfo("w-0", kubelet_version="v1.31.2+k0s")
+        m = worker("v1.31.3+k0s.0")
+        assert machine_deployment_eligibility(m, md(), ms(), up).up_to_date
+        assert not machine_deployment_eligibility(m, md(), ms(), down).up_to_date
+        assert kubelet_form("v1.31.3+k0s.0") == "v1.31.3+k0s"
 
     def test_running_version_annotation_counts_as_up_to_date(self) -> None:
         m = worker(annotations={ANN_MACHINE_RUNNING_VERSION: "v1.31.3+k0s.0"})
@@ -198,3 +223,4 @@ def test_parsing_from_api_objects() -> None:
                             "spec": {"version": "v1.31.3", "replicas": 3,
                                      "k0sConfigSpec": {"k0s": {"a": 1}, "args": ["x"]}}})
     assert (k.cluster, k.update_strategy, dict(k.k0s_config)) == ("c", "InPlace", {"args": ["x"]})
+
