@@ -29,7 +29,6 @@ from fleet.model import (
     ObjectRef,
     RolloutStatus,
 )
-from fleet.nodeplan import NodePlanPhase
 from fleet.planner import conditions as C
 from fleet.planner.actions import (
     CreateNodePlan,
@@ -151,12 +150,7 @@ class Sequencing(PassState):
         return OwnerState(
             ns=ns, ckey=ckey, cluster=self.cluster(*ckey), nodes=nodes, machines=machines,
             target=target, live=live, elig=elig,
-            # Upgraded: up to date and no plan of it still going on or not yet recorded as
-            # done (a node reports the new version before it is uncordoned, and a plan
-            # completed in this pass says InProgress until its status write lands).
-            updated=sum(1 for m in live if elig[m.ref.name].up_to_date and not any(
-                v.in_flight or v.plan.phase in (NodePlanPhase.PENDING, NodePlanPhase.IN_PROGRESS)
-                for v in self.by_machine.get((ns, m.ref.name), []))),
+            updated=sum(1 for e in elig.values() if e.up_to_date),
             unavailable={m.ref.name: r for m in machines
                          if (r := self._machine_unavailable(m, target, nodes)) is not None},
             missing=max(0, owner.replicas - len(live)), failed=failed,

@@ -29,7 +29,7 @@ async def test_observe_reads_hanging_clusters_in_parallel(
         for i in range(CLUSTERS_N):
             name = f"hang-{i}"
             await mgmt.create(CLUSTERS, {"metadata": {"name": name, "namespace": namespace},
-                                         "spec": {}})
+                                         "spec": {"paused": False}})
             await mgmt.create(SECRETS, kubeconfig_secret(f"{name}-kubeconfig", namespace,
                                                          name, kubeconfig))
         obs = await observe(mgmt, fleet_config(namespace), node_timeout=TIMEOUT,
