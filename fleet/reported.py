@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 
 from fleet.model import ROLE_CONTROLLER, MachineInfo, NodeInfo
-from fleet.versions import InvalidVersionError, normalize
+from fleet.versions import valid_version
 
 _RELEASE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
 
@@ -39,14 +39,6 @@ def kubelet_version(version: str) -> str:
     return "v{}.{}.{}+k0s".format(*release)
 
 
-def _valid(version: str | None) -> str | None:
-    if not version:
-        return None
-    try:
-        return normalize(version)
-    except InvalidVersionError:
-        return None
-
 
 def running_version(machine: MachineInfo, node: NodeInfo | None) -> str | None:
     """The k0s version ``node`` (the Node or ControlNode of ``machine``) runs, as best told.
@@ -58,14 +50,14 @@ def running_version(machine: MachineInfo, node: NodeInfo | None) -> str | None:
     completed controller upgrades there) and a worker to k0s-fleet's Machine record.
     """
     if node is not None:
-        if exact := _valid(node.running_version):
+        if exact := valid_version(node.running_version):
             return exact
-        if exact := _valid(node.k0s_version):
+        if exact := valid_version(node.k0s_version):
             return exact
         kubelet = kubernetes_release(node.kubelet_version)
         if kubelet is not None:
             for recorded in (machine.running_version_annotation, machine.version):
-                if (v := _valid(recorded)) is not None and kubernetes_release(v) == kubelet:
+                if (v := valid_version(recorded)) is not None and kubernetes_release(v) == kubelet:
                     return v
             return node.kubelet_version
         if node.running_version:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import total_ordering
+from functools import lru_cache, total_ordering
 
 _VERSION = re.compile(
     r"^v?(?P<major>0|[1-9]\d*)\.(?P<minor>0|[1-9]\d*)\.(?P<patch>0|[1-9]\d*)"
@@ -73,6 +73,17 @@ class K0sVersion:
 def normalize(value: str) -> str:
     """The canonical spelling of a k0s version string."""
     return str(K0sVersion.parse(value))
+
+
+@lru_cache(maxsize=4096)
+def valid_version(value: str | None) -> str | None:
+    """The canonical spelling of ``value``, or None when it is empty or not a k0s version."""
+    if not value or not isinstance(value, str):
+        return None
+    try:
+        return normalize(value)
+    except InvalidVersionError:
+        return None
 
 
 def same_version(a: str | None, b: str | None) -> bool:

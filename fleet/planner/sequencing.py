@@ -49,7 +49,6 @@ from fleet.planner.state import (
     PlanView,
     nodeplan_name,
     truncate,
-    valid_version,
 )
 from fleet.planner.writer import (
     ExtensionDrives,
@@ -60,7 +59,7 @@ from fleet.planner.writer import (
     release_pause,
     version_step,
 )
-from fleet.versions import K0sVersion
+from fleet.versions import K0sVersion, valid_version
 
 
 def _held(step: VersionStep, driver: OtherDriver | None, policy_hold: str | None) -> str:

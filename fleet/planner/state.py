@@ -33,7 +33,7 @@ from fleet.planner.actions import (
 from fleet.planner.policy import Hold
 from fleet.planner.settings import PlannerSettings
 from fleet.signal import SignalState
-from fleet.versions import InvalidVersionError, normalize
+from fleet.versions import valid_version
 
 _MAX_MESSAGE = 900
 nodeplan_name = lru_cache(maxsize=65536)(_nodeplan_name)
@@ -69,14 +69,6 @@ def truncate(text: str) -> str:
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
 
 
-@lru_cache(maxsize=4096)
-def valid_version(v: str | None) -> str | None:
-    if not v or not isinstance(v, str):
-        return None
-    try:
-        return normalize(v)
-    except InvalidVersionError:
-        return None
 
 
 class PassState:

@@ -44,9 +44,9 @@ from fleet.planner.state import (
     PassState,
     PlanView,
     truncate,
-    valid_version,
 )
 from fleet.signal import SignalState
+from fleet.versions import valid_version
 
 
 class NodePlanUpkeep(PassState):

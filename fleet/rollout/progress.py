@@ -34,7 +34,7 @@ from fleet.nodeplan import NodePlanPhase
 from fleet.planner.conditions import HALTED
 from fleet.reported import running_version
 from fleet.rollout.annotations import ANN_PAUSED, switch
-from fleet.versions import InvalidVersionError, normalize, same_version
+from fleet.versions import same_version, valid_version
 
 
 class NodeState(StrEnum):
@@ -177,14 +177,6 @@ def fingerprint(clusters: Iterable[ClusterProgress]) -> str:
 # -- from the controller's snapshot -----------------------------------------------------
 
 
-def _target(version: str | None) -> str | None:
-    if not version:
-        return None
-    try:
-        return normalize(version)
-    except InvalidVersionError:
-        return None
-
 
 def _node_progress(m: MachineInfo, target: str | None, nodes: Mapping[str, NodeInfo] | None,
                    plan: NodePlanInfo | None, eligibility: Eligibility | None) -> NodeProgress:
@@ -257,7 +249,7 @@ def _object_progress(
     plans: Mapping[tuple[str, str, str], list[NodePlanInfo]],
 ) -> ObjectProgress:
     ref = ObjectRef(obj.ref.kind, obj.ref.namespace, obj.ref.name)
-    target = _target(obj.version)
+    target = valid_version(obj.version)
     mine = sorted(machines.get((ref.kind, ref.namespace, ref.name), []),
                   key=MachineInfo.sort_key)
     for_target = [p for p in plans.get((ref.namespace, ref.kind, ref.name), [])
