@@ -470,12 +470,32 @@ class ExtensionSettings(ConfigModel):
     port: Port = Field(9443, description="HTTPS port of the extension.")
     cert_file: str | None = Field(None, description="TLS certificate (PEM); needed if enabled.")
     key_file: str | None = Field(None, description="TLS private key (PEM); needed if enabled.")
+    service_name: DnsLabel | None = Field(
+        None, description="Name of the Service that ExtensionConfigs use to reach this "
+        "extension (the chart sets it). With serviceNamespace or url set, only an "
+        "ExtensionConfig pointing at this endpoint counts as k0s-fleet's own: k0smotron's "
+        "extension registers the same hook names.")
+    service_namespace: DnsLabel | None = Field(
+        None, description="Namespace of that Service (the chart sets it).")
+    url: str | None = Field(
+        None, description="The URL ExtensionConfigs use to reach this extension, when "
+        "they name a URL rather than a Service.")
     mode: ExtensionMode = Field(
         ExtensionMode.AUTO,
         description="Who drives in-place upgrades, so that never both do: 'always' = only "
         "through CAPI's hooks; 'never' = only k0s-fleet's own waves; 'auto' = the hooks "
         "for objects CAPI updates in place, the waves for the rest.",
     )
+
+    @field_validator("url")
+    @classmethod
+    def _https_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        parts = urlsplit(v)
+        if parts.scheme != "https" or not parts.hostname:
+            raise ValueError(f"must be an https URL (got {v!r}): the hooks are served over TLS")
+        return v
 
     @model_validator(mode="after")
     def _tls(self) -> Self:
@@ -487,6 +507,9 @@ class ExtensionSettings(ConfigModel):
                 problems.append((("keyFile",), "required when extension.enabled is true"))
         elif self.mode is ExtensionMode.ALWAYS:
             problems.append((("mode",), "'always' needs extension.enabled: true"))
+        if bool(self.service_name) != bool(self.service_namespace):
+            problems.append((("serviceName" if not self.service_name else "serviceNamespace",),
+                             "serviceName and serviceNamespace go together"))
         if problems:
             raise Problems(problems)
         return self

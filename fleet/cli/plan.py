@@ -20,7 +20,7 @@ import anyio
 from fleet.cli import common
 from fleet.config import ExtensionMode, FleetConfig
 from fleet.config_errors import ConfigError
-from fleet.extension.activation import extension_active
+from fleet.extension.activation import extension_active, own_endpoint
 from fleet.kube import KubeClient, KubeError
 from fleet.kube.resources import EXTENSION_CONFIGS
 from fleet.model import ClusterKey
@@ -50,7 +50,8 @@ async def extension_clusters(mgmt: KubeClient, config: FleetConfig,
         print(f"k0s-fleet plan: cannot read ExtensionConfigs: {e}", file=sys.stderr)
         return frozenset()
     return frozenset(k for k in keys if extension_active(
-        {"metadata": {"namespace": k[0], "name": k[1]}}, configs, config.extension.mode))
+        {"metadata": {"namespace": k[0], "name": k[1]}}, configs, config.extension.mode,
+        endpoint=own_endpoint(config.extension)))
 
 
 async def fleet_plan(config: FleetConfig, *, now: datetime,

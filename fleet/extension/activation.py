@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from fleet.config import ExtensionMode
+from fleet.config import ExtensionMode, ExtensionSettings
 from fleet.extension.catalog import HANDLER_BY_HOOK
 from fleet.extension.wire import HOOKS_API_VERSION, Hook
 from fleet.selectors import selector_matches
@@ -56,6 +56,16 @@ class ExtensionEndpoint:
             return (a.hostname, a.port or 443) == (b.hostname, b.port or 443) \
                 and a.path.rstrip("/") == b.path.rstrip("/")
         return False
+
+
+def own_endpoint(settings: ExtensionSettings) -> ExtensionEndpoint | None:
+    """k0s-fleet's own endpoint as configured (extension.serviceName/serviceNamespace or
+    extension.url; the chart sets the Service); None when neither is configured, in which
+    case any ExtensionConfig registering the hooks is taken for ours."""
+    if not (settings.service_name or settings.url):
+        return None
+    return ExtensionEndpoint(service_name=settings.service_name,
+                             service_namespace=settings.service_namespace, url=settings.url)
 
 
 def registers_update_machine(extension_config: Mapping[str, Any]) -> bool:

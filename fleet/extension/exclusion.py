@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 
 from fleet.config import ExtensionMode, FleetConfig
-from fleet.extension.activation import ExtensionEndpoint, extension_active
+from fleet.extension.activation import ExtensionEndpoint, extension_active, own_endpoint
 from fleet.kube import KubeClient
 from fleet.kube.resources import EXTENSION_CONFIGS
 from fleet.kube.watch import Reflector, WatchEvent
@@ -39,7 +39,7 @@ class ExtensionExclusion:
                  on_change: Callable[[], None] | None = None) -> None:
         self.config = config
         self.inner = inner
-        self.endpoint = endpoint
+        self.endpoint = endpoint if endpoint is not None else own_endpoint(config.extension)
         self.mode = config.extension.mode
         # ExtensionConfigs can only point at us when we serve the hooks at all.
         self.watching = config.extension.enabled and self.mode is ExtensionMode.AUTO

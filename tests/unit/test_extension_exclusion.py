@@ -81,3 +81,45 @@ async def test_stopped_follows_the_inner_policy() -> None:
 
     assert ExtensionExclusion(NO_CLIENT, config("never"), Stopped()).stopped
     assert not ExtensionExclusion(NO_CLIENT, config("never"), None).stopped
+
+
+def by_service(namespace: str, name: str, service: str, service_ns: str) -> dict[str, Any]:
+    obj = registered(namespace, name)
+    obj["spec"]["clientConfig"] = {"service": {"name": service, "namespace": service_ns,
+                                               "port": 443}}
+    return obj
+
+
+async def test_only_our_own_extension_config_counts_once_our_service_is_configured() -> None:
+    """k0smotron's ExtensionConfig registers the same hook names; with the Service the chart
+    configures (extension.serviceName/serviceNamespace) only ours hands a cluster to CAPI."""
+    k0smotron = by_service("km", "inplace-version-update-extensionconfig",
+                           "k0smotron-extension", "k0smotron")
+    ours = by_service("capi", "k0s-fleet", "k0s-fleet-extension", "k0s-fleet-system")
+    cfg = FleetConfig.model_validate({"extension": {
+        "enabled": True, "mode": "auto", "certFile": "/tls/tls.crt", "keyFile": "/tls/tls.key",
+        "serviceName": "k0s-fleet-extension", "serviceNamespace": "k0s-fleet-system"}})
+    ex = ExtensionExclusion(NO_CLIENT, cfg, None)
+    ex.reflector.store = {("", "km"): k0smotron, ("", "ours"): ours}
+    ex.reflector.synced.set()
+    hold = await ex(None)
+    assert hold is not None
+    assert hold(("capi", "x"), None) == HOLD_REASON
+    assert hold(("km", "x"), None) is None  # k0smotron's extension, not ours
+    # Without a configured endpoint (old configurations) any registration counts.
+    legacy = ExtensionExclusion(NO_CLIENT, config("auto"), None)
+    legacy.reflector.store = dict(ex.reflector.store)
+    legacy.reflector.synced.set()
+    hold = await legacy(None)
+    assert hold is not None and hold(("km", "x"), None) == HOLD_REASON
+
+
+@pytest.mark.parametrize(("ext", "problem"), [
+    ({"serviceName": "svc"}, "serviceName and serviceNamespace go together"),
+    ({"serviceNamespace": "ns"}, "serviceName and serviceNamespace go together"),
+    ({"url": "http://ext.example:9443/hooks"}, "must be an https URL"),
+    ({"serviceName": "Not_A_Label", "serviceNamespace": "ns"}, "not a valid DNS label"),
+])
+async def test_extension_endpoint_settings_are_checked(ext: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        FleetConfig.model_validate({"extension": {"mode": "never", **ext}})
