@@ -25,7 +25,7 @@ import yaml
 from fleet.kube import KubeClient, KubeError, KubeObject, NotFoundError
 from fleet.kube.backoff import Backoff
 from fleet.kube.cache import ObjectCache
-from fleet.kube.resources import AUTOPILOT_PLANS, CONTROL_NODES, NODES, SECRETS
+from fleet.kube.resources import AUTOPILOT_PLANS, CONTROL_NODES, NODES, SECRETS, Resource
 from fleet.kube.watch import Reflector
 from fleet.model import ClusterKey
 
@@ -94,7 +94,6 @@ class WorkloadCluster:
     generation: int = 0  # bumped on every rebuild (a rotated Secret)
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     node_reflector: Reflector | None = None
-    control_node_reflector: Reflector | None = None
 
     @property
     def name(self) -> str:
@@ -219,8 +218,8 @@ class ClusterRegistry:
                 wc.error = None
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._watch_nodes, wc)
-                    tg.start_soon(self._watch_control_nodes, wc)
-                    tg.start_soon(self._watch_autopilot_plans, wc)
+                    tg.start_soon(self._watch_optional, wc, CONTROL_NODES, wc.control_nodes)
+                    tg.start_soon(self._watch_optional, wc, AUTOPILOT_PLANS, wc.plans)
             finally:
                 with anyio.CancelScope(shield=True):
                     await self._close(wc)
@@ -242,51 +241,29 @@ class ClusterRegistry:
             tg.start_soon(mark_synced)
             await reflector.run()
 
-    async def _watch_control_nodes(self, wc: WorkloadCluster) -> None:
-        """ControlNodes exist where k0s autopilot runs; a cluster without the CRD has none."""
+    async def _watch_optional(self, wc: WorkloadCluster, resource: Resource,
+                              store: ObjectCache) -> None:
+        """Watch ``resource`` into ``store`` where its CRD exists: ControlNodes (k0s
+        autopilot) and autopilot Plans (someone else's rollout; k0s-fleet's own autopilot
+        executor signals nodes and never creates a Plan). Without the CRD the store is
+        synced and empty, and the CRD is looked for again with backoff."""
         assert wc.client is not None
         backoff = Backoff(initial=1.0, maximum=60.0)
         while True:
             try:
-                await wc.client.list(CONTROL_NODES, page_size=1)
+                await wc.client.list(resource, page_size=1)
                 break
             except NotFoundError:
-                wc.control_nodes.mark_synced()
+                store.mark_synced()
                 await anyio.sleep(backoff.next_delay())
             except KubeError:
                 await anyio.sleep(backoff.next_delay())
-        reflector = Reflector(wc.client, CONTROL_NODES, listener=wc.control_nodes.on_event,
-                              watch_timeout=self.watch_timeout)
-        wc.control_node_reflector = reflector
-
-        async def mark_synced() -> None:
-            await reflector.synced.wait()
-            wc.control_nodes.mark_synced()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(mark_synced)
-            await reflector.run()
-
-    async def _watch_autopilot_plans(self, wc: WorkloadCluster) -> None:
-        """autopilot Plans, where the CRD exists (someone else's rollout: k0s-fleet's own
-        autopilot executor signals nodes and never creates a Plan)."""
-        assert wc.client is not None
-        backoff = Backoff(initial=1.0, maximum=60.0)
-        while True:
-            try:
-                await wc.client.list(AUTOPILOT_PLANS, page_size=1)
-                break
-            except NotFoundError:
-                wc.plans.mark_synced()
-                await anyio.sleep(backoff.next_delay())
-            except KubeError:
-                await anyio.sleep(backoff.next_delay())
-        reflector = Reflector(wc.client, AUTOPILOT_PLANS, listener=wc.plans.on_event,
+        reflector = Reflector(wc.client, resource, listener=store.on_event,
                               watch_timeout=self.watch_timeout)
 
         async def mark_synced() -> None:
             await reflector.synced.wait()
-            wc.plans.mark_synced()
+            store.mark_synced()
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(mark_synced)

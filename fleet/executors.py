@@ -15,7 +15,6 @@ The planner and the dispatcher ask :func:`executor` instead of branching on its 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -44,7 +43,7 @@ from fleet.signal import (
     parse_autopilot_signal,
     parse_signal,
 )
-from fleet.versions import same_version
+from fleet.versions import kubernetes_release, same_version
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,17 +183,14 @@ class AgentExecutor:
         return same_version(node.running_version, version)
 
 
-_SEMVER = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
-
-
 def kubelet_runs(node: NodeInfo, version: str) -> bool:
     """Stock k0s nodes (executor autopilot) carry no k0s-fleet annotation: the kubelet's
     version (v1.31.3+k0s) tells the Kubernetes release; a pure controller has none, and
     autopilot's own Completed has to do."""
     if node.kubelet_version is None:
         return True
-    a, b = _SEMVER.match(node.kubelet_version), _SEMVER.match(version)
-    return a is not None and b is not None and a.groups() == b.groups()
+    release = kubernetes_release(node.kubelet_version)
+    return release is not None and release == kubernetes_release(version)
 
 
 class AutopilotExecutor:

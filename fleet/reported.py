@@ -15,20 +15,8 @@ its version through what every k0s node publishes:
 
 from __future__ import annotations
 
-import re
-
 from fleet.model import ROLE_CONTROLLER, MachineInfo, NodeInfo
-from fleet.versions import valid_version
-
-_RELEASE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
-
-
-def kubernetes_release(version: str | None) -> tuple[int, int, int] | None:
-    """(major, minor, patch) of a k0s or kubelet version string; None when unparseable."""
-    if not version or not isinstance(version, str):
-        return None
-    m = _RELEASE.match(version.strip())
-    return None if m is None else (int(m[1]), int(m[2]), int(m[3]))
+from fleet.versions import kubernetes_release, valid_version
 
 
 def kubelet_version(version: str) -> str:
@@ -67,4 +55,4 @@ def running_version(machine: MachineInfo, node: NodeInfo | None) -> str | None:
     return machine.version if machine.role == ROLE_CONTROLLER else None
 
 
-__all__ = ["kubelet_version", "kubernetes_release", "running_version"]
+__all__ = ["kubelet_version", "running_version"]

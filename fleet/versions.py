@@ -75,6 +75,17 @@ def normalize(value: str) -> str:
     return str(K0sVersion.parse(value))
 
 
+_KUBE_RELEASE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
+
+
+def kubernetes_release(version: str | None) -> tuple[int, int, int] | None:
+    """(major, minor, patch) of a k0s or kubelet version string; None when unparseable."""
+    if not version or not isinstance(version, str):
+        return None
+    m = _KUBE_RELEASE.match(version.strip())
+    return None if m is None else (int(m[1]), int(m[2]), int(m[3]))
+
+
 @lru_cache(maxsize=4096)
 def valid_version(value: str | None) -> str | None:
     """The canonical spelling of ``value``, or None when it is empty or not a k0s version."""

@@ -10,9 +10,10 @@ import dataclasses
 
 from fleet.model import KIND_CONTROL_NODE, NodeInfo, node_from
 from fleet.planner.simulate import SimFleet, add_cluster, bump
-from fleet.reported import kubernetes_release, running_version
+from fleet.reported import running_version
 from fleet.rollout.gate import FleetView, RolloutGate
 from fleet.rollout.progress import NodeState, clusters_from_snapshot
+from fleet.versions import kubernetes_release
 from tests.helpers.gate import T0, config
 
 V1 = "v1.31.2+k0s.0"
