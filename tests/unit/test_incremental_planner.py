@@ -1,0 +1,225 @@
+"""The incremental planner equals a full re-plan.
+
+The world changes by random events; like the controller, the test rebuilds the snapshot
+part of only the clusters an event touched (the clusters of the actions it performed, of
+the node that moved, of the object annotated...), keeps the other parts as they were,
+and acts only on what the clusters planned in this pass decided. After every pass the
+whole-fleet answer of :class:`IncrementalPlanner` must equal :func:`plan` of the whole,
+fresh snapshot: same actions per object in the same order, same wake-up, same decisions.
+A missed dependency (time, the policy's hold, another cluster) shows up as a difference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from datetime import timedelta
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fleet.controllers.dispatcher import action_target
+from fleet.model import ANN_RETRY, KIND_MD, ClusterKey, ObjectRef, Snapshot
+from fleet.planner import PlannerSettings, PlanResult, plan
+from fleet.planner.actions import Action
+from fleet.planner.incremental import IncrementalPlanner, IncrementalResult, merge, split
+from fleet.planner.simulate import SimFleet, add_cluster, bump
+from fleet.signal import SignalState
+from tests.unit.test_planner_properties import T0, V2, V3, _nodes, fleets
+
+
+def by_object(actions: list[Action]) -> dict[tuple[str, ...], list[Action]]:
+    out: dict[tuple[str, ...], list[Action]] = defaultdict(list)
+    for a in actions:
+        out[action_target(a)].append(a)
+    return dict(out)
+
+
+def assert_same(inc: PlanResult, full: PlanResult) -> None:
+    assert by_object(inc.actions) == by_object(full.actions)
+    assert inc.wake_at == full.wake_at
+    key = lambda d: (d.owner, d.target)  # noqa: E731
+    assert sorted(inc.decisions, key=key) == sorted(full.decisions, key=key)
+
+
+class Controller:
+    """What the controller does around the planner, on a simulated world."""
+
+    def __init__(self, sim: SimFleet, cfg: PlannerSettings) -> None:
+        self.sim, self.cfg = sim, cfg
+        self.planner = IncrementalPlanner(cfg)
+        self.parts: dict[ClusterKey, Snapshot] = {}
+        self.dirty: set[ClusterKey] = set()
+        self.held: set[object] = set()
+        self.rebuilt = 0
+
+    def touch(self, ckey: ClusterKey) -> None:
+        self.dirty.add(ckey)
+
+    def hold(self, cluster: ClusterKey, owner: ObjectRef) -> str | None:
+        if cluster in self.held:
+            return "cluster held"
+        return "object held" if owner in self.held else None
+
+    def refresh(self) -> None:
+        fresh = split(self.sim.snapshot())
+        for ckey in set(self.parts) - set(fresh):
+            del self.parts[ckey]
+        for ckey, part in fresh.items():
+            if ckey in self.dirty or ckey not in self.parts:
+                self.parts[ckey] = part
+                self.rebuilt += 1
+        self.dirty.clear()
+
+    def run_pass(self, crash_after: int | None = None) -> IncrementalResult:
+        self.refresh()
+        inc = self.planner.plan(self.parts, self.sim.now, hold=self.hold)
+        assert_same(inc.result, plan(self.sim.snapshot(), self.cfg, hold=self.hold))
+        done = 0
+        for ckey, result in inc.fresh_by_cluster.items():
+            for a in result.actions:
+                if crash_after is not None and done >= crash_after:
+                    break
+                self.sim.apply(a)
+                self.touch(ckey)
+                done += 1
+        if crash_after is not None:  # the controller died: a new one starts from scratch
+            self.planner = IncrementalPlanner(self.cfg)
+        return inc
+
+
+EVENTS = ["plan", "plan", "plan", "crash", "node", "node", "node", "fail", "ready", "time",
+          "time", "retry", "delete", "bump", "hold", "hold"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fleets(), st.data())
+def test_incremental_equals_full_replan(fleet: tuple[SimFleet, PlannerSettings],
+                                        data: st.DataObject) -> None:
+    sim, cfg = fleet
+    ctl = Controller(sim, cfg)
+    for _ in range(data.draw(st.integers(10, 80), label="steps")):
+        event = data.draw(st.sampled_from(EVENTS), label="event")
+        if event == "plan":
+            ctl.run_pass()
+        elif event == "crash":
+            ctl.run_pass(crash_after=data.draw(st.integers(0, 6), label="prefix"))
+        elif event in ("node", "fail") and (active := sim.active_requests()):
+            ckey, name = data.draw(st.sampled_from(active), label="node")
+            fail = data.draw(st.sampled_from([SignalState.FAILED_DOWNLOAD,
+                                              SignalState.ROLLED_BACK])) if event == "fail" \
+                else None
+            sim.step_node(ckey, name, fail=fail)
+            ctl.touch(ckey)
+        elif event == "ready" and (all_nodes := _nodes(sim)):
+            ckey, name = data.draw(st.sampled_from(all_nodes), label="toggle")
+            nodes = sim.nodes[ckey]
+            assert nodes is not None
+            nodes[name] = dataclasses.replace(nodes[name], ready=not nodes[name].ready)
+            ctl.touch(ckey)
+        elif event == "time":
+            sim.advance(data.draw(st.sampled_from([1, 10, 61, 200]), label="seconds"))
+        elif event == "retry" and sim.deployments:
+            key = data.draw(st.sampled_from(sorted(sim.deployments)), label="md")
+            sim.annotate(KIND_MD, key, ANN_RETRY, str(sim.now.timestamp()))
+            ctl.touch((key[0], sim.deployments[key].cluster))
+        elif event == "delete" and (plans := sorted(k for k, p in sim.nodeplans.items()
+                                                   if not p.deleting)):
+            key = data.draw(st.sampled_from(plans), label="delete")
+            ctl.touch((key[0], sim.nodeplans[key].cluster))
+            sim.delete_plan(key)
+        elif event == "bump" and sim.clusters:
+            ckey = data.draw(st.sampled_from(sorted(sim.clusters)), label="bump")
+            bump(sim, ckey, V3)
+            ctl.touch(ckey)
+        elif event == "hold":
+            # The fleet gate changes its mind about a cluster or one object: no cluster
+            # is touched, the planner must notice by itself.
+            owners: list[object] = [md.ref for md in sim.deployments.values()]
+            owners += [kcp.ref for kcp in sim.control_planes.values()]
+            pick = data.draw(st.sampled_from([*sorted(sim.clusters), *owners]), label="hold")
+            ctl.held ^= {pick}
+
+    # Heal, and drive the rollout to its end with the incremental planner alone.
+    ctl.held.clear()
+    for ckey, nodes in sim.nodes.items():
+        for name, node in list((nodes or {}).items()):
+            nodes[name] = dataclasses.replace(node, ready=True, unschedulable=False,  # type: ignore[index]
+                                              cordoned_by=None)
+        ctl.touch(ckey)
+    for _ in range(400):
+        inc = ctl.run_pass()
+        active = sim.active_requests()
+        for ckey, name in active:
+            sim.finish_node(ckey, name)
+            ctl.touch(ckey)
+        sim.advance(1)
+        if not inc.fresh.actions and not active and not ctl.dirty:
+            break
+    else:
+        raise AssertionError("the fleet did not settle under the incremental planner")
+
+
+def test_a_quiet_fleet_plans_only_the_cluster_that_moved() -> None:
+    """100 settled clusters; one node completes: one cluster is planned, not 100."""
+    sim = SimFleet(now=T0)
+    keys = [add_cluster(sim, f"c{i:03d}", control_planes=1, workers=3) for i in range(100)]
+    cfg = PlannerSettings(default_deadline=timedelta(hours=1))
+    ctl = Controller(sim, cfg)
+    assert len(ctl.run_pass().replanned) == 100
+    while ctl.run_pass().fresh.actions:  # first status writes
+        pass
+    assert ctl.run_pass().replanned == frozenset()  # nothing moved: nothing planned
+    bump(sim, keys[42], V2, control_plane=False, workers=True)
+    ctl.touch(keys[42])
+    inc = ctl.run_pass()
+    assert inc.replanned == {keys[42]}
+    assert inc.fresh.actions, "the bumped cluster starts a worker"
+    assert {a for a in inc.result.actions} == {a for a in inc.fresh.actions}
+
+
+def test_a_hold_change_replans_only_the_clusters_it_answers_for() -> None:
+    sim = SimFleet(now=T0)
+    keys = [add_cluster(sim, f"c{i}", control_planes=0, workers=2) for i in range(5)]
+    for k in keys:
+        bump(sim, k, V2, control_plane=False, workers=True)
+    cfg = PlannerSettings(default_deadline=timedelta(hours=1))
+    ctl = Controller(sim, cfg)
+    ctl.held = set(keys)
+    assert len(ctl.run_pass().replanned) == 5
+    while ctl.run_pass().fresh.actions:  # first status writes
+        pass
+    assert not ctl.run_pass().replanned
+    ctl.held.discard(keys[3])  # the gate admits one cluster
+    inc = ctl.run_pass()
+    assert inc.replanned == {keys[3]}
+    assert inc.fresh.actions
+
+
+def test_split_then_merge_is_the_snapshot() -> None:
+    sim = SimFleet(now=T0)
+    for i in range(3):
+        bump(sim, add_cluster(sim, f"c{i}", namespace=f"ns{i % 2}"), V2)
+    plan_result = plan(sim.snapshot(), PlannerSettings())
+    sim.apply_all(plan_result.actions)
+    snap = sim.snapshot()
+    assert merge(split(snap), snap.now) == snap
+
+
+def test_a_deadline_replans_a_cluster_nothing_touched() -> None:
+    """A silent node: no event comes, the cluster's own wake-up time re-plans it and its
+    NodePlan fails by deadline, as a full pass would decide."""
+    sim = SimFleet(now=T0)
+    ckey = add_cluster(sim, "c0", control_planes=0, workers=2, max_unavailable=1)
+    other = add_cluster(sim, "c1", control_planes=0, workers=2)
+    bump(sim, ckey, V2, control_plane=False, workers=True)
+    cfg = PlannerSettings(default_deadline=timedelta(seconds=30))
+    ctl = Controller(sim, cfg)
+    while ctl.run_pass().fresh.actions:  # dispatch and signal; the node never answers
+        pass
+    assert sim.active_requests()
+    assert not ctl.run_pass().replanned
+    sim.advance(31)
+    inc = ctl.run_pass()
+    assert inc.replanned == {ckey} and other not in inc.replanned
+    assert any(type(a).__name__ == "MarkNodePlanFailed" for a in inc.fresh.actions)
