@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from pydantic import ValidationError
@@ -33,6 +33,20 @@ class ConfigError(ValueError):
         self.source = source
         super().__init__("\n".join(str(p) for p in self.problems))
 
+
+
+class UnparsableValue:
+    """A value that could not be read (e.g. bad YAML in an environment variable), standing
+    in for it so that validation fails at its key; ``str()`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return self.reason
+
+    def __repr__(self) -> str:
+        return f"UnparsableValue({self.reason!r})"
 
 
 class Problems(ValueError):
@@ -66,6 +80,8 @@ def _short(value: Any) -> str:
 
 
 def pydantic_message(err: Mapping[str, Any]) -> str:
+    if isinstance(err.get("input"), UnparsableValue):
+        return str(err["input"])
     t = err["type"]
     ctx = err.get("ctx") or {}
     got = f" (got {_short(err.get('input'))})"
@@ -107,8 +123,10 @@ def pydantic_message(err: Mapping[str, Any]) -> str:
 
 
 def problems_from(
-    e: ValidationError, origins: Mapping[tuple[str, ...], str]
+    e: ValidationError, origin: Callable[[tuple[str | int, ...]], str | None]
 ) -> list[ConfigProblem]:
+    """One problem per error (a validator's :class:`Problems` each), naming the key and,
+    where ``origin`` knows one, the environment variable that set it."""
     problems: list[ConfigProblem] = []
     for err in e.errors(include_url=False):
         loc = tuple(err["loc"])
@@ -119,7 +137,9 @@ def problems_from(
             else [(loc, pydantic_message(err))]
         )
         for full, msg in pairs:
-            var = next((v for p, v in origins.items() if tuple(full[: len(p)]) == p), None)
+            var = origin(full)
             suffix = f" (from {var})" if var else ""
-            problems.append(ConfigProblem(_format_path(full), msg + suffix))
+            problem = ConfigProblem(_format_path(full), msg + suffix)
+            if problem not in problems:
+                problems.append(problem)
     return problems

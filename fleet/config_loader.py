@@ -8,10 +8,20 @@ value) raises :class:`fleet.config_errors.ConfigError`, whose message has one li
 problem, each naming the dotted key path, e.g.
 ``rollout.waves[1].maxConcurrentClusters: must be >= 1``.
 
-Why not pydantic-settings' own sources: its environment source silently ignores unknown
-variables (a typo would be a no-op), does not match camelCase aliases in nested keys, and
-reads only ``os.environ``; as a root class, ``BaseSettings`` also lets snake_case keys
-into files. The override layer here is small and strict instead.
+The environment layer is pydantic-settings' own :class:`EnvSettingsSource` (prefix
+``K0S_FLEET_``, ``__`` between nesting levels, case-insensitive, nested sections
+exploded), with what the fleet needs laid around it (:class:`FleetEnvironment`): it reads
+the mapping it is given, not only ``os.environ``; a segment names a key with or without
+underscores (``MAX_CONCURRENT_CLUSTERS`` and ``MAXCONCURRENTCLUSTERS`` both name
+``maxConcurrentClusters``), so what it hands on uses the file's camelCase keys and the
+file alone stays camelCase-only; values of lists, mappings and sections are YAML (a
+superset of JSON); an empty value clears an optional key; and it is strict, where the
+library ignores what it does not recognise: a ``K0S_FLEET_A__B`` whose ``A`` is no key
+is an error naming the variable, an unknown ``B`` is an unknown key, two spellings of
+one key are refused. Prefixed variables without ``__`` that name no top-level key are
+left alone: they belong to other parts of k0s-fleet (``K0S_FLEET_AGENT_<SETTING>`` is
+the agent's), except the agent's spelling of a key of the fleet config's ``agent:``
+section, which is a mix-up and named as one.
 """
 
 from __future__ import annotations
@@ -20,16 +30,19 @@ import os
 import types
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Union, cast, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, EnvSettingsSource
 
 from fleet.config import FleetConfig, NodePolicySettings
-from fleet.config_errors import ConfigError, ConfigProblem, problems_from
+from fleet.config_errors import ConfigError, ConfigProblem, UnparsableValue, problems_from
 
 ENV_PREFIX = "K0S_FLEET_"
 CONFIG_PATH_ENV = "K0S_FLEET_CONFIG"
+_NESTING = "__"
 
 
 def load_config(
@@ -49,15 +62,19 @@ def load_config(
     if source is not None:
         data, file_problems = _read_yaml(source)
         problems += file_problems
-    overrides, origins, env_problems = _env_overrides(environ)
-    problems += env_problems
+    environment = FleetEnvironment(environ)
+    problems += environment.problems
+    if len(problems) > len(environment.problems):  # the file: nothing to validate
+        raise ConfigError(problems, source)
+    try:
+        config = FleetConfig.model_validate(
+            _deep_merge(data, environment()), by_alias=True, by_name=False
+        )
+    except ValidationError as e:
+        problems += problems_from(e, environment.variable_for)
     if problems:
         raise ConfigError(problems, source)
-    merged = _deep_merge(data, overrides)
-    try:
-        return FleetConfig.model_validate(merged, by_alias=True, by_name=False)
-    except ValidationError as e:
-        raise ConfigError(problems_from(e, origins), source) from None
+    return config
 
 
 class StrictLoader(yaml.SafeLoader):
@@ -86,6 +103,16 @@ StrictLoader.add_constructor(
 )
 
 
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """One line: where (when known) and what."""
+    if isinstance(e, yaml.MarkedYAMLError):
+        mark = e.problem_mark or e.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        what = " ".join(str(x) for x in (e.context, e.problem) if x)
+        return f"{where}invalid YAML: {what}"
+    return "invalid YAML: " + " ".join(str(e).split())
+
+
 def _read_yaml(source: str) -> tuple[dict[str, Any], list[ConfigProblem]]:
     try:
         text = Path(source).read_text(encoding="utf-8")
@@ -95,13 +122,8 @@ def _read_yaml(source: str) -> tuple[dict[str, Any], list[ConfigProblem]]:
         return {}, [ConfigProblem(source, f"cannot read config file: {e}")]
     try:
         data = yaml.load(text, Loader=StrictLoader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        what = " ".join(str(x) for x in (e.context, e.problem) if x)
-        return {}, [ConfigProblem(source, f"{where}invalid YAML: {what}")]
     except yaml.YAMLError as e:
-        return {}, [ConfigProblem(source, f"invalid YAML: {e}")]
+        return {}, [ConfigProblem(source, _yaml_problem(e))]
     if data is None:
         return {}, []
     if not isinstance(data, dict):
@@ -121,109 +143,111 @@ def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, A
     return out
 
 
-def _strip_annotation(tp: Any) -> tuple[Any, bool]:
-    """The annotation without ``Annotated`` / ``| None``, and whether None was allowed."""
-    optional = False
-    while True:
-        origin = get_origin(tp)
-        if origin is Annotated:
-            tp = get_args(tp)[0]
-        elif origin is Union or origin is types.UnionType:
-            args = [a for a in get_args(tp) if a is not type(None)]
-            optional = optional or len(args) < len(get_args(tp))
-            if len(args) != 1:
-                return tp, optional
-            tp = args[0]
-        else:
-            return tp, optional
+def _letters(segment: str) -> str:
+    """What a key or variable segment is matched by: ``MAX_CONCURRENT_CLUSTERS`` and
+    ``maxConcurrentClusters`` are both ``maxconcurrentclusters``."""
+    return segment.replace("_", "").lower()
 
 
-def _norm(s: str) -> str:
-    return s.replace("_", "").lower()
+def _admits_none(field: object) -> bool:
+    if not isinstance(field, FieldInfo):
+        return False
+    tp = field.annotation
+    while get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    return get_origin(tp) in (Union, types.UnionType) and type(None) in get_args(tp)
 
 
 # K0S_FLEET_AGENT_<SETTING> configures the agent process (fleet.agents.settings); the
-# controller's fleet config takes its ``agent:`` section as K0S_FLEET_AGENT__<KEY>. The
-# single-underscore spelling of one of those keys on the controller is a mix-up, not
-# something for another part of k0s-fleet: say so rather than ignore it.
+# controller's fleet config takes its ``agent:`` section as K0S_FLEET_AGENT__<KEY>.
 _AGENT_PROCESS_PREFIX = "K0S_FLEET_AGENT_"
 
 
 def _agent_setting_for_the_config(var: str) -> str | None:
+    """The one-underscore (agent process) spelling of an ``agent:`` key, explained."""
     upper = var.upper()
     if not upper.startswith(_AGENT_PROCESS_PREFIX) or upper.startswith("K0S_FLEET_AGENT__"):
         return None
-    rest = _norm(upper[len(_AGENT_PROCESS_PREFIX):])
+    rest = upper[len(_AGENT_PROCESS_PREFIX):]
     for name, field in NodePolicySettings.model_fields.items():
-        if rest in (_norm(name), _norm(field.alias or name)):
+        key = field.alias or name
+        if _letters(rest) == _letters(key):
             return (f"{var} is the agent's own setting (k0s-fleet agent); the fleet config's "
-                    f"agent.{field.alias or name} is set with "
-                    f"K0S_FLEET_AGENT__{upper[len(_AGENT_PROCESS_PREFIX):]}")
+                    f"agent.{key} is set with K0S_FLEET_AGENT__{rest}")
     return None
 
 
-def _env_overrides(
-    env: Mapping[str, str],
-) -> tuple[dict[str, Any], dict[tuple[str, ...], str], list[ConfigProblem]]:
-    """``K0S_FLEET_A__B__C=value`` -> ``{"a": {"b": {"c": value}}}`` (by YAML key).
+class FleetEnvironment(EnvSettingsSource):
+    """The ``K0S_FLEET_*`` variables of ``environ`` as a partial fleet config (camelCase
+    keys), through pydantic-settings' environment source; :attr:`problems` lists the
+    variables that are wrong before any value is looked at."""
 
-    Segments match keys case-insensitively, with or without underscores (both
-    ``MAX_CONCURRENT_CLUSTERS`` and ``MAXCONCURRENTCLUSTERS`` name
-    ``maxConcurrentClusters``). Values of lists, mappings and sections are YAML/JSON.
-    Prefixed variables without ``__`` that name no top-level key are left alone: they
-    belong to other parts of k0s-fleet.
-    """
-    data: dict[str, Any] = {}
-    origins: dict[tuple[str, ...], str] = {}
-    problems: list[ConfigProblem] = []
-    for var in sorted(env):
-        if not var.upper().startswith(ENV_PREFIX) or var.upper() == CONFIG_PATH_ENV:
-            continue
-        misplaced = _agent_setting_for_the_config(var)
-        if misplaced is not None:
-            problems.append(ConfigProblem(var, misplaced))
-            continue
-        segments = var[len(ENV_PREFIX) :].split("__")
-        model: type[BaseModel] | None = FleetConfig
-        path: list[str] = []
-        leaf: Any = None
-        optional = False
-        for seg in segments:
-            if model is None:
-                problems.append(ConfigProblem(var, f"{'.'.join(path)} has no sub-keys (in {var})"))
-                break
-            found = None
-            for name, field in model.model_fields.items():
-                alias = field.alias or name
-                if _norm(seg) in (_norm(alias), _norm(name)):
-                    found = (alias, field)
-                    break
-            if found is None:
-                if len(segments) > 1 or path:
-                    where = ".".join([*path, seg.lower()])
-                    problems.append(ConfigProblem(var, f"unknown key {where}"))
-                break
-            alias, field = found
-            path.append(alias)
-            leaf, optional = _strip_annotation(field.annotation)
-            model = leaf if isinstance(leaf, type) and issubclass(leaf, BaseModel) else None
-        else:
-            value = env[var]
-            complex_leaf = model is not None or get_origin(leaf) in (list, dict)
-            parsed: Any = value
-            if optional and value.strip() == "":
-                parsed = None
-            elif complex_leaf:
-                try:
-                    parsed = yaml.load(value, Loader=StrictLoader)
-                except yaml.YAMLError as e:
-                    problems.append(
-                        ConfigProblem(".".join(path), f"invalid YAML/JSON in {var}: {e}")
-                    )
-                    continue
-            node = data
-            for key in path[:-1]:
-                node = node.setdefault(key, {})
-            node[path[-1]] = parsed
-            origins[tuple(path)] = var
-    return data, origins, problems
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.problems: list[ConfigProblem] = []
+        # variable name as the source sees it -> (the variable, its segments by letters)
+        self._variables: dict[str, tuple[str, tuple[str, ...]]] = {}
+        top = {_letters(f.alias or n) for n, f in FleetConfig.model_fields.items()}
+        for var in sorted(environ):
+            if not var.upper().startswith(ENV_PREFIX) or var.upper() == CONFIG_PATH_ENV:
+                continue
+            segments = tuple(_letters(s) for s in var[len(ENV_PREFIX):].split(_NESTING))
+            if segments[0] not in top:
+                mixup = _agent_setting_for_the_config(var)
+                if mixup is not None:
+                    self.problems.append(ConfigProblem(var, mixup))
+                elif len(segments) > 1:
+                    self.problems.append(ConfigProblem(segments[0], f"unknown key (from {var})"))
+                continue
+            name = (ENV_PREFIX + _NESTING.join(segments)).lower()
+            if name in self._variables:
+                other = self._variables[name][0]
+                self.problems.append(ConfigProblem(var, f"sets the same key as {other}"))
+                continue
+            self._variables[name] = (var, segments)
+        self._environ = environ
+        super().__init__(
+            # The source reads only the model's fields and configuration; the result is
+            # validated as a FleetConfig by load_config, with the file's data.
+            cast("type[BaseSettings]", FleetConfig),
+            case_sensitive=False,
+            env_prefix=ENV_PREFIX,
+            env_nested_delimiter=_NESTING,
+        )
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        """The variables to read: ours, each segment reduced to its letters."""
+        return {name: self._environ[var] for name, (var, _) in self._variables.items()}
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
+        """A list, mapping or section is YAML; what does not parse fails validation at
+        its key, saying why."""
+        try:
+            return yaml.load(value, Loader=StrictLoader)
+        except yaml.YAMLError as e:
+            return UnparsableValue(_yaml_problem(e).replace("invalid YAML", "invalid YAML/JSON"))
+
+    def prepare_field_value(
+        self, field_name: str, field: FieldInfo, value: Any, value_is_complex: bool
+    ) -> Any:
+        return self._empty_is_null(
+            field, super().prepare_field_value(field_name, field, value, value_is_complex)
+        )
+
+    def _empty_is_null(self, field: object, value: Any) -> Any:
+        """An empty value clears an optional key (elsewhere it is validated as given)."""
+        if value == "" and _admits_none(field):
+            return None
+        if isinstance(value, dict) and isinstance(field, FieldInfo):
+            return {k: self._empty_is_null(self.next_field(field, k, False), v)
+                    for k, v in value.items()}
+        return value
+
+    def variable_for(self, loc: tuple[str | int, ...]) -> str | None:
+        """The variable that set the key at ``loc`` (or the section holding it), else the
+        variables that set something below it."""
+        key = tuple(_letters(str(p)) for p in loc)
+        above = [(len(s), var) for var, s in self._variables.values() if key[:len(s)] == s]
+        if above:
+            return max(above)[1]
+        below = [var for var, s in self._variables.values() if s[:len(key)] == key]
+        return ", ".join(below) or None

@@ -41,7 +41,7 @@ from fleet.agents.download import DownloadPolicy, FinalDownloadError, ensure_sta
 from fleet.agents.files import partial_path, unlink_quiet, write_durably
 from fleet.agents.hostfault import HostFaults, describe, failure_state
 from fleet.agents.restart import K0sProbe, Restarter, RestartError, read_marker, restart_once
-from fleet.agents.settings import AgentSettings
+from fleet.agents.settings import CRASH_ENV, AgentSettings
 from fleet.agents.state import (
     Idle,
     Reject,
@@ -79,9 +79,8 @@ from fleet.tracecontext import DurableSpan, get_tracer
 
 log = logging.getLogger(__name__)
 
-# Test-only fault injection: a comma-separated list of crash points (e.g.
+# Test-only fault injection: CRASH_ENV holds a comma-separated list of crash points (e.g.
 # "ApplyingUpdate:after"); reaching one kills the agent with SIGKILL. Unset in production.
-CRASH_ENV = "K0S_FLEET_AGENT_CRASH_AT"
 MIN_STEP_SECONDS = 1.0
 
 

@@ -1,11 +1,14 @@
 """The agent's configuration: environment (K0S_FLEET_AGENT_*) overridden by CLI flags.
 
 The flags are generated from this model (:mod:`fleet.cli.agent`): a field's flag is its
-name in kebab case, its help the field's description."""
+name in kebab case, its help the field's description; each field's variable is
+``K0S_FLEET_AGENT_<FIELD>``. :func:`environment_problems` names every other
+``K0S_FLEET_AGENT_*`` variable, so a typo or the controller's spelling is not ignored."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -19,6 +22,18 @@ from fleet.signal import DrainTimeoutAction, NodePolicy
 # Where k0s releases come from unless the agent is told otherwise: the fixed part of the
 # fleet config's default download.urlTemplate (fleet.config.DEFAULT_URL_TEMPLATE).
 DEFAULT_RELEASE_PREFIX = "https://get.k0sproject.io/"
+
+
+ENV_PREFIX = "K0S_FLEET_AGENT_"
+# Test-only fault injection (fleet.agents.agent.crash_point): shares the prefix, is no setting.
+CRASH_ENV = "K0S_FLEET_AGENT_CRASH_AT"
+# The controller sets the fleet config's ``agent:`` section as K0S_FLEET_AGENT__<KEY> (two
+# underscores) and sends it with each request; the agent's own setting for each key.
+_SETTING_FOR_CONFIG_KEY = {
+    "DRAIN_TIMEOUT": "drain_timeout",
+    "DRAIN_TIMEOUT_ACTION": "drain_timeout_outcome",
+    "VERIFY_TIMEOUT": "verify_timeout",
+}
 
 
 class SignalObject(StrEnum):
@@ -60,8 +75,7 @@ class HostNamespace(StrEnum):
 
 
 class AgentSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="K0S_FLEET_AGENT_", extra="forbid",
-                                      frozen=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
 
     node_name: str = Field(min_length=1, description="this node's Node (or ControlNode) name")
     signal_object: SignalObject = Field(
@@ -197,3 +211,27 @@ class AgentSettings(BaseSettings):
     @property
     def has_node(self) -> bool:
         return self.signal_object is SignalObject.NODE
+
+
+def environment_problems(environ: Mapping[str, str]) -> list[str]:
+    """One line per ``K0S_FLEET_AGENT_*`` variable of ``environ`` that names no setting
+    (pydantic-settings would ignore it), saying which variable was probably meant."""
+    problems: list[str] = []
+    for var in sorted(environ):
+        upper = var.upper()
+        if not upper.startswith(ENV_PREFIX) or upper == CRASH_ENV:
+            continue
+        rest = upper[len(ENV_PREFIX):]
+        if rest.lower() in AgentSettings.model_fields:
+            continue
+        key = rest.lstrip("_")
+        if rest.startswith("_") and key in _SETTING_FOR_CONFIG_KEY:
+            meant = ENV_PREFIX + _SETTING_FOR_CONFIG_KEY[key].upper()
+            problems.append(f"{var}: sets the fleet config's agent: section on the controller, "
+                            f"not this agent; the agent's own setting is {meant}")
+        elif key.lower() in AgentSettings.model_fields:
+            problems.append(f"{var}: no such agent setting; did you mean {ENV_PREFIX}{key}?")
+        else:
+            problems.append(f"{var}: no such agent setting (the settings are "
+                            f"{ENV_PREFIX}<FLAG>, one per flag of k0s-fleet agent)")
+    return problems

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import types
 from enum import Enum
@@ -23,7 +24,7 @@ import anyio
 from pydantic import BaseModel, ValidationError
 
 from fleet.agents.agent import serve
-from fleet.agents.settings import AgentSettings
+from fleet.agents.settings import AgentSettings, environment_problems
 from fleet.cli.common import Exit
 from fleet.tracecontext import TracingOptions, get_tracer, tracing_wanted
 
@@ -86,6 +87,11 @@ def settings_from(args: argparse.Namespace) -> AgentSettings:
 
 
 def run(args: argparse.Namespace) -> int:
+    misnamed = environment_problems(os.environ)
+    for line in misnamed:
+        print(f"k0s-fleet agent: {line}", file=sys.stderr)
+    if misnamed:
+        return Exit.BAD_CONFIG
     try:
         settings = settings_from(args)
     except ValidationError as e:

@@ -10,8 +10,13 @@ from pydantic import BaseModel, ValidationError
 
 from fleet.agents import restart as restart_mod
 from fleet.agents.restart import NSENTER, K0sProbe, Restarter, RestartError
-from fleet.agents.settings import AgentSettings, HostNamespace, RestartStrategy
-from fleet.cli import build_parser
+from fleet.agents.settings import (
+    AgentSettings,
+    HostNamespace,
+    RestartStrategy,
+    environment_problems,
+)
+from fleet.cli import build_parser, main
 from fleet.cli.agent import add_settings_flags
 
 pytestmark = pytest.mark.anyio
@@ -53,6 +58,42 @@ def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.node_name == "from-env" and s.drain_timeout == 7 and not s.drain
     assert s.file_url_roots == (Path("/a"), Path("/b"))
     assert s.status_socket is None and s.unit == "k0sworker"
+
+
+def test_variables_naming_no_setting_are_named() -> None:
+    """pydantic-settings ignores a K0S_FLEET_AGENT_* variable naming no field; the agent
+    names it instead, and the controller's two-underscore spelling of its agent: section
+    points at the agent's own setting."""
+    assert environment_problems({
+        "K0S_FLEET_AGENT_NODE_NAME": "n", "K0S_FLEET_AGENT_CRASH_AT": "x:before",
+        "k0s_fleet_agent_drain_timeout": "7", "K0S_FLEET_ROLLOUT__PAUSED": "1",
+    }) == []
+    assert environment_problems({
+        "K0S_FLEET_AGENT__DRAIN_TIMEOUT_ACTION": "proceed",
+        "K0S_FLEET_AGENT__VERIFY_TIMEOUT": "5m",
+        "K0S_FLEET_AGENT__NODE_NAME": "n",
+        "K0S_FLEET_AGENT_DRAIN_TIMEOUTS": "7",
+    }) == [
+        "K0S_FLEET_AGENT_DRAIN_TIMEOUTS: no such agent setting (the settings are "
+        "K0S_FLEET_AGENT_<FLAG>, one per flag of k0s-fleet agent)",
+        "K0S_FLEET_AGENT__DRAIN_TIMEOUT_ACTION: sets the fleet config's agent: section on "
+        "the controller, not this agent; the agent's own setting is "
+        "K0S_FLEET_AGENT_DRAIN_TIMEOUT_OUTCOME",
+        "K0S_FLEET_AGENT__NODE_NAME: no such agent setting; did you mean "
+        "K0S_FLEET_AGENT_NODE_NAME?",
+        "K0S_FLEET_AGENT__VERIFY_TIMEOUT: sets the fleet config's agent: section on the "
+        "controller, not this agent; the agent's own setting is K0S_FLEET_AGENT_VERIFY_TIMEOUT",
+    ]
+
+
+def test_agent_command_refuses_a_misnamed_variable(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("K0S_FLEET_AGENT_NODE_NAME", "n")
+    monkeypatch.setenv("K0S_FLEET_AGENT__DRAIN_TIMEOUT", "5m")
+    assert main(["agent"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("k0s-fleet agent: K0S_FLEET_AGENT__DRAIN_TIMEOUT: ")
+    assert line.endswith("the agent's own setting is K0S_FLEET_AGENT_DRAIN_TIMEOUT")
 
 
 @pytest.mark.parametrize(("argv", "needle"), [

@@ -206,10 +206,17 @@ def test_env_agent_process_spelling_on_the_controller_is_an_error() -> None:
     assert cfg.agent.drain_timeout == timedelta(minutes=5)
 
 
-def test_env_unknown_nested_key_is_an_error() -> None:
-    assert problems(None, {"K0S_FLEET_ROLLOUT__WAVEZ": "[]", "K0S_FLEET_ROLOUT__PAUSED": "1"}) == [
-        "K0S_FLEET_ROLLOUT__WAVEZ: unknown key rollout.wavez",
-        "K0S_FLEET_ROLOUT__PAUSED: unknown key rolout",
+def test_env_unknown_keys_are_errors_reported_with_the_rest() -> None:
+    """pydantic-settings' source ignores variables naming no field; here they are errors,
+    reported together with every other problem of the environment."""
+    assert problems(None, {"K0S_FLEET_ROLLOUT__WAVEZ": "[]", "K0S_FLEET_ROLOUT__PAUSED": "1",
+                           "K0S_FLEET_ROLLOUT__PROGRESS_DEADLINES__COOKING": "1m",
+                           "K0S_FLEET_STATUS__PORT": "http"}) == [
+        "rolout: unknown key (from K0S_FLEET_ROLOUT__PAUSED)",
+        "rollout.progressDeadlines.cooking: unknown key "
+        "(from K0S_FLEET_ROLLOUT__PROGRESS_DEADLINES__COOKING)",
+        "rollout.wavez: unknown key (from K0S_FLEET_ROLLOUT__WAVEZ)",
+        "status.port: must be an integer (got 'http') (from K0S_FLEET_STATUS__PORT)",
     ]
 
 
@@ -219,8 +226,52 @@ def test_env_problem_names_key_and_variable() -> None:
         "(from K0S_FLEET_ROLLOUT__MAX_CONCURRENT_CLUSTERS)"
     ]
     assert problems(None, {"K0S_FLEET_ROLLOUT__PAUSED__X": "1"}) == [
-        "K0S_FLEET_ROLLOUT__PAUSED__X: rollout.paused has no sub-keys "
-        "(in K0S_FLEET_ROLLOUT__PAUSED__X)"
+        "rollout.paused: must be true or false (got {'x': '1'}) "
+        "(from K0S_FLEET_ROLLOUT__PAUSED__X)"
+    ]
+    assert problems(None, {"K0S_FLEET_AGENT__DRAIN_TIMEOUT": "1h"}) == [
+        "agent.drainTimeout: must be shorter than rollout.progressDeadlines.cordoning "
+        "(1h >= 15m) (from K0S_FLEET_AGENT__DRAIN_TIMEOUT)"
+    ]
+
+
+def test_env_bad_yaml_value_is_one_line_naming_key_and_variable() -> None:
+    [line] = problems(None, {"K0S_FLEET_ROLLOUT__WAVES": "[{name: a}", "K0S_FLEET_X": "["})
+    assert line.startswith("rollout.waves: line 1, column ")
+    assert "invalid YAML/JSON" in line and line.endswith("(from K0S_FLEET_ROLLOUT__WAVES)")
+    [line] = problems(None, {"K0S_FLEET_MANAGEMENT": "{namespace: a, namespace: b}"})
+    assert "duplicate key 'namespace'" in line and line.startswith("management: ")
+
+
+def test_env_key_spellings_and_case() -> None:
+    """A segment names a key with or without underscores, in any case; what reaches the
+    model is the file's camelCase key, whichever spelling the variable used."""
+    for var in ("K0S_FLEET_ROLLOUT__MAX_CONCURRENT_CLUSTERS",
+                "K0S_FLEET_ROLLOUT__MAXCONCURRENTCLUSTERS",
+                "k0s_fleet_rollout__maxConcurrentClusters"):
+        assert load_config(None, env={var: "4"}).rollout.max_concurrent_clusters == 4, var
+    cfg = load_config(None, env={"K0S_FLEET_DOWNLOAD__DIGEST_MANIFEST_URL": "https://m/{version}",
+                                 "K0S_FLEET_CLUSTERS__LABEL_SELECTOR": "a=b"})
+    assert cfg.download.digest_manifest_url == "https://m/{version}"
+    assert cfg.clusters.label_selector == "a=b"
+
+
+def test_env_two_spellings_of_one_key_are_refused() -> None:
+    assert problems(None, {"K0S_FLEET_ROLLOUT__PAUSED": "true",
+                           "K0S_FLEET_ROLLOUT__PAUSED_": "false"}) == [
+        "K0S_FLEET_ROLLOUT__PAUSED_: sets the same key as K0S_FLEET_ROLLOUT__PAUSED"
+    ]
+
+
+def test_env_empty_value_keeps_a_required_string(write: Write) -> None:
+    """Only an optional key is cleared by an empty value; others are validated as ''."""
+    path = write("clusters: {labelSelector: 'a=b'}\nmanagement: {context: c}\n")
+    cfg = load_config(path, env={"K0S_FLEET_CLUSTERS__LABEL_SELECTOR": "",
+                                 "K0S_FLEET_MANAGEMENT": "{context: ''}"})
+    assert cfg.clusters.label_selector == ""
+    assert cfg.management.context is None
+    assert problems(None, {"K0S_FLEET_STATUS__PORT": ""}) == [
+        "status.port: must be an integer (got '') (from K0S_FLEET_STATUS__PORT)"
     ]
 
 
