@@ -32,6 +32,7 @@ from fleet.kube.resources import (
     NODE_PLANS,
     NODES,
 )
+from fleet.model import truncate
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +94,6 @@ def _micro_time(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def event_name(regarding: Regarding, reason: str, action: str, note: str, key: str = "") -> str:
     """Deterministic Event name: same content, same name."""
     digest = hashlib.sha256("\x00".join(
@@ -130,8 +127,8 @@ class EventRecorder:
                    type: str = NORMAL, related: Any = None, key: str = "") -> bool:
         """Create the Event unless it exists already. True when this call created it."""
         ref = Regarding.of(regarding)
-        reason, action = _clip(reason, _MAX_FIELD), _clip(action, _MAX_FIELD)
-        note = _clip(note, _MAX_NOTE)
+        reason, action = truncate(reason, _MAX_FIELD), truncate(action, _MAX_FIELD)
+        note = truncate(note, _MAX_NOTE)
         name = event_name(ref, reason, action, note, key)
         namespace = ref.namespace or self.default_namespace
         cache_key = f"{namespace}/{name}"
@@ -142,7 +139,7 @@ class EventRecorder:
                          "labels": {"app.kubernetes.io/managed-by": "k0s-fleet"}},
             "eventTime": _micro_time(self.clock()),
             "reportingController": self.controller,
-            "reportingInstance": _clip(self.instance, _MAX_FIELD),
+            "reportingInstance": truncate(self.instance, _MAX_FIELD),
             "action": action,
             "reason": reason,
             "note": note,

@@ -28,6 +28,7 @@ from fleet.model import (
     Snapshot,
     parse_conditions,
     parse_time,
+    truncate,
 )
 from fleet.selectors import LabelSelector
 from fleet.versions import InvalidVersionError, normalize
@@ -46,7 +47,6 @@ PHASE_FAILED = "Failed"
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MAX_CLUSTERS_IN_STATUS = 200
-_MAX_MESSAGE = 900
 
 
 def fleet_upgrade_from(obj: Mapping[str, Any]) -> FleetUpgradeInfo:
@@ -145,10 +145,6 @@ class WaveStanding:
     message: str = ""
 
 
-def _truncate(text: str) -> str:
-    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
-
-
 def upgrade_status(u: FleetUpgradeInfo, intents: Mapping[ClusterKey, IntentTarget],
                    standings: Sequence[ClusterStanding], waves: Sequence[WaveStanding], *,
                    fleet_hold: str | None = None) -> dict[str, Any]:
@@ -157,7 +153,7 @@ def upgrade_status(u: FleetUpgradeInfo, intents: Mapping[ClusterKey, IntentTarge
     decides are shown. ``fleet_hold`` is a fleet-wide stop (halt, pause, emergency stop)."""
     ref = (u.ref.namespace, u.ref.name)
     if u.problem is not None:
-        msg = _truncate(f"not used: {u.problem}")
+        msg = truncate(f"not used: {u.problem}")
         return {"observedGeneration": u.generation, "phase": PHASE_FAILED, "summary": "0/0",
                 "message": msg, "clustersTotal": 0, "clustersComplete": 0, "nodesTotal": 0,
                 "nodesUpToDate": 0, "waves": [], "clusters": [], "conditions": [
@@ -180,10 +176,10 @@ def upgrade_status(u: FleetUpgradeInfo, intents: Mapping[ClusterKey, IntentTarge
             "name": w.name, "phase": w.phase, "clusters": len(ws),
             "complete": sum(1 for s in ws if s.complete),
             "upgrading": sum(1 for s in ws if s.phase == "Upgrading"),
-            "failed": sum(1 for s in ws if s.failed), "message": _truncate(w.message)})
+            "failed": sum(1 for s in ws if s.failed), "message": truncate(w.message)})
     cluster_list = [{"namespace": s.key[0], "name": s.key[1], "wave": s.wave,
                      "phase": s.phase, "nodes": f"{s.nodes_done}/{s.nodes_total}",
-                     "message": _truncate(s.message)}
+                     "message": truncate(s.message)}
                     for s in sorted(mine, key=lambda s: s.key)[:_MAX_CLUSTERS_IN_STATUS]]
     summary = f"{done}/{total}"
     if total == 0:
@@ -199,7 +195,7 @@ def upgrade_status(u: FleetUpgradeInfo, intents: Mapping[ClusterKey, IntentTarge
     elif failed:
         listed = ", ".join(f"{s.key[0]}/{s.key[1]}" for s in failed[:5])
         phase = PHASE_FAILED
-        message = _truncate(f"{len(failed)} cluster(s) with failed node upgrades ({listed}); "
+        message = truncate(f"{len(failed)} cluster(s) with failed node upgrades ({listed}); "
                             "retry (annotation fleet.k0s-fleet.io/retry) or clear them"
                             + (f"; {fleet_hold}" if fleet_hold else ""))
         conds = [_cond(COND_COMPLETE, False, "ClustersFailed", message),
@@ -207,7 +203,7 @@ def upgrade_status(u: FleetUpgradeInfo, intents: Mapping[ClusterKey, IntentTarge
                  _cond(COND_FAILED, True, "ClustersFailed", message)]
     else:
         phase = PHASE_PROGRESSING
-        message = _truncate(f"{done}/{total} clusters on {u.version}, "
+        message = truncate(f"{done}/{total} clusters on {u.version}, "
                             f"{nodes_done}/{nodes_total} nodes"
                             + (f"; {fleet_hold}" if fleet_hold else ""))
         held = fleet_hold is not None

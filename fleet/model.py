@@ -82,6 +82,16 @@ class ObjectRef:
             f"{self.kind} {self.name}"
 
 
+# Condition and status messages are cut to this many characters, so that an object's
+# status stays small however many nodes or clusters a message names.
+MAX_MESSAGE = 900
+
+
+def truncate(text: str, limit: int = MAX_MESSAGE) -> str:
+    """``text`` cut to at most ``limit`` characters, "..." marking a cut."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 @dataclass(frozen=True, slots=True)
 class Condition:
     type: str

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Awaitable, Callable
 from enum import IntEnum
+
+import anyio
 
 from fleet.config import FleetConfig
 from fleet.config_errors import ConfigError
 from fleet.config_loader import load_config
-from fleet.kube import KubeClient
+from fleet.kube import KubeClient, KubeError
 
 
 class Exit(IntEnum):
@@ -56,6 +59,27 @@ def report_config_error(command: str, e: ConfigError) -> int:
 def fail(command: str, message: object) -> int:
     print(f"k0s-fleet {command}: {message}", file=sys.stderr)
     return Exit.FAILED
+
+
+def run_command(command: str, main: Callable[[argparse.Namespace], Awaitable[int]],
+                args: argparse.Namespace, *, bad_input: tuple[type[Exception], ...] = (),
+                failures: tuple[type[Exception], ...] = ()) -> int:
+    """``main(args)`` under anyio, its errors as exit codes with one line each on stderr:
+    a bad config (a line per problem) or ``bad_input`` is :attr:`Exit.BAD_CONFIG`; an
+    API error, an OS error, a ValueError or one of ``failures`` is :attr:`Exit.FAILED`;
+    Ctrl-C is :attr:`Exit.INTERRUPTED`."""
+    failed: tuple[type[Exception], ...] = (KubeError, OSError, ValueError, *failures)
+    try:
+        return anyio.run(main, args)
+    except ConfigError as e:
+        return report_config_error(command, e)
+    except bad_input as e:
+        print(f"k0s-fleet {command}: {e}", file=sys.stderr)
+        return Exit.BAD_CONFIG
+    except failed as e:
+        return fail(command, e)
+    except KeyboardInterrupt:
+        return Exit.INTERRUPTED
 
 
 async def management_client(config: FleetConfig) -> KubeClient:

@@ -15,11 +15,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-import anyio
-
 from fleet.cli import common
 from fleet.config import ExtensionMode, FleetConfig
-from fleet.config_errors import ConfigError
 from fleet.extension.activation import extension_active, own_endpoint
 from fleet.kube import KubeClient, KubeError
 from fleet.kube.resources import EXTENSION_CONFIGS
@@ -80,9 +77,4 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return anyio.run(_run, args)
-    except ConfigError as e:
-        return common.report_config_error("plan", e)
-    except (KubeError, OSError, ValueError) as e:
-        return common.fail("plan", e)
+    return common.run_command("plan", _run, args)

@@ -21,8 +21,6 @@ from rich.live import Live
 
 from fleet.cli import common
 from fleet.config import FleetConfig
-from fleet.config_errors import ConfigError
-from fleet.kube import KubeError
 from fleet.rollout.gate import FleetView, RolloutGate
 from fleet.rollout.observe import observe
 from fleet.rollout.progress import clusters_from_snapshot
@@ -81,11 +79,4 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return anyio.run(_run, args)
-    except ConfigError as e:
-        return common.report_config_error("status", e)
-    except (KubeError, aiohttp.ClientError, OSError, ValueError) as e:
-        return common.fail("status", e)
-    except KeyboardInterrupt:
-        return common.Exit.INTERRUPTED
+    return common.run_command("status", _run, args, failures=(aiohttp.ClientError,))

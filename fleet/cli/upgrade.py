@@ -18,8 +18,7 @@ from typing import Any
 import anyio
 
 from fleet.cli import common
-from fleet.config_errors import ConfigError
-from fleet.kube import AlreadyExistsError, KubeClient, KubeError
+from fleet.kube import AlreadyExistsError, KubeClient
 from fleet.kube.resources import FLEET_UPGRADES
 from fleet.nodeplan import version_slug
 from fleet.schedule import parse_duration
@@ -129,12 +128,4 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return anyio.run(_run, args)
-    except ConfigError as e:
-        return common.report_config_error("upgrade", e)
-    except InvalidVersionError as e:
-        print(f"k0s-fleet upgrade: {e}", file=sys.stderr)
-        return common.Exit.BAD_CONFIG
-    except (KubeError, OSError, ValueError) as e:
-        return common.fail("upgrade", e)
+    return common.run_command("upgrade", _run, args, bad_input=(InvalidVersionError,))

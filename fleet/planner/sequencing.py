@@ -28,6 +28,7 @@ from fleet.model import (
     NodeInfo,
     ObjectRef,
     RolloutStatus,
+    truncate,
 )
 from fleet.planner import conditions as C
 from fleet.planner.actions import (
@@ -48,7 +49,6 @@ from fleet.planner.state import (
     PassState,
     PlanView,
     nodeplan_name,
-    truncate,
 )
 from fleet.planner.writer import (
     ExtensionDrives,

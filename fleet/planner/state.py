@@ -35,7 +35,6 @@ from fleet.planner.settings import PlannerSettings
 from fleet.signal import SignalState
 from fleet.versions import valid_version
 
-_MAX_MESSAGE = 900
 nodeplan_name = lru_cache(maxsize=65536)(_nodeplan_name)
 
 
@@ -63,12 +62,6 @@ class PlanView:
     # its place in the budget until that lands (the next node starts a pass later, so
     # the NodePlans never show more in flight than the budget allows).
     recording: bool = False
-
-
-def truncate(text: str) -> str:
-    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
-
-
 
 
 class PassState:

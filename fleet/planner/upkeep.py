@@ -21,6 +21,7 @@ from fleet.model import (
     NodeInfo,
     NodePlanInfo,
     ObjectRef,
+    truncate,
 )
 from fleet.nodeplan import NodePlanPhase
 from fleet.planner import conditions as C
@@ -43,7 +44,6 @@ from fleet.planner.state import (
     NodeRequest,
     PassState,
     PlanView,
-    truncate,
 )
 from fleet.signal import SignalState
 from fleet.versions import valid_version

@@ -34,6 +34,7 @@ import anyio
 import anyio.abc
 import yaml
 
+from fleet.executors import AGENT, Request
 from fleet.kube import KubeClient, KubeObject
 from fleet.kube.errors import KubeError, NotFoundError
 from fleet.kube.resources import CONTROL_NODES, NODES, PODS, Resource
@@ -44,6 +45,7 @@ from fleet.signal import (
     SIGNAL_VERSION,
     SIGNAL_VERSION_KEY,
     InvalidSignalError,
+    NodePolicy,
     SignalData,
     SignalState,
     parse_signal,
@@ -343,31 +345,19 @@ class SimNode:
                       url: str | None = None, sha256: str | None = "release",
                       force: bool = False, allow_unverified: bool = False,
                       plan_id: str | None = None, traceparent: str | None = None,
-                      policy: dict[str, Any] | None = None, raw: str | None = None) -> str:
-        """Write a signal (a request without status); returns its plan id."""
+                      policy: NodePolicy | None = None, raw: str | None = None) -> str:
+        """Write a signal (a request without status) as the controller encodes it, or
+        ``raw`` as given; returns its plan id."""
         plan_id = plan_id or f"plan-{uuid.uuid4().hex[:8]}"
         if raw is None:
-            update: dict[str, Any] = {
-                "url": url or (release.url if release else ""),
-                "version": version or (release.version if release else ""),
-                "forceupdate": force,
-            }
             if sha256 == "release":
-                update["sha256"] = release.sha256 if release else None
-            elif sha256 is not None:
-                update["sha256"] = sha256
-            if allow_unverified:
-                update["allowunverified"] = True
-            if policy is not None:
-                update["policy"] = policy
-            data: dict[str, Any] = {
-                "planId": plan_id,
-                "created": datetime.now(UTC).isoformat(),
-                "command": {"id": 0, "k0supdate": update},
-            }
-            if traceparent:
-                data["traceparent"] = traceparent
-            raw = json.dumps(data)
+                sha256 = release.sha256 if release else None
+            raw = AGENT.encode(Request(
+                plan_id=plan_id, created=datetime.now(UTC), attempt=0,
+                version=version or (release.version if release else ""),
+                url=url or (release.url if release else ""), sha256=sha256 or "",
+                allow_unverified=allow_unverified, force=force,
+                traceparent=traceparent or "", policy=policy))
         await self.client.patch(self.res, self.name, {"metadata": {"annotations": {
             SIGNAL_VERSION_KEY: SIGNAL_VERSION, SIGNAL_DATA_KEY: raw}}})
         return plan_id

@@ -27,6 +27,8 @@ from fleet.signal import (
     SIGNAL_DATA_KEY,
     SIGNAL_REJECTED_KEY,
     SIGNAL_VERSION_KEY,
+    DrainTimeoutAction,
+    NodePolicy,
     SignalState,
     signal_digest,
 )
@@ -325,8 +327,8 @@ async def test_request_policy_overrides_the_agents_drain_settings(
     args = ["--drain-timeout", "2", "--drain-timeout-outcome", "fail"]
     async with sim(agent_args=args) as node:
         await make_pod(wl1, ns, node.name, "guarded", labels={"app": "guarded"})
-        plan = await node.request(releases.releases[NEW], policy={
-            "drainTimeoutSeconds": 1, "drainTimeoutAction": "proceed"})
+        plan = await node.request(releases.releases[NEW], policy=NodePolicy(
+            drainTimeoutSeconds=1.0, drainTimeoutAction=DrainTimeoutAction.PROCEED))
         sig = await node.wait_for(plan, TERMINAL, timeout=30)
         assert sig.status is not None
         assert sig.status.status is SignalState.COMPLETED, sig.status.reason
