@@ -37,6 +37,9 @@ R_DEADLINE = "ProgressDeadlineExceeded"
 R_NODE_FAILED = "NodeFailed"
 R_SIGNALLED = "Signalled"
 R_NOT_SIGNALLED = "NotSignalled"
+# Not signalled: its node is available, and taking it down now would exceed the owner's
+# budget (peers went unavailable since the NodePlan was created). No deadline runs.
+R_WAITING_FOR_BUDGET = "WaitingForBudget"
 R_COMPLETED = "Completed"
 R_IN_PROGRESS = "InProgress"
 R_WRITTEN = "WrittenByK0sFleet"

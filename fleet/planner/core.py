@@ -43,6 +43,7 @@ class _Pass(NodePlanUpkeep, Sequencing):
     def run(self) -> PlanResult:
         for key in sorted(self.s.nodeplans):
             self._upkeep(self.s.nodeplans[key])
+        self._send_requests()
         self._record_completions()
         self._owner_retries()
         self._orphan_signals()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from fleet.budget import InvalidMaxUnavailableError, UnavailabilityBudget
+from fleet.budget import UnavailabilityBudget
 from fleet.eligibility import (
     Eligibility,
     control_plane_eligibility,
@@ -48,6 +48,7 @@ from fleet.planner.actions import (
 from fleet.planner.state import (
     PassState,
     PlanView,
+    deployment_budget,
     nodeplan_name,
 )
 from fleet.planner.writer import (
@@ -97,32 +98,6 @@ class OwnerState:
 
 class Sequencing(PassState):
     # -- sequencing --------------------------------------------------------------------
-    def _machine_unavailable(self, m: MachineInfo, target: str | None,
-                             nodes: dict[str, NodeInfo] | None) -> str | None:
-        """Why this Machine counts against the budget right now (None: it does not)."""
-        views = self.by_machine.get((m.ref.namespace, m.ref.name), [])
-        if any(v.in_flight for v in views):
-            return "upgrading"
-        if any(v.recording for v in views):
-            return "completing (its NodePlan's end is being recorded)"
-        if target is not None and any(v.failed and same_version(v.plan.version, target)
-                                      for v in views):
-            return "failed"
-        if m.deleting:
-            return "deleting"
-        if nodes is None:
-            return "cluster unreachable"
-        node = nodes.get(m.node_name)
-        if node is None:
-            return "no node"
-        if self._carries_live_request(node):
-            return "busy"  # e.g. a request whose NodePlan failed its deadline still runs
-        if not node.ready:
-            return "NotReady"
-        if node.unschedulable:
-            return "unschedulable"
-        return None
-
     def _has_plan_for(self, m: MachineInfo, target: str) -> bool:
         return (m.ref.namespace, nodeplan_name(m.ref.name, target)) in self.views
 
@@ -263,28 +238,7 @@ class Sequencing(PassState):
          in_flight) = (
             st.ns, st.ckey, st.cluster, st.nodes, st.machines, st.target, st.live, st.elig,
             st.unavailable, st.missing, st.halted, st.in_flight)
-        budget_problem: tuple[str, str] | None = None
-        if md.strategy == "OnDelete":
-            # Cluster API's OnDelete has no maxUnavailable: it replaces a Machine only once
-            # someone deletes it (its own budget is 0), so nothing is taken down in place.
-            budget = UnavailabilityBudget(0, "OnDelete")
-            budget_problem = (C.R_MAX_UNAVAILABLE_ZERO,
-                              "rollout strategy OnDelete: Cluster API takes no Machine down "
-                              "by itself (maxUnavailable is 0 there), so k0s-fleet upgrades "
-                              "none in place; delete Machines to have them replaced, or use "
-                              "RollingUpdate with a maxUnavailable")
-        else:
-            try:
-                budget = UnavailabilityBudget.resolve(md.max_unavailable, md.replicas,
-                                                      md.max_surge)
-            except InvalidMaxUnavailableError as e:
-                budget = UnavailabilityBudget(0, str(md.max_unavailable))
-                budget_problem = (C.R_INVALID_MAX_UNAVAILABLE, str(e))
-            else:
-                if budget.impossible:
-                    budget_problem = (C.R_MAX_UNAVAILABLE_ZERO,
-                                      f"maxUnavailable resolves to 0 (from {budget.source!r} of "
-                                      f"{md.replicas} replicas): in-place upgrade impossible")
+        budget, budget_problem = deployment_budget(md)
         candidates = [m for m in live if elig[m.ref.name].in_place
                       and not self._has_plan_for(m, target) and m.ref.name not in unavailable]
         blocked_nodes = [m for m in live if elig[m.ref.name].in_place

@@ -143,7 +143,8 @@ class SimFleet:
             nodes[a.node] = dataclasses.replace(node, signal=data)
         elif isinstance(a, UpdateNodePlanStatus):
             self._plan(a.plan, phase=a.phase, node_state=a.node_state, message=a.message,
-                       phase_since=a.phase_since, completed_at=a.completed_at)
+                       phase_since=a.phase_since, completed_at=a.completed_at,
+                       conditions=a.conditions)
         elif isinstance(a, MarkNodePlanFailed):
             self._plan(a.plan, phase=NodePlanPhase.FAILED, node_state=a.node_state,
                        message=a.message, reason=a.reason, phase_since=self.now,

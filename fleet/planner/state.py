@@ -5,10 +5,13 @@ view of every NodePlan after upkeep (shared by :mod:`fleet.planner.upkeep` and
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 
+from fleet.budget import InvalidMaxUnavailableError, UnavailabilityBudget
+from fleet.eligibility import same_version
 from fleet.executors import EXECUTORS
 from fleet.model import (
     KIND_KCP,
@@ -17,6 +20,7 @@ from fleet.model import (
     ClusterInfo,
     ClusterKey,
     ControlPlaneInfo,
+    MachineDeploymentInfo,
     MachineInfo,
     MachineSetInfo,
     NodeInfo,
@@ -26,6 +30,7 @@ from fleet.model import (
     format_time,
 )
 from fleet.nodeplan import nodeplan_name as _nodeplan_name
+from fleet.planner import conditions as C
 from fleet.planner.actions import (
     Action,
     Decision,
@@ -64,6 +69,41 @@ class PlanView:
     recording: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Unsent:
+    """A started NodePlan whose request is not on its node: sent (or held) once every
+    NodePlan's view of this pass is known."""
+
+    plan: NodePlanInfo
+    ckey: ClusterKey
+    node: NodeInfo | None
+    view: PlanView
+
+
+def deployment_budget(md: MachineDeploymentInfo
+                      ) -> tuple[UnavailabilityBudget, tuple[str, str] | None]:
+    """How many of the MD's nodes may be down at once, and (reason, message) when that
+    makes in-place upgrades impossible."""
+    if md.strategy == "OnDelete":
+        # Cluster API's OnDelete has no maxUnavailable: it replaces a Machine only once
+        # someone deletes it (its own budget is 0), so nothing is taken down in place.
+        return UnavailabilityBudget(0, "OnDelete"), (
+            C.R_MAX_UNAVAILABLE_ZERO,
+            "rollout strategy OnDelete: Cluster API takes no Machine down by itself "
+            "(maxUnavailable is 0 there), so k0s-fleet upgrades none in place; delete "
+            "Machines to have them replaced, or use RollingUpdate with a maxUnavailable")
+    try:
+        budget = UnavailabilityBudget.resolve(md.max_unavailable, md.replicas, md.max_surge)
+    except InvalidMaxUnavailableError as e:
+        return UnavailabilityBudget(0, str(md.max_unavailable)), (
+            C.R_INVALID_MAX_UNAVAILABLE, str(e))
+    if budget.impossible:
+        return budget, (C.R_MAX_UNAVAILABLE_ZERO,
+                        f"maxUnavailable resolves to 0 (from {budget.source!r} of "
+                        f"{md.replicas} replicas): in-place upgrade impossible")
+    return budget, None
+
+
 class PassState:
     def __init__(self, snapshot: Snapshot, settings: PlannerSettings,
                  hold: Hold | None = None) -> None:
@@ -75,6 +115,7 @@ class PassState:
         self.decisions: list[Decision] = []
         self.wake_at: datetime | None = None
         self.views: dict[tuple[str, str], PlanView] = {}
+        self.unsent: list[Unsent] = []
         self.completed: dict[tuple[str, str], NodePlanInfo] = {}
         # (namespace, machine) -> views of all its NodePlans
         self.by_machine: dict[tuple[str, str], list[PlanView]] = defaultdict(list)
@@ -98,6 +139,38 @@ class PassState:
             ms.sort(key=MachineInfo.sort_key)
 
     # -- helpers -----------------------------------------------------------------------
+    def _machine_unavailable(self, m: MachineInfo, target: str | None,
+                             nodes: dict[str, NodeInfo] | None, *,
+                             unsent: Collection[tuple[str, str]] = ()) -> str | None:
+        """Why this Machine counts against the budget right now (None: it does not).
+
+        NodePlans keyed in ``unsent`` (their request not on the node yet) do not count:
+        they are the ones whose request may or may not be sent now.
+        """
+        views = [v for v in self.by_machine.get((m.ref.namespace, m.ref.name), [])
+                 if (v.plan.ref.namespace, v.plan.ref.name) not in unsent]
+        if any(v.in_flight for v in views):
+            return "upgrading"
+        if any(v.recording for v in views):
+            return "completing (its NodePlan's end is being recorded)"
+        if target is not None and any(v.failed and same_version(v.plan.version, target)
+                                      for v in views):
+            return "failed"
+        if m.deleting:
+            return "deleting"
+        if nodes is None:
+            return "cluster unreachable"
+        node = nodes.get(m.node_name)
+        if node is None:
+            return "no node"
+        if self._carries_live_request(node):
+            return "busy"  # e.g. a request whose NodePlan failed its deadline still runs
+        if not node.ready:
+            return "NotReady"
+        if node.unschedulable:
+            return "unschedulable"
+        return None
+
     def emit(self, *actions: Action) -> None:
         self.actions.extend(actions)
 

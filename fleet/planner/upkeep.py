@@ -14,6 +14,7 @@ from fleet.eligibility import (
 from fleet.executors import EXECUTORS, executor, request_for
 from fleet.model import (
     ANN_RETRY,
+    KIND_MD,
     NODEPLAN_FINALIZER,
     ROLE_CONTROLLER,
     ClusterKey,
@@ -44,6 +45,8 @@ from fleet.planner.state import (
     NodeRequest,
     PassState,
     PlanView,
+    Unsent,
+    deployment_budget,
 )
 from fleet.signal import SignalState
 from fleet.versions import valid_version
@@ -151,16 +154,11 @@ class NodePlanUpkeep(PassState):
                          else node_state or PENDING)
             message = f"{down}; last known node state {node_state or phase}"
         elif req is None:
-            # A request whose plan misses its deadline in this very pass is not sent: the
-            # plan is marked failed below, and a node signalled now would be busy while no
-            # in-flight plan counts it against the budget.
-            unsent_since = p.phase_since or p.started_at or self.now
-            if p.node_state or self.now < unsent_since + self.settings.deadline(PENDING):
-                self._ensure_signalled(p, ckey, node)
-            state_key = PENDING
+            # Not on the node yet: whether it may go out now is decided once every
+            # NodePlan's view is known (_send_requests), since it takes a node down.
             phase = NodePlanPhase.PENDING if p.phase == NodePlanPhase.PENDING else p.phase
-            node_state = ""
-            message = self._pending_message(p, ckey, node)
+            self.unsent.append(Unsent(p, ckey, node, self._add_view(p, phase)))
+            return
         elif req.state is None:
             state_key, phase, node_state, message = PENDING, NodePlanPhase.PENDING, "", \
                 "signalled; waiting for the node to answer"
@@ -191,14 +189,28 @@ class NodePlanUpkeep(PassState):
                 req.state.value
             message = req.reason or f"node {p.node}: {req.state.value}"
 
-        changed_state = node_state != p.node_state
+        self._follow(p, self._add_view(p, phase), state_key=state_key, phase=phase,
+                     node_state=node_state, message=message, dispatched=req is not None)
+
+    def _follow(self, p: NodePlanInfo, view: PlanView, *, state_key: str, phase: str,
+                node_state: str, message: str, dispatched: bool, held: bool = False) -> None:
+        """Write what changed into the NodePlan's status and run its deadline.
+
+        ``held``: its request waits for the owner's budget; no deadline runs meanwhile,
+        and it starts afresh when the hold ends.
+        """
+        was_held = self._was_held(p)
+        changed_state = node_state != p.node_state or held != was_held
         since = self.now if changed_state else (p.phase_since or p.started_at or self.now)
-        if (phase, node_state, message) != (p.phase, p.node_state, p.message):
+        if (phase, node_state, message) != (p.phase, p.node_state, p.message) \
+                or held != was_held:
             self.emit(UpdateNodePlanStatus(
                 p.ref, phase=phase, node_state=node_state, message=truncate(message),
                 phase_since=since, completed_at=None, running_version=None,
-                conditions=self._plan_conditions(p, phase, message, dispatched=req is not None)))
-        view = self._add_view(p, phase)
+                conditions=self._plan_conditions(p, phase, message, dispatched=dispatched,
+                                                 held=held)))
+        if held:
+            return
         if not changed_state:
             limit = self.settings.deadline(state_key)
             expires = since + limit
@@ -213,6 +225,82 @@ class NodePlanUpkeep(PassState):
                 self.wake(expires)
         else:
             self.wake(self.now + self.settings.deadline(state_key))
+
+    @staticmethod
+    def _was_held(p: NodePlanInfo) -> bool:
+        """Its status says its request waits for the owner's budget."""
+        return any(c.type == C.NP_DISPATCHED and c.reason == C.R_WAITING_FOR_BUDGET
+                   for c in p.conditions)
+
+    # -- sending requests: the moment a node is taken down -----------------------------
+    def _send_requests(self) -> None:
+        """Signal the NodePlans whose request is not on their node yet, each only if its
+        owner's budget still allows taking that node down: peers may have gone
+        unavailable since the NodePlan was created (a lost signal write, or a NodePlan
+        the UpdateMachine hook created). Oldest Machine first within an owner."""
+        waiting = {(u.plan.ref.namespace, u.plan.ref.name) for u in self.unsent}
+        for u in sorted(self.unsent, key=self._unsent_order):
+            p, ckey, node = u.plan, u.ckey, u.node
+            message = self._pending_message(p, ckey, node)
+            sendable = node is not None and p.started_at is not None \
+                and not self._node_busy_with_other(p, node)
+            unsent_since = p.phase_since or p.started_at or self.now
+            # A request whose plan misses its deadline in this very pass is not sent: the
+            # plan is marked failed, and a node signalled now would be busy while no
+            # in-flight plan counts it against the budget. A hold ending restarts it.
+            in_time = bool(p.node_state) or self._was_held(p) or self.now < unsent_since + self.settings.deadline(
+                PENDING)
+            held = None
+            if sendable and node is not None:
+                held = self._budget_hold(p, ckey, node, waiting)
+                if held is None and in_time:
+                    self._ensure_signalled(p, ckey, node)
+                    waiting.discard((p.ref.namespace, p.ref.name))
+            self._follow(p, u.view, state_key=PENDING, phase=u.view.phase, node_state="",
+                         message=held or message, dispatched=False, held=held is not None)
+
+    def _unsent_order(self, u: Unsent) -> tuple[object, ...]:
+        m = self.s.machines.get((u.plan.ref.namespace, u.plan.machine))
+        return (u.plan.ref.namespace, u.plan.owner_kind, u.plan.owner_name,
+                m.sort_key() if m is not None else (), u.plan.ref.name)
+
+    def _budget_hold(self, p: NodePlanInfo, ckey: ClusterKey, node: NodeInfo,
+                     waiting: set[tuple[str, str]]) -> str | None:
+        """Why sending ``p``'s request now would take more down than its owner allows
+        (None: it may go). ``waiting``: NodePlans whose request is not out (not counted)."""
+        if not node.ready or node.unschedulable:
+            return None  # its node is down already: the request takes nothing more down
+        nodes = self.nodes(ckey)
+        ns = p.ref.namespace
+        if p.role == ROLE_CONTROLLER:
+            down: list[str] = []
+            for kcp in self.kcps_by_cluster.get(ckey, []):
+                machines = self.machines_by_owner.get(kcp.ref, [])
+                down += [f"{m.ref.name} {r}" for m in machines if m.ref.name != p.machine
+                         and (r := self._machine_unavailable(
+                             m, valid_version(kcp.version), nodes, unsent=waiting)) is not None]
+                if (missing := kcp.replicas - sum(1 for m in machines if not m.deleting)) > 0:
+                    down.append(f"{missing} replica(s) of {kcp.ref.name} missing")
+            if not down:
+                return None
+            return truncate("held: not signalled while another control plane is unavailable "
+                            f"({', '.join(sorted(down))})")
+        if p.owner_kind != KIND_MD or (md := self.s.deployments.get((ns, p.owner_name))) is None:
+            return None
+        budget, _ = deployment_budget(md)
+        machines = self.machines_by_owner.get(md.ref, [])
+        target = valid_version(md.version)
+        others = {m.ref.name: r for m in machines if m.ref.name != p.machine
+                  and (r := self._machine_unavailable(m, target, nodes, unsent=waiting))
+                  is not None}
+        missing = max(0, md.replicas - sum(1 for m in machines if not m.deleting))
+        if len(others) + missing + 1 <= budget.limit:
+            return None
+        why = [f"{n} {r}" for n, r in sorted(others.items())]
+        if missing:
+            why.append(f"{missing} replica(s) missing")
+        return truncate(f"held: {len(others) + missing} unavailable of maxUnavailable "
+                        f"{budget.limit} ({', '.join(why)}); signalled once one is back")
 
     def _pending_message(self, p: NodePlanInfo, ckey: ClusterKey,
                          node: NodeInfo | None) -> str:
@@ -238,10 +326,11 @@ class NodePlanUpkeep(PassState):
                                     "tracing.k8s.io/traceparent", ""))))
 
     def _plan_conditions(self, p: NodePlanInfo, phase: str, message: str, *,
-                         dispatched: bool) -> tuple[Condition, ...]:
+                         dispatched: bool, held: bool = False) -> tuple[Condition, ...]:
         return (
             Condition(C.NP_DISPATCHED, "True" if dispatched else "False",
-                      C.R_SIGNALLED if dispatched else C.R_NOT_SIGNALLED,
+                      C.R_SIGNALLED if dispatched
+                      else C.R_WAITING_FOR_BUDGET if held else C.R_NOT_SIGNALLED,
                       "" if dispatched else truncate(message)),
             Condition(C.NP_COMPLETED, "True" if phase == NodePlanPhase.COMPLETED else "False",
                       C.R_COMPLETED if phase == NodePlanPhase.COMPLETED else C.R_IN_PROGRESS,

@@ -7,7 +7,11 @@ prefix of its actions) an independent oracle checks, from the physical state alo
 * never two control planes of a cluster are being upgraded at once, and a control plane
   is dispatched only while every other control-plane node is Ready;
 * no worker is dispatched while a control plane of its cluster is out of date or moving;
-* a node's live request is never overwritten by another NodePlan's.
+* a node's live request is never overwritten by another NodePlan's;
+* a request that takes a node down (its node was available before the signal) never
+  leaves its MachineDeployment with more than maxUnavailable nodes physically down, nor
+  a cluster with two control planes down: peers may have gone NotReady since the
+  NodePlan was created.
 
 Then the world heals and every eligible Machine must end up upgraded.
 """
@@ -129,6 +133,35 @@ def check_signal(sim: SimFleet, a: SignalNode) -> None:
         assert not _live(node), f"{a.request.plan_id} overwrote live request {node.signal.planId}"
 
 
+def physically_down(sim: SimFleet, m: MachineInfo) -> bool:
+    """What the cluster sees, whatever any NodePlan says: the node is gone, NotReady,
+    cordoned, or carries a live request; or its Machine is being deleted."""
+    nodes = sim.nodes.get((m.ref.namespace, m.cluster))
+    node = None if nodes is None else nodes.get(m.node_name)
+    return m.deleting or node is None or not node.ready or node.unschedulable or _live(node)
+
+
+def check_signal_budget(before: SimFleet, sim: SimFleet, a: SignalNode) -> None:
+    """Called after ``a`` was applied to ``sim``; ``before`` is the world just before."""
+    [m] = [m for m in sim.machines.values()
+           if (m.ref.namespace, m.cluster) == a.cluster and m.node_name == a.node]
+    if physically_down(before, m):
+        return  # it was down already: the signal takes nothing more down
+    if m.role == ROLE_CONTROLLER:
+        down = sorted(o.ref.name for o in sim.machines.values()
+                      if (o.ref.namespace, o.cluster) == a.cluster
+                      and o.role == ROLE_CONTROLLER and physically_down(sim, o))
+        assert down == [m.ref.name], f"{a.request.plan_id}: control planes down {down}"
+        return
+    md = next(d for d in sim.deployments.values() if d.ref == m.owner)
+    machines = [o for o in sim.machines.values() if o.owner == md.ref]
+    limit = UnavailabilityBudget.resolve(md.max_unavailable, md.replicas).limit
+    missing = max(0, md.replicas - len([o for o in machines if not o.deleting]))
+    down = sorted(o.ref.name for o in machines if physically_down(sim, o))
+    assert len(down) + missing <= limit, (
+        f"{a.request.plan_id} signalled: {down} (+{missing} missing) down > {limit}")
+
+
 def copy_fleet(sim: SimFleet) -> SimFleet:
     return dataclasses.replace(
         sim, clusters=dict(sim.clusters), deployments=dict(sim.deployments),
@@ -146,7 +179,11 @@ def run_pass(sim: SimFleet, cfg: PlannerSettings, crash_after: int | None = None
     for a in actions:
         if isinstance(a, SignalNode):
             check_signal(sim, a)
-        sim.apply(a)
+            just_before = copy_fleet(sim)
+            sim.apply(a)
+            check_signal_budget(just_before, sim, a)
+        else:
+            sim.apply(a)
     check_pass(sim, before, actions)
     return len(actions)
 
@@ -310,3 +347,106 @@ def test_a_plan_past_its_pending_deadline_is_not_signalled_then_failed() -> None
     actions = plan(sim.snapshot(), cfg).actions
     assert not [a for a in actions if isinstance(a, SignalNode) and a.node == "c0-md-2"]
     run_pass(sim, cfg)  # the oracle checks maxUnavailable after the pass
+
+
+def _signals(actions: list[Action]) -> list[str]:
+    return [a.node for a in actions if isinstance(a, SignalNode)]
+
+
+def _unsent_plan(sim: SimFleet, cfg: PlannerSettings, node: str) -> None:
+    """Create and start the node's NodePlan, its signal lost (a write that did not land,
+    or a NodePlan the UpdateMachine hook created: the controller signals it later)."""
+    for _ in range(3):
+        for a in plan(sim.snapshot(), cfg).actions:
+            if not isinstance(a, SignalNode):
+                sim.apply(a)
+    [p] = [p for p in sim.nodeplans.values() if p.node == node]
+    assert p.started and not _live((sim.nodes[(p.ref.namespace, p.cluster)] or {})[node])
+
+
+def test_an_unsent_request_waits_while_peers_went_not_ready_since_its_plan() -> None:
+    """A worker's NodePlan created within maxUnavailable but not yet on its node is not
+    signalled once a peer went NotReady: that would take a second node down (budget 1)."""
+    sim = SimFleet(now=T0)
+    ckey = add_cluster(sim, "c0", control_planes=0, workers=4, max_unavailable=1)
+    bump(sim, ckey, V2)
+    cfg = PlannerSettings(deadlines={PENDING: timedelta(seconds=30)},
+                          default_deadline=timedelta(seconds=60))
+    _unsent_plan(sim, cfg, "c0-md-0")
+    nodes = sim.nodes[ckey]
+    assert nodes is not None
+    nodes["c0-md-3"] = dataclasses.replace(nodes["c0-md-3"], ready=False)
+    for _ in range(3):
+        actions = plan(sim.snapshot(), cfg).actions
+        assert _signals(actions) == []
+        sim.apply_all(actions)
+    [p] = sim.nodeplans.values()
+    assert p.phase == NodePlanPhase.PENDING and "maxUnavailable 1" in p.message, p.message
+    # Held by the budget, not by the node: no deadline runs out meanwhile.
+    sim.advance(600)
+    sim.apply_all(plan(sim.snapshot(), cfg).actions)
+    [p] = sim.nodeplans.values()
+    assert p.phase == NodePlanPhase.PENDING, p.message
+    # The peer is back: the request goes out, and its Pending deadline starts afresh.
+    nodes["c0-md-3"] = dataclasses.replace(nodes["c0-md-3"], ready=True)
+    actions = plan(sim.snapshot(), cfg).actions
+    assert _signals(actions) == ["c0-md-0"]
+    sim.apply_all(actions)
+    sim.advance(20)
+    sim.apply_all(plan(sim.snapshot(), cfg).actions)
+    [p] = sim.nodeplans.values()
+    assert p.phase == NodePlanPhase.PENDING, p.message
+
+
+def test_two_unsent_requests_share_what_is_left_of_the_budget() -> None:
+    """Budget 2, two NodePlans unsent, one peer NotReady: one request goes out."""
+    sim = SimFleet(now=T0)
+    ckey = add_cluster(sim, "c0", control_planes=0, workers=5, max_unavailable=2)
+    bump(sim, ckey, V2)
+    cfg = PlannerSettings(default_deadline=timedelta(seconds=60))
+    for _ in range(3):
+        for a in plan(sim.snapshot(), cfg).actions:
+            if not isinstance(a, SignalNode):
+                sim.apply(a)
+    assert sorted(p.node for p in sim.nodeplans.values()) == ["c0-md-0", "c0-md-1"]
+    nodes = sim.nodes[ckey]
+    assert nodes is not None
+    nodes["c0-md-4"] = dataclasses.replace(nodes["c0-md-4"], ready=False)
+    assert _signals(plan(sim.snapshot(), cfg).actions) == ["c0-md-0"]
+    run_pass(sim, cfg)  # the oracle checks what is physically down after each signal
+
+
+def test_an_unsent_control_plane_request_waits_for_every_other_control_plane() -> None:
+    """Quorum: a control plane's request is not sent while another control plane went
+    NotReady after its NodePlan was created."""
+    sim = SimFleet(now=T0)
+    ckey = add_cluster(sim, "c0", control_planes=3, workers=0)
+    bump(sim, ckey, V2)
+    cfg = PlannerSettings(default_deadline=timedelta(seconds=60))
+    _unsent_plan(sim, cfg, "c0-cp-0")
+    nodes = sim.nodes[ckey]
+    assert nodes is not None
+    nodes["c0-cp-2"] = dataclasses.replace(nodes["c0-cp-2"], ready=False)
+    actions = plan(sim.snapshot(), cfg).actions
+    assert _signals(actions) == []
+    sim.apply_all(actions)
+    [p] = sim.nodeplans.values()
+    assert "c0-cp-2 NotReady" in p.message, p.message
+    nodes["c0-cp-2"] = dataclasses.replace(nodes["c0-cp-2"], ready=True)
+    assert _signals(plan(sim.snapshot(), cfg).actions) == ["c0-cp-0"]
+
+
+def test_an_extension_nodeplan_is_held_like_the_controllers() -> None:
+    """The UpdateMachine hook creates the NodePlan (source runtime-extension) when Cluster
+    API asks; the controller signals it later, under the same rule."""
+    sim = SimFleet(now=T0)
+    ckey = add_cluster(sim, "c0", control_planes=0, workers=3, max_unavailable=1)
+    bump(sim, ckey, V2)
+    cfg = PlannerSettings(default_deadline=timedelta(seconds=60))
+    _unsent_plan(sim, cfg, "c0-md-0")
+    [(key, p)] = sim.nodeplans.items()
+    sim.nodeplans[key] = dataclasses.replace(p, source="runtime-extension")
+    nodes = sim.nodes[ckey]
+    assert nodes is not None
+    nodes["c0-md-1"] = dataclasses.replace(nodes["c0-md-1"], unschedulable=True)
+    assert _signals(plan(sim.snapshot(), cfg).actions) == []
