@@ -2,8 +2,9 @@
 ``<cluster>-kubeconfig`` Secret (key ``value``) and rebuilt whenever that Secret changes.
 
 The controller says which clusters it wants and under which Secret name
-(:meth:`ClusterRegistry.want`); the registry watches those clusters' Nodes and autopilot
-ControlNodes and reports every change through ``on_change``. A rotated Secret (new
+(:meth:`ClusterRegistry.want`); the registry watches those clusters' Nodes, autopilot
+ControlNodes and autopilot Plans and reports every change through ``on_change``; a
+cluster any of whose watches has failed for a bound is unreachable. A rotated Secret (new
 token, new CA, new server) replaces the client and its watches; a cluster no longer
 wanted is closed. Clients are created inside the running event loop and always closed.
 """
@@ -13,9 +14,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -94,6 +96,10 @@ class WorkloadCluster:
     generation: int = 0  # bumped on every rebuild (a rotated Secret)
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     node_reflector: Reflector | None = None
+    # ControlNodes and autopilot Plans (where served): kind -> its reflector once the
+    # resource was found, and kind -> its failing search for the resource before that.
+    optional_reflectors: dict[str, Reflector] = field(default_factory=dict)
+    optional_probes: dict[str, WatchHealth] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -104,16 +110,53 @@ class WorkloadCluster:
         """Nodes are known (listed at least once since this client was built)."""
         return self.client is not None and self.nodes.synced
 
-    def unreachable(self, after: float) -> tuple[datetime, str] | None:
-        """(since when, last error) when this cluster's Node watch has failed without a
-        single success for ``after`` seconds or more; None while it answers (or before
-        that bound: one dropped watch is not an outage)."""
-        r = self.node_reflector
-        if r is None or r.failing_since is None or r.failing_since_wall is None:
-            return None
-        if r.failing_for() < after:
-            return None
-        return r.failing_since_wall, r.last_error or "no answer"
+    def unreachable(self, after: float, now: float | None = None
+                    ) -> tuple[datetime, str] | None:
+        """(since when, last error) when one of this cluster's watches (Nodes, and
+        ControlNodes / autopilot Plans where served) has failed without a single success
+        for ``after`` seconds or more; None while they answer (or before that bound: one
+        dropped watch is not an outage). A cluster whose Nodes answer but whose
+        ControlNodes do not is no healthier for control-plane decisions (and one whose
+        autopilot Plans do not might be driven by someone else unseen)."""
+        now = time.monotonic() if now is None else now
+        worst: tuple[float, datetime, str] | None = None
+        for what, h in self._health():
+            if h.failing_since is None or h.failing_since_wall is None:
+                continue
+            if now - h.failing_since < after:
+                continue
+            error = h.last_error or "no answer"
+            if what != NODES.kind:
+                error = f"{what} watch: {error}"
+            if worst is None or h.failing_since < worst[0]:
+                worst = (h.failing_since, h.failing_since_wall, error)
+        return None if worst is None else (worst[1], worst[2])
+
+    def _health(self) -> list[tuple[str, Reflector | WatchHealth]]:
+        out: list[tuple[str, Reflector | WatchHealth]] = []
+        if self.node_reflector is not None:
+            out.append((NODES.kind, self.node_reflector))
+        out += sorted(self.optional_probes.items())
+        out += sorted(self.optional_reflectors.items())
+        return out
+
+
+@dataclass
+class WatchHealth:
+    """Whether requests for one resource fail, and since when (as a Reflector tracks
+    its list/watch requests)."""
+
+    failing_since: float | None = None  # monotonic
+    failing_since_wall: datetime | None = None
+    last_error: str | None = None
+
+    def failed(self, error: Exception) -> None:
+        if self.failing_since is None:
+            self.failing_since, self.failing_since_wall = time.monotonic(), datetime.now(UTC)
+        self.last_error = str(error) or type(error).__name__
+
+    def succeeded(self) -> None:
+        self.failing_since, self.failing_since_wall, self.last_error = None, None, None
 
 
 class ClusterRegistry:
@@ -123,7 +166,7 @@ class ClusterRegistry:
                  client_factory: ClientFactory = _default_factory,
                  watch_timeout: int = 120, unreachable_after: float = 30.0) -> None:
         self.secrets = secrets
-        # A cluster whose Node watch has failed this long is unreachable: its last cache
+        # A cluster whose watches have failed this long is unreachable: its last cache
         # is not decided on, nothing new starts there (docs/controller.md).
         self.unreachable_after = unreachable_after
         self.on_change = on_change
@@ -249,17 +292,29 @@ class ClusterRegistry:
         synced and empty, and the CRD is looked for again with backoff."""
         assert wc.client is not None
         backoff = Backoff(initial=1.0, maximum=60.0)
+        # Until the resource is found, a failing search counts toward "unreachable" as a
+        # failing watch would; a 404 (not served) is an answer.
+        probe = wc.optional_probes[resource.kind] = WatchHealth()
         while True:
             try:
                 await wc.client.list(resource, page_size=1)
-                break
             except NotFoundError:
+                self._answered(probe)
                 store.mark_synced()
                 await anyio.sleep(backoff.next_delay())
-            except KubeError:
-                await anyio.sleep(backoff.next_delay())
+            except KubeError as e:
+                probe.failed(e)
+                self.on_change()
+                await anyio.sleep(min(backoff.next_delay(), 5.0))
+            else:
+                self._answered(probe)
+                break
+        del wc.optional_probes[resource.kind]
         reflector = Reflector(wc.client, resource, listener=store.on_event,
-                              watch_timeout=self.watch_timeout)
+                              watch_timeout=self.watch_timeout,
+                              backoff=Backoff(initial=0.1, maximum=5.0),
+                              on_health=self.on_change)
+        wc.optional_reflectors[resource.kind] = reflector
 
         async def mark_synced() -> None:
             await reflector.synced.wait()
@@ -268,6 +323,11 @@ class ClusterRegistry:
         async with anyio.create_task_group() as tg:
             tg.start_soon(mark_synced)
             await reflector.run()
+
+    def _answered(self, probe: WatchHealth) -> None:
+        if probe.failing_since is not None:
+            probe.succeeded()
+            self.on_change()  # the cluster may be reachable again: plan on it
 
     @staticmethod
     async def _close(wc: WorkloadCluster) -> None:

@@ -129,7 +129,10 @@ class FleetController:
                  on_pass: PassListener | None = None,
                  client_factory: ClientFactory | None = None, trigger: Trigger | None = None,
                  concurrency: int = 16, watch_timeout: int = 120,
-                 unreachable_after: float = 30.0, wedged_after: float = 180.0) -> None:
+                 unreachable_after: float | None = None,
+                 wedged_after: float | None = None) -> None:
+        """``unreachable_after`` / ``wedged_after`` (seconds) override the fleet config's
+        ``clusters.unreachableAfter`` / ``status.wedgedAfter`` (tests use short ones)."""
         self.mgmt = mgmt
         self.config = config
         self.clock = clock
@@ -145,7 +148,8 @@ class FleetController:
                                    intent_namespace=config.management.namespace)
         self.registry = ClusterRegistry(
             self.view[SECRETS], on_change=self.trigger.poke, watch_timeout=watch_timeout,
-            unreachable_after=unreachable_after,
+            unreachable_after=(config.clusters.unreachable_after.total_seconds()
+                               if unreachable_after is None else unreachable_after),
             **({"client_factory": client_factory} if client_factory else {}))
         self.recorder = recorder or EventRecorder(
             mgmt, instance=identity, default_namespace=config.management.namespace)
@@ -163,7 +167,8 @@ class FleetController:
         self._failures: dict[tuple[str, ...], Backoff] = {}
         self._actions_tg: anyio.abc.TaskGroup | None = None
         # Liveness: a pass (or a change waiting for one) older than this means wedged.
-        self.wedged_after = wedged_after
+        self.wedged_after = (config.status.wedged_after.total_seconds()
+                             if wedged_after is None else wedged_after)
         self.watch_timeout = watch_timeout
         self.running = False  # run() entered (this replica leads, or runs alone)
         self._pass_started: float | None = None

@@ -248,8 +248,8 @@ class NodePlanUpkeep(PassState):
             # A request whose plan misses its deadline in this very pass is not sent: the
             # plan is marked failed, and a node signalled now would be busy while no
             # in-flight plan counts it against the budget. A hold ending restarts it.
-            in_time = bool(p.node_state) or self._was_held(p) or self.now < unsent_since + self.settings.deadline(
-                PENDING)
+            in_time = bool(p.node_state) or self._was_held(p) \
+                or self.now < unsent_since + self.settings.deadline(PENDING)
             held = None
             if sendable and node is not None:
                 held = self._budget_hold(p, ckey, node, waiting)

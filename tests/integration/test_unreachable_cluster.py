@@ -1,4 +1,5 @@
-"""A workload API server that stops answering (issue #12 item 2), on real servers.
+"""A workload API server that stops answering (issue #12 item 2), and one whose
+ControlNode watch alone keeps failing (item 3 of what remained), on real servers.
 
 The controller watches a cluster whose kube-apiserver is stopped mid-rollout (its own
 server on the shared etcd, so no other test is disturbed): after the bound it is marked
@@ -15,10 +16,11 @@ import anyio
 import pytest
 
 from fleet.kube import KubeClient
-from fleet.kube.resources import MACHINE_DEPLOYMENTS, NODE_PLANS
+from fleet.kube.resources import MACHINE_DEPLOYMENTS, NAMESPACES, NODE_PLANS, SERVICE_ACCOUNTS
 from fleet.planner import conditions as C
 from fleet.testing.capi import bump, create_cluster, ensure_infra_crd
-from fleet.testing.world import World
+from fleet.testing.world import TEST_CRDS, World, crd_documents, install_crds
+from tests.helpers.charts import CLUSTER_ROLE_BINDINGS, CLUSTER_ROLES, RBAC
 from tests.helpers.controller import V2, running_controller
 from tests.helpers.names import unique
 from tests.integration.test_controller_rollout import fleet_config
@@ -91,3 +93,81 @@ async def test_stopped_workload_server_is_marked_unreachable_and_resumes(
 
 async def _not(pred: Any) -> bool:
     return not await pred()
+
+
+def _fleet_rules(*, control_nodes: bool) -> list[dict[str, Any]]:
+    """What the controller needs in a workload cluster (with or without ControlNodes)."""
+    autopilot = ["plans"] + (["controlnodes"] if control_nodes else [])
+    return [{"apiGroups": [""], "resources": ["nodes"],
+             "verbs": ["get", "list", "watch", "patch", "update"]},
+            {"apiGroups": ["autopilot.k0sproject.io"], "resources": autopilot,
+             "verbs": ["get", "list", "watch", "patch", "update"]}]
+
+
+async def test_failing_control_node_watch_alone_makes_the_cluster_unreachable(
+        mgmt: KubeClient, crds_installed: World, namespace: str) -> None:
+    """The Node watch answers all along; the ControlNode watch is refused (its RBAC
+    revoked in the workload cluster): after the bound the cluster is unreachable, naming
+    that watch, nothing new starts there; it resumes by itself once the watch answers."""
+    await ensure_infra_crd(mgmt)
+    server = await anyio.to_thread.run_sync(crds_installed.add_server, unique("cnw"))
+    try:
+        async with await server.client() as wl:
+            await install_crds(wl, [d for d in crd_documents(TEST_CRDS)
+                                    if d["spec"]["names"]["kind"] == "ControlNode"])
+            sa_ns, role = unique("fleet-sa"), unique("fleet-workload")
+            await wl.create(NAMESPACES, {"metadata": {"name": sa_ns}})
+            await wl.create(SERVICE_ACCOUNTS, {"metadata": {"name": "fleet"}}, sa_ns)
+            await wl.create(CLUSTER_ROLES, {"metadata": {"name": role},
+                                            "rules": _fleet_rules(control_nodes=True)})
+            await wl.create(CLUSTER_ROLE_BINDINGS, {
+                "metadata": {"name": role},
+                "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": "fleet", "namespace": sa_ns}]})
+            token = (await wl.create_subresource(SERVICE_ACCOUNTS, "fleet", "token", {
+                "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                "spec": {"audiences": ["https://kubernetes.default.svc"]}}, sa_ns)
+            )["status"]["token"]
+            name = unique("cn")
+            fc = await create_cluster(mgmt, wl, server.kubeconfig(token=token, user="fleet"),
+                                      namespace=namespace, name=name, control_planes=0,
+                                      workers=2, max_unavailable=1)
+            config = fleet_config(namespace, progressDeadlines={"pending": "10m"})
+            key = (namespace, name)
+            async with running_controller(mgmt, config, unreachable_after=3) as controller:
+                async def watching() -> bool:
+                    wc = controller.registry.get(key)
+                    return wc is not None and wc.observed and wc.control_nodes.synced
+                await _wait(watching, 60, "Node and ControlNode watches running")
+                await wl.patch(CLUSTER_ROLES, role, {"rules": _fleet_rules(control_nodes=False)})
+
+                async def down() -> Any:
+                    return controller.registry.unreachable(key)
+                # The open watch runs to its timeout (30 s here) before the refusal shows.
+                _since, error = await _wait(down, 120, "cluster unreachable")
+                assert error.startswith("ControlNode watch: ") and "forbidden" in error.lower()
+                wc = controller.registry.get(key)
+                assert wc is not None and wc.node_reflector is not None
+                assert wc.node_reflector.failing_since is None  # Nodes answered all along
+
+                await bump(mgmt, fc, V2)
+
+                async def md_condition() -> bool:
+                    md = await mgmt.get(MACHINE_DEPLOYMENTS, fc.md or "", namespace)
+                    return any(c.get("type") == C.PROGRESSING
+                               and c.get("reason") == C.R_CLUSTER_UNREACHABLE
+                               and "ControlNode watch" in c.get("message", "")
+                               for c in (md.get("status") or {}).get("conditions") or [])
+                await _wait(md_condition, 60, "MD condition ClusterUnreachable")
+                assert (await mgmt.list(NODE_PLANS, namespace)).items == []
+
+                await wl.patch(CLUSTER_ROLES, role, {"rules": _fleet_rules(control_nodes=True)})
+
+                async def resumed() -> list[Any]:
+                    if controller.registry.unreachable(key) is not None:
+                        return []
+                    return (await mgmt.list(NODE_PLANS, namespace)).items
+                [started] = await _wait(resumed, 90, "reachable again, one node started")
+                assert started["spec"]["clusterName"] == name
+    finally:
+        await anyio.to_thread.run_sync(server.stop)

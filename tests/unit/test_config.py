@@ -694,3 +694,32 @@ def test_label_selector_string() -> None:
 def test_agents_default_release_prefix_covers_the_default_url_template() -> None:
     url = DEFAULT_URL_TEMPLATE.format(version="v1.32.1+k0s.0", arch="amd64")
     assert url_under_prefix(url, DEFAULT_RELEASE_PREFIX)
+
+
+def test_fault_detection_bounds(write: Write) -> None:
+    """clusters.unreachableAfter and status.wedgedAfter: defaults, durations or seconds,
+    and a clear error for a bound too short to mean anything."""
+    cfg = load_config(None, env={})
+    assert cfg.clusters.unreachable_after == timedelta(seconds=30)
+    assert cfg.status.wedged_after == timedelta(seconds=180)
+    cfg = load_config(write("""
+        clusters: {unreachableAfter: 2m}
+        status: {wedgedAfter: 600}
+        """), env={})
+    assert cfg.clusters.unreachable_after == timedelta(minutes=2)
+    assert cfg.status.wedged_after == timedelta(minutes=10)
+    cfg = load_config(None, env={"K0S_FLEET_CLUSTERS__UNREACHABLE_AFTER": "45s"})
+    assert cfg.clusters.unreachable_after == timedelta(seconds=45)
+    lines = problems(write("""
+        clusters: {unreachableAfter: 2s}
+        status: {wedgedAfter: 10s}
+        """))
+    assert lines[0].startswith("clusters.unreachableAfter: must be at least 5s (got 2s)"), lines
+    assert lines[1].startswith("status.wedgedAfter: must be at least 30s (got 10s)"), lines
+    lines = problems(write("""
+        clusters: {unreachableAfter: soon}
+        status: {wedgedAfter: -5}
+        """))
+    assert lines[0].startswith("clusters.unreachableAfter: "), lines
+    assert "soon" in lines[0], lines
+    assert lines[1].startswith("status.wedgedAfter: "), lines
