@@ -226,9 +226,15 @@ class _Pool:
         else:
             conn.close()
 
-    def close(self) -> None:
-        while self.idle:
-            self.idle.pop().close()
+    async def close(self) -> None:
+        """Close every idle connection and wait (briefly) until each is closed, so
+        that none outlives its event loop half-closed (a TLS close_notify in flight)."""
+        conns, self.idle = self.idle, []
+        for conn in conns:
+            conn.close()
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.writer.wait_closed(), 1.0)
 
 
 class HttpClient:
@@ -347,4 +353,4 @@ class HttpClient:
         return resp
 
     async def close(self) -> None:
-        self._pool.close()
+        await self._pool.close()

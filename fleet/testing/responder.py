@@ -62,6 +62,35 @@ class Step:
     at: float  # time.monotonic()
 
 
+def step_patch(node: KubeObject, sig: SignalData, state: SignalState,
+               reason: str = "") -> dict[str, object] | None:
+    """The merge patch (without resourceVersion) by which a node answers ``sig`` with
+    ``state``, as the agent's protocol does: the status in the signal, cordoning and
+    uncordoning what it cordoned, the running version once verifying. None when the
+    node no longer carries that request (replaced or withdrawn)."""
+    ann = (node.get("metadata") or {}).get("annotations") or {}
+    try:
+        cur = parse_signal(ann)
+    except InvalidSignalError:
+        return None
+    if cur is None or not cur.same_request(sig) or cur.command.id != sig.command.id:
+        return None
+    data = cur.with_status(SignalStatus(status=state, timestamp=datetime.now(UTC),
+                                        reason=reason))
+    patch: dict[str, object] = {}
+    annotations: dict[str, str | None] = {SIGNAL_DATA_KEY: data.to_json()}
+    if state == SignalState.CORDONING and not (node.get("spec") or {}).get("unschedulable"):
+        patch["spec"] = {"unschedulable": True}
+        annotations[CORDONED_BY_KEY] = RESPONDER
+    if state == SignalState.VERIFYING:
+        annotations[RUNNING_VERSION_KEY] = sig.command.k0supdate.version
+    if (state == SignalState.UNCORDONING or state.failed) and CORDONED_BY_KEY in ann:
+        patch["spec"] = {"unschedulable": None}
+        annotations[CORDONED_BY_KEY] = None
+    patch["metadata"] = {"annotations": annotations}
+    return patch
+
+
 @dataclass
 class NodeResponder:
     client: KubeClient
@@ -138,35 +167,13 @@ class NodeResponder:
                 self._busy.pop(name, None)
 
     async def _write(self, name: str, sig: SignalData, state: SignalState, reason: str) -> bool:
-        version = sig.command.k0supdate.version
         if self.resource is NODES and state == SignalState.RESTARTING:
             await set_node_ready(self.client, name, False)
         elif self.resource is NODES and state == SignalState.VERIFYING:
             await set_node_ready(self.client, name, True)
 
         def mutate(node: KubeObject) -> dict[str, object] | None:
-            ann = (node.get("metadata") or {}).get("annotations") or {}
-            try:
-                cur = parse_signal(ann)
-            except InvalidSignalError:
-                return None
-            if cur is None or not cur.same_request(sig) or cur.command.id != sig.command.id:
-                return None
-            data = cur.with_status(SignalStatus(status=state, timestamp=datetime.now(UTC),
-                                                reason=reason))
-            patch: dict[str, object] = {}
-            annotations: dict[str, str | None] = {SIGNAL_DATA_KEY: data.to_json()}
-            if state == SignalState.CORDONING and not (node.get("spec") or {}).get(
-                    "unschedulable"):
-                patch["spec"] = {"unschedulable": True}
-                annotations[CORDONED_BY_KEY] = RESPONDER
-            if state == SignalState.VERIFYING:
-                annotations[RUNNING_VERSION_KEY] = version
-            if (state == SignalState.UNCORDONING or state.failed) and CORDONED_BY_KEY in ann:
-                patch["spec"] = {"unschedulable": None}
-                annotations[CORDONED_BY_KEY] = None
-            patch["metadata"] = {"annotations": annotations}
-            return patch
+            return step_patch(node, sig, state, reason)
 
         result = await patch_with_retry(self.client, self.resource, name, mutate)
         if result is None:

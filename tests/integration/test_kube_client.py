@@ -1,12 +1,19 @@
 """The client layer against a real kube-apiserver + etcd, over each transport
-(``generated``: kubernetes-asyncio; ``light``: fleet.kube.http, the node agent's)."""
+(``generated``: kubernetes-asyncio; ``light``: fleet.kube.http, the node agent's).
+
+The same tests are the contract of kubesim (fleet.testing.kubesim), the stand-in for
+workload API servers in the scale benchmarks: every test runs against both servers
+(``backend``/``scratch`` parameters ``kube-apiserver`` and ``kubesim``), unchanged.
+"""
 
 from __future__ import annotations
 
 import base64
 import json
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -21,13 +28,71 @@ from fleet.kube import (
     UnauthorizedError,
     patch_with_retry,
 )
-from fleet.kube.resources import CONFIGMAPS, NODES
+from fleet.kube.resources import CONFIGMAPS, NAMESPACES, NODES
 from fleet.kube.transport import TRANSPORTS, TransportName
 from fleet.kube.watch import Reflector, WatchEvent, watch_once
+from fleet.testing.kubesim import KubeSimThread
 from fleet.testing.world import World
 from tests.helpers.names import unique
 
 pytestmark = pytest.mark.anyio
+
+BACKENDS = ("kube-apiserver", "kubesim")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One API server the tests talk to: the real one or kubesim's virtual cluster."""
+
+    kubeconfig: Callable[..., dict[str, Any]]  # (token=None) -> kubeconfig
+    restart: Callable[[], None]
+    expire_history: Callable[[], None]  # old resourceVersions now answer 410 Gone
+
+
+@pytest.fixture(scope="module")
+def kubesim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeSimThread]:
+    sim = KubeSimThread(Path(tmp_path_factory.mktemp("kubesim"))).start()
+    for cluster in ("shared", "scratch"):
+        sim.call(lambda c=cluster: sim.sim.add_cluster(c))
+    try:
+        yield sim
+    finally:
+        sim.close()
+
+
+def _sim_backend(sim: KubeSimThread, cluster: str) -> Backend:
+    def kubeconfig(token: str | None = None) -> dict[str, Any]:
+        return sim.sim.kubeconfig(cluster, token)
+
+    def expire() -> None:
+        sim.call(sim.sim.clusters[cluster].compact)
+
+    return Backend(kubeconfig, sim.restart, expire)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> Backend:
+    """The shared server: the session's management kube-apiserver, or kubesim."""
+    if request.param == "kubesim":
+        return _sim_backend(request.getfixturevalue("kubesim"), "shared")
+    server = request.getfixturevalue("crds_installed")["mgmt"]
+
+    def no_restart() -> None:
+        raise AssertionError("the shared API server must not be restarted; use scratch")
+
+    return Backend(server.kubeconfig, no_restart, no_restart)
+
+
+@pytest.fixture
+async def namespace(backend: Backend) -> AsyncIterator[str]:
+    """A fresh namespace on the backend, deleted afterwards."""
+    name = unique("t")
+    async with await KubeClient.from_kubeconfig(backend.kubeconfig()) as c:
+        await c.create(NAMESPACES, {"metadata": {"name": name}})
+        try:
+            yield name
+        finally:
+            await c.delete(NAMESPACES, name)
 
 
 @pytest.fixture(params=TRANSPORTS)
@@ -36,8 +101,8 @@ def transport(request: pytest.FixtureRequest) -> TransportName:
 
 
 @pytest.fixture
-async def kube(crds_installed: World, transport: TransportName) -> AsyncIterator[KubeClient]:
-    async with await KubeClient.from_kubeconfig(crds_installed["mgmt"].kubeconfig(),
+async def kube(backend: Backend, transport: TransportName) -> AsyncIterator[KubeClient]:
+    async with await KubeClient.from_kubeconfig(backend.kubeconfig(),
                                                 name="mgmt", transport=transport) as c:
         yield c
 
@@ -57,8 +122,8 @@ async def test_crud_and_typed_errors(kube: KubeClient, namespace: str) -> None:
     assert await kube.get_or_none(CONFIGMAPS, "missing", namespace) is None
 
 
-async def test_bad_token_is_unauthorized(world: World, transport: TransportName) -> None:
-    async with await KubeClient.from_kubeconfig(world["mgmt"].kubeconfig(token="not-a-token"),
+async def test_bad_token_is_unauthorized(backend: Backend, transport: TransportName) -> None:
+    async with await KubeClient.from_kubeconfig(backend.kubeconfig(token="not-a-token"),
                                                 transport=transport) as c:
         with pytest.raises(UnauthorizedError):
             await c.list(NODES)
@@ -147,7 +212,7 @@ async def test_reflector_tracks_changes_and_deletions(kube: KubeClient, namespac
 
 
 @pytest.fixture(scope="module")
-def scratch() -> Iterator[World]:
+def scratch_world() -> Iterator[World]:
     """A private etcd + API server that tests may restart and compact."""
     # No watch cache: watches then read etcd directly, so compacting etcd expires old
     # resourceVersions and the 410 path is exercised for real.
@@ -159,9 +224,18 @@ def scratch() -> Iterator[World]:
         w.close()
 
 
+@pytest.fixture(params=BACKENDS)
+def scratch(request: pytest.FixtureRequest) -> Backend:
+    """A server tests may restart and whose history they may expire."""
+    if request.param == "kubesim":
+        return _sim_backend(request.getfixturevalue("kubesim"), "scratch")
+    w: World = request.getfixturevalue("scratch_world")
+    return Backend(w["scratch"].kubeconfig, w["scratch"].restart, lambda: _etcd_compact(w))
+
+
 @pytest.fixture
-async def scratch_client(scratch: World, transport: TransportName) -> AsyncIterator[KubeClient]:
-    async with await KubeClient.from_kubeconfig(scratch["scratch"].kubeconfig(),
+async def scratch_client(scratch: Backend, transport: TransportName) -> AsyncIterator[KubeClient]:
+    async with await KubeClient.from_kubeconfig(scratch.kubeconfig(),
                                                 name="scratch", transport=transport) as c:
         yield c
 
@@ -172,14 +246,15 @@ async def _wait_for(cond: Any, timeout: float = 30.0) -> None:
             await anyio.sleep(0.02)
 
 
-async def test_watch_survives_apiserver_restart(scratch: World, scratch_client: KubeClient) -> None:
+async def test_watch_survives_apiserver_restart(scratch: Backend,
+                                                scratch_client: KubeClient) -> None:
     node = unique("restart")
     refl = Reflector(scratch_client, NODES, field_selector=f"metadata.name={node}")
     async with anyio.create_task_group() as tg:
         tg.start_soon(refl.run)
         await scratch_client.create(NODES, {"metadata": {"name": node}})
         await _wait_for(lambda: refl.get(node) is not None)
-        await anyio.to_thread.run_sync(scratch["scratch"].restart)
+        await anyio.to_thread.run_sync(scratch.restart)
         await scratch_client.patch(NODES, node, {"metadata": {"labels": {"after": "restart"}}})
         await _wait_for(
             lambda: ((refl.get(node) or {}).get("metadata", {}).get("labels") or {}).get("after")
@@ -203,14 +278,14 @@ def _etcd_compact(world: World) -> int:
 
 
 async def test_expired_resource_version_leads_to_relist(
-    scratch: World, scratch_client: KubeClient
+    scratch: Backend, scratch_client: KubeClient
 ) -> None:
     node = unique("gone")
     created = await scratch_client.create(NODES, {"metadata": {"name": node}})
     old_rv = created["metadata"]["resourceVersion"]
     for i in range(5):
         await scratch_client.patch(NODES, node, {"metadata": {"labels": {"n": str(i)}}})
-    await anyio.to_thread.run_sync(_etcd_compact, scratch)
+    await anyio.to_thread.run_sync(scratch.expire_history)
     # The finite core reports the expiry as a typed error ...
     with pytest.raises(GoneError):
         async for _ in watch_once(scratch_client, NODES, old_rv,

@@ -1,0 +1,371 @@
+"""The HTTP side of kubesim: many virtual clusters behind one TLS port.
+
+Cluster ``c`` is served under ``https://127.0.0.1:<port>/clusters/c`` (its kubeconfig's
+server URL; both of k0s-fleet's transports keep a server URL's path). Per cluster:
+get, list (``limit``/``continue``, label and field selectors), watch (resume from a
+resourceVersion, ``allowWatchBookmarks``, ``timeoutSeconds``, 410 Gone as an ERROR
+event when the history no longer reaches back), create, update, patch (merge, JSON,
+strategic merge, with the resourceVersion precondition a patch carries: real 409s),
+delete (with preconditions), the ``status`` subresource and Pod ``eviction``. Resource
+types not in :data:`~fleet.testing.kubesim.store.SERVED` answer 404 as an API server
+without that CRD does (autopilot's ControlNodes and Plans).
+
+Requests need ``Authorization: Bearer <token>``. Every request is counted (cluster,
+verb, resource): ``GET /kubesim/stats``. Admin calls, same token:
+``POST /kubesim/compact/<cluster>`` forgets that cluster's watch history;
+``GET /kubesim/standin`` reports what the node agent stand-in saw and did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import ssl
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from fleet.testing.kubesim.certs import ServingCert
+from fleet.testing.kubesim.standin import NodeAgentStandIn
+from fleet.testing.kubesim.store import (
+    KINDS,
+    ApiError,
+    ClusterStore,
+    Kind,
+    Listener,
+    Selection,
+    Watcher,
+    parse_field_selector,
+    parse_label_selector,
+)
+
+log = logging.getLogger(__name__)
+
+PREFIX = "/clusters/"
+DEFAULT_WATCH_SECONDS = 1800
+JSON_TYPE = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What a request path names."""
+
+    cluster: str
+    kind: Kind
+    namespace: str | None
+    name: str | None
+    subresource: str | None
+
+
+def parse_path(path: str) -> tuple[str, list[str]]:
+    """``/clusters/<c>/api/...`` -> (c, the API path's segments)."""
+    if not path.startswith(PREFIX):
+        raise ApiError(404, "NotFound", f"no cluster in path {path!r} (expected "
+                       f"{PREFIX}<cluster>/api/...)")
+    cluster, _, rest = path[len(PREFIX):].partition("/")
+    return cluster, [s for s in rest.split("/") if s]
+
+
+def resolve(cluster: str, segs: list[str]) -> Target:
+    if segs[:1] == ["api"] and len(segs) >= 3:
+        group, version, rest = "", segs[1], segs[2:]
+    elif segs[:1] == ["apis"] and len(segs) >= 4:
+        group, version, rest = segs[1], segs[2], segs[3:]
+    else:
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+    namespace: str | None = None
+    if rest[0] == "namespaces" and len(rest) >= 3:
+        namespace, rest = rest[1], rest[2:]
+    kind = KINDS.get((group, version, rest[0]))
+    if kind is None or len(rest) > 3 or (namespace is not None and not kind.namespaced):
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+    name = rest[1] if len(rest) > 1 else None
+    sub = rest[2] if len(rest) > 2 else None
+    if sub not in (None, "status", "eviction") or (sub == "eviction" and kind.plural != "pods"):
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+    if sub == "status" and not kind.has_status:
+        raise ApiError(404, "NotFound", f"{kind.plural} have no status subresource")
+    return Target(cluster, kind, namespace, name, sub)
+
+
+def _error(e: ApiError) -> web.Response:
+    return web.Response(status=e.code, body=json.dumps(e.status()).encode(),
+                        content_type=JSON_TYPE)
+
+
+def _ok(raw: bytes, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=raw, content_type=JSON_TYPE)
+
+
+class KubeSim:
+    """The virtual clusters and their HTTP server (an aiohttp application)."""
+
+    def __init__(self, *, token: str, cert: ServingCert, port: int = 0,
+                 history: int = 2000, bookmark_seconds: float = 60.0) -> None:
+        self.token = token
+        self.cert = cert
+        self.port = port
+        self.history = history
+        self.bookmark_seconds = bookmark_seconds
+        self.clusters: dict[str, ClusterStore] = {}
+        self.requests: Counter[tuple[str, str, str]] = Counter()
+        self.listeners: list[Listener] = []
+        self.standin: NodeAgentStandIn | None = None
+        self._runner: web.AppRunner | None = None
+        self._streams: dict[int, web.Request] = {}  # open watches, by id()
+
+    # -- clusters ----------------------------------------------------------------------
+    def add_cluster(self, name: str) -> ClusterStore:
+        if not name or "/" in name:
+            raise ValueError(f"cluster name {name!r} must be non-empty without '/'")
+        if name not in self.clusters:
+            self.clusters[name] = ClusterStore(name, history=self.history,
+                                               on_change=self._changed)
+        return self.clusters[name]
+
+    def play_node_agents(self, step_seconds: float = 0.0) -> NodeAgentStandIn:
+        """Let a stand-in answer every node request on this server's Nodes."""
+        if self.standin is None:
+            self.standin = NodeAgentStandIn(step_seconds=step_seconds)
+            self.listeners.append(self.standin.on_change)
+        return self.standin
+
+    def _changed(self, cluster: str, store: ClusterStore, change: Any) -> None:
+        for listener in self.listeners:
+            listener(cluster, store, change)
+
+    def url(self, cluster: str) -> str:
+        return f"https://127.0.0.1:{self.port}{PREFIX}{cluster}"
+
+    def kubeconfig(self, cluster: str, token: str | None = None) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": cluster, "cluster": {
+                "server": self.url(cluster),
+                "certificate-authority-data": base64.b64encode(self.cert.ca_pem).decode()}}],
+            "users": [{"name": "admin", "user": {"token": token or self.token}}],
+            "contexts": [{"name": cluster, "context": {"cluster": cluster, "user": "admin"}}],
+            "current-context": cluster,
+        }
+
+    # -- serving -----------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app.router.add_get("/kubesim/stats", self._stats)
+        app.router.add_post("/kubesim/compact/{cluster}", self._compact)
+        app.router.add_get("/kubesim/standin", self._standin)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        return app
+
+    async def start(self) -> None:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(self.cert.cert, self.cert.key)
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False,
+                                     shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=ctx,
+                           reuse_address=True, backlog=1024)
+        await site.start()
+        if self.port == 0:
+            server: Any = site._server
+            self.port = int(server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        """Stop serving as a killed API server does: every open watch connection is cut
+        (not ended cleanly), nothing answers until ``start()``; the state is kept."""
+        for request in list(self._streams.values()):
+            if request.transport is not None:
+                request.transport.abort()
+        for store in self.clusters.values():
+            store.close_watches()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def _authorized(self, request: web.Request) -> bool:
+        return request.headers.get("Authorization") == f"Bearer {self.token}"
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return _error(ApiError(401, "Unauthorized", "Unauthorized"))
+        counts = [{"cluster": c, "verb": v, "resource": r, "count": n}
+                  for (c, v, r), n in sorted(self.requests.items())]
+        return web.json_response({"requests": counts, "clusters": len(self.clusters)})
+
+    async def _standin(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return _error(ApiError(401, "Unauthorized", "Unauthorized"))
+        return web.json_response(self.standin.report() if self.standin else {})
+
+    async def _compact(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return _error(ApiError(401, "Unauthorized", "Unauthorized"))
+        store = self.clusters.get(request.match_info["cluster"])
+        if store is None:
+            return _error(ApiError(404, "NotFound", "no such cluster"))
+        return web.json_response({"compactedTo": store.compact()})
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            if not self._authorized(request):
+                raise ApiError(401, "Unauthorized", "Unauthorized")
+            cluster, segs = parse_path(request.path)
+            store = self.clusters.get(cluster)
+            if store is None:
+                raise ApiError(404, "NotFound", f"no virtual cluster {cluster!r} here")
+            if segs in (["version"], ["healthz"], ["readyz"], ["livez"]):
+                self.requests[(cluster, "get", segs[0])] += 1
+                if segs == ["version"]:
+                    return web.json_response({"major": "1", "minor": "31",
+                                              "gitVersion": "v1.31.2+kubesim",
+                                              "platform": "linux/amd64"})
+                return web.Response(text="ok")
+            target = resolve(cluster, segs)
+            return await self._serve(request, store, target)
+        except ApiError as e:
+            return _error(e)
+
+    async def _body(self, request: web.Request) -> Any:
+        raw = await request.read()
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError as e:
+            raise ApiError(400, "BadRequest", f"the request body is not JSON: {e}") from None
+
+    async def _serve(self, request: web.Request, store: ClusterStore,
+                     t: Target) -> web.StreamResponse:
+        q = request.query
+        method = request.method
+        ns = t.namespace or ""
+        resource = t.kind.plural + (f"/{t.subresource}" if t.subresource else "")
+
+        def count(verb: str) -> None:
+            self.requests[(t.cluster, verb, resource)] += 1
+
+        if method == "GET" and t.name is None:
+            sel = Selection(t.kind, t.namespace, parse_label_selector(q.get("labelSelector")),
+                            parse_field_selector(q.get("fieldSelector"), t.kind))
+            if q.get("watch") in ("true", "1"):
+                count("watch")
+                return await self._watch(request, store, sel)
+            count("list")
+            try:
+                limit = int(q.get("limit") or 0)
+            except ValueError:
+                raise ApiError(400, "BadRequest", "limit must be an integer") from None
+            items, rv, cont, remaining = store.page(sel, limit, q.get("continue"))
+            meta: dict[str, Any] = {"resourceVersion": str(rv)}
+            if cont:
+                meta["continue"] = cont
+                meta["remainingItemCount"] = remaining
+            head = json.dumps({"kind": f"{t.kind.kind}List", "apiVersion": t.kind.api_version,
+                               "metadata": meta}, separators=(",", ":"))
+            return _ok(head[:-1].encode() + b',"items":[' + b",".join(o.raw for o in items)
+                       + b"]}")
+        if method == "GET":
+            count("get")
+            return _ok(store.get(t.kind, ns, t.name or "").raw)
+        if method == "POST" and t.subresource == "eviction":
+            count("create")
+            store.delete(t.kind, ns, t.name or "")
+            return web.json_response({"kind": "Status", "apiVersion": "v1",
+                                      "status": "Success", "metadata": {}}, status=201)
+        if method == "POST" and t.name is None:
+            count("create")
+            return _ok(store.create(t.kind, ns, await self._body(request)).raw, 201)
+        if method == "PUT" and t.name:
+            count("update")
+            return _ok(store.replace(t.kind, ns, t.name, await self._body(request),
+                                     t.subresource).raw)
+        if method == "PATCH" and t.name:
+            count("patch")
+            ctype = request.headers.get("Content-Type", "").split(";")[0].strip()
+            return _ok(store.patch(t.kind, ns, t.name, content_type=ctype,
+                                   patch=await self._body(request),
+                                   subresource=t.subresource).raw)
+        if method == "DELETE" and t.name:
+            count("delete")
+            body = await self._body(request)
+            pre = body.get("preconditions") if isinstance(body, dict) else None
+            gone = store.delete(t.kind, ns, t.name, pre if isinstance(pre, dict) else None)
+            return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                      "status": "Success", "details": {
+                                          "name": gone.name, "kind": t.kind.plural}})
+        raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {request.path}")
+
+    async def _watch(self, request: web.Request, store: ClusterStore,
+                     sel: Selection) -> web.StreamResponse:
+        q = request.query
+        try:
+            seconds = float(q.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
+        except ValueError:
+            raise ApiError(400, "BadRequest", "timeoutSeconds must be a number") from None
+        bookmarks = q.get("allowWatchBookmarks") in ("true", "1")
+        resp = web.StreamResponse(status=200, headers={"Content-Type": JSON_TYPE})
+        await resp.prepare(request)
+        try:
+            watcher, backlog = store.watch(sel, q.get("resourceVersion") or "")
+        except ApiError as e:
+            # As the API server does: a 200 stream carrying one ERROR event.
+            await resp.write(json.dumps({"type": "ERROR", "object": e.status()}).encode()
+                             + b"\n")
+            return resp
+        self._streams[id(request)] = request
+        try:
+            for change in backlog:
+                await resp.write(_event(change.type, change.obj.raw))
+            await self._pump(resp, store, watcher, seconds=seconds, bookmarks=bookmarks)
+        finally:
+            store.unwatch(watcher)
+            self._streams.pop(id(request), None)
+        return resp
+
+    async def _pump(self, resp: web.StreamResponse, store: ClusterStore, watcher: Watcher, *,
+                    seconds: float, bookmarks: bool) -> None:
+        kind = watcher.selection.kind
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        next_bookmark = loop.time() + self.bookmark_seconds
+
+        def bookmark() -> bytes:
+            return _event("BOOKMARK", json.dumps({
+                "kind": kind.kind, "apiVersion": kind.api_version,
+                "metadata": {"resourceVersion": str(store.rv)}}).encode())
+
+        while True:
+            now = loop.time()
+            if now >= deadline:
+                if bookmarks and watcher.queue.empty():
+                    await resp.write(bookmark())
+                return
+            wait = min(deadline, next_bookmark) - now
+            try:
+                item = await asyncio.wait_for(watcher.queue.get(), max(wait, 0.0))
+            except TimeoutError:
+                if bookmarks and loop.time() >= next_bookmark and watcher.queue.empty():
+                    await resp.write(bookmark())
+                    next_bookmark = loop.time() + self.bookmark_seconds
+                continue
+            if item is None:
+                return
+            await resp.write(_event(item[0], item[1].raw))
+
+
+def _event(etype: str, raw: bytes) -> bytes:
+    return b'{"type":"' + etype.encode() + b'","object":' + raw + b"}\n"
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    tmp.rename(path)
