@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 
-.PHONY: all demo test test-unit test-integration testenv venv lint typecheck bench chaos clean image
+.PHONY: all demo test test-unit test-integration testenv venv lint typecheck bench bench-scale chaos clean image
 
 all: test
 
@@ -55,6 +55,11 @@ chaos: venv
 
 bench: venv testenv
 	$(BIN)/python bench/rollout.py
+
+# Scale benchmark (bench/README.md): one controller, CLUSTERS x (3 + 7) simulated nodes.
+CLUSTERS ?= 100
+bench-scale: venv testenv
+	$(BIN)/python bench/scale.py --clusters $(CLUSTERS) $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

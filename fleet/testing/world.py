@@ -113,6 +113,9 @@ class ApiServer:
     etcd: Etcd
     admin_token: str
     extra_args: list[str] = field(default_factory=list)
+    # more bearer-token users (name -> token), in system:masters: a process whose
+    # requests should be told apart from the tests' in an audit log
+    extra_users: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     startup_seconds: float = 0.0
@@ -130,7 +133,9 @@ class ApiServer:
         self.cert_dir.mkdir(exist_ok=True)
         tokens = self.workdir / "tokens.csv"
         if not tokens.exists():
-            tokens.write_text(f'{self.admin_token},{ADMIN_USER},uid-admin,"system:masters"\n')
+            tokens.write_text("".join(
+                f'{token},{user},uid-{user},"system:masters"\n'
+                for user, token in {ADMIN_USER: self.admin_token, **self.extra_users}.items()))
         key = self.workdir / "sa.key"
         if not key.exists():
             subprocess.run(
@@ -295,7 +300,8 @@ class World:
     """etcd + named kube-apiservers. Use as a context manager or call close()."""
 
     def __init__(self, names: list[str], *, workdir: Path | None = None,
-                 extra_args: dict[str, list[str]] | None = None) -> None:
+                 extra_args: dict[str, list[str]] | None = None,
+                 users: dict[str, str] | None = None) -> None:
         self._own_tmp = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="k0s-fleet-world-"))
         self.etcd = Etcd(self.workdir)
@@ -303,7 +309,8 @@ class World:
         self.admin_token = token
         extra_args = extra_args or {}
         self.servers = {
-            n: ApiServer(n, self.workdir / n, self.etcd, token, extra_args.get(n, []))
+            n: ApiServer(n, self.workdir / n, self.etcd, token, extra_args.get(n, []),
+                         dict(users or {}))
             for n in names
         }
 

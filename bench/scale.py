@@ -1,0 +1,589 @@
+"""Scale benchmark: one controller process against N CAPI clusters of 3 + 7 nodes.
+
+    .venv/bin/python bench/scale.py --clusters 100 [--rollout] [--replicas 1]
+                                    [--idle-seconds 60] [--json out.json]
+    make bench-scale CLUSTERS=100 ARGS="--rollout"
+
+What is real: the management cluster (etcd + kube-apiserver from the test world, with
+Cluster API's real CRDs and an audit log of the controller's own requests), and the
+controller (``k0s-fleet controller`` in its own process with its own fleet YAML, leader
+election on). What stands in: the N workload clusters are virtual clusters of kubesim
+(:mod:`fleet.testing.kubesim`, its own process; the client-layer tests run against it
+and the real API server alike) holding realistic ~14 KB Nodes, and the node agents are
+kubesim's stand-in (walks the signal protocol to Completed, ``--step-seconds`` per
+step). Each cluster: Cluster, kubeconfig Secret (pointing at its virtual cluster),
+K0sControlPlane stand-in with 3 control-plane Machines, MachineDeployment (maxUnavailable
+1) with a MachineSet and 7 worker Machines, one Node per Machine, all at V1.
+
+Measured (controller process from /proc; API requests counted at the servers):
+
+* steady state: start -> first complete status (``/status`` says N clusters, 10 N nodes,
+  all up to date), the controller's writes to the management cluster after start (audit
+  log; "quiet after" = its last write before a ``--quiet-seconds`` silence), RSS, CPU
+  during start-up and per idle minute, ``/healthz`` round-trip while idle (includes the
+  event loop's lag: the endpoint is served by the controller's one loop);
+* ``--rollout``: one cluster bumped to V2 while the others stay idle: a node's Completed
+  -> the next request in that cluster (its median, p99, max), API requests per node
+  upgrade (management audit log + kubesim's request log for that cluster), the time to
+  roll it; then every other cluster bumped: the time to roll all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import aiohttp  # noqa: E402
+import yaml  # noqa: E402
+
+from fleet.kube import KubeClient  # noqa: E402
+from fleet.kube.resources import NAMESPACES  # noqa: E402
+from fleet.testing.capi import FleetCluster, bump, create_cluster  # noqa: E402
+from fleet.testing.world import World, free_port, kill_group  # noqa: E402
+
+V1, V2 = "v1.31.2+k0s.0", "v1.31.3+k0s.0"
+NAMESPACE = "bench"
+CONTROLLER_USER = "k0s-fleet-controller"
+CONTROL_PLANES, WORKERS = 3, 7
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+    "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [{"level": "Metadata", "users": [CONTROLLER_USER]}, {"level": "None"}],
+}
+
+
+def cluster_name(i: int) -> str:
+    return f"bench-{i:05d}"
+
+
+def node_names(cluster: str) -> list[tuple[str, bool]]:
+    """The Nodes create_cluster's Machines point at (prefix = cluster name)."""
+    return [(f"{cluster}-cp-{i}", True) for i in range(CONTROL_PLANES)] + \
+        [(f"{cluster}-md-{i}", False) for i in range(WORKERS)]
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    k = (len(ordered) - 1) * p
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def completion_gaps(seen: list[tuple[str, float]], completed: list[tuple[str, float]]
+                    ) -> list[float]:
+    """Per request that followed a completion: its first sighting minus the latest
+    completion before it, when no other request came in between (one cluster's
+    (node, time) lists; a request dispatched alongside another is not a gap)."""
+    events = sorted([(t, 1, n) for n, t in seen] + [(t, 0, n) for n, t in completed])
+    gaps: list[float] = []
+    last_done: float | None = None
+    for t, is_request, _node in events:
+        if is_request:
+            if last_done is not None:
+                gaps.append(t - last_done)
+            last_done = None
+        else:
+            last_done = t
+    return gaps
+
+
+# -- the audit log (management cluster, the controller's requests only) ------------------
+
+@dataclass
+class AuditReader:
+    path: Path
+    offset: int = 0
+
+    def read(self) -> list[dict[str, Any]]:
+        """Audit events appended since the last read (whole lines only)."""
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read()
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        return [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+
+
+def audit_time(ev: dict[str, Any]) -> float:
+    return datetime.fromisoformat(ev["requestReceivedTimestamp"].replace("Z", "+00:00")
+                                  ).timestamp()
+
+
+def describe(ev: dict[str, Any]) -> str:
+    ref = ev.get("objectRef") or {}
+    res = ref.get("resource", "?") + (f"/{ref['subresource']}" if ref.get("subresource")
+                                      else "")
+    return f"{ev.get('verb')} {res}"
+
+
+def is_write(ev: dict[str, Any]) -> bool:
+    """A write of fleet state (Lease renewals of the leader election are not)."""
+    return ev.get("verb") in WRITE_VERBS and \
+        (ev.get("objectRef") or {}).get("resource") != "leases"
+
+
+# -- the controller process -----------------------------------------------------------
+
+@dataclass
+class Controller:
+    identity: str
+    proc: subprocess.Popen[bytes]
+    status_port: int
+    started_wall: float
+    started: float = field(default_factory=time.monotonic)
+
+    def usage(self) -> dict[str, float]:
+        """CPU seconds, RSS and peak RSS (MiB) of the process, from /proc."""
+        stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2:].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        cpu = (int(fields[11]) + int(fields[12])) / ticks
+        mem = {}
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                mem[key] = int(value.split()[0]) / 1024
+        return {"cpu_s": cpu, "rss_mib": mem.get("VmRSS", math.nan),
+                "peak_rss_mib": mem.get("VmHWM", math.nan)}
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+def controller_command() -> list[str]:
+    script = Path(sys.executable).parent / "k0s-fleet"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "fleet.cli"]
+
+
+def start_controller(identity: str, workdir: Path, kubeconfig: Path) -> Controller:
+    port = free_port()
+    deadlines = dict.fromkeys(("pending", "downloading", "cordoning", "applyingUpdate",
+                               "restarting", "verifying", "unCordoning"), "120s")
+    config = {
+        "management": {"namespace": NAMESPACE},
+        "clusters": {"namespaces": [NAMESPACE]},
+        "download": {"urlTemplate": "https://releases.invalid/{version}/k0s-{arch}",
+                     "allowUnverified": True},
+        "agent": {"drainTimeout": "30s", "verifyTimeout": "30s"},
+        "rollout": {"progressDeadlines": deadlines},
+        "status": {"port": port},
+    }
+    cfg = workdir / f"fleet-{identity}.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    log = (workdir / f"controller-{identity}.log").open("wb")
+    started_wall = time.time()
+    proc = subprocess.Popen(
+        [*controller_command(), "controller", "--config", str(cfg), "--kubeconfig",
+         str(kubeconfig), "--identity", identity, "--log-level", "WARNING"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=str(REPO))
+    log.close()
+    return Controller(identity, proc, port, started_wall)
+
+
+# -- kubesim ----------------------------------------------------------------------------
+
+@dataclass
+class Sim:
+    proc: subprocess.Popen[bytes]
+    port: int
+    token: str
+    ca_pem: bytes
+
+    def kubeconfig(self, cluster: str) -> dict[str, Any]:
+        import base64  # noqa: PLC0415
+
+        return {"apiVersion": "v1", "kind": "Config",
+                "clusters": [{"name": cluster, "cluster": {
+                    "server": f"https://127.0.0.1:{self.port}/clusters/{cluster}",
+                    "certificate-authority-data": base64.b64encode(self.ca_pem).decode()}}],
+                "users": [{"name": "admin", "user": {"token": self.token}}],
+                "contexts": [{"name": cluster, "context": {"cluster": cluster,
+                                                          "user": "admin"}}],
+                "current-context": cluster}
+
+    async def admin(self, session: aiohttp.ClientSession, path: str) -> Any:
+        async with session.get(f"https://127.0.0.1:{self.port}{path}",
+                               headers={"Authorization": f"Bearer {self.token}"}) as r:
+            r.raise_for_status()
+            return await r.json()
+
+
+def start_sim(workdir: Path, clusters: list[str], step_seconds: float) -> Sim:
+    """kubesim in its own process, seeded with every cluster's Nodes (blocking)."""
+    seed = {"clusters": [{"name": c, "nodes": [
+        {"name": n, "version": V1, "controlPlane": cp} for n, cp in node_names(c)]}
+        for c in clusters]}
+    sim_dir = workdir / "kubesim"
+    sim_dir.mkdir(parents=True, exist_ok=True)
+    (sim_dir / "seed.json").write_text(json.dumps(seed))
+    token = secrets.token_hex(16)
+    log = (sim_dir / "kubesim.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleet.testing.kubesim", "--workdir", str(sim_dir),
+         "--seed", str(sim_dir / "seed.json"), "--standin", "--step-seconds",
+         str(step_seconds)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=str(REPO), env={**os.environ, "KUBESIM_TOKEN": token, "PYTHONPATH": str(REPO)})
+    log.close()
+    ready = sim_dir / "ready.json"
+    deadline = time.monotonic() + 600
+    while not ready.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"kubesim exited with {proc.returncode}; see {sim_dir}")
+        if time.monotonic() > deadline:
+            kill_group(proc)
+            raise TimeoutError("kubesim did not come up in 600 s")
+        time.sleep(0.1)
+    info = json.loads(ready.read_text())
+    return Sim(proc, int(info["port"]), token, Path(info["ca"]).read_bytes())
+
+
+def sim_requests(stats: dict[str, Any], cluster: str | None = None) -> Counter[str]:
+    out: Counter[str] = Counter()
+    for row in stats["requests"]:
+        if cluster is None or row["cluster"] == cluster:
+            out[f"{row['verb']} {row['resource']}"] += int(row["count"])
+    return out
+
+
+# -- the run ----------------------------------------------------------------------------
+
+async def create_fleet(mgmt: KubeClient, sim: Sim, clusters: list[str],
+                       concurrency: int = 12) -> list[FleetCluster]:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(name: str) -> FleetCluster:
+        async with sem:
+            # No Nodes written through the client: kubesim was seeded with them.
+            return await create_cluster(mgmt, mgmt, sim.kubeconfig(name), namespace=NAMESPACE,
+                                        name=name, version=V1, control_planes=CONTROL_PLANES,
+                                        workers=WORKERS, max_unavailable=1,
+                                        create_nodes=False)
+
+    return list(await asyncio.gather(*(one(c) for c in clusters)))
+
+
+async def get_status(session: aiohttp.ClientSession, c: Controller) -> dict[str, Any] | None:
+    try:
+        async with session.get(f"http://127.0.0.1:{c.status_port}/status",
+                               timeout=aiohttp.ClientTimeout(total=10)) as r:
+            return await r.json() if r.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+
+
+def complete(doc: dict[str, Any] | None, clusters: int) -> bool:
+    if not doc:
+        return False
+    s = doc.get("summary") or {}
+    nodes = clusters * (CONTROL_PLANES + WORKERS)
+    return s.get("clusters") == clusters and s.get("nodes") == nodes and \
+        s.get("nodesUpToDate") == nodes and (s.get("clustersUnreachable") or 0) == 0
+
+
+async def leader_status(session: aiohttp.ClientSession, controllers: list[Controller]
+                        ) -> tuple[Controller | None, dict[str, Any] | None]:
+    for c in controllers:
+        doc = await get_status(session, c)
+        if doc is not None:
+            return c, doc
+    return None, None
+
+
+async def wait_quiet(audit: AuditReader, events: list[dict[str, Any]], quiet: float,
+                     deadline: float) -> float | None:
+    """Collect audit events until the controller wrote nothing for ``quiet`` seconds;
+    the wall time of its last write (None if it never wrote)."""
+    last_write = max((audit_time(e) for e in events if is_write(e)), default=None)
+    while time.monotonic() < deadline:
+        fresh = audit.read()
+        events.extend(fresh)
+        writes = [audit_time(e) for e in fresh if is_write(e)]
+        if writes:
+            last_write = max([*writes, last_write or 0.0])
+        if time.time() - (last_write or 0.0) >= quiet:
+            return last_write
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"the controller still writes after the deadline (last write "
+                       f"{time.time() - (last_write or 0):.1f} s ago)")
+
+
+async def probe_latency(session: aiohttp.ClientSession, c: Controller, seconds: float,
+                        stop: asyncio.Event | None = None) -> list[float]:
+    out: list[float] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and not (stop is not None and stop.is_set()):
+        t0 = time.monotonic()
+        try:
+            async with session.get(f"http://127.0.0.1:{c.status_port}/healthz",
+                                   timeout=aiohttp.ClientTimeout(total=30)) as r:
+                await r.read()
+            out.append(time.monotonic() - t0)
+        except (aiohttp.ClientError, TimeoutError):
+            pass
+        await asyncio.sleep(0.5)
+    return out
+
+
+def ms(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"samples": 0}
+    return {"median_ms": round(percentile(values, 0.5) * 1000, 1),
+            "p99_ms": round(percentile(values, 0.99) * 1000, 1),
+            "max_ms": round(max(values) * 1000, 1), "samples": len(values)}
+
+
+async def wait_rolled(r: Run, clusters: set[str]) -> float:
+    """Seconds until every node of ``clusters`` reported Completed to the stand-in (the
+    node side's truth) and the controller's status then counts them all up to date."""
+    t0 = time.monotonic()
+    nodes_per = CONTROL_PLANES + WORKERS
+    while time.monotonic() - t0 < r.args.timeout:
+        report = await r.sim.admin(r.session, "/kubesim/standin")
+        done = Counter(row[0] for row in report["completed"] if row[0] in clusters)
+        if len(done) == len(clusters) and all(v >= nodes_per for v in done.values()):
+            _, doc = await leader_status(r.session, r.controllers)
+            if doc is not None and all(cluster_done(doc, c) for c in clusters):
+                return time.monotonic() - t0
+        if not all(c.alive() for c in r.controllers):
+            raise RuntimeError("a controller exited; see its log in the workdir")
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"rollout of {len(clusters)} cluster(s) not done within "
+                       f"{r.args.timeout:.0f} s")
+
+
+def cluster_done(doc: dict[str, Any], name: str) -> bool:
+    for wave in doc.get("waves") or []:
+        for c in wave.get("clusters") or []:
+            if c.get("name") == name:
+                return bool(c.get("upToDate") == c.get("nodes") == CONTROL_PLANES + WORKERS
+                            and not c.get("inFlight"))
+    return False
+
+
+def prepare(workdir: Path) -> tuple[Path, Path]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    policy = workdir / "audit-policy.yaml"
+    policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+    return workdir / "audit.log", policy
+
+
+@dataclass
+class Run:
+    """What the phases share."""
+
+    args: argparse.Namespace
+    session: aiohttp.ClientSession
+    mgmt: KubeClient
+    sim: Sim
+    controllers: list[Controller]
+    audit: AuditReader
+
+
+async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    n = args.clusters
+    names = [cluster_name(i) for i in range(n)]
+    audit_path, policy = await asyncio.to_thread(prepare, workdir)
+    controller_token = secrets.token_hex(16)
+    world = World(["mgmt"], workdir=workdir / "world", users={CONTROLLER_USER: controller_token},
+                  extra_args={"mgmt": [f"--audit-log-path={audit_path}",
+                                       f"--audit-policy-file={policy}",
+                                       "--audit-log-maxsize=0"]})
+    result: dict[str, Any] = {
+        "clusters": n, "nodes": n * (CONTROL_PLANES + WORKERS), "replicas": args.replicas,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                 "loadavg_start": os.getloadavg()},
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+    sim: Sim | None = None
+    controllers: list[Controller] = []
+    t_setup = time.monotonic()
+    await asyncio.to_thread(world.start)
+    try:
+        await world.install_crds()
+        sim = await asyncio.to_thread(start_sim, workdir, names, args.step_seconds)
+        async with await world["mgmt"].client() as mgmt:
+            await mgmt.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
+            fleet = await create_fleet(mgmt, sim, names)
+            result["setup_s"] = round(time.monotonic() - t_setup, 1)
+            kubeconfig = workdir / "controller-kubeconfig.yaml"
+            await asyncio.to_thread(kubeconfig.write_text, yaml.safe_dump(
+                world["mgmt"].kubeconfig(token=controller_token, user=CONTROLLER_USER)))
+            audit = AuditReader(audit_path)
+            audit.read()  # nothing of the controller's yet; skip to the end
+            connector = aiohttp.TCPConnector(ssl=False, limit=8)
+            async with aiohttp.ClientSession(connector=connector) as session:
+                sim_before = await sim.admin(session, "/kubesim/stats")
+                controllers.extend(await asyncio.to_thread(
+                    lambda: [start_controller(f"bench-{r}", workdir, kubeconfig)
+                             for r in range(args.replicas)]))
+                r = Run(args, session, mgmt, sim, controllers, audit)
+                result.update(await steady(r, n))
+                sim_after = await sim.admin(session, "/kubesim/stats")
+                result["steady"]["workload_requests_until_idle_end"] = dict(
+                    sim_requests(sim_after) - sim_requests(sim_before))
+                if args.rollout:
+                    result["rollout"] = await rollout(r, fleet)
+                for c in controllers:
+                    result.setdefault("processes", {})[c.identity] = {
+                        k: round(v, 2) for k, v in c.usage().items()}
+    finally:
+        for c in controllers:
+            kill_group(c.proc)
+        if sim is not None:
+            kill_group(sim.proc)
+        await asyncio.to_thread(world.close)
+    result["host"]["loadavg_end"] = os.getloadavg()
+    result["workdir"] = str(workdir)
+    return result
+
+
+async def steady(r: Run, n: int) -> dict[str, Any]:
+    args, session, controllers, audit = r.args, r.session, r.controllers, r.audit
+    deadline = time.monotonic() + args.timeout
+    doc: dict[str, Any] | None = None
+    leader: Controller | None = None
+    while not complete(doc, n):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no complete status within {args.timeout} s: "
+                               f"{(doc or {}).get('summary')}")
+        if not all(c.alive() for c in controllers):
+            raise RuntimeError("a controller exited; see its log in the workdir")
+        leader, doc = await leader_status(session, controllers)
+        await asyncio.sleep(0.2)
+    assert leader is not None
+    first_complete = time.monotonic() - leader.started
+    at_first = leader.usage()
+    events: list[dict[str, Any]] = []
+    last_write = await wait_quiet(audit, events, args.quiet_seconds, deadline)
+    settled = leader.usage()
+    # Idle: nothing changes anywhere; what does the controller spend?
+    t0, u0 = time.monotonic(), leader.usage()
+    latencies = await probe_latency(session, leader, args.idle_seconds)
+    window = time.monotonic() - t0
+    u1 = leader.usage()
+    events.extend(audit.read())
+    writes = [e for e in events if is_write(e)]
+    idle_writes = [e for e in writes if audit_time(e) >= time.time() - window]
+    return {
+        "leader": leader.identity,
+        "steady": {
+            "start_to_first_complete_status_s": round(first_complete, 2),
+            "quiet_after_s": round(last_write - leader.started_wall, 1)
+            if last_write else None,
+            "writes_after_start": len(writes),
+            "lease_writes_after_start": sum(
+                1 for e in events if e.get("verb") in WRITE_VERBS
+                and (e.get("objectRef") or {}).get("resource") == "leases"),
+            "writes_by_kind": dict(Counter(describe(e) for e in writes).most_common()),
+            "requests_after_start": dict(Counter(describe(e) for e in events).most_common()),
+            "cpu_s_to_first_complete": round(at_first["cpu_s"], 2),
+            "cpu_s_to_quiet": round(settled["cpu_s"], 2),
+            "idle_window_s": round(window, 1),
+            "idle_cpu_s_per_min": round((u1["cpu_s"] - u0["cpu_s"]) / window * 60, 3),
+            "idle_writes": len(idle_writes),
+            "rss_mib": round(u1["rss_mib"], 1),
+            "peak_rss_mib": round(u1["peak_rss_mib"], 1),
+            "healthz_round_trip_idle": ms(latencies),
+        },
+    }
+
+
+async def rollout(r: Run, fleet: list[FleetCluster]) -> dict[str, Any]:
+    args, session, mgmt, sim = r.args, r.session, r.mgmt, r.sim
+    controllers, audit = r.controllers, r.audit
+    out: dict[str, Any] = {"step_seconds": args.step_seconds}
+    one = fleet[0]
+    nodes_per = CONTROL_PLANES + WORKERS
+    audit.read()
+    before = await sim.admin(session, "/kubesim/stats")
+    u0 = {c.identity: c.usage()["cpu_s"] for c in controllers}
+    await bump(mgmt, one, V2)
+    stop = asyncio.Event()
+    lat_task = asyncio.create_task(probe_latency(session, controllers[0], 1e9, stop))
+    took = await wait_rolled(r, {one.name})
+    events: list[dict[str, Any]] = []
+    await wait_quiet(audit, events, 3.0, time.monotonic() + args.timeout)
+    after = await sim.admin(session, "/kubesim/stats")
+    stop.set()
+    latencies = await lat_task
+    report = await sim.admin(session, "/kubesim/standin")
+    seen = [(row[1], row[3]) for row in report["seen"] if row[0] == one.name]
+    done = [(row[1], row[3]) for row in report["completed"] if row[0] == one.name]
+    gaps = completion_gaps(seen, done)
+    wl = sim_requests(after, one.name) - sim_requests(before, one.name)
+    mg = Counter(describe(e) for e in events)
+    out["one_cluster"] = {
+        "cluster": one.name, "roll_s": round(took, 2),
+        "nodes_upgraded": len(done),
+        "healthz_round_trip": ms(latencies),
+        "completion_to_next_request": ms(gaps),
+        "api_requests_per_node_upgrade": round((sum(mg.values()) + sum(wl.values()))
+                                               / max(1, len(done)), 2),
+        "management_requests": dict(mg.most_common()),
+        "workload_requests": dict(wl.most_common()),
+        "controller_cpu_s": {c.identity: round(c.usage()["cpu_s"] - u0[c.identity], 2)
+                             for c in controllers},
+    }
+    if len(fleet) > 1:
+        t0 = time.monotonic()
+        for fc in fleet[1:]:
+            await bump(mgmt, fc, V2)
+        took_all = await wait_rolled(r, {fc.name for fc in fleet[1:]})
+        out["all_clusters"] = {"clusters": len(fleet) - 1, "nodes": (len(fleet) - 1) * nodes_per,
+                               "roll_all_s": round(time.monotonic() - t0, 1),
+                               "roll_after_bumps_s": round(took_all, 1)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--clusters", type=int, default=10, help="CAPI clusters (3 + 7 nodes each)")
+    p.add_argument("--replicas", type=int, default=1, help="controller processes")
+    p.add_argument("--rollout", action="store_true", help="also roll to a new version")
+    p.add_argument("--idle-seconds", type=float, default=60.0,
+                   help="idle window measured after the controller settles")
+    p.add_argument("--quiet-seconds", type=float, default=15.0,
+                   help="settled = no controller write for this long")
+    p.add_argument("--step-seconds", type=float, default=0.1,
+                   help="node agent stand-in: time per protocol step (7 steps)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="deadline for each phase")
+    p.add_argument("--workdir", help="keep logs here (default: a new temporary directory)")
+    p.add_argument("--json", help="write the result here")
+    args = p.parse_args(argv)
+    if args.clusters < 1 or args.replicas < 1:
+        p.error("--clusters and --replicas must be at least 1")
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="k0s-fleet-scale-"))
+    result = asyncio.run(run(args, workdir))
+    text = json.dumps(result, indent=2)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
