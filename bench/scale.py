@@ -6,14 +6,15 @@
 
 What is real: the management cluster (etcd + kube-apiserver from the test world, with
 Cluster API's real CRDs and an audit log of the controller's own requests), and the
-controller (``k0s-fleet controller`` in its own process with its own fleet YAML, leader
-election on). What stands in: the N workload clusters are virtual clusters of kubesim
-(:mod:`fleet.testing.kubesim`, its own process; the client-layer tests run against it
-and the real API server alike) holding realistic ~14 KB Nodes, and the node agents are
-kubesim's stand-in (walks the signal protocol to Completed, ``--step-seconds`` per
-step). Each cluster: Cluster, kubeconfig Secret (pointing at its virtual cluster),
-K0sControlPlane stand-in with 3 control-plane Machines, MachineDeployment (maxUnavailable
-1) with a MachineSet and 7 worker Machines, one Node per Machine, all at V1.
+controller (``k0s-fleet controller`` in its own process with its own fleet YAML; one
+replica without leader election, several with it). What stands in: the N workload
+clusters are virtual clusters of kubesim (:mod:`fleet.testing.kubesim`, its own
+process; the client-layer tests run against it and the real API server alike) holding
+realistic ~14 KB Nodes, and the node agents are kubesim's stand-in (walks the signal
+protocol to Completed, ``--step-seconds`` per step). Each cluster: Cluster, kubeconfig
+Secret (pointing at its virtual cluster), K0sControlPlane stand-in with 3 control-plane
+Machines, MachineDeployment (maxUnavailable 1) with a MachineSet and 7 worker Machines,
+one Node per Machine, all at V1.
 
 Measured (controller process from /proc; API requests counted at the servers):
 
@@ -25,7 +26,8 @@ Measured (controller process from /proc; API requests counted at the servers):
 * ``--rollout``: one cluster bumped to V2 while the others stay idle: a node's Completed
   -> the next request in that cluster (its median, p99, max), API requests per node
   upgrade (management audit log + kubesim's request log for that cluster), the time to
-  roll it; then every other cluster bumped: the time to roll all.
+  roll it; with ``--rollout-all`` every other cluster is bumped next: the time to roll
+  all (``--max-concurrent-clusters``, the fleet's ``rollout.maxConcurrentClusters``).
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ sys.path.insert(0, str(REPO))
 import aiohttp  # noqa: E402
 import yaml  # noqa: E402
 
-from fleet.kube import KubeClient  # noqa: E402
+from fleet.kube import KubeClient, UnreachableError  # noqa: E402
+from fleet.kube.errors import ServerError  # noqa: E402
 from fleet.kube.resources import NAMESPACES  # noqa: E402
 from fleet.testing.capi import FleetCluster, bump, create_cluster  # noqa: E402
 from fleet.testing.world import World, free_port, kill_group  # noqa: E402
@@ -178,7 +181,8 @@ def controller_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "fleet.cli"]
 
 
-def start_controller(identity: str, workdir: Path, kubeconfig: Path) -> Controller:
+def start_controller(identity: str, workdir: Path, kubeconfig: Path,
+                     args: argparse.Namespace) -> Controller:
     port = free_port()
     deadlines = dict.fromkeys(("pending", "downloading", "cordoning", "applyingUpdate",
                                "restarting", "verifying", "unCordoning"), "120s")
@@ -188,16 +192,21 @@ def start_controller(identity: str, workdir: Path, kubeconfig: Path) -> Controll
         "download": {"urlTemplate": "https://releases.invalid/{version}/k0s-{arch}",
                      "allowUnverified": True},
         "agent": {"drainTimeout": "30s", "verifyTimeout": "30s"},
-        "rollout": {"progressDeadlines": deadlines},
+        "rollout": {"progressDeadlines": deadlines,
+                    "maxConcurrentClusters": args.max_concurrent_clusters},
         "status": {"port": port},
     }
     cfg = workdir / f"fleet-{identity}.yaml"
     cfg.write_text(yaml.safe_dump(config))
     log = (workdir / f"controller-{identity}.log").open("wb")
     started_wall = time.time()
+    # One replica runs without a Lease: on this shared machine a renewal can miss its
+    # 10 s deadline and the controller then exits by design (docs/controller.md).
+    election = ["--no-leader-elect"] if args.replicas == 1 else \
+        ["--lease-seconds", str(args.lease_seconds)]
     proc = subprocess.Popen(
         [*controller_command(), "controller", "--config", str(cfg), "--kubeconfig",
-         str(kubeconfig), "--identity", identity, "--log-level", "WARNING"],
+         str(kubeconfig), "--identity", identity, "--log-level", "WARNING", *election],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=str(REPO))
     log.close()
     return Controller(identity, proc, port, started_wall)
@@ -271,16 +280,24 @@ def sim_requests(stats: dict[str, Any], cluster: str | None = None) -> Counter[s
 # -- the run ----------------------------------------------------------------------------
 
 async def create_fleet(mgmt: KubeClient, sim: Sim, clusters: list[str],
-                       concurrency: int = 12) -> list[FleetCluster]:
+                       concurrency: int = 8) -> list[FleetCluster]:
     sem = asyncio.Semaphore(concurrency)
 
     async def one(name: str) -> FleetCluster:
         async with sem:
-            # No Nodes written through the client: kubesim was seeded with them.
-            return await create_cluster(mgmt, mgmt, sim.kubeconfig(name), namespace=NAMESPACE,
-                                        name=name, version=V1, control_planes=CONTROL_PLANES,
-                                        workers=WORKERS, max_unavailable=1,
-                                        create_nodes=False)
+            for attempt in range(1, 6):
+                try:
+                    # No Nodes written through the client: kubesim was seeded with them.
+                    # Safe to repeat: what exists already is read back, not re-created.
+                    return await create_cluster(
+                        mgmt, mgmt, sim.kubeconfig(name), namespace=NAMESPACE, name=name,
+                        version=V1, control_planes=CONTROL_PLANES, workers=WORKERS,
+                        max_unavailable=1, create_nodes=False)
+                except (UnreachableError, ServerError):
+                    if attempt == 5:
+                        raise
+                    await asyncio.sleep(2.0 * attempt)
+            raise AssertionError("unreachable")
 
     return list(await asyncio.gather(*(one(c) for c in clusters)))
 
@@ -438,7 +455,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             async with aiohttp.ClientSession(connector=connector) as session:
                 sim_before = await sim.admin(session, "/kubesim/stats")
                 controllers.extend(await asyncio.to_thread(
-                    lambda: [start_controller(f"bench-{r}", workdir, kubeconfig)
+                    lambda: [start_controller(f"bench-{r}", workdir, kubeconfig, args)
                              for r in range(args.replicas)]))
                 r = Run(args, session, mgmt, sim, controllers, audit)
                 result.update(await steady(r, n))
@@ -548,12 +565,13 @@ async def rollout(r: Run, fleet: list[FleetCluster]) -> dict[str, Any]:
         "controller_cpu_s": {c.identity: round(c.usage()["cpu_s"] - u0[c.identity], 2)
                              for c in controllers},
     }
-    if len(fleet) > 1:
+    if args.rollout_all and len(fleet) > 1:
         t0 = time.monotonic()
         for fc in fleet[1:]:
             await bump(mgmt, fc, V2)
         took_all = await wait_rolled(r, {fc.name for fc in fleet[1:]})
         out["all_clusters"] = {"clusters": len(fleet) - 1, "nodes": (len(fleet) - 1) * nodes_per,
+                               "max_concurrent_clusters": args.max_concurrent_clusters,
                                "roll_all_s": round(time.monotonic() - t0, 1),
                                "roll_after_bumps_s": round(took_all, 1)}
     return out
@@ -562,8 +580,16 @@ async def rollout(r: Run, fleet: list[FleetCluster]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clusters", type=int, default=10, help="CAPI clusters (3 + 7 nodes each)")
-    p.add_argument("--replicas", type=int, default=1, help="controller processes")
-    p.add_argument("--rollout", action="store_true", help="also roll to a new version")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="controller processes (1: no leader election; more: with Leases)")
+    p.add_argument("--lease-seconds", type=int, default=15,
+                   help="with --replicas > 1: the controllers' Lease duration")
+    p.add_argument("--rollout", action="store_true",
+                   help="also roll one cluster to a new version while the others idle")
+    p.add_argument("--rollout-all", action="store_true",
+                   help="with --rollout: then roll every other cluster too")
+    p.add_argument("--max-concurrent-clusters", type=int, default=1,
+                   help="the fleet config's rollout.maxConcurrentClusters")
     p.add_argument("--idle-seconds", type=float, default=60.0,
                    help="idle window measured after the controller settles")
     p.add_argument("--quiet-seconds", type=float, default=15.0,

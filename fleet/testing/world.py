@@ -133,9 +133,10 @@ class ApiServer:
         self.cert_dir.mkdir(exist_ok=True)
         tokens = self.workdir / "tokens.csv"
         if not tokens.exists():
-            tokens.write_text("".join(
-                f'{token},{user},uid-{user},"system:masters"\n'
-                for user, token in {ADMIN_USER: self.admin_token, **self.extra_users}.items()))
+            tokens.write_text(
+                f'{self.admin_token},{ADMIN_USER},uid-admin,"system:masters"\n' + "".join(
+                    f'{token},{user},uid-{user},"system:masters"\n'
+                    for user, token in self.extra_users.items()))
         key = self.workdir / "sa.key"
         if not key.exists():
             subprocess.run(

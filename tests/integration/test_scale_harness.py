@@ -16,7 +16,7 @@ def test_scale_harness_at_two_clusters(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "scale.py"), "--clusters", "2", "--rollout",
-         "--idle-seconds", "3", "--quiet-seconds", "3", "--timeout", "600",
+         "--rollout-all", "--idle-seconds", "3", "--quiet-seconds", "3", "--timeout", "600",
          "--workdir", str(tmp_path / "work"), "--json", str(out)],
         capture_output=True, text=True, timeout=1200, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
