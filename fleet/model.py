@@ -379,6 +379,9 @@ class Snapshot:
     upgrades: Mapping[tuple[str, str], FleetUpgradeInfo] = field(default_factory=dict)
     # per workload cluster, an autopilot Plan still running there (name and state)
     autopilot_plans: Mapping[ClusterKey, str] = field(default_factory=dict)
+    # clusters another controller replica acts on (sharding): their Nodes are not watched
+    # here, their progress is judged from the management objects only (fleet rollout)
+    foreign: frozenset[ClusterKey] = frozenset()
 
 
 # -- parsing ---------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
@@ -232,3 +232,23 @@ def build_snapshot(*, now: datetime, objects: ManagementObjects,
         nodes={key: nodes.get(key) for key in clusters},
         autopilot_plans={key: v for key, v in autopilot_plans.items() if key in clusters}),
         fleet_upgrades(objects))
+
+
+def restrict(snapshot: Snapshot, keep: Collection[ClusterKey]) -> Snapshot:
+    """``snapshot`` cut down to the clusters in ``keep`` (what one shard plans on); the
+    FleetUpgrades stay (they are fleet-wide)."""
+    def mine(o: Any) -> bool:
+        return (o.ref.namespace, o.cluster) in keep
+
+    return dataclasses.replace(
+        snapshot,
+        clusters={k: v for k, v in snapshot.clusters.items() if k in keep},
+        deployments={k: v for k, v in snapshot.deployments.items() if mine(v)},
+        machine_sets={k: v for k, v in snapshot.machine_sets.items() if mine(v)},
+        control_planes={k: v for k, v in snapshot.control_planes.items() if mine(v)},
+        machines={k: v for k, v in snapshot.machines.items() if mine(v)},
+        nodeplans={k: v for k, v in snapshot.nodeplans.items() if mine(v)},
+        nodes={k: v for k, v in snapshot.nodes.items() if k in keep},
+        intents={k: v for k, v in snapshot.intents.items() if k in keep},
+        autopilot_plans={k: v for k, v in snapshot.autopilot_plans.items() if k in keep},
+        foreign=frozenset())

@@ -1,8 +1,11 @@
-"""``k0s-fleet controller``: run the fleet controller (with leader election).
+"""``k0s-fleet controller``: run the fleet controller (with leader election or sharding).
 
 Composes the process: the controller with its policy (the fleet rollout, wrapped by the
 runtime extension's exclusion) given at construction, the status/metrics endpoints and
-the runtime extension on every replica, and the leader election around the controller.
+the runtime extension on every replica, and around the controller either the leader
+election (one active replica) or, with ``--shards N``, the shard membership (every
+replica active on its share of the clusters; fleet.controllers.shard) plus a Lease
+electing the one replica that does the fleet-wide writes.
 """
 
 from __future__ import annotations
@@ -13,8 +16,11 @@ import logging
 import os
 import signal
 import socket
+import sys
+from collections.abc import Awaitable, Callable
 
 import anyio
+import anyio.abc
 
 from fleet.cli import common
 from fleet.cli.probes import probes
@@ -22,9 +28,11 @@ from fleet.config import FleetConfig
 from fleet.config_errors import ConfigError
 from fleet.controllers.leader import LeaderElector, LostLeadershipError
 from fleet.controllers.runner import FleetController, Trigger
+from fleet.controllers.shard import LostMembershipError, ShardMembership
 from fleet.events import EventRecorder
 from fleet.extension.exclusion import ExtensionExclusion
 from fleet.extension.server import serve_configured_extension
+from fleet.kube import KubeClient
 from fleet.rollout.policy import RolloutPolicy
 from fleet.status.server import StatusBoard, make_app, serve
 from fleet.telemetry import get_tracer, setup_tracing
@@ -39,6 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-leader-elect", dest="leader_elect", action="store_false",
                    help="run without a Lease (only ever one instance!)")
     p.add_argument("--lease-seconds", type=int, default=15, help="Lease duration")
+    p.add_argument("--shards", type=int, default=0,
+                   help="split the fleet's clusters into this many shards shared by every "
+                        "replica started with the same value (0: one active replica, the "
+                        "Lease holder)")
     p.add_argument("--log-level", default=os.environ.get("K0S_FLEET_LOG_LEVEL", "INFO"))
 
 
@@ -59,9 +71,17 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
         # Clusters whose in-place updates CAPI drives through our runtime extension are
         # left to it by the standalone sequencer (extension.mode; docs/runtime-extension.md).
         exclusion = ExtensionExclusion(mgmt, config, rollout, on_change=trigger.poke)
+        membership = ShardMembership(
+            mgmt, namespace=config.management.namespace, identity=args.identity,
+            shards=args.shards, lease_seconds=args.lease_seconds,
+            on_change=trigger.poke) if args.shards else None
         controller = FleetController(mgmt, config, identity=args.identity, recorder=recorder,
                                      trigger=trigger, policy=exclusion,
-                                     tracer=get_tracer("fleet.controller", provider))
+                                     tracer=get_tracer("fleet.controller", provider),
+                                     shard=membership)
+        if membership is not None:
+            membership.busy = controller.busy_clusters
+            membership.warm = controller.caches_hold_every_nodeplan
         health = probes(controller, exclusion, config)
 
         async def lead() -> None:
@@ -92,7 +112,11 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
                 tracer=get_tracer("fleet.extension", provider),
                 on_serving=health.extension_serving))
             try:
-                if args.leader_elect:
+                if membership is not None:
+                    if not await _sharded(args, config, mgmt, membership=membership,
+                                         rollout=rollout, lead=lead):
+                        return common.Exit.LOST_LEADERSHIP
+                elif args.leader_elect:
                     elector = LeaderElector(mgmt, namespace=config.management.namespace,
                                             identity=args.identity,
                                             lease_seconds=args.lease_seconds)
@@ -110,6 +134,43 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
             provider.shutdown()
 
 
+async def _sharded(args: argparse.Namespace, config: FleetConfig, mgmt: KubeClient, *,
+                   membership: ShardMembership, rollout: RolloutPolicy,
+                   lead: Callable[[], Awaitable[None]]) -> bool:
+    """Run the controller on this replica's shards until cancelled; False when the member
+    Lease was lost (everything stopped before another replica may take the shards)."""
+    writer = LeaderElector(mgmt, namespace=config.management.namespace,
+                           identity=args.identity, name=f"{membership.group}-writer",
+                           lease_seconds=args.lease_seconds)
+    rollout.fleet_writer = lambda: writer.leading
+    lost = False
+    try:
+        async with anyio.create_task_group() as tg:
+            async def fleet_writer() -> None:
+                while True:  # hold the writer Lease whenever this replica can
+                    try:
+                        await writer.run(anyio.sleep_forever)
+                    except LostLeadershipError as e:
+                        log.warning("%s; no longer the fleet-wide writer", e)
+
+            async def member(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+                nonlocal lost
+                try:
+                    await membership.run(task_status=task_status)
+                except LostMembershipError as e:
+                    log.error("%s", e)
+                    lost = True
+                    tg.cancel_scope.cancel()
+
+            await tg.start(member)
+            tg.start_soon(fleet_writer)
+            await lead()
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(membership.renew_deadline):
+            await membership.release_all()
+    return not lost
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -117,4 +178,10 @@ def run(args: argparse.Namespace) -> int:
         config = common.fleet_config(args)
     except ConfigError as e:
         return common.report_config_error("controller", e)
+    if args.shards < 0 or (args.shards and not args.leader_elect):
+        print("k0s-fleet controller: --shards must be 0 (one active replica) or a positive "
+              f"number of shards, and needs the Leases (not --no-leader-elect); got "
+              f"--shards {args.shards}" + ("" if args.leader_elect else
+                                           " with --no-leader-elect"), file=sys.stderr)
+        return common.Exit.BAD_CONFIG
     return anyio.run(_main, args, config)

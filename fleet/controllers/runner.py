@@ -9,6 +9,7 @@ honoured by sleeping until the planner's ``wake_at``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -16,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 import anyio
 import anyio.abc
@@ -34,8 +36,14 @@ from fleet.controllers.observe import (
 from fleet.events import EventRecorder
 from fleet.kube import KubeClient, KubeError
 from fleet.kube.backoff import Backoff
-from fleet.kube.resources import CLUSTERS, SECRETS
+from fleet.kube.resources import CLUSTERS, NODE_PLANS, SECRETS
 from fleet.model import (
+    ClusterKey,
+    ControlPlaneInfo,
+    MachineDeploymentInfo,
+    MachineInfo,
+    MachineSetInfo,
+    NodePlanInfo,
     ObjectRef,
     Snapshot,
 )
@@ -52,6 +60,7 @@ from fleet.snapshot import (
     control_planes_needing_infra,
     custom_kubeconfig_secrets,
     fleet_clusters,
+    restrict,
     watched_namespaces,
 )
 from fleet.telemetry import get_tracer, link_from_traceparent
@@ -65,6 +74,36 @@ _STARTS = (CreateNodePlan, StartNodePlan, SignalNode, RetryNodePlan)
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+class Shard(Protocol):
+    """Which clusters this replica acts on (fleet.controllers.shard.ShardMembership)."""
+
+    def acts_on(self, cluster: ClusterKey) -> bool: ...
+
+
+def action_cluster(action: Action, snapshot: Snapshot) -> ClusterKey | None:
+    """The workload cluster an action is about (None when it cannot be told)."""
+    cluster = getattr(action, "cluster", None)
+    if isinstance(cluster, tuple):
+        return (str(cluster[0]), str(cluster[1]))
+    kind, *rest = action_target(action)
+    if len(rest) != 2:
+        return None
+    key = (rest[0], rest[1])
+    found: NodePlanInfo | MachineInfo | MachineSetInfo | MachineDeploymentInfo | \
+        ControlPlaneInfo | None = None
+    if kind == "NodePlan":
+        found = snapshot.nodeplans.get(key)
+    elif kind == "Machine":
+        found = snapshot.machines.get(key)
+    elif kind == "MachineSet":
+        found = snapshot.machine_sets.get(key)
+    elif kind == "MachineDeployment":
+        found = snapshot.deployments.get(key)
+    elif kind == "K0sControlPlane":
+        found = snapshot.control_planes.get(key)
+    return None if found is None else (found.ref.namespace, found.cluster)
 
 
 def planner_settings(config: FleetConfig) -> PlannerSettings:
@@ -130,9 +169,11 @@ class FleetController:
                  client_factory: ClientFactory | None = None, trigger: Trigger | None = None,
                  concurrency: int = 16, watch_timeout: int = 120,
                  unreachable_after: float | None = None,
-                 wedged_after: float | None = None) -> None:
+                 wedged_after: float | None = None,
+                 shard: Shard | None = None) -> None:
         """``unreachable_after`` / ``wedged_after`` (seconds) override the fleet config's
-        ``clusters.unreachableAfter`` / ``status.wedgedAfter`` (tests use short ones)."""
+        ``clusters.unreachableAfter`` / ``status.wedgedAfter`` (tests use short ones);
+        ``shard``: act only on the clusters it names (several active replicas)."""
         self.mgmt = mgmt
         self.config = config
         self.clock = clock
@@ -163,6 +204,10 @@ class FleetController:
         self._retry_at: datetime | None = None
         self._backoff = Backoff(initial=0.2, maximum=10.0)
         self._inflight: set[tuple[str, ...]] = set()
+        # Sharded: the clusters this replica acts on, and its actions in flight per cluster
+        # (None: not known) so a shard is given back only once they are done.
+        self.shard = shard
+        self._busy: dict[ClusterKey | None, int] = defaultdict(int)
         self._cooldown: dict[tuple[str, ...], datetime] = {}
         self._failures: dict[tuple[str, ...], Backoff] = {}
         self._actions_tg: anyio.abc.TaskGroup | None = None
@@ -243,6 +288,28 @@ class FleetController:
                     wake = t
             timeout = None if wake is None else (wake - self.clock()).total_seconds()
 
+    def busy_clusters(self) -> set[ClusterKey]:
+        """Clusters with an action in flight (or queued); every cluster of the fleet when
+        an action's cluster could not be told."""
+        busy = {k for k, n in self._busy.items() if n > 0}
+        if None in busy:
+            return set(fleet_clusters(self.config, self.view[CLUSTERS])) | {
+                k for k in busy if k is not None}
+        return {k for k in busy if k is not None}
+
+    async def caches_hold_every_nodeplan(self) -> bool:
+        """True when the NodePlan cache holds every NodePlan a fresh list shows (asked
+        before acting on a shard another replica held: what it dispatched counts)."""
+        if not self.ready.is_set():
+            return False
+        cache = self.view[NODE_PLANS]
+        for ns in self.view.namespaces:
+            for p in (await self.mgmt.list(NODE_PLANS, ns)).items:
+                meta = p.get("metadata") or {}
+                if cache.get(meta.get("name", ""), meta.get("namespace", "")) is None:
+                    return False
+        return True
+
     async def idle(self) -> None:
         """Wait until no action is in flight (for tests and benchmarks)."""
         while self._inflight:
@@ -264,12 +331,20 @@ class FleetController:
             return PlanResult()
         self._retry_at = None
         clusters = fleet_clusters(self.config, self.view[CLUSTERS])
-        self.registry.want(kubeconfig_secrets(self.config, clusters))
+        mine = clusters if self.shard is None else {
+            k: v for k, v in clusters.items() if self.shard.acts_on(k)}
+        self.registry.want(kubeconfig_secrets(self.config, mine))
         infra = await self.infra.for_machines(
-            control_planes_needing_infra(management_objects(self.view), clusters))
-        snapshot = snapshot_of(now=self.clock(), view=self.view, registry=self.registry,
-                               clusters=clusters, infra=infra)
-        hold = await self.policy(snapshot) if self.policy is not None else None
+            control_planes_needing_infra(management_objects(self.view), mine))
+        fleet = snapshot_of(now=self.clock(), view=self.view, registry=self.registry,
+                            clusters=clusters, infra=infra)
+        snapshot = fleet
+        if self.shard is not None:
+            # Plan only this replica's clusters; the fleet rollout looks at all of them
+            # (the others judged from the management objects: Snapshot.foreign).
+            snapshot = restrict(fleet, mine)
+            fleet = dataclasses.replace(fleet, foreign=frozenset(clusters) - set(mine))
+        hold = await self.policy(fleet) if self.policy is not None else None
         result = plan(snapshot, self.settings, hold=hold)
         actions = result.actions
         # Emergency stop (fleet YAML, or the rollout policy's annotation): start nothing,
@@ -330,15 +405,21 @@ class FleetController:
                 self.stats.dispatch_reaction.append(time.monotonic() - woke)
             for target, group in groups.items():
                 self._inflight.add(target)
+                cluster = action_cluster(group[0], snapshot)
+                self._busy[cluster] += 1
                 if self._actions_tg is not None:
-                    self._actions_tg.start_soon(self._run_group, target, group)
+                    self._actions_tg.start_soon(self._run_group, target, group, cluster)
                 else:
-                    await self._run_group(target, group)
+                    await self._run_group(target, group, cluster)
 
-    async def _run_group(self, target: tuple[str, ...], group: list[Action]) -> None:
+    async def _run_group(self, target: tuple[str, ...], group: list[Action],
+                         cluster: ClusterKey | None = None) -> None:
         try:
             async with self.limiter:
                 for a in group:
+                    if self.shard is not None and cluster is not None and \
+                            not self.shard.acts_on(cluster):
+                        return  # its shard is being given back (or lost): stop here
                     try:
                         await self.dispatcher.perform(a)
                     except Exception as e:  # KubeError, or a bug: never kill the loop
@@ -355,4 +436,7 @@ class FleetController:
                 self._failures.pop(target, None)
         finally:
             self._inflight.discard(target)
+            self._busy[cluster] -= 1
+            if self._busy[cluster] <= 0:
+                del self._busy[cluster]
             self.trigger.poke()

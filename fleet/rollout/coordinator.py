@@ -99,8 +99,13 @@ class RolloutCoordinator:
         return True
 
     async def decide(self, clusters: Sequence[ClusterProgress],
-                     now: datetime | None = None) -> GateDecision:
-        """Evaluate the gate for this pass and make its record durable."""
+                     now: datetime | None = None, *, fleet_writer: bool = True) -> GateDecision:
+        """Evaluate the gate for this pass and make its record durable.
+
+        With several replicas (sharding) each admits only its own clusters, by a
+        compare-and-swap of the whole record (``_write``): two replicas that decided from
+        the same record cannot both add to it, the second one re-evaluates. Only the
+        ``fleet_writer`` moves wave times and fleet-wide transitions."""
         now = now or self.clock()
         try:
             controls, state = await self.read()
@@ -111,7 +116,8 @@ class RolloutCoordinator:
                 FleetView(clusters, FleetControls(emergency_stop="rollout state unreadable")),
                 now)
             return decision.without_new_admissions()
-        decision = self.gate.evaluate(FleetView(clusters, controls, state), now)
+        decision = self.gate.evaluate(
+            FleetView(clusters, controls, state, fleet_writer=fleet_writer), now)
         if decision.state_changed and not await self._write(decision):
             decision = decision.without_new_admissions()
         await self._report(decision)
@@ -174,13 +180,15 @@ class RolloutCoordinator:
         for cid, fp in prev.admitted.items():
             ns, _, name = cid.partition("/")
             done = d.clusters.get((ns, name))
-            if cid not in cur.admitted and done is not None \
+            if cid not in cur.admitted and done is not None and not done.foreign \
                     and done.phase is ClusterPhase.COMPLETE:
                 await self._emit(_cluster_ref((ns, name)), "UpgradeCompleted",
                                  f"every node runs its target version and is Ready "
                                  f"(wave {done.wave})", key=fp)
         last = self.last
         for key, g in sorted(d.clusters.items()):
+            if g.foreign:
+                continue  # its own replica reports it
             paused = g.paused
             was = last.clusters[key].paused if last and key in last.clusters else None
             if paused is not None and paused != was:

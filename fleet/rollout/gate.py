@@ -72,6 +72,9 @@ class FleetView:
     clusters: Sequence[ClusterProgress]
     controls: FleetControls = field(default_factory=FleetControls)
     state: RolloutState = field(default_factory=RolloutState)
+    # Sharded replicas: only one (the fleet-wide writer) moves the record's wave times and
+    # fleet transitions; the others read them (and still admit their own clusters).
+    fleet_writer: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,7 @@ class ClusterGate:
     reason: str = ""  # why it may not start new node upgrades ("" when allowed)
     admitted_now: bool = False
     paused: str | None = None  # the cluster's own pause (config entry, annotation, spec)
+    foreign: bool = False  # another replica acts on it (sharding)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +154,9 @@ class GateDecision:
                       if k in new else g for k, g in self.clusters.items()},
             state=self.previous,
         )
+
+
+FOREIGN = "acted on by another controller replica"
 
 
 def _cluster_id(key: ClusterKey) -> str:
@@ -300,6 +307,9 @@ class RolloutGate:
 
             newly: set[ClusterKey] = set()
             for i, c in enumerate(active):
+                if c.foreign:
+                    reasons[c.key] = FOREIGN  # counted against the limit, acted on elsewhere
+                    continue
                 hold = fleet_hold or self._cluster_hold(c, now, wakeups)
                 if hold is None and i >= limit:
                     # Only after a failed cluster was retried while others took its slot.
@@ -311,7 +321,9 @@ class RolloutGate:
                     reasons[c.key] = hold
             slots = limit - len(active)
             for c in queued:
-                if fleet_hold is not None:
+                if c.foreign:
+                    reasons[c.key] = FOREIGN  # only the replica acting on it admits it
+                elif fleet_hold is not None:
                     reasons[c.key] = fleet_hold
                 elif blocker is not None:
                     reasons[c.key] = blocker
@@ -341,13 +353,13 @@ class RolloutGate:
                                      "nodes not Ready)"
             for c in cs:
                 for o in c.objects:
-                    if o.paused is not None:
+                    if o.paused is not None and not c.foreign:
                         held[o.ref] = f"paused by annotation {ANN_PAUSED} on {o.ref.kind}" + (
                             f": {o.paused}" if o.paused else "")
                 gates[c.key] = ClusterGate(c.key, w.name, phases[c.key], c.key in allowed,
                                            "" if c.key in allowed else reasons[c.key],
                                            admitted_now=c.key in newly,
-                                           paused=self.cluster_pause(c))
+                                           paused=self.cluster_pause(c), foreign=c.foreign)
 
             # The wave's own record and phase.
             upgrading = sum(1 for p in phases.values() if p is ClusterPhase.UPGRADING)
@@ -366,7 +378,15 @@ class RolloutGate:
                 record = replace(record, started_at=now)
             soak_until: datetime | None = None
             message = ""
-            if complete:
+            if complete and not view.fleet_writer and (
+                    record is None or record.completed_at is None):
+                # Complete as this replica sees it, but the soak counts from the recorded
+                # completion, which only the fleet-wide writer records: wait for it.
+                phase = WavePhase.PROGRESSING
+                message = "complete; waiting for the completion to be recorded"
+                if blocker is None:
+                    blocker = f"wave {w.name}: completion not recorded yet"
+            elif complete:
                 assert record is not None
                 if record.completed_at is None:
                     record = replace(record, completed_at=now)
@@ -410,7 +430,7 @@ class RolloutGate:
             halted=_transition(state.halted, halted, now),
             stopped=_transition(state.stopped, stop, now),
             admitted=admitted,
-        )
+        ) if view.fleet_writer else replace(state, admitted=admitted)
         future = [t for t in wakeups if t > now]
         return GateDecision(
             now=now, allowed_clusters=frozenset(allowed), reasons=reasons, held_objects=held,

@@ -48,26 +48,32 @@ class RolloutPolicy:
 
     def __init__(self, mgmt: KubeClient, config: FleetConfig, *, recorder: EventRecorder,
                  board: DecisionBoard | None = None,
-                 clock: Callable[[], datetime] | None = None) -> None:
+                 clock: Callable[[], datetime] | None = None,
+                 fleet_writer: Callable[[], bool] | None = None) -> None:
         kw = {"clock": clock} if clock is not None else {}
         self.coordinator = RolloutCoordinator(mgmt, config, recorder=recorder, **kw)
         self.mgmt = mgmt
         self.clock = clock or (lambda: datetime.now(UTC))
         self.config = config
         self.board = board
+        # Sharded replicas: whether this one does the fleet-wide writes now (wave times
+        # in the rollout record, FleetUpgrade status); None = always (one active replica).
+        self.fleet_writer = fleet_writer
         self.decision: GateDecision | None = None
         self._wakeup_changed = anyio.Event()
 
     async def __call__(self, snapshot: Snapshot) -> Hold:
         clusters = clusters_from_snapshot(snapshot)
-        decision = await self.coordinator.decide(clusters, snapshot.now)
+        writer = self.fleet_writer is None or self.fleet_writer()
+        decision = await self.coordinator.decide(clusters, snapshot.now, fleet_writer=writer)
         previous = self.decision.next_wakeup if self.decision is not None else None
         self.decision = decision
         if self.board is not None:
             self.board.publish(decision, clusters)
         # The upgrade intents' status: per wave and per cluster, from this very decision.
-        await write_upgrade_status(self.mgmt, snapshot.upgrades, snapshot.intents, decision,
-                                   clusters, clock=self.clock)
+        if writer:
+            await write_upgrade_status(self.mgmt, snapshot.upgrades, snapshot.intents,
+                                       decision, clusters, clock=self.clock)
         if decision.next_wakeup != previous:
             self._wakeup_changed.set()
         return decision.hold

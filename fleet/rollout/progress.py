@@ -113,6 +113,9 @@ class ClusterProgress:
     spec_paused: bool = False  # Cluster.spec.paused (Cluster API's own pause)
     unreachable_since: datetime | None = None  # its API server stopped answering then
     unreachable_error: str = ""
+    # Another controller replica acts on it (sharding): its nodes are judged from the
+    # management objects (NodePlans, the versions recorded on Machines), not watched here.
+    foreign: bool = False
 
     @property
     def key(self) -> ClusterKey:
@@ -179,7 +182,8 @@ def fingerprint(clusters: Iterable[ClusterProgress]) -> str:
 
 
 def _node_progress(m: MachineInfo, target: str | None, nodes: Mapping[str, NodeInfo] | None,
-                   plan: NodePlanInfo | None, eligibility: Eligibility | None) -> NodeProgress:
+                   plan: NodePlanInfo | None, eligibility: Eligibility | None,
+                   *, foreign: bool = False) -> NodeProgress:
     node = None if nodes is None else nodes.get(m.node_name)
     version = running_version(m, node)
     on_target = target is not None and same_version(version, target)
@@ -189,12 +193,16 @@ def _node_progress(m: MachineInfo, target: str | None, nodes: Mapping[str, NodeI
     if plan is not None and plan.phase == NodePlanPhase.FAILED:
         return NodeProgress(m.ref.name, m.node_name, NodeState.FAILED, version,
                             plan.node_state, plan.message)
-    if node is None:
+    if node is None and not foreign:
         why = "cluster not observed" if nodes is None else "no Node for this Machine"
         return NodeProgress(m.ref.name, m.node_name, NodeState.MISSING, version, message=why)
-    if on_target and node.ready and not node.unschedulable:
+    # A foreign cluster's node: its replica records a node's upgrade on the Machine only
+    # once the node is Ready, schedulable and reports the version; trust that record.
+    healthy = node is None or (node.ready and not node.unschedulable)
+    if on_target and healthy:
         return NodeProgress(m.ref.name, m.node_name, NodeState.UP_TO_DATE, version)
-    health = "NotReady" if not node.ready else ("cordoned" if node.unschedulable else "")
+    health = "" if node is None else (
+        "NotReady" if not node.ready else ("cordoned" if node.unschedulable else ""))
     if on_target or eligibility is None or eligibility.up_to_date:
         return NodeProgress(m.ref.name, m.node_name, NodeState.NOT_READY, version,
                             message=health or f"reports {version}")
@@ -228,13 +236,14 @@ def clusters_from_snapshot(snapshot: Snapshot) -> list[ClusterProgress]:
     for key in sorted(set(snapshot.clusters) | set(owners)):
         info = snapshot.clusters.get(key)
         nodes = snapshot.nodes.get(key)
-        objects = [_object_progress(snapshot, o, nodes, machines, plans)
+        foreign = key in snapshot.foreign
+        objects = [_object_progress(snapshot, o, nodes, machines, plans, foreign=foreign)
                    for o in sorted(owners.get(key, []), key=lambda o: o.ref)]
         out.append(ClusterProgress(
             namespace=key[0], name=key[1],
             labels=dict(info.labels) if info else {},
             annotations=dict(info.annotations) if info else {},
-            objects=tuple(objects), observed=nodes is not None,
+            objects=tuple(objects), observed=nodes is not None or foreign, foreign=foreign,
             spec_paused=bool(info and info.paused),
             unreachable_since=info.unreachable_since if info else None,
             unreachable_error=info.unreachable_error if info else ""))
@@ -247,6 +256,7 @@ def _object_progress(
     nodes: Mapping[str, NodeInfo] | None,
     machines: Mapping[tuple[str, str, str], list[MachineInfo]],
     plans: Mapping[tuple[str, str, str], list[NodePlanInfo]],
+    *, foreign: bool = False,
 ) -> ObjectProgress:
     ref = ObjectRef(obj.ref.kind, obj.ref.namespace, obj.ref.name)
     target = valid_version(obj.version)
@@ -265,7 +275,8 @@ def _object_progress(
                     m, obj, ms, nodes.get(m.node_name) if nodes is not None else None)
             else:
                 elig = control_plane_eligibility(m, obj)
-        progress.append(_node_progress(m, target, nodes, by_machine.get(m.ref.name), elig))
+        progress.append(_node_progress(m, target, nodes, by_machine.get(m.ref.name), elig,
+                                       foreign=foreign))
     halted = any(c.type == HALTED and c.status == "True" for c in obj.status.conditions)
     return ObjectProgress(ref=ref, target=target, replicas=obj.replicas, nodes=tuple(progress),
                           started=bool(for_target), halted=halted,

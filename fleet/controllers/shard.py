@@ -1,0 +1,446 @@
+"""Sharding the fleet's clusters across several active controller replicas.
+
+Each replica announces itself with a member Lease (``<group>-replica-<identity>``,
+renewed every ``lease/3``, each renewal cut off at 2/3 of the lease after the *start* of
+the last good one, exactly as :mod:`fleet.controllers.leader`). Clusters are hashed into
+a fixed number of shards; each shard goes to one live replica by rendezvous hashing
+(:func:`rendezvous_owner`), so a replica joining or leaving moves only its own share.
+
+Who may act on a shard is not decided by clocks alone: a shard has a claim Lease
+(``<group>-shard-<n>``) whose ``holderIdentity`` is the only replica acting on its
+clusters. Claims are written with the Lease's resourceVersion, so two replicas can never
+both hold one (the API server answers the second writer 409). A claim changes hands in
+two ways only:
+
+* its holder gives it back (it is no longer the shard's rendezvous owner): it stops
+  starting anything there first, waits until none of its actions on those clusters is in
+  flight, then clears ``holderIdentity``;
+* its holder's member Lease has not moved for a whole lease duration as observed on the
+  taker's own monotonic clock. The holder stops acting 2/3 of a lease after the start of
+  its last good renewal (it cancels everything: :class:`LostMembershipError`), so it has
+  stopped before anyone may take its claims.
+
+A newly taken shard is not acted on until the replica's management caches hold every
+NodePlan a fresh list shows (``warm``): what the previous holder dispatched is counted
+before this one plans.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from fleet.kube import AlreadyExistsError, ConflictError, KubeClient, KubeError, NotFoundError
+from fleet.kube.resources import LEASES
+from fleet.model import ClusterKey, format_time
+
+log = logging.getLogger(__name__)
+
+GROUP_LABEL = "fleet.k0s-fleet.io/lease-group"
+ROLE_LABEL = "fleet.k0s-fleet.io/lease-role"
+SHARDS_ANNOTATION = "fleet.k0s-fleet.io/shards"
+REPLICA, SHARD = "replica", "shard"
+
+
+class LostMembershipError(RuntimeError):
+    """This replica's member Lease could not be renewed in time; it must stop acting."""
+
+
+# -- pure -------------------------------------------------------------------------------
+
+
+def shard_of(cluster: ClusterKey, shards: int) -> int:
+    """The shard of a cluster: a stable hash of "namespace/name" modulo ``shards``."""
+    digest = hashlib.sha256(f"{cluster[0]}/{cluster[1]}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % shards
+
+
+def _weight(item: str, member: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{member}\x00{item}".encode()).digest()[:8], "big")
+
+
+def rendezvous_owner(item: str, members: Iterable[str]) -> str | None:
+    """Highest-random-weight owner of ``item`` among ``members`` (None when empty).
+
+    Every replica computes the same answer from the same member set; removing a member
+    moves only the items it owned, adding one moves only the items it now wins.
+    """
+    best: tuple[int, str] | None = None
+    for m in members:
+        w = (_weight(item, m), m)
+        if best is None or w > best:
+            best = w
+    return None if best is None else best[1]
+
+
+def assignment(shards: int, members: Sequence[str]) -> dict[int, str]:
+    """Shard -> owning member, for every shard (empty when there is no member)."""
+    if not members:
+        return {}
+    return {s: owner for s in range(shards)
+            if (owner := rendezvous_owner(str(s), members)) is not None}
+
+
+_INVALID = re.compile(r"[^a-z0-9-]+")
+
+
+def member_lease_name(group: str, identity: str) -> str:
+    slug = _INVALID.sub("-", identity.lower()).strip("-") or "replica"
+    name = f"{group}-replica-{slug}"
+    if len(name) > 253 or slug != identity:
+        # Keep names valid and distinct: a digest of the identity disambiguates.
+        digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
+        name = f"{group}-replica-{slug[:200]}-{digest}"
+    return name
+
+
+def shard_lease_name(group: str, shard: int) -> str:
+    return f"{group}-shard-{shard}"
+
+
+# -- I/O --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Seen:
+    record: tuple[Any, ...]
+    at: float  # monotonic time this replica saw ``record`` first
+
+
+def _now() -> str:
+    return format_time(datetime.now(UTC))
+
+
+class ShardMembership:
+    """This replica's membership and its shard claims (see the module docstring).
+
+    ``acts_on(cluster)`` is what the controller asks before planning or acting on a
+    cluster; ``busy()`` (given by the controller) names the clusters it has actions in
+    flight on; ``warm()`` (optional) returns True once the caches are fresh enough to
+    plan newly taken shards.
+    """
+
+    def __init__(self, client: KubeClient, *, namespace: str, identity: str,
+                 group: str = "k0s-fleet-controller", shards: int = 32,
+                 lease_seconds: int = 15, renew_every: float | None = None,
+                 renew_deadline: float | None = None,
+                 busy: Callable[[], Collection[ClusterKey]] = frozenset,
+                 warm: Callable[[], Awaitable[bool]] | None = None,
+                 on_change: Callable[[], None] | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        if shards < 1:
+            raise ValueError(f"shards must be at least 1, not {shards}")
+        self.client = client
+        self.namespace = namespace
+        self.identity = identity
+        self.group = group
+        self.shards = shards
+        self.lease_seconds = lease_seconds
+        self.renew_every = renew_every or lease_seconds / 3
+        self.renew_deadline = renew_deadline or lease_seconds * 2 / 3
+        if not 0 < self.renew_every < self.renew_deadline < lease_seconds:
+            raise ValueError(
+                f"sharding needs 0 < renew_every ({self.renew_every}) < renew_deadline "
+                f"({self.renew_deadline}) < lease_seconds ({lease_seconds})")
+        self.busy = busy
+        self.warm = warm
+        self.on_change = on_change or (lambda: None)
+        self.monotonic = monotonic
+        self.member_name = member_lease_name(group, identity)
+        self.held: set[int] = set()  # claims this replica holds
+        self.releasing: set[int] = set()  # held, no longer ours: drain, then give back
+        self.warming: set[int] = set()  # taken, caches not yet confirmed fresh
+        self.members: tuple[str, ...] = ()  # live replicas as last seen (sorted)
+        self.active = False  # member Lease renewed within the deadline
+        self.handoffs = 0  # claims taken from a replica that stopped renewing
+        self._seen: dict[str, _Seen] = {}
+        self._member: dict[str, Any] | None = None
+
+    # -- what the controller asks --------------------------------------------------------
+    def acts_on(self, cluster: ClusterKey) -> bool:
+        s = shard_of(cluster, self.shards)
+        return self.active and s in self.held and s not in self.releasing \
+            and s not in self.warming
+
+    def acting_shards(self) -> set[int]:
+        return (self.held - self.releasing - self.warming) if self.active else set()
+
+    # -- the member Lease ----------------------------------------------------------------
+    def _labels(self, role: str) -> dict[str, str]:
+        return {GROUP_LABEL: self.group, ROLE_LABEL: role}
+
+    async def _renew(self) -> None:
+        """Create or renew this replica's member Lease (resourceVersion precondition)."""
+        lease = self._member
+        if lease is None:
+            lease = await self.client.get_or_none(LEASES, self.member_name, self.namespace)
+        spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self.lease_seconds,
+                "renewTime": _now()}
+        meta: dict[str, Any] = {"name": self.member_name, "namespace": self.namespace,
+                                "labels": self._labels(REPLICA),
+                                "annotations": {SHARDS_ANNOTATION: str(self.shards)}}
+        if lease is None:
+            spec["acquireTime"] = spec["renewTime"]
+            try:
+                self._member = await self.client.create(
+                    LEASES, {"apiVersion": LEASES.api_version, "kind": LEASES.kind,
+                             "metadata": meta, "spec": spec}, self.namespace)
+                return
+            except AlreadyExistsError:
+                lease = await self.client.get(LEASES, self.member_name, self.namespace)
+        meta["resourceVersion"] = lease["metadata"]["resourceVersion"]
+        body = {"apiVersion": LEASES.api_version, "kind": LEASES.kind, "metadata": meta,
+                "spec": {**(lease.get("spec") or {}), **spec}}
+        try:
+            self._member = await self.client.replace(LEASES, body)
+        except (ConflictError, NotFoundError):
+            self._member = None  # re-read next time (someone edited or deleted it)
+            raise
+
+    async def _attempt_renew(self, deadline: float) -> bool:
+        with anyio.move_on_after(deadline) as scope:
+            try:
+                await self._renew()
+                return True
+            except KubeError as e:
+                log.warning("member lease %s/%s: %s", self.namespace, self.member_name, e)
+                return False
+        if scope.cancelled_caught:
+            self._member = None
+            log.warning("member lease %s/%s: no answer within %.1fs", self.namespace,
+                        self.member_name, deadline)
+        return False
+
+    # -- observing the others ------------------------------------------------------------
+    def _observe(self, key: str, record: tuple[Any, ...], now: float) -> _Seen:
+        seen = self._seen.get(key)
+        if seen is None or seen.record != record:
+            seen = self._seen[key] = _Seen(record, now)
+        return seen
+
+    def _live_members(self, leases: Sequence[dict[str, Any]], now: float
+                      ) -> tuple[list[str], dict[str, int]]:
+        """Live replica identities (self included) and the shard counts they announce."""
+        live = {self.identity}
+        counts: dict[str, int] = {}
+        present: set[str] = set()
+        for lease in leases:
+            spec = lease.get("spec") or {}
+            holder = spec.get("holderIdentity") or ""
+            name = lease["metadata"]["name"]
+            present.add(name)
+            seen = self._observe(name, (holder, spec.get("renewTime"),
+                                        lease["metadata"].get("resourceVersion")), now)
+            if not holder or holder == self.identity:
+                continue
+            duration = int(spec.get("leaseDurationSeconds") or self.lease_seconds)
+            if now - seen.at < duration:
+                live.add(holder)
+                try:
+                    counts[holder] = int(((lease["metadata"].get("annotations") or {})
+                                          .get(SHARDS_ANNOTATION)) or self.shards)
+                except ValueError:
+                    counts[holder] = -1
+        for name in list(self._seen):
+            if name.startswith(f"{self.group}-replica-") and name not in present:
+                self._observe(name, ("absent",), now)
+        return sorted(live), counts
+
+    def _holder_alive(self, holder: str, now: float) -> bool:
+        """Whether ``holder`` may still be acting: its member Lease moved within a lease
+        duration on this replica's clock (absent leases count from when first missed)."""
+        seen = self._seen.get(member_lease_name(self.group, holder))
+        if seen is None:
+            seen = self._observe(member_lease_name(self.group, holder), ("unseen",), now)
+        return now - seen.at < self.lease_seconds
+
+    # -- claims --------------------------------------------------------------------------
+    def _claim_body(self, shard: int, lease: dict[str, Any] | None, holder: str | None
+                    ) -> dict[str, Any]:
+        spec = dict((lease or {}).get("spec") or {})
+        now = _now()
+        if holder is not None:
+            spec["acquireTime"] = now
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (
+                1 if lease is not None else 0)
+        spec.update(holderIdentity=holder, leaseDurationSeconds=self.lease_seconds,
+                    renewTime=now)
+        meta: dict[str, Any] = {"name": shard_lease_name(self.group, shard),
+                                "namespace": self.namespace, "labels": self._labels(SHARD)}
+        if lease is not None:
+            meta["resourceVersion"] = lease["metadata"]["resourceVersion"]
+        return {"apiVersion": LEASES.api_version, "kind": LEASES.kind, "metadata": meta,
+                "spec": spec}
+
+    async def _take(self, shard: int, lease: dict[str, Any] | None) -> bool:
+        try:
+            if lease is None:
+                await self.client.create(LEASES, self._claim_body(shard, None, self.identity),
+                                         self.namespace)
+            else:
+                await self.client.replace(LEASES, self._claim_body(shard, lease, self.identity))
+        except (AlreadyExistsError, ConflictError, NotFoundError):
+            return False  # another replica moved first: its claim stands
+        return True
+
+    async def _give_back(self, shard: int, lease: dict[str, Any] | None) -> bool:
+        if lease is None:
+            return True
+        if (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+            return True
+        try:
+            await self.client.replace(LEASES, self._claim_body(shard, lease, None))
+        except (ConflictError, NotFoundError):
+            return False
+        return True
+
+    def _busy_shards(self) -> set[int]:
+        return {shard_of(c, self.shards) for c in self.busy()}
+
+    async def _rebalance(self) -> None:
+        """One look at the members and the claims: give back, take over, warm up."""
+        now = self.monotonic()
+        selector = f"{GROUP_LABEL}={self.group}"
+        leases = (await self.client.list(LEASES, self.namespace,
+                                         label_selector=selector)).items
+        members = [x for x in leases if (x["metadata"].get("labels") or {}).get(ROLE_LABEL)
+                   == REPLICA]
+        claims = {x["metadata"]["name"]: x for x in leases
+                  if (x["metadata"].get("labels") or {}).get(ROLE_LABEL) == SHARD}
+        live, counts = self._live_members(members, now)
+        disagree = sorted(h for h, n in counts.items() if n != self.shards)
+        if tuple(live) != self.members:
+            log.info("%s: live replicas %s", self.identity, ", ".join(live))
+            self.members = tuple(live)
+        owners = assignment(self.shards, live)
+        busy = self._busy_shards()
+        changed = False
+        for shard in range(self.shards):
+            lease = claims.get(shard_lease_name(self.group, shard))
+            holder = ((lease or {}).get("spec") or {}).get("holderIdentity") or ""
+            if holder == self.identity and shard not in self.held:
+                # A claim this identity took before a restart of this process: the old
+                # process is gone (same identity = same pod), adopt it after warming.
+                self.held.add(shard)
+                self.warming.add(shard)
+                changed = True
+            if holder != self.identity and shard in self.held:
+                log.warning("%s: claim on shard %d now held by %r; stopping there",
+                            self.identity, shard, holder)
+                self.held.discard(shard)
+                self.releasing.discard(shard)
+                self.warming.discard(shard)
+                changed = True
+            mine = owners.get(shard) == self.identity
+            if shard in self.held:
+                if mine:
+                    if shard in self.releasing:
+                        self.releasing.discard(shard)
+                        changed = True
+                    continue
+                if shard not in self.releasing:
+                    self.releasing.add(shard)  # stop starting anything there
+                    changed = True
+                    continue
+                if shard in busy:
+                    continue  # actions in flight: give back once they are done
+                if await self._give_back(shard, lease):
+                    log.info("%s: gave shard %d back (owner now %s)", self.identity, shard,
+                             owners.get(shard))
+                    self.held.discard(shard)
+                    self.releasing.discard(shard)
+                    self.warming.discard(shard)
+                    changed = True
+                continue
+            if not mine or disagree:
+                continue
+            if holder and self._holder_alive(holder, now):
+                continue  # the holder gives it back once it sees the new owner
+            if await self._take(shard, lease):
+                if holder:
+                    self.handoffs += 1
+                    log.warning("%s: took shard %d from %s (its member lease stopped "
+                                "moving)", self.identity, shard, holder)
+                else:
+                    log.info("%s: took shard %d", self.identity, shard)
+                self.held.add(shard)
+                self.warming.add(shard)
+                changed = True
+        if disagree:
+            log.error("%s: replicas %s announce a different shard count than %d; taking no "
+                      "new shards until every replica runs with the same --shards",
+                      self.identity, ", ".join(disagree), self.shards)
+        if self.warming and (self.warm is None or await self.warm()):
+            self.warming.clear()
+            changed = True
+        if changed:
+            self.on_change()
+
+    async def release_all(self) -> None:
+        """Give back every claim and the member Lease (after the controller stopped)."""
+        self.active = False
+        for shard in sorted(self.held):
+            try:
+                lease = await self.client.get_or_none(LEASES, shard_lease_name(self.group,
+                                                                               shard),
+                                                      self.namespace)
+                await self._give_back(shard, lease)
+            except KubeError as e:
+                log.info("could not give back shard %d: %s", shard, e)
+        self.held.clear()
+        try:
+            lease = await self.client.get_or_none(LEASES, self.member_name, self.namespace)
+            if lease is not None and (lease.get("spec") or {}).get("holderIdentity") == \
+                    self.identity:
+                lease["spec"].update(holderIdentity=None, leaseDurationSeconds=1)
+                await self.client.replace(LEASES, lease)
+        except KubeError as e:
+            log.info("could not release member lease: %s", e)
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Announce, rebalance every ``renew_every`` until cancelled; raises
+        :class:`LostMembershipError` when the member Lease was not renewed in time."""
+        while True:
+            started = self.monotonic()
+            if await self._attempt_renew(self.renew_deadline):
+                break
+            await anyio.sleep(self.renew_every / 2)
+        last_ok = started
+        self.active = True
+        log.info("%s: member of %s (%d shards)", self.identity, self.group, self.shards)
+        task_status.started()
+        try:
+            while True:
+                left = last_ok + self.renew_deadline - self.monotonic()
+                with anyio.move_on_after(max(0.0, min(self.renew_every, left))):
+                    try:
+                        await self._rebalance()
+                    except KubeError as e:
+                        log.warning("%s: shard claims: %s", self.identity, e)
+                left = last_ok + self.renew_deadline - self.monotonic()
+                delay = self.renew_every - (self.monotonic() - last_ok)
+                if delay <= 0:  # the last renewal failed: retry soon, within the deadline
+                    delay = self.renew_every / 5
+                await anyio.sleep(max(0.0, min(delay, left)))
+                started = self.monotonic()
+                left = last_ok + self.renew_deadline - started
+                if left > 0 and await self._attempt_renew(left):
+                    last_ok = started
+                elif self.monotonic() - last_ok >= self.renew_deadline:
+                    self.active = False
+                    self.on_change()
+                    raise LostMembershipError(
+                        f"{self.identity}: member lease {self.namespace}/{self.member_name} "
+                        f"not renewed within {self.renew_deadline:.1f}s")
+        finally:
+            self.active = False

@@ -1,0 +1,170 @@
+"""Sharding across controller replicas, the pure parts: rendezvous assignment of shards,
+names, and the fleet gate as one replica among several sees it (no server)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+
+from fleet.controllers.shard import (
+    assignment,
+    member_lease_name,
+    rendezvous_owner,
+    shard_lease_name,
+    shard_of,
+)
+from fleet.planner import PlannerSettings, plan
+from fleet.planner.simulate import SimFleet, add_cluster, bump
+from fleet.rollout.gate import FOREIGN, ClusterPhase, FleetView, RolloutGate, WavePhase
+from fleet.rollout.progress import ClusterProgress, clusters_from_snapshot
+from fleet.rollout.state import RolloutState
+from tests.helpers.gate import CANARY, PROD, T0, cluster, config, waves_config
+
+MEMBERS = ["ctl-a", "ctl-b", "ctl-c"]
+V2 = "v1.31.3+k0s.0"
+
+
+def test_every_replica_computes_the_same_owner_and_shares_are_balanced() -> None:
+    owners = assignment(300, MEMBERS)
+    assert owners == assignment(300, list(reversed(MEMBERS)))  # order does not matter
+    assert set(owners) == set(range(300))
+    counts = Counter(owners.values())
+    assert set(counts) == set(MEMBERS)
+    assert all(60 <= n <= 140 for n in counts.values()), counts
+    assert assignment(10, []) == {}
+    assert rendezvous_owner("x", []) is None
+
+
+def test_losing_a_replica_moves_only_its_shards_and_a_new_one_only_takes() -> None:
+    before = assignment(256, MEMBERS)
+    after = assignment(256, ["ctl-a", "ctl-c"])
+    moved = {s for s in before if before[s] != after[s]}
+    assert moved == {s for s, o in before.items() if o == "ctl-b"}
+    grown = assignment(256, [*MEMBERS, "ctl-d"])
+    changed = {s for s in before if before[s] != grown[s]}
+    assert changed and all(grown[s] == "ctl-d" for s in changed)
+
+
+def test_shard_of_is_stable_and_in_range() -> None:
+    keys = [("fleet", f"c{i}") for i in range(500)]
+    shards = [shard_of(k, 16) for k in keys]
+    assert shards == [shard_of(k, 16) for k in keys]
+    assert set(shards) == set(range(16))
+    assert shard_of(("fleet", "c1"), 1) == 0
+
+
+def test_lease_names_are_valid_and_distinct() -> None:
+    dns = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    names = {member_lease_name("k0s-fleet-controller", i)
+             for i in ("ctl-0", "Ctl_0", "ctl.0", "x" * 300, "ctl-0-")}
+    assert len(names) == 5
+    assert all(dns.match(n) and len(n) <= 253 for n in names)
+    assert member_lease_name("g", "pod-7") == "g-replica-pod-7"
+    assert shard_lease_name("g", 3) == "g-shard-3"
+
+
+def _foreign(c: ClusterProgress) -> ClusterProgress:
+    return dataclasses.replace(c, foreign=True)
+
+
+def test_foreign_clusters_count_against_the_limit_but_are_never_admitted_here() -> None:
+    cfg = config(maxConcurrentClusters=2)
+    # c0 upgrades on another replica, c1 waits on another replica, c2/c3 are ours.
+    cs = [_foreign(cluster("c0", "gw")), _foreign(cluster("c1")), cluster("c2"), cluster("c3")]
+    d = RolloutGate(cfg).evaluate(FleetView(cs), T0)
+    assert d.admitted_now == {("fleet", "c2")}
+    assert d.allowed_clusters == {("fleet", "c2")}
+    assert d.reasons[("fleet", "c1")] == FOREIGN
+    assert d.reasons[("fleet", "c0")] == FOREIGN
+    assert "2 of maxConcurrentClusters 2" in d.reasons[("fleet", "c3")]
+    assert d.clusters[("fleet", "c0")].foreign and not d.clusters[("fleet", "c2")].foreign
+
+
+def test_two_replicas_deciding_from_one_record_exceed_the_limit_unless_swapped() -> None:
+    """Why admission must be a compare-and-swap of the record: each replica alone stays
+    within the limit; from the same record together they do not. The coordinator writes
+    a record only if it is still the one decided from (tests/integration/test_shard.py
+    shows the 409 path on a real server)."""
+    cfg = config(maxConcurrentClusters=1)
+    a = [cluster("c0"), _foreign(cluster("c1"))]
+    b = [_foreign(cluster("c0")), cluster("c1")]
+    da = RolloutGate(cfg).evaluate(FleetView(a), T0)
+    db = RolloutGate(cfg).evaluate(FleetView(b), T0)
+    assert da.admitted_now == {("fleet", "c0")} and db.admitted_now == {("fleet", "c1")}
+    # b re-decides from a's record (its swap failed): nothing more is admitted.
+    db2 = RolloutGate(cfg).evaluate(FleetView(b, state=da.state), T0)
+    assert db2.admitted_now == frozenset()
+    assert db2.allowed_clusters == frozenset()
+
+
+def test_only_the_fleet_writer_moves_wave_times_and_the_others_wait_for_them() -> None:
+    cfg = waves_config()
+    cs = [_foreign(cluster("can", "uu", labels=CANARY)), cluster("p1", labels=PROD)]
+    other = RolloutGate(cfg).evaluate(FleetView(cs, fleet_writer=False), T0)
+    assert other.state.waves == {}
+    assert other.waves[0].phase is WavePhase.PROGRESSING
+    assert "completion not recorded" in other.reasons[("fleet", "p1")]
+    assert other.allowed_clusters == frozenset()
+    writer = RolloutGate(cfg).evaluate(FleetView(cs), T0)
+    assert writer.waves[0].completed_at == T0
+    # Once recorded, the other replica soaks from the record and then admits its cluster.
+    later = RolloutGate(cfg).evaluate(FleetView(cs, state=writer.state, fleet_writer=False),
+                                      T0 + timedelta(minutes=30))
+    assert later.allowed_clusters == {("fleet", "p1")}
+    assert later.state.waves == writer.state.waves
+    assert later.state.admitted.keys() == {"fleet/p1"}
+
+
+@pytest.mark.parametrize("writer", [True, False])
+def test_a_failed_foreign_cluster_halts_every_replica(writer: bool) -> None:
+    cfg = waves_config()
+    cs = [_foreign(cluster("can", "fu", labels=CANARY)), cluster("p1", labels=PROD),
+          cluster("o")]
+    d = RolloutGate(cfg).evaluate(FleetView(cs, fleet_writer=writer), T0)
+    assert d.halted is not None and d.allowed_clusters == frozenset()
+    assert d.clusters[("fleet", "can")].phase is ClusterPhase.FAILED
+    assert (d.state.halted is not None) is writer
+
+
+def test_a_non_writer_leaves_the_fleet_transitions_alone() -> None:
+    state = RolloutState()
+    d = RolloutGate(config(paused=True)).evaluate(
+        FleetView([cluster("c0")], state=state, fleet_writer=False), T0)
+    assert d.paused is not None and d.state.paused is None and not d.state_changed
+
+
+def test_a_foreign_cluster_is_judged_by_its_nodeplans_and_machine_records() -> None:
+    """A replica does not watch the Nodes of clusters other replicas act on; the versions
+    the acting replica records on Machines (only after a node is Ready on target) and the
+    NodePlans in the management cluster tell the gate how far such a cluster is."""
+    sim = SimFleet(now=T0)
+    key = add_cluster(sim, "c", namespace="fleet", control_planes=1, workers=2)
+    bump(sim, key, V2)
+
+    def seen_from_elsewhere() -> ClusterProgress:
+        snap = sim.snapshot()
+        snap = dataclasses.replace(snap, nodes={**snap.nodes, key: None},
+                                   foreign=frozenset({key}))
+        [progress] = clusters_from_snapshot(snap)
+        return progress
+
+    p = seen_from_elsewhere()
+    assert p.foreign and p.observed and not p.complete and not p.started
+    unseen = dataclasses.replace(sim.snapshot(), nodes={key: None})
+    assert not clusters_from_snapshot(unseen)[0].observed  # not foreign: not observed
+    for _ in range(200):  # run the planner (the acting replica) until every node is done
+        for ckey, node in sim.active_requests():
+            sim.finish_node(ckey, node)
+        actions = plan(sim.snapshot(), PlannerSettings()).actions
+        if not actions:
+            break
+        sim.apply_all(actions)
+        sim.advance(1)
+        p = seen_from_elsewhere()
+        assert p.started or p.in_flight == 0
+    assert clusters_from_snapshot(sim.snapshot())[0].complete
+    assert seen_from_elsewhere().complete
