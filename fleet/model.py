@@ -382,6 +382,9 @@ class Snapshot:
     # clusters another controller replica acts on (sharding): their Nodes are not watched
     # here, their progress is judged from the management objects only (fleet rollout)
     foreign: frozenset[ClusterKey] = frozenset()
+    # (namespace, name) of the NodePlans of clusters left out of this snapshot (those other
+    # replicas act on): a node request naming one of them is not an orphan
+    other_nodeplans: frozenset[tuple[str, str]] = frozenset()
 
 
 # -- parsing ---------------------------------------------------------------------------

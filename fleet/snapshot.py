@@ -248,6 +248,7 @@ def restrict(snapshot: Snapshot, keep: Collection[ClusterKey]) -> Snapshot:
         control_planes={k: v for k, v in snapshot.control_planes.items() if mine(v)},
         machines={k: v for k, v in snapshot.machines.items() if mine(v)},
         nodeplans={k: v for k, v in snapshot.nodeplans.items() if mine(v)},
+        other_nodeplans=frozenset(k for k, v in snapshot.nodeplans.items() if not mine(v)),
         nodes={k: v for k, v in snapshot.nodes.items() if k in keep},
         intents={k: v for k, v in snapshot.intents.items() if k in keep},
         autopilot_plans={k: v for k, v in snapshot.autopilot_plans.items() if k in keep},

@@ -161,6 +161,7 @@ class ShardMembership:
         self.warming: set[int] = set()  # taken, caches not yet confirmed fresh
         self.members: tuple[str, ...] = ()  # live replicas as last seen (sorted)
         self.active = False  # member Lease renewed within the deadline
+        self.renewed_at: float | None = None  # monotonic start of the last good renewal
         self.handoffs = 0  # claims taken from a replica that stopped renewing
         self._seen: dict[str, _Seen] = {}
         self._member: dict[str, Any] | None = None
@@ -415,7 +416,7 @@ class ShardMembership:
             if await self._attempt_renew(self.renew_deadline):
                 break
             await anyio.sleep(self.renew_every / 2)
-        last_ok = started
+        last_ok = self.renewed_at = started
         self.active = True
         log.info("%s: member of %s (%d shards)", self.identity, self.group, self.shards)
         task_status.started()
@@ -435,7 +436,7 @@ class ShardMembership:
                 started = self.monotonic()
                 left = last_ok + self.renew_deadline - started
                 if left > 0 and await self._attempt_renew(left):
-                    last_ok = started
+                    last_ok = self.renewed_at = started
                 elif self.monotonic() - last_ok >= self.renew_deadline:
                     self.active = False
                     self.on_change()

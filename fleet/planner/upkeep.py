@@ -476,7 +476,8 @@ class NodePlanUpkeep(PassState):
                 orphan = False
                 if sig is not None:
                     ns, _, pname = sig.planId.partition("/")
-                    orphan = ns == ckey[0] and (ns, pname) not in self.s.nodeplans
+                    orphan = ns == ckey[0] and (ns, pname) not in self.s.nodeplans \
+                        and (ns, pname) not in self.s.other_nodeplans
                     if orphan and (sig.status is None or not sig.status.status.terminal):
                         self.emit(ClearSignal(ckey, name, node.kind, "agent", sig.planId))
                         continue

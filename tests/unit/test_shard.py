@@ -18,10 +18,12 @@ from fleet.controllers.shard import (
     shard_of,
 )
 from fleet.planner import PlannerSettings, plan
+from fleet.planner.actions import ClearSignal, UncordonNode
 from fleet.planner.simulate import SimFleet, add_cluster, bump
 from fleet.rollout.gate import FOREIGN, ClusterPhase, FleetView, RolloutGate, WavePhase
 from fleet.rollout.progress import ClusterProgress, clusters_from_snapshot
 from fleet.rollout.state import RolloutState
+from fleet.snapshot import restrict
 from tests.helpers.gate import CANARY, PROD, T0, cluster, config, waves_config
 
 MEMBERS = ["ctl-a", "ctl-b", "ctl-c"]
@@ -168,3 +170,27 @@ def test_a_foreign_cluster_is_judged_by_its_nodeplans_and_machine_records() -> N
         assert p.started or p.in_flight == 0
     assert clusters_from_snapshot(sim.snapshot())[0].complete
     assert seen_from_elsewhere().complete
+
+
+def test_a_shard_leaves_other_clusters_requests_alone_on_a_shared_node_list() -> None:
+    """The planner of one shard sees only its clusters' NodePlans; a request on a node it
+    happens to see (the test world shares a workload API server between clusters) that
+    names a NodePlan of a cluster left out is not an orphan: not cleared, not uncordoned."""
+    sim = SimFleet(now=T0)
+    a = add_cluster(sim, "a", namespace="fleet", control_planes=1, workers=1)
+    b = add_cluster(sim, "b", namespace="fleet", control_planes=1, workers=1)
+    bump(sim, b, V2)
+    for _ in range(5):
+        sim.apply_all(plan(sim.snapshot(), PlannerSettings()).actions)
+    assert sim.active_requests(), "b has a node with a live request"
+    full = sim.snapshot()
+    ours = restrict(full, {a})
+    assert set(ours.clusters) == {a} and all(p.cluster == "a" for p in ours.nodeplans.values())
+    assert ours.other_nodeplans == frozenset(full.nodeplans) - set(ours.nodeplans)
+    shared = {**(ours.nodes[a] or {}), **(full.nodes[b] or {})}
+    seen = dataclasses.replace(ours, nodes={a: shared})
+    actions = plan(seen, PlannerSettings()).actions
+    assert not [x for x in actions if isinstance(x, ClearSignal | UncordonNode)], actions
+    # Without the ids of the plans left out, the same request would be taken for an orphan.
+    blind = dataclasses.replace(seen, other_nodeplans=frozenset())
+    assert [x for x in plan(blind, PlannerSettings()).actions if isinstance(x, ClearSignal)]

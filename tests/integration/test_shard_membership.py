@@ -1,0 +1,171 @@
+"""Shard membership and claims on a real kube-apiserver (fleet.controllers.shard).
+
+Several ShardMembership instances share one namespace. A sampler checks, every 20 ms,
+that no shard is ever acted on by two of them; the claim Leases themselves (written with
+resourceVersion preconditions) are read back to check who holds what.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import anyio
+import anyio.abc
+import pytest
+
+from fleet.controllers.shard import (
+    GROUP_LABEL,
+    ShardMembership,
+    assignment,
+    shard_lease_name,
+    shard_of,
+)
+from fleet.kube import KubeClient
+from fleet.kube.resources import LEASES
+from fleet.model import ClusterKey
+
+pytestmark = pytest.mark.anyio
+
+LEASE = 6  # seconds: renew every 2 s, stop acting 4 s after the last good renewal started
+SHARDS = 12
+GROUP = "sharded"
+
+
+class Replicas:
+    """Memberships started in this process, each in its own cancel scope ("kill")."""
+
+    def __init__(self, mgmt: KubeClient, namespace: str, tg: anyio.abc.TaskGroup) -> None:
+        self.mgmt, self.namespace, self.tg = mgmt, namespace, tg
+        self.members: dict[str, ShardMembership] = {}
+        self.scopes: dict[str, anyio.CancelScope] = {}
+        self.overlaps: list[tuple[float, int, list[str]]] = []
+        self.first_acting: dict[tuple[str, int], float] = {}
+
+    async def start(self, identity: str,
+                    busy: Callable[[], set[ClusterKey]] = set) -> ShardMembership:
+        m = ShardMembership(self.mgmt, namespace=self.namespace, identity=identity,
+                            group=GROUP, shards=SHARDS, lease_seconds=LEASE, busy=busy)
+        scope = anyio.CancelScope()
+        self.members[identity], self.scopes[identity] = m, scope
+
+        async def run(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            with scope:
+                await m.run(task_status=task_status)
+
+        await self.tg.start(run)
+        return m
+
+    def kill(self, identity: str) -> None:
+        """Like SIGKILL: stop at once, give nothing back."""
+        self.scopes[identity].cancel()
+        del self.members[identity]
+
+    async def sample(self) -> None:
+        while True:
+            now = time.monotonic()
+            acting: dict[int, list[str]] = {}
+            for name, m in self.members.items():
+                for s in m.acting_shards():
+                    acting.setdefault(s, []).append(name)
+                    self.first_acting.setdefault((name, s), now)
+            self.overlaps += [(now, s, who) for s, who in acting.items() if len(who) > 1]
+            await anyio.sleep(0.02)
+
+    def acting(self) -> dict[int, str]:
+        return {s: name for name, m in self.members.items() for s in m.acting_shards()}
+
+    async def settled(self, timeout: float) -> dict[int, str]:
+        """Wait until every shard is acted on by its rendezvous owner among the running."""
+        want = assignment(SHARDS, sorted(self.members))
+        with anyio.fail_after(timeout):
+            while self.acting() != want:
+                await anyio.sleep(0.1)
+        return want
+
+
+async def claims(mgmt: KubeClient, namespace: str) -> dict[int, str]:
+    leases = (await mgmt.list(LEASES, namespace, label_selector=f"{GROUP_LABEL}={GROUP}")).items
+    out = {}
+    for s in range(SHARDS):
+        found = [x for x in leases if x["metadata"]["name"] == shard_lease_name(GROUP, s)]
+        if found:
+            out[s] = found[0]["spec"].get("holderIdentity") or ""
+    return out
+
+
+def _shards_of(owners: dict[int, str], who: str) -> Iterator[int]:
+    return (s for s, o in owners.items() if o == who)
+
+
+async def test_killed_replica_shards_move_only_after_it_must_have_stopped(
+        mgmt: KubeClient, namespace: str) -> None:
+    async with anyio.create_task_group() as tg:
+        r = Replicas(mgmt, namespace, tg)
+        tg.start_soon(r.sample)
+        for name in ("ctl-a", "ctl-b", "ctl-c"):
+            await r.start(name)
+        # Newcomers count each other's claims as live for a whole lease before taking
+        # any: generous deadline on this shared machine.
+        owners = await r.settled(timeout=60)
+        assert await claims(mgmt, namespace) == owners
+        victim = owners[0]
+        theirs = set(_shards_of(owners, victim))
+        last_renewal = r.members[victim].renewed_at
+        assert last_renewal is not None
+        r.kill(victim)
+        killed_at = time.monotonic()
+        r.first_acting.clear()  # from here on: who starts acting on what, when
+        after = await r.settled(timeout=LEASE + 30)
+        resumed = time.monotonic() - killed_at
+        tg.cancel_scope.cancel()
+    assert r.overlaps == [], r.overlaps[:5]
+    assert set(after.values()) == {"ctl-a", "ctl-b", "ctl-c"} - {victim}
+    # Only the victim's shards moved, and none before a whole lease had passed since its
+    # last good renewal started (had it lived on, cut off from the API server, it would
+    # have stopped acting 2/3 of a lease after that instant).
+    assert {s for s in range(SHARDS) if owners[s] != after[s]} == theirs
+    for s in theirs:
+        taken = r.first_acting[(after[s], s)]
+        assert taken - last_renewal >= LEASE, (s, taken - last_renewal)
+    assert resumed < LEASE + LEASE / 3 + 10, resumed  # a lease + one round + slack
+    assert await claims(mgmt, namespace) == after
+
+
+async def test_graceful_leave_and_join_hand_shards_over_without_overlap(
+        mgmt: KubeClient, namespace: str) -> None:
+    busy: set[ClusterKey] = set()
+    async with anyio.create_task_group() as tg:
+        r = Replicas(mgmt, namespace, tg)
+        tg.start_soon(r.sample)
+        a = await r.start("ctl-a", busy=lambda: set(busy))
+        await r.start("ctl-b")
+        owners = await r.settled(timeout=60)
+        # ctl-a has an action in flight on a cluster of one of its shards: when ctl-c
+        # joins and wins that shard, ctl-a stops starting there but gives it back only
+        # once the action is done.
+        will_move = assignment(SHARDS, ["ctl-a", "ctl-b", "ctl-c"])
+        moving = sorted(s for s in _shards_of(owners, "ctl-a") if will_move[s] == "ctl-c")
+        assert moving, (owners, will_move)
+        key = next(k for k in ((namespace, f"c{i}") for i in range(10_000))
+                   if shard_of(k, SHARDS) == moving[0])
+        busy.add(key)
+        await r.start("ctl-c")
+        with anyio.fail_after(60):
+            while moving[0] not in a.releasing:
+                await anyio.sleep(0.05)
+        assert not a.acts_on(key)
+        await anyio.sleep(LEASE)  # several rounds: still held while busy
+        assert (await claims(mgmt, namespace))[moving[0]] == "ctl-a"
+        busy.clear()
+        await r.settled(timeout=60)
+        # A replica that leaves gives everything back at once: no lease to wait out.
+        b = r.members.pop("ctl-b")
+        r.scopes["ctl-b"].cancel()
+        await b.release_all()
+        left = time.monotonic()
+        await r.settled(timeout=60)
+        handed = time.monotonic() - left
+        tg.cancel_scope.cancel()
+    assert r.overlaps == [], r.overlaps[:5]
+    assert handed < LEASE, handed
