@@ -115,6 +115,7 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
                 if membership is not None:
                     if not await _sharded(args, config, mgmt, membership=membership,
                                          rollout=rollout, lead=lead):
+                        tg.cancel_scope.cancel()  # the endpoints too: exit, to be restarted
                         return common.Exit.LOST_LEADERSHIP
                 elif args.leader_elect:
                     elector = LeaderElector(mgmt, namespace=config.management.namespace,
@@ -125,6 +126,7 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
                     await lead()
             except LostLeadershipError as e:
                 log.error("%s", e)
+                tg.cancel_scope.cancel()  # the endpoints too: exit, to be restarted
                 return common.Exit.LOST_LEADERSHIP
             tg.cancel_scope.cancel()
         return common.Exit.OK

@@ -96,6 +96,43 @@ async def controller_token(mgmt: KubeClient, installed: ControllerInstall) -> st
 async def test_controller_upgrades_with_the_chart_identity(  # noqa: PLR0917 - fixtures
         crds_installed: World, mgmt: KubeClient, wl1: KubeClient,
         installed: ControllerInstall, controller_token: str, tmp_path: Path) -> None:
+    async def leading() -> bool:
+        lease = await mgmt.get_or_none(LEASES, "k0s-fleet-controller", installed.namespace)
+        return bool(lease and lease["spec"].get("holderIdentity", "").startswith(
+            installed.release))
+
+    await _upgrade_as_the_chart(crds_installed, mgmt, wl1, installed, controller_token,
+                                tmp_path, leading)
+
+
+async def test_sharded_controller_upgrades_with_the_chart_identity(
+        crds_installed: World, mgmt: KubeClient, wl1: KubeClient, tmp_path: Path) -> None:
+    """sharding.enabled: member Lease, shard claims and the writer Lease under the
+    chart's Role (a second install: the Role differs)."""
+    capi_ns = unique("capi-shard")
+    await create_namespace(mgmt, capi_ns)
+    values = chart_values(capi_ns)
+    values["sharding"] = {"enabled": True, "shards": 4}
+    (tmp_path / "chart").mkdir()
+    inst = await install_controller(crds_installed["mgmt"], mgmt, tmp_path / "chart",
+                                    values, namespace=unique("kf-shard"),
+                                    capi_namespace=capi_ns)
+    token = await service_account_token(mgmt, inst.namespace, inst.service_account)
+
+    async def leading() -> bool:
+        leases = (await mgmt.list(LEASES, inst.namespace)).items
+        holders = {x["metadata"]["name"]: x["spec"].get("holderIdentity") or ""
+                   for x in leases}
+        return all(holders.get(f"k0s-fleet-controller-{n}", "").startswith(inst.release)
+                   for n in ("writer", "shard-0", "shard-1", "shard-2", "shard-3"))
+
+    await _upgrade_as_the_chart(crds_installed, mgmt, wl1, inst, token, tmp_path, leading)
+
+
+async def _upgrade_as_the_chart(  # noqa: PLR0917
+        crds_installed: World, mgmt: KubeClient, wl1: KubeClient,
+        installed: ControllerInstall, controller_token: str, tmp_path: Path,
+        leading: Callable[[], Awaitable[bool]]) -> None:
     ns = installed.capi_namespace
     fc = await create_cluster(mgmt, wl1, crds_installed["wl1"].kubeconfig(), namespace=ns,
                               name=unique("rb"), control_planes=1, workers=2,
@@ -105,13 +142,7 @@ async def test_controller_upgrades_with_the_chart_identity(  # noqa: PLR0917 - f
         await tg.start(responder.run)
         log = await tg.start(run_controller, installed, crds_installed["mgmt"],
                              controller_token, tmp_path)
-
-        async def leading() -> bool:
-            lease = await mgmt.get_or_none(LEASES, "k0s-fleet-controller", installed.namespace)
-            return bool(lease and lease["spec"].get("holderIdentity", "").startswith(
-                installed.release))
-
-        await wait_for(leading, 30, "the Lease", log)
+        await wait_for(leading, 60, "the Lease(s)", log)
         # The upgrade intent: the controller writes the KCP and MD versions itself (and
         # pauses them while it rolls them), under the chart's RBAC and guard policy.
         name = unique("to-v2")

@@ -242,6 +242,31 @@ def test_leader_election() -> None:
     assert not single.all("PodDisruptionBudget")
 
 
+def test_sharding() -> None:
+    m = render(CONTROLLER_CHART, CONTROLLER_CHART / "ci" / "sharded-values.yaml")
+    args = pod_spec(m.workload())["containers"][0]["args"]
+    assert "--shards=64" in args and "--lease-seconds=15" in args
+    assert m.workload()["spec"]["replicas"] == 4
+    assert m.one("PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    # Member Leases are named after the Pods: get/list/update on the namespace's Leases.
+    assert rbac_grants(m.one("Role")["rules"]) == {
+        g for g in LOCAL_RULES if g[1] != "leases"} | {
+        ("coordination.k8s.io", "leases", verb, "*")
+        for verb in ("create", "get", "list", "update")}
+    plain = render(CONTROLLER_CHART)
+    assert not any(a.startswith("--shards") for a in
+                   pod_spec(plain.workload())["containers"][0]["args"])
+    assert rbac_grants(plain.one("Role")["rules"]) == LOCAL_RULES
+    proc = helm("template", "r1", *template_args(
+        CONTROLLER_CHART, sets=["sharding.enabled=true", "leaderElection.enabled=false",
+                                "replicaCount=1"]), check=False)
+    assert proc.returncode != 0
+    assert "sharding.enabled needs leaderElection.enabled=true" in proc.stderr
+    bad = helm("template", "r1", *template_args(
+        CONTROLLER_CHART, sets=["sharding.enabled=true", "sharding.shards=0"]), check=False)
+    assert bad.returncode != 0 and "shards" in bad.stderr
+
+
 def test_guard_policy_targets_the_controller_identity() -> None:
     m = render(CONTROLLER_CHART, namespace="k0s-fleet-system")
     vap = m.one("ValidatingAdmissionPolicy")
