@@ -74,7 +74,10 @@ class RolloutCoordinator:
         state = RolloutState.from_json((cm.get("data") or {}).get(STATE_KEY))
         return FleetControls.from_annotations(annotations), state
 
-    async def _write(self, decision: GateDecision) -> bool:
+    async def write(self, decision: GateDecision) -> bool:
+        """Record ``decision.state`` only if the record is still the one it was decided
+        from (resourceVersion precondition; a conflict re-reads and gives up when the
+        record moved). False when not written."""
         text = decision.state.to_json()
         expected = decision.previous.to_json()
 
@@ -103,7 +106,7 @@ class RolloutCoordinator:
         """Evaluate the gate for this pass and make its record durable.
 
         With several replicas (sharding) each admits only its own clusters, by a
-        compare-and-swap of the whole record (``_write``): two replicas that decided from
+        compare-and-swap of the whole record (:meth:`write`): two replicas that decided from
         the same record cannot both add to it, the second one re-evaluates. Only the
         ``fleet_writer`` moves wave times and fleet-wide transitions."""
         now = now or self.clock()
@@ -118,7 +121,7 @@ class RolloutCoordinator:
             return decision.without_new_admissions()
         decision = self.gate.evaluate(
             FleetView(clusters, controls, state, fleet_writer=fleet_writer), now)
-        if decision.state_changed and not await self._write(decision):
+        if decision.state_changed and not await self.write(decision):
             decision = decision.without_new_admissions()
         await self._report(decision)
         self.last = decision

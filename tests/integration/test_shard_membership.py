@@ -1,4 +1,5 @@
-"""Shard membership and claims on a real kube-apiserver (fleet.controllers.shard).
+"""Shard membership and claims, and admission by compare-and-swap of the rollout record,
+on a real kube-apiserver (fleet.controllers.shard, fleet.rollout.coordinator).
 
 Several ShardMembership instances share one namespace. A sampler checks, every 20 ms,
 that no shard is ever acted on by two of them; the claim Leases themselves (written with
@@ -7,6 +8,7 @@ resourceVersion preconditions) are read back to check who holds what.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 
@@ -14,6 +16,7 @@ import anyio
 import anyio.abc
 import pytest
 
+from fleet.config import FleetConfig
 from fleet.controllers.shard import (
     GROUP_LABEL,
     ShardMembership,
@@ -22,8 +25,13 @@ from fleet.controllers.shard import (
     shard_of,
 )
 from fleet.kube import KubeClient
-from fleet.kube.resources import LEASES
+from fleet.kube.resources import CONFIGMAPS, LEASES
 from fleet.model import ClusterKey
+from fleet.rollout.annotations import ROLLOUT_CONFIGMAP, STATE_KEY
+from fleet.rollout.coordinator import RolloutCoordinator
+from fleet.rollout.gate import FleetView
+from fleet.rollout.state import RolloutState
+from tests.helpers.gate import T0, cluster
 
 pytestmark = pytest.mark.anyio
 
@@ -169,3 +177,27 @@ async def test_graceful_leave_and_join_hand_shards_over_without_overlap(
         tg.cancel_scope.cancel()
     assert r.overlaps == [], r.overlaps[:5]
     assert handed < LEASE, handed
+
+
+async def test_two_replicas_cannot_both_admit_from_one_record(
+        mgmt: KubeClient, namespace: str) -> None:
+    """maxConcurrentClusters 1, two replicas each with one queued cluster of their own.
+    Both read the same rollout record; the first one's admission is written; the
+    second one's write carries the resourceVersion it read, gets a real 409, re-reads,
+    finds the record moved and withdraws its admission. Its next decision, from the new
+    record, admits nothing."""
+    cfg = FleetConfig.model_validate({"management": {"namespace": namespace},
+                                      "rollout": {"maxConcurrentClusters": 1}})
+    mine_a = [cluster("c0"), dataclasses.replace(cluster("c1"), foreign=True)]
+    mine_b = [dataclasses.replace(cluster("c0"), foreign=True), cluster("c1")]
+    a, b = RolloutCoordinator(mgmt, cfg), RolloutCoordinator(mgmt, cfg)
+    controls, state = await b.read()  # b decides from this record ...
+    da = await a.decide(mine_a, T0)  # ... while a admits its cluster first
+    assert da.admitted_now == {("fleet", "c0")}
+    stale = b.gate.evaluate(FleetView(mine_b, controls, state), T0)
+    assert stale.admitted_now == {("fleet", "c1")}  # alone, b would admit c1 too
+    assert not await b.write(stale)  # 409, re-read: the record moved; nothing written
+    cm = await mgmt.get(CONFIGMAPS, ROLLOUT_CONFIGMAP, namespace)
+    assert RolloutState.from_json(cm["data"][STATE_KEY]).admitted.keys() == {"fleet/c0"}
+    db = await b.decide(mine_b, T0)
+    assert db.admitted_now == frozenset() and db.allowed_clusters == frozenset()
