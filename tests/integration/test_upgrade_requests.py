@@ -1,0 +1,27 @@
+"""API requests per node upgrade, counted by the API servers themselves (audit log).
+
+One cluster (a control plane and six workers, maxUnavailable 2) rolled to a new version
+by the controller and the real agents on a test world of its own; every request of the
+controller (management and workload cluster, reads and writes, watches) and of the
+agents is counted (fleet.testing.upgradecost). Bound from issue #13: at most 10 requests
+of the controller per node upgrade, averaged over the rollout.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleet.testing.upgradecost import AGENT_USER, CONTROLLER_USER, measure_rollout
+
+
+@pytest.mark.anyio
+async def test_controller_requests_per_node_upgrade_at_most_ten() -> None:
+    cost = await measure_rollout(control_planes=1, workers=6, max_unavailable=2)
+    print(json.dumps(cost.summary(), indent=1))
+    assert cost.nodes == 7
+    # the count is real: every node was at least created, signalled and completed
+    assert len(cost.of(CONTROLLER_USER)) >= 3 * cost.nodes
+    assert len(cost.of(AGENT_USER)) >= cost.nodes
+    assert cost.per_node(CONTROLLER_USER) <= 10, cost.breakdown(CONTROLLER_USER)
