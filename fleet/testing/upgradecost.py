@@ -201,7 +201,8 @@ async def _measure(root: Path, *, control_planes: int, workers: int, max_unavail
                 since = {s: log.mark() for s, log in logs.items()}
                 t0 = time.monotonic()
                 await bump(admin, fc, V2)
-                await _wait(lambda: _settled(admin, fc, V2, plans=True), timeout, "rolled out to V2")
+                await _wait(lambda: _settled(admin, fc, V2, plans=True), timeout,
+                            "rolled out to V2")
                 seconds = time.monotonic() - t0
                 await _quiet(logs, since, quiet, timeout)
                 until = {s: log.mark() for s, log in logs.items()}
