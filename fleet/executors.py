@@ -56,6 +56,8 @@ class CarriedRequest:
     # None: not answered yet (or nothing the executor reports that we know).
     state: SignalState | None
     reason: str = ""
+    # when the node entered ``state``, by the node's own clock (None: not said)
+    at: datetime | None = None
 
     @property
     def terminal(self) -> bool:
@@ -130,7 +132,8 @@ def _from_agent(sig: SignalData | None) -> CarriedRequest | None:
     return CarriedRequest(
         plan_id=sig.planId, created=sig.created, command_id=sig.command.id,
         state=sig.status.status if sig.status is not None else None,
-        reason=sig.status.reason if sig.status is not None else "")
+        reason=sig.status.reason if sig.status is not None else "",
+        at=sig.status.timestamp if sig.status is not None else None)
 
 
 def _from_autopilot(ap: AutopilotSignal | None) -> CarriedRequest | None:
@@ -143,7 +146,8 @@ def _from_autopilot(ap: AutopilotSignal | None) -> CarriedRequest | None:
                  else SignalState.DOWNLOADING)
         reason = f"autopilot: {ap.raw_state}"
     return CarriedRequest(plan_id=ap.plan_id, created=parse_time(ap.created),
-                          command_id=ap.command_id, state=state, reason=reason)
+                          command_id=ap.command_id, state=state, reason=reason,
+                          at=parse_time(ap.at) if ap.at else None)
 
 
 class AgentExecutor:

@@ -340,6 +340,8 @@ class NodePlanInfo:
     attempts: int = 0
     started_at: datetime | None = None
     phase_since: datetime | None = None
+    # the node's own timestamp of node_state (its clock; phase_since is ours)
+    node_state_at: datetime | None = None
     completed_at: datetime | None = None
     traceparent: str = ""
     conditions: tuple[Condition, ...] = ()
@@ -648,6 +650,7 @@ def nodeplan_from(obj: Mapping[str, Any]) -> NodePlanInfo:
         attempts=int(status.get("attempts") or 0),
         started_at=parse_time(status.get("startedAt")),
         phase_since=parse_time(status.get("phaseSince")),
+        node_state_at=parse_time(status.get("nodeStateAt")),
         completed_at=parse_time(status.get("completedAt")),
         traceparent=str(status.get("traceparent") or ""),
         conditions=parse_conditions(status.get("conditions")),

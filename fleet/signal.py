@@ -367,6 +367,7 @@ class AutopilotSignal:
     version: str
     state: SignalState | None
     raw_state: str
+    at: str = ""  # status.timestamp: when the node entered raw_state (its own clock)
 
 
 def parse_autopilot_signal(raw: str | None) -> AutopilotSignal | None:
@@ -381,6 +382,7 @@ def parse_autopilot_signal(raw: str | None) -> AutopilotSignal | None:
             plan_id=str(data.get("planId") or ""), created=str(data.get("created") or ""),
             command_id=int(cmd.get("id") or 0),
             version=str((cmd.get("k0supdate") or {}).get("version") or ""),
-            state=AUTOPILOT_STATES.get(raw_state), raw_state=raw_state)
+            state=AUTOPILOT_STATES.get(raw_state), raw_state=raw_state,
+            at=str(status.get("timestamp") or ""))
     except (ValueError, AttributeError, TypeError):
         return None

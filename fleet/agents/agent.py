@@ -48,6 +48,7 @@ from fleet.agents.state import (
     RequestKey,
     Work,
     classify,
+    cordon_patch,
     cordoned_by_agent,
     first_status,
     holds_cordon,
@@ -56,6 +57,7 @@ from fleet.agents.state import (
     policy_problem,
     rejection_value,
     request_id,
+    uncordon_patch,
 )
 from fleet.agents.verify import wait_running
 from fleet.kube import KubeClient, KubeError, KubeObject, patch_with_retry
@@ -91,6 +93,9 @@ def crash_point(name: str) -> None:
         for handler in logging.getLogger().handlers:
             handler.flush()
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+NodeChange = Callable[[KubeObject], dict[str, Any] | None]
 
 
 class RequestReplacedError(Exception):
@@ -371,8 +376,13 @@ class Agent:
         unlink_quiet(marker)
 
     async def _transition(self, sig: SignalData, status: SignalStatus,
-                          extra: dict[str, str | None] | None = None) -> SignalData:
-        """Record ``status`` for exactly this request, in exactly the state we last saw."""
+                          extra: dict[str, str | None] | None = None, *,
+                          node_change: NodeChange | None = None) -> SignalData:
+        """Record ``status`` for exactly this request, in exactly the state we last saw.
+
+        ``node_change`` (cordon, uncordon) goes into the same write, judged on the same
+        object: one request where there were two, and no instant where the node shows
+        one without the other."""
         seen = sig.status
         moved = False
 
@@ -389,8 +399,15 @@ class Agent:
             moved = _status_mark(current.status) != _status_mark(seen)
             if moved:
                 return None
-            return {"metadata": {"annotations": {SIGNAL_DATA_KEY: replace_status(raw, status),
-                                                 **(extra or {})}}}
+            patch: dict[str, Any] = {"metadata": {"annotations": {
+                SIGNAL_DATA_KEY: replace_status(raw, status), **(extra or {})}}}
+            change = node_change(obj) if node_change is not None else None
+            if change:
+                patch["metadata"]["annotations"].update(
+                    (change.get("metadata") or {}).get("annotations") or {})
+                if "spec" in change:
+                    patch["spec"] = change["spec"]
+            return patch
 
         # The watch cache saves a GET when it is current; when it is behind (it has not
         # delivered our own last write yet, say), judge again on a fresh read.
@@ -402,6 +419,9 @@ class Agent:
             if moved:
                 raise StateMovedError()
             raise RequestReplacedError()
+        # Our own write is the freshest copy (the watch delivers it a moment later): the
+        # next write of this step starts from it instead of a stale one (a 409 and a GET).
+        self._latest = obj
         log.info("%s: %s -> %s%s", sig.planId, seen.status if seen else "(new)", status.status,
                  f" ({status.reason})" if status.reason else "")
         if status.status.terminal and status.status is not SignalState.COMPLETED:
@@ -465,8 +485,12 @@ class Agent:
         crash_point("Downloading:after")
         what = "reused the staged binary" if result.reused else \
             f"downloaded {result.bytes} bytes in {result.seconds:.2f}s"
+        # Entering Cordoning cordons in the same write; the step checks it again (a
+        # resumed request, a node uncordoned meanwhile) and then drains.
+        owner = f"k0s-fleet-agent:{sig.planId}"
         return await self._transition(sig, self._status(
-            sig, SignalState.CORDONING, reason=what, sha256=result.sha256))
+            sig, SignalState.CORDONING, reason=what, sha256=result.sha256),
+            node_change=(lambda obj: cordon_patch(obj, owner)) if self.s.has_node else None)
 
     async def _cordon_and_drain(self, sig: SignalData, span: trace.Span) -> SignalData:
         reason = ""
@@ -561,13 +585,14 @@ class Agent:
             sig, SignalState.UNCORDONING, reason=result.reason))
 
     async def _uncordon(self, sig: SignalData, span: trace.Span) -> SignalData:
-        if self.s.has_node:
-            await drain.uncordon(self.client, self.name, current=self._latest)
+        # The uncordon and Completed are one write: the node is schedulable again exactly
+        # when it says it is done (our cordon only: uncordon_patch leaves others' alone).
         crash_point("UnCordoning:after")
         version = sig.command.k0supdate.version
         return await self._transition(
             sig, self._status(sig, SignalState.COMPLETED, reason=f"running {version}"),
-            {RUNNING_VERSION_KEY: version})
+            {RUNNING_VERSION_KEY: version},
+            node_change=uncordon_patch if self.s.has_node else None)
 
     async def _rollback(self, sig: SignalData, why: str | None) -> SignalData:
         """Put the previous binary back, restart once more, and report how that went."""

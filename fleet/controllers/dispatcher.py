@@ -261,7 +261,8 @@ class Dispatcher:
                 attributes={"k0s_fleet.cluster": a.cluster[1], "k0s_fleet.node": a.node,
                             "k0s_fleet.machine": a.machine.name, "k0s_fleet.role": a.role,
                             "k0s_fleet.version": a.version, "k0s_fleet.owner": str(a.owner),
-                            "k0s_fleet.executor": a.executor}):
+                            "k0s_fleet.executor": a.executor,
+                            "k0s_fleet.reason": a.reason}):
             traceparent = current_traceparent()
         body = nodeplan_to_dispatch(
             machine=machine, node_name=a.node, role=a.role, version=a.version,
@@ -301,9 +302,8 @@ class Dispatcher:
         self.stats.writes += 1
         self._remember(NODE_PLANS, created)
         plan = nodeplan_from(created)
-        await self.event(created, "NodeUpgradeDispatched",
-                         f"upgrading node {a.node} ({a.role}) of cluster {a.cluster[1]} to "
-                         f"{a.version}: {a.reason}", related=a.owner, action="Dispatch")
+        # No Event for the dispatch (one request per node saved): the NodePlan is its
+        # record, and its status message says why it was dispatched.
         # Start and signal at once (the next pass would do the same, a round trip later),
         # and concurrently: should the status write fail after the signal landed, the
         # next pass starts the plan afresh and its new request replaces this one.
@@ -313,17 +313,17 @@ class Dispatcher:
             executor=plan.executor, request=request_for(
                 plan, created=started_at, attempt=1, traceparent=traceparent or ""))
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._start_quietly, plan.ref, started_at)
+            tg.start_soon(self._start_quietly, plan.ref, started_at, a.reason)
             tg.start_soon(self._do_SignalNode, signal)
 
-    async def _start_quietly(self, ref: ObjectRef, started_at: datetime) -> None:
+    async def _start_quietly(self, ref: ObjectRef, started_at: datetime, why: str) -> None:
         try:
-            await self._start(ref, attempts=1, started_at=started_at)
+            await self._start(ref, attempts=1, started_at=started_at, why=why)
         except KubeError as e:
             log.warning("starting %s: %s (the next pass retries)", ref, e)
 
     async def _start(self, ref: ObjectRef, *, attempts: int, started_at: datetime,
-                     retry: bool = False) -> KubeObject | None:
+                     retry: bool = False, why: str = "") -> KubeObject | None:
         def mutate(obj: KubeObject) -> dict[str, Any] | None:
             status = obj.get("status") or {}
             if not retry and status.get("startedAt"):
@@ -337,9 +337,10 @@ class Dispatcher:
                      Condition(C.NP_FAILED, "False", C.R_IN_PROGRESS, ""))
             return {"status": {
                 "phase": NodePlanPhase.PENDING, "nodeState": "", "attempts": attempts,
-                "message": "retry requested" if retry else "dispatched",
+                "message": "retry requested" if retry else (
+                    f"dispatched: {why}" if why else "dispatched"),
                 "startedAt": format_time(started_at), "phaseSince": format_time(started_at),
-                "completedAt": None, "traceparent": traceparent,
+                "completedAt": None, "nodeStateAt": None, "traceparent": traceparent,
                 "observedGeneration": (obj.get("metadata") or {}).get("generation"),
                 "conditions": _condition_list(status.get("conditions") or [], conds,
                                               self.clock()),
@@ -415,6 +416,7 @@ class Dispatcher:
                                               now)}
             if a.completed_at is not None:
                 patch["completedAt"] = format_time(a.completed_at)
+            patch["nodeStateAt"] = format_time(a.node_state_at) if a.node_state_at else None
             if a.running_version is not None:
                 patch["runningVersion"] = a.running_version
             return {"status": patch}

@@ -58,6 +58,7 @@ class UpdateNodePlanStatus:
     completed_at: datetime | None
     running_version: str | None
     conditions: tuple[Condition, ...]
+    node_state_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -440,6 +440,11 @@ class Sequencing(PassState):
 
     def _set_status(self, ref: ObjectRef, status: RolloutStatus, conds: tuple[Condition, ...],
                     counts: RolloutCounts) -> None:
+        if any(v.recording for v in self.views_by_owner.get(
+                (ref.namespace, ref.kind, ref.name), ())):
+            # A node's completion is being recorded by this pass: its counts change again
+            # once that lands (and the next node starts), a pass later; write them once.
+            return
         same_conds = all(c.same_as(status.condition(c.type)) for c in conds)
         # status.k0sFleet only survives where the CRD keeps unknown status fields (Cluster
         # API's own CRDs prune it); then only a condition change is worth a write, and the

@@ -23,6 +23,10 @@ class PlannerSettings:
     deadlines: Mapping[str, timedelta] = field(default_factory=dict)
     default_deadline: timedelta = timedelta(minutes=15)
     halt_at_failures: int = 1
+    # NodePlan status is written at once when its phase changes; a node step within the
+    # phase (Downloading, Cordoning, ...) only once the node has stayed in it this long:
+    # quick steps cost no write, and the status never lags a step the node sits in.
+    status_settle: timedelta = timedelta(seconds=5)
 
     def deadline(self, key: str) -> timedelta:
         return self.deadlines.get(key, self.default_deadline)

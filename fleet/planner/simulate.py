@@ -130,7 +130,7 @@ class SimFleet:
         elif isinstance(a, StartNodePlan | RetryNodePlan):
             self._plan(a.plan, started_at=a.started_at, phase_since=a.started_at,
                        attempts=a.attempts, phase=NodePlanPhase.PENDING, node_state="",
-                       message="", reason="")
+                       message="", reason="", node_state_at=None)
         elif isinstance(a, SignalNode):
             nodes = self.nodes.get(a.cluster)
             if nodes is None or a.node not in nodes:
@@ -147,7 +147,7 @@ class SimFleet:
         elif isinstance(a, UpdateNodePlanStatus):
             self._plan(a.plan, phase=a.phase, node_state=a.node_state, message=a.message,
                        phase_since=a.phase_since, completed_at=a.completed_at,
-                       conditions=a.conditions)
+                       conditions=a.conditions, node_state_at=a.node_state_at)
         elif isinstance(a, MarkNodePlanFailed):
             self._plan(a.plan, phase=NodePlanPhase.FAILED, node_state=a.node_state,
                        message=a.message, reason=a.reason, phase_since=self.now,

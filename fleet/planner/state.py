@@ -49,6 +49,7 @@ class NodeRequest:
 
     state: SignalState | None
     reason: str
+    at: datetime | None = None  # when the node entered ``state`` (the node's clock)
 
 
 PHASE_DELETING = "Deleting"

@@ -6,7 +6,7 @@ for sequencing."""
 from __future__ import annotations
 
 import dataclasses
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from fleet.eligibility import (
     same_version,
@@ -62,7 +62,7 @@ class NodePlanUpkeep(PassState):
         if carried is None or not carried.is_request(p.plan_id, p.started_at,
                                                      max(1, p.attempts)):
             return None
-        return NodeRequest(carried.state, carried.reason)
+        return NodeRequest(carried.state, carried.reason, carried.at)
 
     def _node_busy_with_other(self, p: NodePlanInfo, node: NodeInfo) -> str | None:
         """Another live NodePlan's request occupies the node: do not overwrite it."""
@@ -138,13 +138,14 @@ class NodePlanUpkeep(PassState):
                     and req.state == SignalState.COMPLETED and node is not None
                     and node.available and version_ok)
             if late and node is not None:
-                self._mark_completed(p, node)
+                self._mark_completed(p, node, req.at if req is not None else None)
                 return
             self._add_view(p, NodePlanPhase.FAILED)
             return
 
         # Pending or InProgress.
         down = self._unreachable(ckey)
+        at = None  # when the node entered node_state, by its own clock
         if down is not None and p.phase != NodePlanPhase.PENDING:
             # What the node does is unknown: keep its last known state (the deadline keeps
             # running from it) and say why nothing is known, rather than blame the node.
@@ -153,6 +154,7 @@ class NodePlanUpkeep(PassState):
             state_key = (COMPLETING if node_state == SignalState.COMPLETED.value
                          else node_state or PENDING)
             message = f"{down}; last known node state {node_state or phase}"
+            at = p.node_state_at
         elif req is None:
             # Not on the node yet: whether it may go out now is decided once every
             # NodePlan's view is known (_send_requests), since it takes a node down.
@@ -171,10 +173,10 @@ class NodePlanUpkeep(PassState):
             return
         elif req.state == SignalState.COMPLETED:
             if node is not None and node.available and version_ok:
-                self._mark_completed(p, node)
+                self._mark_completed(p, node, req.at)
                 return
-            state_key, phase, node_state = COMPLETING, NodePlanPhase.IN_PROGRESS, \
-                SignalState.COMPLETED.value
+            state_key, phase, node_state, at = COMPLETING, NodePlanPhase.IN_PROGRESS, \
+                SignalState.COMPLETED.value, req.at
             waiting = []
             if node is not None and not node.ready:
                 waiting.append("Ready")
@@ -185,46 +187,68 @@ class NodePlanUpkeep(PassState):
                                f"{node.running_version if node else None})")
             message = f"node says Completed; waiting for it to be {', '.join(waiting)}"
         else:
-            state_key, phase, node_state = req.state.value, NodePlanPhase.IN_PROGRESS, \
-                req.state.value
+            state_key, phase, node_state, at = req.state.value, NodePlanPhase.IN_PROGRESS, \
+                req.state.value, req.at
             message = req.reason or f"node {p.node}: {req.state.value}"
 
         self._follow(p, self._add_view(p, phase), state_key=state_key, phase=phase,
-                     node_state=node_state, message=message, dispatched=req is not None)
+                     node_state=node_state, message=message, dispatched=req is not None, at=at)
 
     def _follow(self, p: NodePlanInfo, view: PlanView, *, state_key: str, phase: str,
-                node_state: str, message: str, dispatched: bool, held: bool = False) -> None:
+                node_state: str, message: str, dispatched: bool, held: bool = False,
+                at: datetime | None = None) -> None:
         """Write what changed into the NodePlan's status and run its deadline.
 
         ``held``: its request waits for the owner's budget; no deadline runs meanwhile,
-        and it starts afresh when the hold ends.
+        and it starts afresh when the hold ends. ``at``: when the node entered
+        ``node_state``, by its own clock.
+
+        A new phase (or hold) is written at once; a new step (or message) within the
+        phase once the node has stayed in it for status_settle, so quick steps cost no
+        write. A step the status cannot date on its own (no node clock) is written now.
         """
         was_held = self._was_held(p)
-        changed_state = node_state != p.node_state or held != was_held
-        since = self.now if changed_state else (p.phase_since or p.started_at or self.now)
-        if (phase, node_state, message) != (p.phase, p.node_state, p.message) \
-                or held != was_held:
-            self.emit(UpdateNodePlanStatus(
-                p.ref, phase=phase, node_state=node_state, message=truncate(message),
-                phase_since=since, completed_at=None, running_version=None,
-                conditions=self._plan_conditions(p, phase, message, dispatched=dispatched,
-                                                 held=held)))
-        if held:
-            return
-        if not changed_state:
+        if held != was_held:
+            since, dated = self.now, False
+        else:
+            since, dated = self._state_since(p, node_state, at)
+        if not held:
             limit = self.settings.deadline(state_key)
-            expires = since + limit
-            if self.now >= expires:
+            if self.now >= since + limit:
                 self.emit(MarkNodePlanFailed(
                     p.ref, reason=C.R_DEADLINE, node_state=node_state, deadline=True,
                     message=truncate(
                         f"no progress in {state_key} for {int(limit.total_seconds())}s "
                         f"(deadline): {message}")))
                 view.phase, view.in_flight, view.failed = NodePlanPhase.FAILED, False, True
-            else:
-                self.wake(expires)
+                return
+            self.wake(since + limit)
+        if (phase, node_state, message) == (p.phase, p.node_state, p.message) \
+                and held == was_held:
+            return
+        settled = since + self.settings.status_settle
+        if phase != p.phase or held != was_held or not dated or self.now >= settled:
+            self.emit(UpdateNodePlanStatus(
+                p.ref, phase=phase, node_state=node_state, message=truncate(message),
+                phase_since=since, completed_at=None, running_version=None,
+                conditions=self._plan_conditions(p, phase, message, dispatched=dispatched,
+                                                 held=held),
+                node_state_at=at))
         else:
-            self.wake(self.now + self.settings.deadline(state_key))
+            self.wake(settled)
+
+    def _state_since(self, p: NodePlanInfo, node_state: str, at: datetime | None
+                     ) -> tuple[datetime, bool]:
+        """When the node entered ``node_state``, by our clock, and whether that is known
+        without writing it down (the NodePlan's status dates it, or it dates the node's own
+        timestamp: ``phaseSince`` and ``nodeStateAt`` name one instant on both clocks, so
+        the node's clock is read against ours whatever their skew)."""
+        recorded = p.phase_since or p.started_at or self.now
+        if at is not None and p.node_state_at is not None:
+            return min(max(recorded + (at - p.node_state_at), recorded), self.now), True
+        if node_state == p.node_state:
+            return recorded, True
+        return self.now, False
 
     @staticmethod
     def _was_held(p: NodePlanInfo) -> bool:
@@ -338,14 +362,15 @@ class NodePlanUpkeep(PassState):
             Condition(C.NP_FAILED, "False", C.R_IN_PROGRESS, ""),
         )
 
-    def _mark_completed(self, p: NodePlanInfo, node: NodeInfo) -> None:
+    def _mark_completed(self, p: NodePlanInfo, node: NodeInfo,
+                        at: datetime | None = None) -> None:
         message = f"node {p.node} runs {p.version} and is Ready"
         self.emit(UpdateNodePlanStatus(
             p.ref, phase=NodePlanPhase.COMPLETED, node_state=SignalState.COMPLETED.value,
             message=message, phase_since=self.now, completed_at=self.now,
             running_version=node.running_version or p.version,
             conditions=self._plan_conditions(p, NodePlanPhase.COMPLETED, message,
-                                             dispatched=True)))
+                                             dispatched=True), node_state_at=at))
         self._add_view(p, NodePlanPhase.COMPLETED).recording = True
         self._complete_machine(dataclasses.replace(p, completed_at=self.now))
 

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from fleet.testing.upgradecost import AGENT_USER, CONTROLLER_USER, measure_rollout
+from tests.helpers.upgradecost import AGENT_USER, CONTROLLER_USER, measure_rollout
 
 
 @pytest.mark.anyio

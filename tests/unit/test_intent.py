@@ -167,7 +167,8 @@ def drive(sim: SimFleet, *, passes: int = 400, hold: object = None,
         for ckey, name in sim.active_requests():
             sim.step_node(ckey, name)
         sim.advance(1)
-        if not result.actions and not sim.active_requests():
+        if not result.actions and not sim.active_requests() and all(
+                p.terminal for p in sim.nodeplans.values()):
             break
     return everything
 

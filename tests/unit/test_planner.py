@@ -69,7 +69,8 @@ def run_to_completion(sim: SimFleet, *, max_steps: int = 500) -> list[str]:
         for ckey, name in sim.active_requests():
             sim.step_node(ckey, name)
         sim.advance(1)
-        if not actions and not sim.active_requests():
+        if not actions and not sim.active_requests() and all(
+                p.terminal for p in sim.nodeplans.values()):
             return order
     raise AssertionError("rollout did not finish")
 
@@ -322,9 +323,18 @@ class TestNodePlanLifecycle:
     def test_silent_node_hits_the_pending_deadline_then_halts(self) -> None:
         sim, _ck, _key = self._dispatched()
         settle(sim)
+        # "signalled; waiting for the node to answer" is written once that has lasted
+        # status_settle (a node that answers at once costs no such write) ...
+        assert plan(sim.snapshot(), SETTINGS).wake_at == T0 + SETTINGS.status_settle
+        assert "waiting for the node" not in sim.nodeplans[_key].message
+        sim.advance(SETTINGS.status_settle.total_seconds())
+        step(sim)
+        assert "waiting for the node to answer" in sim.nodeplans[_key].message
+        assert sim.nodeplans[_key].phase_since == T0  # still dated from the start
+        # ... and the deadline counts from the start all the same.
         result = plan(sim.snapshot(), SETTINGS)
         assert result.wake_at == T0 + timedelta(seconds=30)
-        sim.advance(29)
+        sim.advance(29 - SETTINGS.status_settle.total_seconds())
         assert not of(step(sim), MarkNodePlanFailed)
         sim.advance(1)
         actions = step(sim)
@@ -457,6 +467,8 @@ class TestNodePlanLifecycle:
         step(sim)  # starts the other plan
         actions = step(sim)
         assert not [s for s in of(actions, SignalNode) if s.plan.name == "other"]
+        sim.advance(SETTINGS.status_settle.total_seconds())  # written once it lasts
+        assert not [s for s in of(step(sim), SignalNode) if s.plan.name == "other"]
         assert "busy" in sim.nodeplans[("default", "other")].message
 
     def test_version_change_mid_rollout_keeps_in_flight_in_the_budget(self) -> None:

@@ -14,7 +14,8 @@ closes once every NodePlan is Completed, every Machine records the new version, 
 owners say K0sFleetUpToDate for it, and neither controller nor agents have made a
 request for ``quiet`` seconds. Watches are opened with a long timeout so that no
 periodic re-connect falls into the window (those cost per minute, not per upgrade).
-Used by ``tests/integration/test_upgrade_requests.py`` and ``bench/requests.py``.
+Used by ``tests/integration/test_upgrade_requests.py`` and ``bench/requests.py``
+(it runs the controller, so it lives with the tests, not in fleet.testing).
 """
 
 from __future__ import annotations
