@@ -140,6 +140,8 @@ class Agent:
         self._worker: _Worker | None = None
         self._cleaned: set[RequestKey] = set()
         self._aux_backoff = Backoff(initial=0.5, maximum=30.0)
+        # the request whose Cordoning write (by this process) also cordoned the node
+        self._cordoned_with: RequestKey | None = None
 
     # -- main loop ---------------------------------------------------------------------------
     async def run(self) -> None:
@@ -419,9 +421,6 @@ class Agent:
             if moved:
                 raise StateMovedError()
             raise RequestReplacedError()
-        # Our own write is the freshest copy (the watch delivers it a moment later): the
-        # next write of this step starts from it instead of a stale one (a 409 and a GET).
-        self._latest = obj
         log.info("%s: %s -> %s%s", sig.planId, seen.status if seen else "(new)", status.status,
                  f" ({status.reason})" if status.reason else "")
         if status.status.terminal and status.status is not SignalState.COMPLETED:
@@ -485,20 +484,23 @@ class Agent:
         crash_point("Downloading:after")
         what = "reused the staged binary" if result.reused else \
             f"downloaded {result.bytes} bytes in {result.seconds:.2f}s"
-        # Entering Cordoning cordons in the same write; the step checks it again (a
-        # resumed request, a node uncordoned meanwhile) and then drains.
+        # Entering Cordoning cordons in the same write (a resumed request, whose write
+        # may predate that, is cordoned by the step itself).
         owner = f"k0s-fleet-agent:{sig.planId}"
-        return await self._transition(sig, self._status(
+        new = await self._transition(sig, self._status(
             sig, SignalState.CORDONING, reason=what, sha256=result.sha256),
             node_change=(lambda obj: cordon_patch(obj, owner)) if self.s.has_node else None)
+        self._cordoned_with = new.request_key
+        return new
 
     async def _cordon_and_drain(self, sig: SignalData, span: trace.Span) -> SignalData:
         reason = ""
         if not self.s.has_node:
             reason = "no Node (pure controller): nothing to cordon or drain"
         else:
-            await drain.cordon(self.client, self.name, f"k0s-fleet-agent:{sig.planId}",
-                               current=self._latest)
+            if self._cordoned_with != sig.request_key:
+                await drain.cordon(self.client, self.name, f"k0s-fleet-agent:{sig.planId}",
+                                   current=self._latest)
             if self.s.drain:
                 pol = self.s.policy_for(sig.command.k0supdate.policy)
                 result = await drain.drain(self.client, self.name,
