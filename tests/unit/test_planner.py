@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -42,7 +42,7 @@ from fleet.planner.actions import (
     UpdateNodePlanStatus,
 )
 from fleet.planner.simulate import SimFleet, bump
-from fleet.signal import SignalState, parse_autopilot_signal
+from fleet.signal import SignalState, SignalStatus, parse_autopilot_signal
 from tests.helpers.planner import SETTINGS, T0, V1, V2, fleet, of, step
 
 
@@ -268,6 +268,52 @@ class TestNodePlanLifecycle:
         bump(sim, ck, V2)
         step(sim)
         return sim, ck, ("default", nodeplan_name("c1-md-0", V2))
+
+    def _answer(self, sim: SimFleet, ck: ClusterKey, state: SignalState,
+                node_clock: datetime) -> None:
+        """The node reports ``state``, stamped with its own clock."""
+        nodes = sim.nodes[ck]
+        assert nodes is not None
+        n = nodes["c1-md-0"]
+        assert n.signal is not None
+        nodes["c1-md-0"] = dataclasses.replace(n, signal=n.signal.with_status(
+            SignalStatus(status=state, timestamp=node_clock)))
+
+    def test_node_steps_are_written_once_settled_and_dated_by_the_node_clock(self) -> None:
+        sim, ck, key = self._dispatched()
+        settle(sim)
+        skew = timedelta(hours=-1)  # the node's clock is an hour behind ours
+        settle_for = SETTINGS.status_settle
+        # The first answer is a new phase: written at once, with both clocks' instant.
+        self._answer(sim, ck, SignalState.DOWNLOADING, sim.now + skew)
+        [w] = of(step(sim), UpdateNodePlanStatus)
+        assert (w.phase, w.node_state) == (NodePlanPhase.IN_PROGRESS, "Downloading")
+        p = sim.nodeplans[key]
+        assert p.phase_since == sim.now and p.node_state_at == sim.now + skew
+        began = sim.now
+        # A quick step costs no write (the status still says Downloading) ...
+        sim.advance(10)
+        self._answer(sim, ck, SignalState.CORDONING, began + timedelta(seconds=9) + skew)
+        assert not of(step(sim), UpdateNodePlanStatus)
+        sim.advance(1)
+        self._answer(sim, ck, SignalState.APPLYING_UPDATE, began + timedelta(seconds=11) + skew)
+        result = plan(sim.snapshot(), SETTINGS)
+        assert not of(result.actions, UpdateNodePlanStatus)
+        # ... a step the node stays in is written once it has lasted status_settle, dated
+        # by the node's clock read against ours (not an hour ago, not when we saw it).
+        assert result.wake_at == began + timedelta(seconds=11) + settle_for
+        sim.advance(settle_for.total_seconds())
+        [w] = of(step(sim), UpdateNodePlanStatus)
+        assert w.node_state == "ApplyingUpdate"
+        assert w.phase_since == began + timedelta(seconds=11)
+        assert sim.nodeplans[key].node_state == "ApplyingUpdate"
+        # Its deadline runs from there: 120 s (the default here) after entering it.
+        assert plan(sim.snapshot(), SETTINGS).wake_at == began + timedelta(seconds=131)
+        sim.advance((began + timedelta(seconds=131) - sim.now).total_seconds() - 1)
+        assert not of(step(sim), MarkNodePlanFailed)
+        sim.advance(1)
+        [f] = of(step(sim), MarkNodePlanFailed)
+        assert f.deadline and "ApplyingUpdate" in f.message
 
     def test_start_then_signal(self) -> None:
         sim, ck, key = self._dispatched()
