@@ -319,6 +319,13 @@ async def test_deleting_a_nodeplan_never_leaves_its_node_cordoned(
             mark = len(seen)
             await mgmt.delete(NODE_PLANS, plan["metadata"]["name"], namespace)
             await wait_rollout(mgmt, fc)
+            # The MD reads up to date from what the node reports, which can come a moment
+            # before the new NodePlan's Completed write: wait for that write too.
+            with anyio.fail_after(30):
+                while not any(p["metadata"]["uid"] != plan["metadata"]["uid"]
+                              and (p.get("status") or {}).get("phase") == NodePlanPhase.COMPLETED
+                              for p in (await mgmt.list(NODE_PLANS, namespace)).items):
+                    await anyio.sleep(0.1)
         tg.cancel_scope.cancel()
     after = seen[mark:]
     # Request taken off, then the node uncordoned, before any new request arrives: the
