@@ -30,6 +30,20 @@ from fleet.model import format_time
 log = logging.getLogger(__name__)
 
 
+def lease_timings(lease_seconds: float, renew_every: float | None,
+                  renew_deadline: float | None, *, what: str) -> tuple[float, float]:
+    """A lease holder's renewal period and per-attempt deadline (by default a third and
+    two thirds of the lease); timings under which a holder could outlive its lease are
+    refused, naming ``what`` needs them."""
+    every = renew_every or lease_seconds / 3
+    deadline = renew_deadline or lease_seconds * 2 / 3
+    if not 0 < every < deadline < lease_seconds:
+        raise ValueError(
+            f"{what} needs 0 < renew_every ({every}) < renew_deadline "
+            f"({deadline}) < lease_seconds ({lease_seconds})")
+    return every, deadline
+
+
 class LostLeadershipError(RuntimeError):
     """The Lease could not be renewed in time; this instance must stop acting."""
 
@@ -49,13 +63,9 @@ class LeaderElector:
         self.name = name
         self.identity = identity
         self.lease_seconds = lease_seconds
-        self.renew_every = renew_every or lease_seconds / 3
+        self.renew_every, self.renew_deadline = lease_timings(
+            lease_seconds, renew_every, renew_deadline, what="leader election")
         self.retry_every = retry_every or lease_seconds / 5
-        self.renew_deadline = renew_deadline or lease_seconds * 2 / 3
-        if not 0 < self.renew_every < self.renew_deadline < lease_seconds:
-            raise ValueError(
-                f"leader election needs 0 < renew_every ({self.renew_every}) < renew_deadline "
-                f"({self.renew_deadline}) < lease_seconds ({lease_seconds})")
         self.monotonic = monotonic
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0

@@ -39,6 +39,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from fleet.controllers.leader import lease_timings
 from fleet.kube import AlreadyExistsError, ConflictError, KubeClient, KubeError, NotFoundError
 from fleet.kube.resources import LEASES
 from fleet.model import ClusterKey, format_time
@@ -145,12 +146,8 @@ class ShardMembership:
         self.group = group
         self.shards = shards
         self.lease_seconds = lease_seconds
-        self.renew_every = renew_every or lease_seconds / 3
-        self.renew_deadline = renew_deadline or lease_seconds * 2 / 3
-        if not 0 < self.renew_every < self.renew_deadline < lease_seconds:
-            raise ValueError(
-                f"sharding needs 0 < renew_every ({self.renew_every}) < renew_deadline "
-                f"({self.renew_deadline}) < lease_seconds ({lease_seconds})")
+        self.renew_every, self.renew_deadline = lease_timings(
+            lease_seconds, renew_every, renew_deadline, what="sharding")
         self.busy = busy
         self.warm = warm
         self.on_change = on_change or (lambda: None)
