@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from fleet.kube import KubeClient
-from fleet.kube.resources import NAMESPACES
 from fleet.testing.capimanager import CapiEnvs
 from fleet.testing.world import World
+from tests.helpers.names import fresh_namespace
 
 WORLD_SERVERS = ["mgmt", "wl1", "wl2"]
 
@@ -78,11 +77,7 @@ async def capi_envs(crds_installed: World) -> AsyncIterator[CapiEnvs]:
 @pytest.fixture
 async def namespace(mgmt: KubeClient) -> AsyncIterator[str]:
     """A fresh namespace in the management cluster, deleted afterwards."""
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    await mgmt.create(NAMESPACES, {"metadata": {"name": name}})
-    try:
+    async with fresh_namespace(mgmt) as name:
         yield name
-    finally:
-        await mgmt.delete(NAMESPACES, name)
 
 

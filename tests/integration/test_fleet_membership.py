@@ -5,7 +5,6 @@ custom kubeconfigSecret is read even without Cluster API's Secret type."""
 from __future__ import annotations
 
 import base64
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -13,11 +12,11 @@ import yaml
 
 from fleet.config import FleetConfig
 from fleet.kube import KubeClient
-from fleet.kube.resources import NAMESPACES, SECRETS
+from fleet.kube.resources import SECRETS
 from fleet.testing.capi import create_cluster, ensure_infra_crd
 from fleet.testing.world import World
 from tests.helpers.controller import V1, running_controller, wait_rollout
-from tests.helpers.names import unique
+from tests.helpers.names import fresh_namespace, unique
 from tests.integration.test_controller_rollout import fleet_config_dict
 
 pytestmark = pytest.mark.anyio
@@ -25,12 +24,8 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture
 async def other_namespace(mgmt: KubeClient) -> AsyncIterator[str]:
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    await mgmt.create(NAMESPACES, {"metadata": {"name": name}})
-    try:
+    async with fresh_namespace(mgmt) as name:
         yield name
-    finally:
-        await mgmt.delete(NAMESPACES, name)
 
 
 async def test_entry_outside_namespaces_with_an_opaque_kubeconfig_secret_is_controlled(
