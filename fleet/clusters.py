@@ -100,6 +100,8 @@ class WorkloadCluster:
     # resource was found, and kind -> its failing search for the resource before that.
     optional_reflectors: dict[str, Reflector] = field(default_factory=dict)
     optional_probes: dict[str, WatchHealth] = field(default_factory=dict)
+    # when this process began watching the cluster (wall clock; ClusterInfo.acting_since)
+    watching_since: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     @property
     def name(self) -> str:

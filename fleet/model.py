@@ -133,6 +133,10 @@ class ClusterInfo:
     # Its workload API server has not answered since then (the Node watch keeps failing).
     unreachable_since: datetime | None = None
     unreachable_error: str = ""
+    # This controller has acted on the cluster since then (its watches started: process
+    # start, leadership or a shard taken over). A request not yet answered is given its
+    # whole pending deadline from then: time with no controller acting is not the node's.
+    acting_since: datetime | None = None
 
     @property
     def key(self) -> ClusterKey:

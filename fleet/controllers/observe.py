@@ -136,9 +136,13 @@ def snapshot_of(*, now: datetime, view: ManagementView, registry: ClusterRegistr
             autopilot[key] = live
     infos = dict(clusters)
     for key, info in clusters.items():
-        if (down := registry.unreachable(key)) is not None:
-            infos[key] = dataclasses.replace(info, unreachable_since=down[0],
-                                             unreachable_error=down[1])
+        wc = registry.get(key)
+        down = registry.unreachable(key)
+        if wc is not None:
+            infos[key] = dataclasses.replace(
+                info, acting_since=wc.watching_since,
+                unreachable_since=down[0] if down else None,
+                unreachable_error=down[1] if down else "")
     return build_snapshot(now=now, objects=management_objects(view), clusters=infos,
                           nodes={key: workload_nodes(registry, key) for key in clusters},
                           infra=infra, autopilot_plans=autopilot)

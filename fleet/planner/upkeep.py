@@ -155,6 +155,11 @@ class NodePlanUpkeep(PassState):
                          else node_state or PENDING)
             message = f"{down}; last known node state {node_state or phase}"
             at = p.node_state_at
+        elif p.phase == NodePlanPhase.IN_PROGRESS and self.s.nodes.get(ckey) is None:
+            # Its cluster not listed yet (a controller just started) and not known to be
+            # down: the node's state is unknown, not gone; keep the plan as it stands.
+            self._add_view(p, p.phase)
+            return
         elif req is None:
             # Not on the node yet: whether it may go out now is decided once every
             # NodePlan's view is known (_send_requests), since it takes a node down.
@@ -214,7 +219,8 @@ class NodePlanUpkeep(PassState):
             since, dated = self._state_since(p, node_state, at)
         if not held:
             limit = self.settings.deadline(state_key)
-            if self.now >= since + limit:
+            clock = self._pending_clock(p, since) if state_key == PENDING else since
+            if self.now >= clock + limit:
                 self.emit(MarkNodePlanFailed(
                     p.ref, reason=C.R_DEADLINE, node_state=node_state, deadline=True,
                     message=truncate(
@@ -222,7 +228,7 @@ class NodePlanUpkeep(PassState):
                         f"(deadline): {message}")))
                 view.phase, view.in_flight, view.failed = NodePlanPhase.FAILED, False, True
                 return
-            self.wake(since + limit)
+            self.wake(clock + limit)
         if (phase, node_state, message) == (p.phase, p.node_state, p.message) \
                 and held == was_held:
             return
@@ -250,6 +256,16 @@ class NodePlanUpkeep(PassState):
             return recorded, True
         return self.now, False
 
+    def _pending_clock(self, p: NodePlanInfo, since: datetime) -> datetime:
+        """Where a request's pending deadline counts from: when it went pending, or when
+        this controller began acting on its cluster if later. A request a killed
+        controller created but never sent, or sent just before it died, is not failed by
+        the next one for the time no controller was acting; a silent node still is,
+        one pending deadline later."""
+        info = self.cluster(p.ref.namespace, p.cluster)
+        acting = info.acting_since if info is not None else None
+        return since if acting is None else max(since, acting)
+
     @staticmethod
     def _was_held(p: NodePlanInfo) -> bool:
         """Its status says its request waits for the owner's budget."""
@@ -268,7 +284,7 @@ class NodePlanUpkeep(PassState):
             message = self._pending_message(p, ckey, node)
             sendable = node is not None and p.started_at is not None \
                 and not self._node_busy_with_other(p, node)
-            unsent_since = p.phase_since or p.started_at or self.now
+            unsent_since = self._pending_clock(p, p.phase_since or p.started_at or self.now)
             # A request whose plan misses its deadline in this very pass is not sent: the
             # plan is marked failed, and a node signalled now would be busy while no
             # in-flight plan counts it against the budget. A hold ending restarts it.

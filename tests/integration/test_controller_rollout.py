@@ -47,7 +47,7 @@ from fleet.testing.capi import (
     set_node_ready,
 )
 from fleet.testing.responder import AutopilotResponder, Behaviour, NodeResponder
-from fleet.testing.world import World
+from fleet.testing.world import World, free_port
 from tests.helpers.controller import (
     PROVIDER,
     V1,
@@ -388,7 +388,9 @@ async def test_controller_process_killed_and_replaced_mid_rollout(  # noqa: PLR0
     watcher = InvariantWatcher(fc, max_unavailable=2, cp_target=V2)
     responder = NodeResponder(wl1, step_seconds=0.15, only=lambda n: n in fc.machines)
     config = tmp_path / "fleet.yaml"
-    config.write_text(yaml.safe_dump(fleet_config_dict(namespace)))
+    # its own status port: the default 8080 is taken by any other controller on the machine
+    config.write_text(yaml.safe_dump({**fleet_config_dict(namespace),
+                                      "status": {"port": free_port()}}))
     kubeconfig = crds_installed["mgmt"].write_kubeconfig(tmp_path / "mgmt.yaml")
 
     async def controller(identity: str) -> anyio.abc.Process:
@@ -410,12 +412,21 @@ async def test_controller_process_killed_and_replaced_mid_rollout(  # noqa: PLR0
             await bump(mgmt, fc, V2)
             with anyio.fail_after(60):  # mid-rollout: workers are being upgraded
                 while not any(responder.requests.get(w) for w in fc.workers):
+                    assert first.returncode is None, (tmp_path / "first.log").read_text()[-3000:]
                     await anyio.sleep(0.02)
             first.kill()  # SIGKILL: no release of the Lease, nothing cleaned up
             await first.wait()
             second = await controller("second")
             try:
-                await wait_rollout(mgmt, fc, timeout=120)
+                try:
+                    await wait_rollout(mgmt, fc, timeout=120)
+                except TimeoutError:
+                    plans = [(p["metadata"]["name"], p.get("status"))
+                             for p in (await mgmt.list(NODE_PLANS, namespace)).items]
+                    raise AssertionError(
+                        f"rollout not finished; NodePlans: {_dump(plans)[-4000:]}\n"
+                        f"second.log: {(tmp_path / 'second.log').read_text()[-4000:]}"
+                    ) from None
             finally:
                 second.terminate()
                 with anyio.fail_after(20):

@@ -627,3 +627,62 @@ def test_status_counts_pruned_by_the_crd_do_not_cause_endless_writes() -> None:
                                                                               counts={}))
     assert not [a for a in plan(sim.snapshot(), SETTINGS).actions
                 if isinstance(a, SetRolloutStatus)]
+
+
+def _started_unsent(sim: SimFleet, ck: ClusterKey) -> NodePlanInfo:
+    """A worker's NodePlan started (status written) whose request never reached its node:
+    the controller was killed between the two writes."""
+    step(sim)  # create
+    actions = plan(sim.snapshot(), SETTINGS).actions
+    sim.apply_all(a for a in actions if not isinstance(a, SignalNode))
+    [p] = [p for p in sim.nodeplans.values() if p.started_at is not None]
+    assert not sim.active_requests()
+    return p
+
+
+def test_a_request_a_killed_controller_never_sent_is_sent_by_the_next_one() -> None:
+    """The next controller starts acting long after the pending deadline: the node was never
+    asked, so the plan is not failed for the time no controller acted; it is signalled."""
+    sim, ck = fleet(control_planes=0, workers=1, max_unavailable=1)
+    bump(sim, ck, V2)
+    p = _started_unsent(sim, ck)
+    sim.advance(int(SETTINGS.deadline(PENDING).total_seconds()) * 4)
+    # no controller acting on the cluster known: the old rule (counted from the start) fails it
+    assert of(plan(sim.snapshot(), SETTINGS).actions, MarkNodePlanFailed)
+    sim.clusters[ck] = dataclasses.replace(sim.clusters[ck], acting_since=sim.now)
+    actions = step(sim)
+    assert not of(actions, MarkNodePlanFailed)
+    assert [a.plan for a in of(actions, SignalNode)] == [p.ref]
+
+
+def test_a_silent_node_still_misses_its_pending_deadline_after_a_controller_restart() -> None:
+    sim, ck = fleet(control_planes=0, workers=1, max_unavailable=1)
+    bump(sim, ck, V2)
+    _started_unsent(sim, ck)
+    sim.advance(100)
+    sim.clusters[ck] = dataclasses.replace(sim.clusters[ck], acting_since=sim.now)
+    assert of(step(sim), SignalNode)  # the node never answers
+    sim.advance(int(SETTINGS.deadline(PENDING).total_seconds()) - 1)
+    assert not of(step(sim), MarkNodePlanFailed)
+    sim.advance(2)
+    [failed] = of(step(sim), MarkNodePlanFailed)
+    assert failed.deadline
+
+
+def test_an_upgrading_node_of_a_cluster_not_listed_yet_is_left_as_it_stands() -> None:
+    """A restarted controller's first pass, before the workload cluster's Nodes are listed:
+    the plan in progress is neither failed nor rewritten with an empty node state."""
+    sim, ck = fleet(control_planes=0, workers=1, max_unavailable=1)
+    bump(sim, ck, V2)
+    for _ in range(3):
+        step(sim)
+    [(_, name)] = sim.active_requests()
+    sim.step_node(ck, name)
+    step(sim)
+    [p] = sim.nodeplans.values()
+    assert p.phase == NodePlanPhase.IN_PROGRESS and p.node_state
+    sim.nodes[ck] = None
+    sim.advance(int(SETTINGS.default_deadline.total_seconds()) * 2)
+    sim.clusters[ck] = dataclasses.replace(sim.clusters[ck], acting_since=sim.now)
+    assert not [a for a in plan(sim.snapshot(), SETTINGS).actions
+                if getattr(a, "plan", None) == p.ref or getattr(a, "ref", None) == p.ref]
