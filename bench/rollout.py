@@ -49,6 +49,7 @@ sys.path.insert(0, str(REPO))
 
 import yaml  # noqa: E402
 
+from bench.stats import percentile  # noqa: E402
 from fleet.config import FleetConfig  # noqa: E402
 from fleet.controllers.runner import FleetController  # noqa: E402
 from fleet.intent import apply_intents, fleet_upgrade_from  # noqa: E402
@@ -135,15 +136,6 @@ def bench_config(namespace: str) -> dict[str, Any]:
         "agent": {"drainTimeout": "30s", "verifyTimeout": "30s"},
         "rollout": {"progressDeadlines": deadlines},
     }
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    k = (len(ordered) - 1) * p
-    lo, hi = math.floor(k), math.ceil(k)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 async def one_run(world: Any, run: int, args: argparse.Namespace, workdir: Path

@@ -55,6 +55,7 @@ sys.path.insert(0, str(REPO))
 import aiohttp  # noqa: E402
 import yaml  # noqa: E402
 
+from bench.stats import percentile  # noqa: E402
 from fleet.kube import KubeClient, UnreachableError  # noqa: E402
 from fleet.kube.errors import ServerError  # noqa: E402
 from fleet.kube.resources import NAMESPACES  # noqa: E402
@@ -82,15 +83,6 @@ def node_names(cluster: str) -> list[tuple[str, bool]]:
     """The Nodes create_cluster's Machines point at (prefix = cluster name)."""
     return [(f"{cluster}-cp-{i}", True) for i in range(CONTROL_PLANES)] + \
         [(f"{cluster}-md-{i}", False) for i in range(WORKERS)]
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    k = (len(ordered) - 1) * p
-    lo, hi = math.floor(k), math.ceil(k)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 def completion_gaps(seen: list[tuple[str, float]], completed: list[tuple[str, float]]

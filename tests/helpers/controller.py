@@ -195,3 +195,23 @@ async def wait_rollout(mgmt: KubeClient, fc: FleetCluster, timeout: float = 90,
     if fc.md:
         await wait_condition(mgmt, MACHINE_DEPLOYMENTS, fc.md, fc.namespace, C.UP_TO_DATE,
                              timeout=timeout, target=target)
+
+
+def fleet_config(namespace: str, **rollout: Any) -> FleetConfig:
+    return FleetConfig.model_validate(fleet_config_dict(namespace, **rollout))
+
+
+def fleet_config_dict(namespace: str, **rollout: Any) -> dict[str, Any]:
+    return {
+        "management": {"namespace": namespace},
+        "clusters": {"namespaces": [namespace]},
+        "download": {"urlTemplate": "https://releases.invalid/{version}/k0s-{arch}",
+                     "allowUnverified": True},
+        "agent": {"drainTimeout": "1s", "verifyTimeout": "1s"},
+        "rollout": {"failureBudget": 1,
+                    "progressDeadlines": {"pending": "3s", "downloading": "5s",
+                                          "cordoning": "5s", "applyingUpdate": "5s",
+                                          "restarting": "5s", "verifying": "5s",
+                                          "unCordoning": "5s"},
+                    **rollout},
+    }

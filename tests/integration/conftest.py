@@ -1,5 +1,8 @@
 import pytest
 
+# the agent tests' release server and simulated nodes (a module may define its own)
+from tests.helpers.agent import releases, sim  # noqa: F401
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:

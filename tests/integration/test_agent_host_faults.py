@@ -20,12 +20,10 @@ import pytest
 from fleet.agents.files import sha256_file
 from fleet.signal import SignalState
 from fleet.testing.releases import ReleaseServer
-from tests.integration.test_agent_upgrade import (
+from tests.helpers.agent import (
     NEW,
     OLD,
     TERMINAL,
-    releases,  # noqa: F401 - the module's release server fixture
-    sim,  # noqa: F401 - the simulated node factory
     uncordoned,
 )
 
@@ -74,7 +72,7 @@ def _fill(directory: Path) -> None:
 
 
 async def test_read_only_binary_directory_fails_the_download_naming_path_and_errno(
-        can_mount: None, sim: Callable[..., Any], releases: ReleaseServer,  # noqa: F811
+        can_mount: None, sim: Callable[..., Any], releases: ReleaseServer,
         tmp_path: Path) -> None:
     bindir = tmp_path / "bin"
     with mounted(bindir, "--bind", str(bindir)):  # its own mount, to remount read-only
@@ -96,7 +94,7 @@ async def test_read_only_binary_directory_fails_the_download_naming_path_and_err
 
 
 async def test_full_state_disk_fails_the_request_naming_path_and_errno(
-        can_mount: None, sim: Callable[..., Any], releases: ReleaseServer,  # noqa: F811
+        can_mount: None, sim: Callable[..., Any], releases: ReleaseServer,
         tmp_path: Path) -> None:
     """The agent's state directory (markers) is full: the request ends at its first marker
     write (today the trace marker at Start; before #14 the restart marker, where the

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,6 @@ from fleet.agents.files import sha256_file
 from fleet.kube import KubeClient, KubeObject
 from fleet.kube.resources import NAMESPACES, NODES, PDBS, PODS
 from fleet.signal import (
-    CORDONED_BY_KEY,
     HAPPY_PATH,
     RUNNING_VERSION_KEY,
     SIGNAL_DATA_KEY,
@@ -34,46 +33,20 @@ from fleet.signal import (
 )
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.simnode import SimNode
-from fleet.testing.world import World
+from tests.helpers.agent import (
+    BROKEN,
+    MANGLED,
+    NEW,
+    OLD,
+    STALLS,
+    TERMINAL,
+    uncordoned,
+)
 from tests.helpers.names import unique
 
 pytestmark = pytest.mark.anyio
 
-OLD = "v1.31.3+k0s.0"
-NEW = "v1.32.1+k0s.0"
-BROKEN = "v1.32.2+k0s.0"
-STALLS = "v1.32.3+k0s.0"
-MANGLED = "v1.32.4+k0s.0"
-TERMINAL = {s for s in SignalState if s.terminal}
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-
-
-@pytest.fixture(scope="module")
-async def releases() -> AsyncIterator[ReleaseServer]:
-    async with ReleaseServer() as rs:
-        rs.add(OLD)
-        rs.add(NEW, size=16 * 1024 * 1024)
-        rs.add(BROKEN, broken=True)
-        rs.add(STALLS, size=1024 * 1024)
-        rs.fail(STALLS, "stall")
-        rs.add(MANGLED)
-        rs.fail(MANGLED, "wrong-bytes")
-        yield rs
-
-
-@pytest.fixture
-def sim(wl1: KubeClient, crds_installed: World, releases: ReleaseServer,
-        tmp_path: Path) -> Callable[..., Any]:
-    kubeconfig = crds_installed["wl1"].kubeconfig()
-
-    def make(**kw: Any) -> Any:
-        kw.setdefault("initial", releases.releases[OLD])
-        root = kw.pop("root", tmp_path)
-        return SimNode.running(wl1, kw.pop("kubeconfig", kubeconfig), root, **kw)
-
-    return make
-
-
 @pytest.fixture
 async def wl1_namespace(wl1: KubeClient) -> AsyncIterator[str]:
     name = unique("agent")
@@ -98,11 +71,6 @@ async def make_pod(client: KubeClient, ns: str, node: str, name: str, *,
 async def pod_names(client: KubeClient, node: str) -> set[str]:
     pods = await client.list(PODS, field_selector=f"spec.nodeName={node}")
     return {p["metadata"]["name"] for p in pods.items}
-
-
-def uncordoned(obj: KubeObject) -> bool:
-    return not (obj.get("spec") or {}).get("unschedulable") and \
-        CORDONED_BY_KEY not in ((obj.get("metadata") or {}).get("annotations") or {})
 
 
 def leftovers(node: SimNode) -> list[str]:

@@ -53,32 +53,14 @@ from tests.helpers.controller import (
     V1,
     V2,
     InvariantWatcher,
+    fleet_config,
+    fleet_config_dict,
     machine_versions,
     running_controller,
     wait_condition,
     wait_rollout,
 )
 from tests.helpers.names import unique
-
-
-def fleet_config(namespace: str, **rollout: Any) -> FleetConfig:
-    return FleetConfig.model_validate(fleet_config_dict(namespace, **rollout))
-
-
-def fleet_config_dict(namespace: str, **rollout: Any) -> dict[str, Any]:
-    return {
-        "management": {"namespace": namespace},
-        "clusters": {"namespaces": [namespace]},
-        "download": {"urlTemplate": "https://releases.invalid/{version}/k0s-{arch}",
-                     "allowUnverified": True},
-        "agent": {"drainTimeout": "1s", "verifyTimeout": "1s"},
-        "rollout": {"failureBudget": 1,
-                    "progressDeadlines": {"pending": "3s", "downloading": "5s",
-                                          "cordoning": "5s", "applyingUpdate": "5s",
-                                          "restarting": "5s", "verifying": "5s",
-                                          "unCordoning": "5s"},
-                    **rollout},
-    }
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,8 @@ from fleet.kube import KubeClient
 from fleet.kube.resources import SECRETS
 from fleet.testing.capi import create_cluster, ensure_infra_crd
 from fleet.testing.world import World
-from tests.helpers.controller import V1, running_controller, wait_rollout
+from tests.helpers.controller import V1, fleet_config_dict, running_controller, wait_rollout
 from tests.helpers.names import fresh_namespace, unique
-from tests.integration.test_controller_rollout import fleet_config_dict
 
 pytestmark = pytest.mark.anyio
 

@@ -22,8 +22,8 @@ from fleet.kube import KubeClient
 from fleet.status.server import StatusBoard, make_app, serve
 from fleet.testing.proxy import StallingProxy
 from fleet.testing.world import ApiServer, World
+from tests.helpers.controller import fleet_config
 from tests.helpers.names import unique
-from tests.integration.test_controller_rollout import fleet_config
 
 pytestmark = pytest.mark.anyio
 

@@ -15,9 +15,8 @@ from fleet.signal import SignalState
 from fleet.testing.capi import annotate, bump, create_cluster, ensure_infra_crd
 from fleet.testing.responder import Behaviour, NodeResponder
 from fleet.testing.world import World
-from tests.helpers.controller import V2, running_controller, wait_condition
+from tests.helpers.controller import V2, fleet_config, running_controller, wait_condition
 from tests.helpers.names import unique
-from tests.integration.test_controller_rollout import fleet_config
 
 pytestmark = pytest.mark.anyio
 

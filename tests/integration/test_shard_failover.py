@@ -39,9 +39,14 @@ from fleet.testing.binaries import REPO_ROOT
 from fleet.testing.capi import FleetCluster, bump, create_cluster, ensure_infra_crd
 from fleet.testing.responder import NodeResponder
 from fleet.testing.world import World, free_port
-from tests.helpers.controller import V2, InvariantWatcher, machine_versions, wait_rollout
+from tests.helpers.controller import (
+    V2,
+    InvariantWatcher,
+    fleet_config_dict,
+    machine_versions,
+    wait_rollout,
+)
 from tests.helpers.names import unique
-from tests.integration.test_controller_rollout import fleet_config_dict
 
 pytestmark = pytest.mark.anyio
 

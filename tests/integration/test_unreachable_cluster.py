@@ -21,9 +21,8 @@ from fleet.planner import conditions as C
 from fleet.testing.capi import bump, create_cluster, ensure_infra_crd
 from fleet.testing.world import TEST_CRDS, World, crd_documents, install_crds
 from tests.helpers.charts import CLUSTER_ROLE_BINDINGS, CLUSTER_ROLES, RBAC
-from tests.helpers.controller import V2, running_controller
+from tests.helpers.controller import V2, fleet_config, running_controller
 from tests.helpers.names import unique
-from tests.integration.test_controller_rollout import fleet_config
 
 pytestmark = pytest.mark.anyio
 
