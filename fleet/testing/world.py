@@ -12,6 +12,7 @@ import concurrent.futures
 import contextlib
 import logging
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -47,7 +48,28 @@ def capi_crds_dir(version: str | None = None) -> Path:
 ADMIN_USER = "test-admin"
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A TCP port free right now on every address, chosen below the kernel's ephemeral
+    range: a port the kernel handed out (bind to 0) is also what the next outgoing
+    connection of any process may take before the server that was meant to get it binds
+    it (seen as "address already in use" of test controllers under load)."""
+    rnd = random.SystemRandom()
+    hi = _ephemeral_low() - 1
+    for _ in range(200):
+        port = rnd.randint(min(20000, hi - 1000), hi)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
