@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 from collections.abc import AsyncIterator
 
+import anyio
 import pytest
 import yaml
 
@@ -47,8 +48,11 @@ async def test_entry_outside_namespaces_with_an_opaque_kubeconfig_secret_is_cont
                                    "kubeconfigSecret": f"{name}-proxied"}]
     config = FleetConfig.model_validate(raw)
     async with running_controller(mgmt, config) as controller:
-        # Nothing to do at V1; the controller says so on the MD only if it sees the
-        # cluster's Nodes through the custom Secret.
+        # Nothing to do at V1, and the cluster's Nodes are seen through the custom Secret
+        # (its watch may list them a moment after the MD's condition is written).
         await wait_rollout(mgmt, fc, timeout=60, target=V1)
-        wc = controller.registry.get((other_namespace, name))
-        assert wc is not None and wc.observed and wc.error is None
+        with anyio.fail_after(60):
+            while not ((wc := controller.registry.get((other_namespace, name))) is not None
+                       and wc.observed):
+                await anyio.sleep(0.05)
+        assert wc.error is None
