@@ -12,6 +12,7 @@ wanted is closed. Clients are created inside the running event loop and always c
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import logging
 import time
@@ -165,6 +166,7 @@ class ClusterRegistry:
     """Workload cluster clients keyed by CAPI Cluster, following their kubeconfig Secrets."""
 
     def __init__(self, secrets: ObjectCache, *, on_change: Callable[[], None],
+                 on_cluster: Callable[[ClusterKey], None] | None = None,
                  client_factory: ClientFactory = _default_factory,
                  watch_timeout: int = 120, unreachable_after: float = 30.0) -> None:
         self.secrets = secrets
@@ -172,6 +174,9 @@ class ClusterRegistry:
         # is not decided on, nothing new starts there (docs/controller.md).
         self.unreachable_after = unreachable_after
         self.on_change = on_change
+        # Told which cluster moved (its Nodes, ControlNodes, Plans, connection or health),
+        # before ``on_change``: the controller re-plans just that cluster.
+        self.on_cluster = on_cluster
         self.client_factory = client_factory
         self.watch_timeout = watch_timeout
         self.clusters: dict[ClusterKey, WorkloadCluster] = {}
@@ -206,6 +211,21 @@ class ClusterRegistry:
                     await self._close(wc)
             self.clusters.clear()
 
+    def changed(self, key: ClusterKey) -> None:
+        if self.on_cluster is not None:
+            self.on_cluster(key)
+        self.on_change()
+
+    def settled(self, key: ClusterKey) -> bool:
+        """Whether what the controller knows of this cluster's Nodes is an answer: listed
+        since its client was built, or no client can be built (no usable kubeconfig), or
+        unreachable for the registry's bound. A restarted controller decides nothing on a
+        cluster before that (it would write "unreachable", then write it back)."""
+        wc = self.clusters.get(key)
+        if wc is None:
+            return False
+        return wc.observed or wc.error is not None or self.unreachable(key) is not None
+
     def want(self, wanted: Mapping[ClusterKey, str]) -> None:
         """Make the set of connections match ``wanted`` (cluster -> kubeconfig Secret name).
 
@@ -232,20 +252,21 @@ class ClusterRegistry:
     def _drop(self, key: ClusterKey) -> None:
         wc = self.clusters.pop(key)
         wc.scope.cancel()
-        self.on_change()
+        self.changed(key)
 
     def _start(self, key: ClusterKey, secret_name: str, secret: KubeObject | None,
                digest: str) -> None:
         assert self._tg is not None
+        moved = functools.partial(self.changed, key)
         wc = WorkloadCluster(key=key, secret_name=secret_name, digest=digest,
-                             nodes=ObjectCache("Node", on_change=self.on_change),
-                             control_nodes=ObjectCache("ControlNode", on_change=self.on_change),
-                             plans=ObjectCache("Plan", on_change=self.on_change))
+                             nodes=ObjectCache("Node", on_change=moved),
+                             control_nodes=ObjectCache("ControlNode", on_change=moved),
+                             plans=ObjectCache("Plan", on_change=moved))
         self.clusters[key] = wc
         self.rebuilds += 1
         if secret is None:
             wc.error = f"kubeconfig Secret {key[0]}/{secret_name} not found"
-            self.on_change()
+            self.changed(key)
             return
         self._tg.start_soon(self._connect, wc, secret)
 
@@ -258,7 +279,7 @@ class ClusterRegistry:
                 except (KubeconfigSecretError, KubeError, ValueError, OSError) as e:
                     wc.error = str(e)
                     log.warning("workload cluster %s: %s", wc.name, e)
-                    self.on_change()
+                    self.changed(wc.key)
                     return
                 wc.error = None
                 async with anyio.create_task_group() as tg:
@@ -275,7 +296,7 @@ class ClusterRegistry:
         reflector = Reflector(wc.client, NODES, listener=cache.on_event,
                               watch_timeout=self.watch_timeout,
                               backoff=Backoff(initial=0.1, maximum=5.0),
-                              on_health=self.on_change)
+                              on_health=functools.partial(self.changed, wc.key))
         wc.node_reflector = reflector
 
         async def mark_synced() -> None:
@@ -301,21 +322,21 @@ class ClusterRegistry:
             try:
                 await wc.client.list(resource, page_size=1)
             except NotFoundError:
-                self._answered(probe)
+                self._answered(wc.key, probe)
                 store.mark_synced()
                 await anyio.sleep(backoff.next_delay())
             except KubeError as e:
                 probe.failed(e)
-                self.on_change()
+                self.changed(wc.key)
                 await anyio.sleep(min(backoff.next_delay(), 5.0))
             else:
-                self._answered(probe)
+                self._answered(wc.key, probe)
                 break
         del wc.optional_probes[resource.kind]
         reflector = Reflector(wc.client, resource, listener=store.on_event,
                               watch_timeout=self.watch_timeout,
                               backoff=Backoff(initial=0.1, maximum=5.0),
-                              on_health=self.on_change)
+                              on_health=functools.partial(self.changed, wc.key))
         wc.optional_reflectors[resource.kind] = reflector
 
         async def mark_synced() -> None:
@@ -326,10 +347,10 @@ class ClusterRegistry:
             tg.start_soon(mark_synced)
             await reflector.run()
 
-    def _answered(self, probe: WatchHealth) -> None:
+    def _answered(self, key: ClusterKey, probe: WatchHealth) -> None:
         if probe.failing_since is not None:
             probe.succeeded()
-            self.on_change()  # the cluster may be reachable again: plan on it
+            self.changed(key)  # the cluster may be reachable again: plan on it
 
     @staticmethod
     async def _close(wc: WorkloadCluster) -> None:

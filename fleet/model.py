@@ -9,6 +9,7 @@ the planner never touches raw JSON and tests can build snapshots directly.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -390,7 +391,12 @@ class Snapshot:
     foreign: frozenset[ClusterKey] = frozenset()
     # (namespace, name) of the NodePlans of clusters left out of this snapshot (those other
     # replicas act on): a node request naming one of them is not an orphan
-    other_nodeplans: frozenset[tuple[str, str]] = frozenset()
+    other_nodeplans: AbstractSet[tuple[str, str]] = frozenset()
+    # The same snapshot cut by cluster, when it was built that way (the controller's):
+    # a part that is the same object as before has not changed, so values derived from
+    # it may be remembered (fleet.planner.incremental, fleet.rollout.progress).
+    parts: Mapping[ClusterKey, Snapshot] | None = field(default=None, compare=False,
+                                                        repr=False)
 
 
 # -- parsing ---------------------------------------------------------------------------

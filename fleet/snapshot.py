@@ -120,24 +120,30 @@ def custom_kubeconfig_secrets(config: FleetConfig) -> list[tuple[str, str]]:
 def fleet_clusters(config: FleetConfig, clusters: Iterable[RawObject]
                    ) -> dict[ClusterKey, ClusterInfo]:
     """The CAPI Clusters that make up the fleet, with their effective settings."""
-    selector = config.clusters.selector
-    namespaces = set(config.clusters.namespaces)
     out: dict[ClusterKey, ClusterInfo] = {}
     for obj in clusters:
-        meta = obj.get("metadata") or {}
-        ns, name = meta.get("namespace") or "", meta.get("name") or ""
-        labels = meta.get("labels") or {}
-        explicit = config.clusters.entry_for(ns, name) is not None
-        if not explicit and ((namespaces and ns not in namespaces)
-                             or not selector.matches(labels)):
-            continue
-        settings = config.for_cluster(ns, name, labels)
-        info = dataclasses.replace(cluster_from(obj, executor=settings.executor.value),
-                                   labels=dict(settings.labels))
-        if settings.paused and not info.paused:
-            info = dataclasses.replace(info, paused=True)
-        out[(ns, name)] = info
+        info = fleet_cluster(config, obj)
+        if info is not None:
+            out[(info.namespace, info.name)] = info
     return out
+
+
+def fleet_cluster(config: FleetConfig, obj: RawObject) -> ClusterInfo | None:
+    """One CAPI Cluster with its effective settings, or None when it is not in the fleet."""
+    meta = obj.get("metadata") or {}
+    ns, name = meta.get("namespace") or "", meta.get("name") or ""
+    labels = meta.get("labels") or {}
+    explicit = config.clusters.entry_for(ns, name) is not None
+    namespaces = config.clusters.namespaces
+    if not explicit and ((namespaces and ns not in namespaces)
+                         or not config.clusters.selector.matches(labels)):
+        return None
+    settings = config.for_cluster(ns, name, labels)
+    info = dataclasses.replace(cluster_from(obj, executor=settings.executor.value),
+                               labels=dict(settings.labels))
+    if settings.paused and not info.paused:
+        info = dataclasses.replace(info, paused=True)
+    return info
 
 
 def _as_node(obj: RawObject) -> NodeInfo:

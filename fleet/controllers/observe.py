@@ -1,20 +1,17 @@
-"""Observe: watches on the management cluster, and the snapshot the planner decides on
-(built by :func:`fleet.snapshot.build_snapshot` from the watch caches)."""
+"""Observe: watches on the management cluster (the snapshot the planner decides on is
+built from them per cluster by :mod:`fleet.controllers.parts`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
+from collections.abc import Callable, Iterable
 
 import anyio
 import anyio.abc
 
-from fleet.clusters import ClusterRegistry
 from fleet.config import FleetConfig
 from fleet.kube import KubeClient
-from fleet.kube.cache import ObjectCache
+from fleet.kube.cache import ObjectCache, ObjectListener
 from fleet.kube.resources import (
     CLUSTERS,
     FLEET_UPGRADES,
@@ -28,14 +25,8 @@ from fleet.kube.resources import (
 )
 from fleet.kube.watch import Reflector
 from fleet.model import (
-    ClusterInfo,
     ClusterKey,
-    InfraMachineInfo,
-    NodeInfo,
-    Snapshot,
-    live_autopilot_plan,
 )
-from fleet.snapshot import ManagementObjects, build_snapshot, cluster_nodes
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +43,15 @@ class ManagementView:
     def __init__(self, client: KubeClient, *, namespaces: Iterable[str] = (),
                  on_change: Callable[[], None] | None = None, watch_timeout: int = 120,
                  intent_namespace: str | None = None,
-                 extra_secrets: Iterable[tuple[str, str]] = ()) -> None:
+                 extra_secrets: Iterable[tuple[str, str]] = (),
+                 on_object: Callable[[Resource], ObjectListener] | None = None) -> None:
         self.client = client
         self.namespaces: list[str | None] = list(namespaces) or [None]
         # FleetUpgrades live in the controller's own namespace (management.namespace).
         self.intent_namespace = intent_namespace
-        self.caches = {res: ObjectCache(res.kind, on_change=on_change)
+        # ``on_object(res)``: a listener told which object of ``res`` changed.
+        self.caches = {res: ObjectCache(res.kind, on_change=on_change,
+                                        on_object=on_object(res) if on_object else None)
                        for res in (*WATCHED, FLEET_UPGRADES)}
         self.reflectors: list[Reflector] = []
         self.watch_timeout = watch_timeout
@@ -107,42 +101,3 @@ class ManagementView:
 def kubeconfig_secrets(config: FleetConfig, clusters: Iterable[ClusterKey]
                        ) -> dict[ClusterKey, str]:
     return {key: config.for_cluster(key[0], key[1]).kubeconfig_secret for key in clusters}
-
-
-def management_objects(view: ManagementView) -> ManagementObjects:
-    return ManagementObjects(
-        deployments=view[MACHINE_DEPLOYMENTS], machine_sets=view[MACHINE_SETS],
-        control_planes=view[K0S_CONTROL_PLANES], machines=view[MACHINES],
-        nodeplans=view[NODE_PLANS], fleet_upgrades=view[FLEET_UPGRADES])
-
-
-def workload_nodes(registry: ClusterRegistry, key: ClusterKey) -> dict[str, NodeInfo] | None:
-    """The cluster's Nodes (and ControlNodes); None when not known: never listed, or its
-    API server has not answered for the registry's bound (a stale cache is not used)."""
-    wc = registry.get(key)
-    if wc is None or not wc.observed or registry.unreachable(key) is not None:
-        return None
-    return cluster_nodes(wc.nodes, wc.control_nodes)
-
-
-def snapshot_of(*, now: datetime, view: ManagementView, registry: ClusterRegistry,
-                clusters: Mapping[ClusterKey, ClusterInfo],
-                infra: Mapping[tuple[str, str], InfraMachineInfo]) -> Snapshot:
-    """The snapshot the controller plans on, from its watch caches."""
-    autopilot: dict[ClusterKey, str] = {}
-    for key in clusters:
-        wc = registry.get(key)
-        if wc is not None and (live := live_autopilot_plan(wc.plans)) is not None:
-            autopilot[key] = live
-    infos = dict(clusters)
-    for key, info in clusters.items():
-        wc = registry.get(key)
-        down = registry.unreachable(key)
-        if wc is not None:
-            infos[key] = dataclasses.replace(
-                info, acting_since=wc.watching_since,
-                unreachable_since=down[0] if down else None,
-                unreachable_error=down[1] if down else "")
-    return build_snapshot(now=now, objects=management_objects(view), clusters=infos,
-                          nodes={key: workload_nodes(registry, key) for key in clusters},
-                          infra=infra, autopilot_plans=autopilot)

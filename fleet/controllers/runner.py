@@ -9,7 +9,7 @@ honoured by sleeping until the planner's ``wake_at``.
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import logging
 import math
 import time
@@ -27,27 +27,14 @@ from fleet.clusters import ClientFactory, ClusterRegistry
 from fleet.config import FleetConfig
 from fleet.controllers.dispatcher import Dispatcher, action_target
 from fleet.controllers.infra import InfraMachines
-from fleet.controllers.observe import (
-    ManagementView,
-    kubeconfig_secrets,
-    management_objects,
-    snapshot_of,
-)
+from fleet.controllers.observe import ManagementView, kubeconfig_secrets
+from fleet.controllers.parts import FleetParts
 from fleet.events import EventRecorder
 from fleet.kube import KubeClient, KubeError
 from fleet.kube.backoff import Backoff
-from fleet.kube.resources import CLUSTERS, NODE_PLANS, SECRETS
-from fleet.model import (
-    ClusterKey,
-    ControlPlaneInfo,
-    MachineDeploymentInfo,
-    MachineInfo,
-    MachineSetInfo,
-    NodePlanInfo,
-    ObjectRef,
-    Snapshot,
-)
-from fleet.planner import COMPLETING, PENDING, FleetPolicy, PlannerSettings, PlanResult, plan
+from fleet.kube.resources import NODE_PLANS, SECRETS
+from fleet.model import ClusterKey, ObjectRef, Snapshot
+from fleet.planner import COMPLETING, PENDING, FleetPolicy, PlannerSettings, PlanResult
 from fleet.planner.actions import (
     Action,
     CreateNodePlan,
@@ -55,14 +42,9 @@ from fleet.planner.actions import (
     SignalNode,
     StartNodePlan,
 )
+from fleet.planner.incremental import IncrementalPlanner, merge
 from fleet.signal import SignalState
-from fleet.snapshot import (
-    control_planes_needing_infra,
-    custom_kubeconfig_secrets,
-    fleet_clusters,
-    restrict,
-    watched_namespaces,
-)
+from fleet.snapshot import custom_kubeconfig_secrets, watched_namespaces
 from fleet.telemetry import get_tracer, link_from_traceparent
 
 log = logging.getLogger(__name__)
@@ -80,30 +62,6 @@ class Shard(Protocol):
     """Which clusters this replica acts on (fleet.controllers.shard.ShardMembership)."""
 
     def acts_on(self, cluster: ClusterKey) -> bool: ...
-
-
-def action_cluster(action: Action, snapshot: Snapshot) -> ClusterKey | None:
-    """The workload cluster an action is about (None when it cannot be told)."""
-    cluster = getattr(action, "cluster", None)
-    if isinstance(cluster, tuple):
-        return (str(cluster[0]), str(cluster[1]))
-    kind, *rest = action_target(action)
-    if len(rest) != 2:
-        return None
-    key = (rest[0], rest[1])
-    found: NodePlanInfo | MachineInfo | MachineSetInfo | MachineDeploymentInfo | \
-        ControlPlaneInfo | None = None
-    if kind == "NodePlan":
-        found = snapshot.nodeplans.get(key)
-    elif kind == "Machine":
-        found = snapshot.machines.get(key)
-    elif kind == "MachineSet":
-        found = snapshot.machine_sets.get(key)
-    elif kind == "MachineDeployment":
-        found = snapshot.deployments.get(key)
-    elif kind == "K0sControlPlane":
-        found = snapshot.control_planes.get(key)
-    return None if found is None else (found.ref.namespace, found.cluster)
 
 
 def planner_settings(config: FleetConfig) -> PlannerSettings:
@@ -151,6 +109,7 @@ class ControllerStats:
     actions: int = 0
     errors: int = 0
     plan_seconds: float = 0.0
+    clusters_planned: int = 0  # summed over passes (a pass plans the clusters that moved)
     last_pass: datetime | None = None
     # Seconds from the change that woke a pass to its dispatches being sent (the
     # controller's own share of "one node completes -> the next one starts").
@@ -167,13 +126,15 @@ class FleetController:
                  settings: PlannerSettings | None = None, policy: FleetPolicy | None = None,
                  on_pass: PassListener | None = None,
                  client_factory: ClientFactory | None = None, trigger: Trigger | None = None,
-                 concurrency: int = 16, watch_timeout: int = 120,
-                 unreachable_after: float | None = None,
-                 wedged_after: float | None = None,
+                 concurrency: int = 16, cluster_concurrency: int = 4,
+                 watch_timeout: int = 120, unreachable_after: float | None = None,
+                 wedged_after: float | None = None, settle_bound: float | None = None,
                  shard: Shard | None = None) -> None:
         """``unreachable_after`` / ``wedged_after`` (seconds) override the fleet config's
         ``clusters.unreachableAfter`` / ``status.wedgedAfter`` (tests use short ones);
-        ``shard``: act only on the clusters it names (several active replicas)."""
+        ``settle_bound``: how long a workload cluster's first answer is waited for before
+        it is planned on (default: the unreachable bound + 30 s); ``shard``: act only on
+        the clusters it names (several active replicas)."""
         self.mgmt = mgmt
         self.config = config
         self.clock = clock
@@ -183,15 +144,30 @@ class FleetController:
         self.on_pass = on_pass
         self.tracer = tracer or get_tracer("fleet.controller")
         self.trigger = trigger or Trigger()
+        # The snapshot per cluster, and which clusters moved since the last pass.
+        self.parts = FleetParts(config)
         self.view = ManagementView(mgmt, namespaces=watched_namespaces(config),
                                    extra_secrets=custom_kubeconfig_secrets(config),
                                    on_change=self.trigger.poke, watch_timeout=watch_timeout,
-                                   intent_namespace=config.management.namespace)
+                                   intent_namespace=config.management.namespace,
+                                   on_object=self.parts.listener)
         self.registry = ClusterRegistry(
-            self.view[SECRETS], on_change=self.trigger.poke, watch_timeout=watch_timeout,
+            self.view[SECRETS], on_change=self.trigger.poke, on_cluster=self.parts.touch,
+            watch_timeout=watch_timeout,
             unreachable_after=(config.clusters.unreachable_after.total_seconds()
                                if unreachable_after is None else unreachable_after),
             **({"client_factory": client_factory} if client_factory else {}))
+        self.parts.attach(self.view.caches, self.registry)
+        self.planner = IncrementalPlanner(self.settings)
+        # The first pass waits for every workload cluster's first answer, at most this long.
+        self.settle_bound = (settle_bound if settle_bound is not None
+                             else self.registry.unreachable_after + 30)
+        self._settled = False
+        self._mine: set[ClusterKey] = set()  # the fleet's clusters this replica acts on
+        self._acting_set: set[ClusterKey] = set()  # ... and has heard from (planned)
+        self._wanted_since: dict[ClusterKey, float] = {}  # monotonic, when it became ours
+        self._run_started: float | None = None
+        self._stopped = False
         self.recorder = recorder or EventRecorder(
             mgmt, instance=identity, default_namespace=config.management.namespace)
         self.dispatcher = Dispatcher(mgmt=mgmt, view=self.view, registry=self.registry,
@@ -199,6 +175,11 @@ class FleetController:
                                      clock=clock)
         self.infra = InfraMachines(mgmt)
         self.limiter = anyio.CapacityLimiter(concurrency)
+        # Writes in flight per workload cluster (its Nodes, and its objects in the
+        # management cluster): one busy cluster cannot take every slot.
+        self.cluster_concurrency = cluster_concurrency
+        self._cluster_limiters: dict[ClusterKey, anyio.CapacityLimiter] = {}
+        self._target_cluster: dict[tuple[str, ...], ClusterKey] = {}
         self.stats = ControllerStats()
         self.ready = anyio.Event()
         self._retry_at: datetime | None = None
@@ -222,6 +203,7 @@ class FleetController:
                   ) -> None:
         """Watch, plan and act until cancelled."""
         self.running = True
+        self._run_started = time.monotonic()
         try:
             async with anyio.create_task_group() as tg:
                 self.dispatcher.background = tg
@@ -293,8 +275,7 @@ class FleetController:
         an action's cluster could not be told."""
         busy = {k for k, n in self._busy.items() if n > 0}
         if None in busy:
-            return set(fleet_clusters(self.config, self.view[CLUSTERS])) | {
-                k for k in busy if k is not None}
+            return set(self.parts.members) | {k for k in busy if k is not None}
         return {k for k in busy if k is not None}
 
     async def caches_hold_every_nodeplan(self) -> bool:
@@ -316,7 +297,15 @@ class FleetController:
             await anyio.sleep(0.005)
 
     async def reconcile_once(self) -> PlanResult:
-        """One observe -> decide -> act pass.
+        """One observe -> decide -> act pass, over the clusters that moved.
+
+        The snapshot is kept per cluster (:class:`~fleet.controllers.parts.FleetParts`):
+        a pass rebuilds the parts of the clusters something happened in, the rollout
+        policy recomputes only their progress, and the incremental planner plans them
+        (and any cluster whose wake-up time came or whose hold changed); the rest of the
+        fleet's plan is what it was. Only the freshly planned clusters' actions are
+        performed: the others' were performed (or are in flight) already, and whatever
+        ends an action (its completion, its failure's cooldown) dirties its cluster.
 
         Actions run in the background, one object at a time: a pass never waits for the
         writes of the previous one, so a node's completion is acted on at once even while
@@ -330,45 +319,119 @@ class FleetController:
             self._retry_at = self.clock() + timedelta(seconds=self._backoff.next_delay())
             return PlanResult()
         self._retry_at = None
-        clusters = fleet_clusters(self.config, self.view[CLUSTERS])
-        mine = clusters if self.shard is None else {
-            k: v for k, v in clusters.items() if self.shard.acts_on(k)}
-        self.registry.want(kubeconfig_secrets(self.config, mine))
-        infra = await self.infra.for_machines(
-            control_planes_needing_infra(management_objects(self.view), mine))
-        fleet = snapshot_of(now=self.clock(), view=self.view, registry=self.registry,
-                            clusters=clusters, infra=infra)
-        snapshot = fleet
-        if self.shard is not None:
-            # Plan only this replica's clusters; the fleet rollout looks at all of them
-            # (the others judged from the management objects: Snapshot.foreign).
-            snapshot = restrict(fleet, mine)
-            fleet = dataclasses.replace(fleet, foreign=frozenset(clusters) - set(mine))
-        hold = await self.policy(fleet) if self.policy is not None else None
-        result = plan(snapshot, self.settings, hold=hold)
-        actions = result.actions
-        # Emergency stop (fleet YAML, or the rollout policy's annotation): start nothing,
-        # signal nothing; what nodes already run finishes and is still looked after.
-        if self.config.rollout.emergency_stop or (self.policy is not None and self.policy.stopped):
-            actions = [a for a in actions if not isinstance(a, _STARTS)]
         now = self.clock()
         for target, until in list(self._cooldown.items()):
             if until <= now:
                 del self._cooldown[target]
+                if (ckey := self._target_cluster.get(target)) is not None:
+                    self.parts.touch(ckey)
+        parts = self.parts
+        acting = self._acting(now)
+        if acting is None:
+            return PlanResult()
+        dirty = parts.take_dirty()
+        infra = await self.infra.for_machines(parts.needing_infra(sorted(dirty & acting)))
+        parts.rebuild(sorted(dirty), now, infra)
+        # The fleet rollout looks at every cluster; with several replicas those another one
+        # acts on (or this one has not heard from yet) are judged from the management
+        # objects only (Snapshot.foreign), and only this replica's are planned.
+        fleet = merge(parts.parts, now)
+        planned = parts.parts if acting.issuperset(parts.parts) else {
+            k: v for k, v in parts.parts.items() if k in acting}
+        snapshot = fleet if planned is parts.parts else merge(planned, now)
+        hold = await self.policy(fleet) if self.policy is not None else None
+        stopped = self.config.rollout.emergency_stop or (
+            self.policy is not None and self.policy.stopped)
+        if stopped != self._stopped:
+            self._stopped = stopped
+            self.planner.forget()  # what the stop held back is decided (and done) again
+        inc = self.planner.plan(planned, now, hold=hold)
+        result = inc.result
+        if len(self._target_cluster) > 10_000:  # only in-flight or cooling targets are asked
+            self._target_cluster = {t: c for t, c in self._target_cluster.items()
+                                    if t in self._inflight or t in self._cooldown}
+        actions: list[Action] = []
+        for ckey, fresh in inc.fresh_by_cluster.items():
+            for a in fresh.actions:
+                self._target_cluster[action_target(a)] = ckey
+            actions += fresh.actions
+        # Emergency stop (fleet YAML, or the rollout policy's annotation): start nothing,
+        # signal nothing; what nodes already run finishes and is still looked after.
+        if stopped:
+            actions = [a for a in actions if not isinstance(a, _STARTS)]
         actions = [a for a in actions if action_target(a) not in self._inflight
                    and action_target(a) not in self._cooldown]
         self.stats.passes += 1
+        self.stats.clusters_planned += len(inc.replanned)
         self.stats.plan_seconds += time.perf_counter() - t0
         self.stats.last_pass = snapshot.now
         if actions:
-            await self._act(snapshot, result, actions)
-        log.debug("pass %d: %d actions, %.1f ms", self.stats.passes, len(actions),
+            await self._act(snapshot, inc.fresh, actions)
+        log.debug("pass %d: %d clusters rebuilt, %d planned, %d actions, %.1f ms",
+                  self.stats.passes, len(dirty), len(inc.replanned), len(actions),
                   (time.perf_counter() - t0) * 1000)
         if self.policy is not None:
             self.policy.on_pass(snapshot, result)
         if self.on_pass is not None:
             self.on_pass(snapshot, result)
         return result
+
+    def _acting(self, now: datetime) -> set[ClusterKey] | None:
+        """The clusters this pass plans (None: no pass yet, first answers awaited).
+
+        Those of the fleet this replica acts on (all of them without sharding), each once
+        its workload cluster has answered: before the first pass every one of them
+        (:meth:`_settle`), later one that became this replica's (a shard taken over) on
+        its own, while the others are planned. Until then it is judged like another
+        replica's cluster (from the management objects), never from an empty cache.
+        """
+        parts = self.parts
+        changed = parts.membership_changed
+        members = parts.refresh_members()
+        shard = self.shard
+        mine = set(members) if shard is None else {k for k in members if shard.acts_on(k)}
+        if changed or mine != self._mine:
+            self.registry.want(kubeconfig_secrets(self.config, sorted(mine)))
+            t = time.monotonic()
+            self._wanted_since = {k: self._wanted_since.get(k, t) for k in mine}
+            self._mine = mine
+        if not self._settled and not self._settle(now):
+            return None
+        t = time.monotonic()
+        acting = {k for k in mine if self.registry.settled(k)
+                  or t - self._wanted_since[k] >= self.settle_bound}
+        if acting != mine:
+            self._retry_at = now + timedelta(seconds=1)
+        if acting != self._acting_set or changed:
+            for k in acting ^ self._acting_set:
+                parts.touch(k)
+            parts.foreign = frozenset(members) - acting
+            self._acting_set = acting
+        return acting
+
+    def _settle(self, now: datetime) -> bool:
+        """Before the first pass: wait until every workload cluster of this replica has
+        given an answer (listed, unusable kubeconfig, or unreachable for the registry's
+        bound), so that a restarted controller writes no status from caches that are not
+        there yet (it would write them back a moment later). Bounded: past
+        ``settle_bound`` seconds it plans anyway, and says which clusters it could not hear
+        from."""
+        waiting = sorted(k for k in self._mine if not self.registry.settled(k))
+        started = self._run_started if self._run_started is not None else time.monotonic()
+        if waiting and time.monotonic() - started < self.settle_bound:
+            self._retry_at = now + timedelta(seconds=1)
+            return False
+        if waiting:
+            log.warning("planning although %d workload clusters have not answered within "
+                        "%.0fs: %s", len(waiting), self.settle_bound,
+                        ", ".join(f"{ns}/{name}" for ns, name in waiting[:10]))
+        else:
+            log.info("every workload cluster answered; planning")
+        self._settled = True
+        # Past the first pass: what was waited for (or given up on) is planned from now on.
+        self._wanted_since = dict.fromkeys(self._mine, -math.inf)
+        self.parts.touch_all()
+        return True
 
     async def _act(self, snapshot: Snapshot, result: PlanResult, actions: list[Action]) -> None:
         links: list[trace.Link] = []
@@ -405,17 +468,33 @@ class FleetController:
                 self.stats.dispatch_reaction.append(time.monotonic() - woke)
             for target, group in groups.items():
                 self._inflight.add(target)
-                cluster = action_cluster(group[0], snapshot)
+                cluster = self._target_cluster.get(target)
                 self._busy[cluster] += 1
                 if self._actions_tg is not None:
                     self._actions_tg.start_soon(self._run_group, target, group, cluster)
                 else:
                     await self._run_group(target, group, cluster)
 
+    def _cluster_limiter(self, cluster: ClusterKey | None) -> anyio.CapacityLimiter | None:
+        if cluster is None:
+            return None
+        limiter = self._cluster_limiters.get(cluster)
+        if limiter is None:
+            if len(self._cluster_limiters) > 4 * len(self.parts.parts) + 64:
+                self._cluster_limiters = {k: v for k, v in self._cluster_limiters.items()
+                                          if v.borrowed_tokens}
+            limiter = self._cluster_limiters[cluster] = anyio.CapacityLimiter(
+                self.cluster_concurrency)
+        return limiter
+
     async def _run_group(self, target: tuple[str, ...], group: list[Action],
                          cluster: ClusterKey | None = None) -> None:
+        per_cluster = self._cluster_limiter(cluster)
         try:
-            async with self.limiter:
+            async with contextlib.AsyncExitStack() as stack:
+                if per_cluster is not None:
+                    await stack.enter_async_context(per_cluster)
+                await stack.enter_async_context(self.limiter)
                 for a in group:
                     if self.shard is not None and cluster is not None and \
                             not self.shard.acts_on(cluster):
@@ -439,4 +518,10 @@ class FleetController:
             self._busy[cluster] -= 1
             if self._busy[cluster] <= 0:
                 del self._busy[cluster]
+            # Its cluster is planned again (what the action changed, or what it could
+            # not do, decides the next step there).
+            if cluster is not None:
+                self.parts.touch(cluster)
+            else:
+                self.parts.touch_all()
             self.trigger.poke()

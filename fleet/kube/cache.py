@@ -19,6 +19,8 @@ from fleet.kube.watch import ObjectKey, WatchEvent, object_key
 T = TypeVar("T")
 
 Listener = Callable[[], None]
+# Told which object changed (None: possibly all of them: synced, or cleared).
+ObjectListener = Callable[[KubeObject | None], None]
 
 
 def _rv(obj: KubeObject) -> int | None:
@@ -37,8 +39,10 @@ def newer_or_same(new: KubeObject, old: KubeObject | None) -> bool:
 class ObjectCache:
     """Latest known version of every object of one resource (one API server)."""
 
-    def __init__(self, kind: str, *, on_change: Listener | None = None) -> None:
+    def __init__(self, kind: str, *, on_change: Listener | None = None,
+                 on_object: ObjectListener | None = None) -> None:
         self.kind = kind
+        self.on_object = on_object
         self._objects: dict[ObjectKey, KubeObject] = {}
         # Deleted objects' last resourceVersion, so a late event cannot resurrect them.
         self._tombstones: dict[ObjectKey, int] = {}
@@ -76,8 +80,10 @@ class ObjectCache:
             self._memo = {k: v for k, v in self._memo.items() if k[0] in live}
         return value
 
-    def _changed(self) -> None:
+    def _changed(self, obj: KubeObject | None = None) -> None:
         self.version += 1
+        if self.on_object is not None:
+            self.on_object(obj)
         if self.on_change is not None:
             self.on_change()
 
@@ -95,7 +101,7 @@ class ObjectCache:
                 return
             self._objects[key] = obj
             self._tombstones.pop(key, None)
-            self._changed()
+            self._changed(obj)
 
     def forget(self, obj: KubeObject) -> None:
         key = object_key(obj)
@@ -106,7 +112,7 @@ class ObjectCache:
             if len(self._tombstones) > 10_000:
                 self._tombstones.pop(next(iter(self._tombstones)))
         if old is not None:
-            self._changed()
+            self._changed(old)
 
     def clear(self) -> None:
         if self._objects:

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, TypeVar
@@ -54,6 +55,32 @@ def _by_cluster(objs: Mapping[tuple[str, str], Obj]
     return out
 
 
+class OtherNodePlans(AbstractSet[tuple[str, str]]):
+    """``Snapshot.other_nodeplans`` of one cluster's part: the NodePlans of every other
+    cluster (``where``: NodePlan -> its cluster), plus ``beyond`` (those left out of the
+    whole snapshot). A view, not a copy (a copy per part would be quadratic in the fleet);
+    the controller's stays live. What it holds only matters to a node request naming a
+    NodePlan of another cluster (workload clusters sharing an API server), which that
+    cluster's own plan acts on."""
+
+    __slots__ = ("_beyond", "_cluster", "_where")
+
+    def __init__(self, where: Mapping[tuple[str, str], ClusterKey], cluster: ClusterKey,
+                 beyond: AbstractSet[tuple[str, str]] = frozenset()) -> None:
+        self._where, self._cluster, self._beyond = where, cluster, beyond
+
+    def __contains__(self, key: object) -> bool:
+        owner = self._where.get(key)  # type: ignore[call-overload]
+        return (owner is not None and owner != self._cluster) or key in self._beyond
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        mine = [k for k, c in list(self._where.items()) if c != self._cluster]
+        return iter(mine + [k for k in self._beyond if k not in self._where])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 def split(snapshot: Snapshot) -> dict[ClusterKey, Snapshot]:
     """``snapshot`` cut into one snapshot per cluster: each holds that cluster's objects
     (by the cluster they name) and the fleet's FleetUpgrades. Planning the parts one by one
@@ -69,13 +96,18 @@ def split(snapshot: Snapshot) -> dict[ClusterKey, Snapshot]:
     def only(ckey: ClusterKey, m: Mapping[ClusterKey, T]) -> dict[ClusterKey, T]:
         return {ckey: m[ckey]} if ckey in m else {}
 
+    where = {k: (p.ref.namespace, p.cluster) for k, p in snapshot.nodeplans.items()}
+
     return {ckey: Snapshot(
         now=snapshot.now, clusters=only(ckey, snapshot.clusters),
         deployments=deployments.get(ckey, {}), machine_sets=machine_sets.get(ckey, {}),
         control_planes=control_planes.get(ckey, {}), machines=machines.get(ckey, {}),
         nodeplans=nodeplans.get(ckey, {}), nodes=only(ckey, snapshot.nodes),
         intents=only(ckey, snapshot.intents), upgrades=snapshot.upgrades,
-        autopilot_plans=only(ckey, snapshot.autopilot_plans)) for ckey in keys}
+        autopilot_plans=only(ckey, snapshot.autopilot_plans),
+        foreign=snapshot.foreign & {ckey},
+        other_nodeplans=OtherNodePlans(where, ckey, snapshot.other_nodeplans))
+        for ckey in keys}
 
 
 def merge(parts: Mapping[ClusterKey, Snapshot], now: datetime) -> Snapshot:
@@ -85,12 +117,15 @@ def merge(parts: Mapping[ClusterKey, Snapshot], now: datetime) -> Snapshot:
         name: {} for name in ("deployments", "machine_sets", "control_planes", "machines",
                               "nodeplans", "nodes", "intents", "autopilot_plans")}
     upgrades: Mapping[tuple[str, str], object] = {}
+    foreign: set[ClusterKey] = set()
     for part in parts.values():
+        foreign |= part.foreign
         clusters.update(part.clusters)
         for name, into in fields.items():
             into.update(getattr(part, name))
         upgrades = part.upgrades
     return Snapshot(now=now, clusters=clusters, upgrades=upgrades,  # type: ignore[arg-type]
+                    foreign=frozenset(foreign), parts=dict(parts),
                     **fields)  # type: ignore[arg-type]
 
 
@@ -190,4 +225,4 @@ def _union(results: Iterable[PlanResult]) -> PlanResult:
     return PlanResult(actions=actions, wake_at=wake, decisions=decisions)
 
 
-__all__ = ["IncrementalPlanner", "IncrementalResult", "merge", "split"]
+__all__ = ["IncrementalPlanner", "IncrementalResult", "OtherNodePlans", "merge", "split"]

@@ -167,8 +167,29 @@ def _when(t: datetime) -> str:
     return format_time(t).replace(".000000Z", "Z")
 
 
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """What the gate derives from one cluster's progress alone (remembered while the
+    progress is the same object: the controller keeps it per cluster until it moves)."""
+
+    progress: ClusterProgress
+    fingerprint: str
+    body: tuple[str, str, tuple[tuple[str, str, str], ...]]  # what the fingerprint hashes
+    complete: bool
+    failed: int
+    started: bool
+    needs_dispatch: bool
+    settings: ClusterSettings
+    pause: str | None
+
+
 class RolloutGate:
-    """The pure wave engine. One instance per fleet configuration."""
+    """The pure wave engine. One instance per fleet configuration.
+
+    Evaluating it is linear in the fleet, but what it derives per cluster (fingerprint,
+    completeness, settings, pause) is remembered per :class:`ClusterProgress` object, and
+    a wave's fingerprint per list of its members' targets: a pass in which one cluster
+    moved recomputes that cluster's facts only."""
 
     def __init__(self, config: FleetConfig) -> None:
         self.config = config
@@ -176,6 +197,26 @@ class RolloutGate:
         self._windows: dict[tuple[object, ...], tuple[bool, datetime | None]] = {}
         self._windows_at: datetime | None = None
         self._entries = {(e.namespace, e.name): e for e in config.clusters.entries}
+        self._facts: dict[ClusterKey, _Facts] = {}
+        self._wave_fps: dict[str, tuple[tuple[object, ...], str]] = {}
+
+    def facts(self, c: ClusterProgress) -> _Facts:
+        found = self._facts.get(c.key)
+        if found is None or found.progress is not c:
+            found = self._facts[c.key] = _Facts(
+                progress=c, fingerprint=fingerprint([c]),
+                body=(c.namespace, c.name, tuple(c.targets())), complete=c.complete,
+                failed=c.failed, started=c.started, needs_dispatch=c.needs_dispatch,
+                settings=self.settings(c), pause=self.cluster_pause(c))
+        return found
+
+    def _wave_fingerprint(self, wave: str, cs: Sequence[ClusterProgress]) -> str:
+        """``fingerprint(cs)``, remembered while the members and their targets stay."""
+        body = tuple(self.facts(c).body for c in cs)
+        found = self._wave_fps.get(wave)
+        if found is None or found[0] != body:
+            found = self._wave_fps[wave] = (body, fingerprint(cs))
+        return found[1]
 
     def settings(self, c: ClusterProgress) -> ClusterSettings:
         """The cluster's effective settings (cached: the config never changes)."""
@@ -217,11 +258,11 @@ class RolloutGate:
 
     def _cluster_hold(self, c: ClusterProgress, now: datetime,
                       wakeups: list[datetime]) -> str | None:
-        if (paused := self.cluster_pause(c)) is not None:
+        if (paused := self.facts(c).pause) is not None:
             return paused
         if not c.observed:
             return c.not_observed_reason
-        is_open, nxt = self._window(self.settings(c).maintenance_windows, now)
+        is_open, nxt = self._window(self.facts(c).settings.maintenance_windows, now)
         if not is_open:
             if nxt is not None:
                 wakeups.append(nxt)
@@ -235,8 +276,11 @@ class RolloutGate:
         waves = rollout.effective_waves
         members: dict[str, list[ClusterProgress]] = {w.name: [] for w in waves}
         for c in view.clusters:
-            wave = self.settings(c).wave
+            wave = self.facts(c).settings.wave
             members[wave.name].append(c)
+        if len(self._facts) > len(view.clusters):
+            keys = {c.key for c in view.clusters}
+            self._facts = {k: f for k, f in self._facts.items() if k in keys}
         for cs in members.values():
             cs.sort(key=lambda c: c.key)
         state = view.state
@@ -253,7 +297,7 @@ class RolloutGate:
                 f": {view.controls.paused}" if view.controls.paused else "")
         over_budget: dict[str, str] = {}
         for w in waves:
-            failed = [c for c in members[w.name] if c.failed]
+            failed = [c for c in members[w.name] if self.facts(c).failed]
             tolerated = w.tolerated_failures(len(members[w.name]))
             if len(failed) > tolerated:
                 names = ", ".join(_cluster_id(c.key) for c in failed[:5])
@@ -279,7 +323,7 @@ class RolloutGate:
 
         for index, w in enumerate(waves):
             cs = members[w.name]
-            wave_fp = fingerprint(cs)
+            wave_fp = self._wave_fingerprint(w.name, cs)
             record = records.get(w.name)
             if record is not None and record.fingerprint != wave_fp:
                 record = None
@@ -288,16 +332,17 @@ class RolloutGate:
             active: list[ClusterProgress] = []
             queued: list[ClusterProgress] = []
             for c in cs:
-                cid, cfp = _cluster_id(c.key), fingerprint([c])
-                if c.complete:
+                f = self.facts(c)
+                cid, cfp = _cluster_id(c.key), f.fingerprint
+                if f.complete:
                     phases[c.key] = ClusterPhase.COMPLETE
                     admitted.pop(cid, None)
-                elif c.failed:
+                elif f.failed:
                     phases[c.key] = ClusterPhase.FAILED
-                elif c.started or admitted.get(cid) == cfp:
+                elif f.started or admitted.get(cid) == cfp:
                     phases[c.key] = ClusterPhase.UPGRADING
                     active.append(c)
-                elif c.needs_dispatch and c.observed:
+                elif f.needs_dispatch and c.observed:
                     phases[c.key] = ClusterPhase.QUEUED
                     queued.append(c)
                 else:
@@ -335,7 +380,7 @@ class RolloutGate:
                 else:
                     allowed.add(c.key)
                     newly.add(c.key)
-                    admitted[_cluster_id(c.key)] = fingerprint([c])
+                    admitted[_cluster_id(c.key)] = self.facts(c).fingerprint
                     phases[c.key] = ClusterPhase.UPGRADING
                     slots -= 1
             for c in cs:
@@ -359,7 +404,7 @@ class RolloutGate:
                 gates[c.key] = ClusterGate(c.key, w.name, phases[c.key], c.key in allowed,
                                            "" if c.key in allowed else reasons[c.key],
                                            admitted_now=c.key in newly,
-                                           paused=self.cluster_pause(c), foreign=c.foreign)
+                                           paused=self.facts(c).pause, foreign=c.foreign)
 
             # The wave's own record and phase.
             upgrading = sum(1 for p in phases.values() if p is ClusterPhase.UPGRADING)

@@ -30,7 +30,7 @@ from fleet.planner.policy import Hold
 from fleet.rollout.coordinator import RolloutCoordinator
 from fleet.rollout.gate import GateDecision
 from fleet.rollout.intents import write_upgrade_status
-from fleet.rollout.progress import ClusterProgress, clusters_from_snapshot
+from fleet.rollout.progress import ClusterProgress, ProgressMemo
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +61,10 @@ class RolloutPolicy:
         self.fleet_writer = fleet_writer
         self.decision: GateDecision | None = None
         self._wakeup_changed = anyio.Event()
+        self.progress = ProgressMemo()
 
     async def __call__(self, snapshot: Snapshot) -> Hold:
-        clusters = clusters_from_snapshot(snapshot)
+        clusters = self.progress.clusters(snapshot)
         writer = self.fleet_writer is None or self.fleet_writer()
         decision = await self.coordinator.decide(clusters, snapshot.now, fleet_writer=writer)
         previous = self.decision.next_wakeup if self.decision is not None else None

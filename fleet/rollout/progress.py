@@ -250,6 +250,34 @@ def clusters_from_snapshot(snapshot: Snapshot) -> list[ClusterProgress]:
     return out
 
 
+class ProgressMemo:
+    """Cluster progress remembered per cluster, keyed by the cluster's snapshot part (the
+    same object means nothing it is derived from changed): a pass in which one cluster
+    moved recomputes that cluster's progress, not the fleet's."""
+
+    def __init__(self) -> None:
+        self._memo: dict[ClusterKey, tuple[Snapshot, list[ClusterProgress]]] = {}
+        self.computed = 0  # clusters whose progress was computed (metrics, tests)
+
+    def clusters(self, snapshot: Snapshot) -> list[ClusterProgress]:
+        """As :func:`clusters_from_snapshot` (equal result), from the remembered parts."""
+        parts = snapshot.parts
+        if parts is None:
+            self._memo.clear()
+            return clusters_from_snapshot(snapshot)
+        for gone in set(self._memo) - set(parts):
+            del self._memo[gone]
+        out: list[ClusterProgress] = []
+        for key in sorted(parts):
+            part = parts[key]
+            hit = self._memo.get(key)
+            if hit is None or hit[0] is not part:
+                hit = self._memo[key] = (part, clusters_from_snapshot(part))
+                self.computed += 1
+            out.extend(hit[1])
+        return out
+
+
 def _object_progress(
     snapshot: Snapshot,
     obj: MachineDeploymentInfo | ControlPlaneInfo,
@@ -288,6 +316,7 @@ __all__ = [
     "NodeProgress",
     "NodeState",
     "ObjectProgress",
+    "ProgressMemo",
     "clusters_from_snapshot",
     "fingerprint",
 ]

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from fleet.controllers.dispatcher import action_target
 from fleet.model import ANN_RETRY, KIND_MD, ClusterKey, ObjectRef, Snapshot
 from fleet.planner import PlannerSettings, PlanResult, plan
-from fleet.planner.actions import Action
+from fleet.planner.actions import Action, ClearSignal, UncordonNode
 from fleet.planner.incremental import IncrementalPlanner, IncrementalResult, merge, split
 from fleet.planner.simulate import SimFleet, add_cluster, bump
 from fleet.signal import SignalState
@@ -223,3 +223,29 @@ def test_a_deadline_replans_a_cluster_nothing_touched() -> None:
     inc = ctl.run_pass()
     assert inc.replanned == {ckey} and other not in inc.replanned
     assert any(type(a).__name__ == "MarkNodePlanFailed" for a in inc.fresh.actions)
+
+
+def test_a_part_leaves_another_clusters_request_alone_on_a_shared_node_list() -> None:
+    """Workload clusters sharing an API server (the test world's) see each other's Nodes:
+    cluster a's part holds b's node with b's live request. Planned on its own, a's part
+    must not take that request for an orphan (it names a NodePlan of another part), as the
+    whole fleet's plan does not; without ``other_nodeplans`` it would clear it."""
+    sim = SimFleet(now=T0)
+    a = add_cluster(sim, "a", namespace="fleet", control_planes=1, workers=1)
+    b = add_cluster(sim, "b", namespace="fleet", control_planes=1, workers=1)
+    bump(sim, b, V2)
+    for _ in range(5):
+        sim.apply_all(plan(sim.snapshot(), PlannerSettings()).actions)
+    assert sim.active_requests(), "b has a node with a live request"
+    full = sim.snapshot()
+    shared = {**(full.nodes[a] or {}), **(full.nodes[b] or {})}
+    whole = dataclasses.replace(full, nodes={a: shared, b: full.nodes[b]})
+    assert not [x for x in plan(whole, PlannerSettings()).actions
+                if isinstance(x, ClearSignal | UncordonNode)]
+    parts = split(whole)
+    assert set(parts[a].other_nodeplans) == {k for k, p in whole.nodeplans.items()
+                                             if p.cluster == "b"}
+    inc = IncrementalPlanner(PlannerSettings()).plan(parts, whole.now)
+    assert not [x for x in inc.result.actions if isinstance(x, ClearSignal | UncordonNode)]
+    blind = dataclasses.replace(parts[a], other_nodeplans=frozenset())
+    assert [x for x in plan(blind, PlannerSettings()).actions if isinstance(x, ClearSignal)]

@@ -1,0 +1,241 @@
+"""The controller's snapshot, kept per cluster and rebuilt where something moved.
+
+Every change the watches (or the controller's own writes) bring is traced to the cluster
+it belongs to: a management object by the cluster it names (parsed with the snapshot's
+own parsers, memoised per resourceVersion, so the rebuild reuses the parse), a workload
+object by the cluster it came from (:meth:`fleet.clusters.ClusterRegistry.changed`).
+That cluster is *dirty*; a pass rebuilds the snapshot part of the dirty clusters only
+(:func:`fleet.snapshot.build_snapshot` over just their objects) and keeps every other
+part as the same object, which is what :class:`fleet.planner.incremental.IncrementalPlanner`
+and the rollout's progress memo key on. A change that cannot be traced to one cluster
+(a FleetUpgrade, a cache that re-synced) makes every cluster dirty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from fleet.clusters import ClusterRegistry
+from fleet.config import FleetConfig
+from fleet.kube import KubeObject
+from fleet.kube.cache import ObjectCache
+from fleet.kube.resources import (
+    CLUSTERS,
+    FLEET_UPGRADES,
+    K0S_CONTROL_PLANES,
+    MACHINE_DEPLOYMENTS,
+    MACHINE_SETS,
+    MACHINES,
+    NODE_PLANS,
+    SECRETS,
+    Resource,
+)
+from fleet.kube.watch import ObjectKey, object_key
+from fleet.model import (
+    ClusterInfo,
+    ClusterKey,
+    InfraMachineInfo,
+    MachineInfo,
+    Snapshot,
+    control_plane_from,
+    deployment_from,
+    live_autopilot_plan,
+    machine_from,
+    machine_set_from,
+    nodeplan_from,
+)
+from fleet.planner.incremental import OtherNodePlans
+from fleet.snapshot import (
+    ManagementObjects,
+    build_snapshot,
+    cluster_nodes,
+    control_planes_needing_infra,
+    fleet_cluster,
+)
+
+T = TypeVar("T")
+
+CAPI_CLUSTER_LABEL = "cluster.x-k8s.io/cluster-name"
+_PARSERS: dict[Resource, Callable[[KubeObject], Any]] = {
+    MACHINE_DEPLOYMENTS: deployment_from, MACHINE_SETS: machine_set_from,
+    K0S_CONTROL_PLANES: control_plane_from, MACHINES: machine_from, NODE_PLANS: nodeplan_from,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Subset:
+    """The objects of one cache that belong to one cluster (an ObjectSource)."""
+
+    cache: ObjectCache
+    keys: frozenset[ObjectKey]
+
+    @property
+    def kind(self) -> str:
+        return self.cache.kind
+
+    def __iter__(self) -> Iterator[KubeObject]:
+        for ns, name in sorted(self.keys):
+            obj = self.cache.get(name, ns)
+            if obj is not None:
+                yield obj
+
+    def parsed(self, obj: KubeObject, parse: Callable[[KubeObject], T], tag: str = "") -> T:
+        return self.cache.parsed(obj, parse, tag)
+
+
+class FleetParts:
+    """Per-cluster snapshot parts, the dirty set, and the index that feeds it."""
+
+    def __init__(self, config: FleetConfig) -> None:
+        self.config = config
+        self.caches: Mapping[Resource, ObjectCache] = {}
+        self.registry: ClusterRegistry | None = None
+        self.parts: dict[ClusterKey, Snapshot] = {}
+        self.members: dict[ClusterKey, ClusterInfo] = {}
+        self.dirty: set[ClusterKey] = set()
+        # Members another replica acts on (or not heard from yet): their parts are marked
+        # foreign (judged from the management objects by the fleet rollout).
+        self.foreign: frozenset[ClusterKey] = frozenset()
+        self.everything = True  # the next pass rebuilds every part
+        self.membership_changed = True  # Clusters or kubeconfig Secrets moved
+        self._where: dict[Resource, dict[ObjectKey, ClusterKey]] = {r: {} for r in _PARSERS}
+        self._index: dict[Resource, dict[ClusterKey, set[ObjectKey]]] = {
+            r: {} for r in _PARSERS}
+        self.rebuilt = 0  # parts built, over the controller's life (metrics)
+
+    def attach(self, caches: Mapping[Resource, ObjectCache], registry: ClusterRegistry) -> None:
+        self.caches, self.registry = caches, registry
+
+    # -- what moved ---------------------------------------------------------------------
+    def touch(self, key: ClusterKey) -> None:
+        self.dirty.add(key)
+
+    def touch_all(self) -> None:
+        self.everything = True
+
+    def listener(self, res: Resource) -> Callable[[KubeObject | None], None]:
+        """The ObjectCache ``on_object`` hook for one management resource."""
+        return lambda obj: self.object_changed(res, obj)
+
+    def object_changed(self, res: Resource, obj: KubeObject | None) -> None:
+        if obj is None or res is FLEET_UPGRADES:
+            self.everything = self.membership_changed = True
+            return
+        meta = obj.get("metadata") or {}
+        namespace = str(meta.get("namespace") or "")
+        if res is CLUSTERS:
+            self.membership_changed = True
+            self.dirty.add((namespace, str(meta.get("name") or "")))
+            return
+        if res is SECRETS:
+            self.membership_changed = True
+            cluster = (meta.get("labels") or {}).get(CAPI_CLUSTER_LABEL)
+            if cluster:
+                self.dirty.add((namespace, str(cluster)))
+            return
+        parse = _PARSERS.get(res)
+        if parse is None:
+            self.everything = True
+            return
+        key = object_key(obj)
+        cache = self.caches.get(res)
+        present = cache is not None and cache.get(key[1], key[0]) is not None
+        cluster_key: ClusterKey | None = None
+        if present and cache is not None:
+            try:
+                cluster_key = (namespace, str(cache.parsed(obj, parse).cluster))
+            except (TypeError, ValueError, AttributeError, KeyError):
+                cluster_key = None  # unreadable: the snapshot skips it too
+        where, index = self._where[res], self._index[res]
+        old = where.get(key)
+        if old is not None and old != cluster_key:
+            keys = index.get(old)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del index[old]
+            del where[key]
+            self.dirty.add(old)
+        if cluster_key is not None:
+            where[key] = cluster_key
+            index.setdefault(cluster_key, set()).add(key)
+            self.dirty.add(cluster_key)
+
+    # -- the parts ----------------------------------------------------------------------
+    def refresh_members(self) -> dict[ClusterKey, ClusterInfo]:
+        """The fleet's clusters (re-read only when Clusters or Secrets moved)."""
+        if self.membership_changed:
+            members: dict[ClusterKey, ClusterInfo] = {}
+            for obj in self.caches[CLUSTERS]:
+                info = fleet_cluster(self.config, obj)
+                if info is not None:
+                    members[(info.namespace, info.name)] = info
+            self.members = members
+            self.membership_changed = False
+        return self.members
+
+    def take_dirty(self) -> set[ClusterKey]:
+        """The member clusters to rebuild now (and forget the rest of the dirty set)."""
+        dirty = set(self.members) if self.everything else self.dirty & set(self.members)
+        self.dirty = set()
+        self.everything = False
+        for gone in set(self.parts) - set(self.members):
+            del self.parts[gone]
+        return dirty
+
+    def objects(self, key: ClusterKey) -> ManagementObjects:
+        """The management objects of one cluster."""
+        def subset(res: Resource) -> _Subset:
+            return _Subset(self.caches[res], frozenset(self._index[res].get(key, ())))
+        return ManagementObjects(
+            deployments=subset(MACHINE_DEPLOYMENTS), machine_sets=subset(MACHINE_SETS),
+            control_planes=subset(K0S_CONTROL_PLANES), machines=subset(MACHINES),
+            nodeplans=subset(NODE_PLANS), fleet_upgrades=self.caches[FLEET_UPGRADES])
+
+    def info(self, key: ClusterKey) -> ClusterInfo:
+        """The member's ClusterInfo, with its workload API server's outage if any."""
+        info = self.members[key]
+        assert self.registry is not None
+        wc = self.registry.get(key)
+        if wc is not None:
+            down = self.registry.unreachable(key)
+            info = dataclasses.replace(
+                info, acting_since=wc.watching_since,
+                unreachable_since=down[0] if down else None,
+                unreachable_error=down[1] if down else "")
+        return info
+
+    def needing_infra(self, keys: Iterable[ClusterKey]) -> list[MachineInfo]:
+        out: list[MachineInfo] = []
+        for key in keys:
+            out += control_planes_needing_infra(self.objects(key), {key: self.members[key]})
+        return out
+
+    def rebuild(self, keys: Iterable[ClusterKey], now: datetime,
+                infra: Mapping[tuple[str, str], InfraMachineInfo]) -> None:
+        """Build the parts of ``keys`` afresh from the caches."""
+        registry = self.registry
+        assert registry is not None
+        for key in keys:
+            wc = registry.get(key)
+            nodes = None
+            autopilot: dict[ClusterKey, str] = {}
+            if wc is not None:
+                if wc.observed and registry.unreachable(key) is None:
+                    nodes = cluster_nodes(wc.nodes, wc.control_nodes)
+                if (live := live_autopilot_plan(wc.plans)) is not None:
+                    autopilot[key] = live
+            part = build_snapshot(
+                now=now, objects=self.objects(key), clusters={key: self.info(key)},
+                nodes={key: nodes}, infra=infra, autopilot_plans=autopilot)
+            self.parts[key] = dataclasses.replace(
+                part, other_nodeplans=OtherNodePlans(self._where[NODE_PLANS], key),
+                foreign=frozenset({key}) if key in self.foreign else frozenset())
+            self.rebuilt += 1
+
+
+__all__ = ["FleetParts"]

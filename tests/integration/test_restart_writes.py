@@ -1,0 +1,135 @@
+"""A restarted controller over a settled fleet writes nothing (issue #13 item 3).
+
+Several CAPI clusters (all on the shared workload API server ``wl1``, each with its own
+client and watches as in production), a FleetUpgrade whose version every node already runs, the
+rollout policy as in production. A first controller writes what it has to say and goes
+quiet; it is stopped; a second one starts on the same world. Before, its first pass ran
+before the workload caches were listed: it wrote "workload cluster unreachable" into the
+MachineDeployments, K0sControlPlanes and the FleetUpgrade's status, then wrote them back
+once the Nodes arrived. Now no pass runs before every workload cluster has answered, so
+the real API server records no write at all: every object's resourceVersion (bumped by
+any write that changes it) is what it was before the restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+
+from fleet.cli.upgrade import apply_upgrade
+from fleet.config import FleetConfig
+from fleet.controllers.runner import FleetController
+from fleet.events import EventRecorder
+from fleet.kube import KubeClient
+from fleet.kube.resources import (
+    CONFIGMAPS,
+    FLEET_UPGRADES,
+    K0S_CONTROL_PLANES,
+    MACHINE_DEPLOYMENTS,
+    MACHINE_SETS,
+    MACHINES,
+    NODE_PLANS,
+    NODES,
+)
+from fleet.planner import conditions as C
+from fleet.rollout.policy import RolloutPolicy
+from fleet.testing.capi import FleetCluster, create_cluster, ensure_infra_crd
+from fleet.testing.world import World
+from tests.helpers.names import unique
+
+V1 = "v1.31.2+k0s.0"
+CLUSTERS = 4
+pytestmark = pytest.mark.anyio
+
+MANAGEMENT = (MACHINE_DEPLOYMENTS, MACHINE_SETS, K0S_CONTROL_PLANES, MACHINES, NODE_PLANS,
+              FLEET_UPGRADES, CONFIGMAPS)
+
+
+def config(namespace: str) -> FleetConfig:
+    return FleetConfig.model_validate({
+        "management": {"namespace": namespace},
+        "clusters": {"namespaces": [namespace]},
+        "download": {"urlTemplate": "https://releases.invalid/{version}/k0s-{arch}",
+                     "allowUnverified": True},
+        "rollout": {"progressDeadlines": {"pending": "60s"}},
+    })
+
+
+@contextlib.asynccontextmanager
+async def controller(mgmt: KubeClient, cfg: FleetConfig) -> AsyncIterator[FleetController]:
+    recorder = EventRecorder(mgmt, instance="k0s-fleet",
+                             default_namespace=cfg.management.namespace)
+    ctl = FleetController(mgmt, cfg, watch_timeout=30, recorder=recorder,
+                          policy=RolloutPolicy(mgmt, cfg, recorder=recorder))
+    async with anyio.create_task_group() as tg:
+        await tg.start(ctl.run)
+        try:
+            yield ctl
+        finally:
+            tg.cancel_scope.cancel()
+
+
+async def _wait(predicate: Any, timeout: float, what: str) -> None:
+    with anyio.fail_after(timeout):
+        while not await predicate():
+            await anyio.sleep(0.1)
+
+
+async def versions(mgmt: KubeClient, wl: KubeClient, namespace: str,
+                   fcs: list[FleetCluster]) -> dict[tuple[str, str], str]:
+    """resourceVersion of every object the controller may write."""
+    out: dict[tuple[str, str], str] = {}
+    for res in MANAGEMENT:
+        for o in (await mgmt.list(res, namespace)).items:
+            out[(res.kind, o["metadata"]["name"])] = o["metadata"]["resourceVersion"]
+    ours = {m for fc in fcs for m in fc.machines}
+    for n in (await wl.list(NODES)).items:
+        if n["metadata"]["name"] in ours:
+            out[("Node", n["metadata"]["name"])] = n["metadata"]["resourceVersion"]
+    return out
+
+
+async def quiet(ctl: FleetController) -> bool:
+    """It has planned, nothing is in flight, no change waits for a pass."""
+    return ctl.stats.passes > 0 and not ctl._inflight and ctl.trigger.first_poke is None
+
+
+async def test_a_restarted_controller_writes_no_status_on_a_settled_fleet(
+        world: World, mgmt: KubeClient, wl1: KubeClient, namespace: str) -> None:
+    await ensure_infra_crd(mgmt)
+    fcs = [await create_cluster(mgmt, wl1, world["wl1"].kubeconfig(), namespace=namespace,
+                                name=unique("rs"), control_planes=1, workers=2,
+                                max_unavailable=1, version=V1) for _ in range(CLUSTERS)]
+    await apply_upgrade(mgmt, namespace=namespace, name="steady", version=V1, selector=None)
+    cfg = config(namespace)
+
+    async def settled() -> bool:
+        for fc in fcs:
+            for res, name in ((K0S_CONTROL_PLANES, fc.kcp), (MACHINE_DEPLOYMENTS, fc.md)):
+                st = (await mgmt.get(res, name or "", namespace)).get("status") or {}
+                if not any(c.get("type") == C.UP_TO_DATE and c.get("status") == "True"
+                           for c in st.get("conditions") or []):
+                    return False
+        fu = await mgmt.get(FLEET_UPGRADES, "steady", namespace)
+        return (fu.get("status") or {}).get("phase") == "Complete"
+
+    async with controller(mgmt, cfg) as first:
+        await _wait(settled, 120, "the first controller's status written")
+        await _wait(lambda: quiet(first), 60, "the first controller quiet")
+    before = await versions(mgmt, wl1, namespace, fcs)
+    assert len(before) > CLUSTERS * 6  # the objects are there to be compared
+
+    async with controller(mgmt, cfg) as second:
+        # Its first pass comes only once every cluster's Nodes are listed; it plans every
+        # cluster then: whatever it would write is sent by the time it is quiet.
+        await _wait(lambda: quiet(second), 120, "the second controller planned, quiet")
+        assert all(second.registry.settled((namespace, fc.name)) for fc in fcs)
+        assert second.stats.clusters_planned >= CLUSTERS
+        after = await versions(mgmt, wl1, namespace, fcs)
+    written = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert written == [], f"the restarted controller wrote {written}"
+    assert second.stats.actions == 0
