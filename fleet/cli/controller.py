@@ -103,7 +103,7 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
             tg.start_soon(functools.partial(serve, make_app(board, health=health.health),
                                             port=config.status.port))
             # A soak ending or a window opening is announced by no watch event.
-            tg.start_soon(rollout.wakeups, trigger.poke, controller.clock)
+            tg.start_soon(rollout.run, trigger.poke, controller.clock)
             tg.start_soon(exclusion.run)
             # CAPI calls the hooks through the Service, i.e. on any replica: serve them on
             # every replica, leader or not (returns at once when the extension is off).

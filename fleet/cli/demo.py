@@ -334,7 +334,7 @@ async def _demo(args: argparse.Namespace, workdir: Path,
                     mgmt, config, identity="demo", on_pass=on_pass, policy=rollout,
                     recorder=recorder,
                     tracer=get_tracer("fleet.controller", provider))
-                tg.start_soon(rollout.wakeups, controller.trigger.poke, controller.clock)
+                tg.start_soon(rollout.run, controller.trigger.poke, controller.clock)
                 await tg.start(controller.run)
                 with Live(board.render(), console=console, refresh_per_second=8,
                           transient=False) as live:

@@ -1,7 +1,8 @@
 """The rollout gate's I/O: the rollout ConfigMap (switches + durable record) and Events.
 
 One call per planning pass: ``decision = await coordinator.decide(clusters)``. It reads
-the ConfigMap (creating it when missing), evaluates the pure gate, writes the record
+the ConfigMap (creating it when missing; from a watch while :meth:`RolloutCoordinator.watch`
+runs, else with a GET), evaluates the pure gate, writes the record
 back *before* the decision is used when it changed (new admissions become durable
 first; if the write fails they are withdrawn), and reports transitions as Events:
 
@@ -25,7 +26,9 @@ from typing import Any
 from fleet.config import FleetConfig
 from fleet.events import NORMAL, WARNING, EventRecorder, Regarding
 from fleet.kube import AlreadyExistsError, KubeClient, KubeError, NotFoundError, patch_with_retry
+from fleet.kube.cache import newer_or_same
 from fleet.kube.resources import CONFIGMAPS
+from fleet.kube.watch import Reflector, WatchEvent
 from fleet.model import ClusterKey, format_time
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP, STATE_KEY
 from fleet.rollout.gate import ClusterPhase, FleetControls, FleetView, GateDecision, RolloutGate
@@ -41,6 +44,11 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def _rv(obj: dict[str, Any] | None) -> str | None:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "") or None \
+        if obj is not None else None
+
+
 class RolloutCoordinator:
     def __init__(self, client: KubeClient, config: FleetConfig, *,
                  recorder: EventRecorder | None = None,
@@ -53,6 +61,44 @@ class RolloutCoordinator:
         self.namespace = config.management.namespace
         self.last: GateDecision | None = None
         self._configmap: dict[str, Any] | None = None
+        self._record: Reflector | None = None  # the ConfigMap's watch, while it runs
+        self.gets = 0  # reads that had to ask the API server (no healthy watch)
+
+    async def watch(self, on_change: Callable[[], None] | None = None, *,
+                    watch_timeout: int = 120) -> None:
+        """Keep the rollout ConfigMap from a watch, until cancelled. While it is synced and
+        healthy, :meth:`read` serves the ConfigMap from it (or from this process's own last
+        write, whichever is newer) instead of a GET per pass. That copy may trail the API
+        server by an event in transit, as a GET trails it by the time the pass takes: what
+        makes admissions safe is :meth:`write`'s resourceVersion precondition, which a
+        trailing copy fails (409, re-read, withdrawn). ``on_change`` is told when someone
+        else changed it (a pause annotation, another replica's record)."""
+        async def changed(ev: WatchEvent) -> None:
+            if on_change is not None and _rv(ev.object) != _rv(self._configmap):
+                on_change()
+
+        reflector = Reflector(self.client, CONFIGMAPS, namespace=self.namespace,
+                              field_selector=f"metadata.name={ROLLOUT_CONFIGMAP}",
+                              listener=changed, watch_timeout=watch_timeout)
+        self._record = reflector
+        try:
+            await reflector.run()
+        finally:
+            self._record = None
+
+    def _watched(self) -> dict[str, Any] | None:
+        """The ConfigMap as the healthy watch (or our own newer write) has it; None when
+        there is no such copy (no watch, not synced, failing, or no ConfigMap yet)."""
+        r = self._record
+        if r is None or not r.synced.is_set() or r.failing_since is not None:
+            return None
+        cm = r.get(ROLLOUT_CONFIGMAP, self.namespace)
+        if cm is None:
+            return None
+        own = self._configmap
+        if own is not None and _rv(own) is not None and newer_or_same(own, cm):
+            return own
+        return cm
 
     @property
     def configmap_ref(self) -> Regarding:
@@ -60,7 +106,10 @@ class RolloutCoordinator:
         return Regarding("ConfigMap", ROLLOUT_CONFIGMAP, self.namespace, uid, "v1")
 
     async def read(self) -> tuple[FleetControls, RolloutState]:
-        cm = await self.client.get_or_none(CONFIGMAPS, ROLLOUT_CONFIGMAP, self.namespace)
+        cm = self._watched()
+        if cm is None:
+            self.gets += 1
+            cm = await self.client.get_or_none(CONFIGMAPS, ROLLOUT_CONFIGMAP, self.namespace)
         if cm is None:
             try:
                 cm = await self.client.create(CONFIGMAPS, {

@@ -7,8 +7,10 @@
   + Events) and hands the planner ``decision.hold``;
 * it publishes every decision to a :class:`DecisionBoard` (the status endpoint's board)
   and tells it of every pass (metrics);
-* :meth:`RolloutPolicy.wakeups` pokes the controller when the gate's next wake-up (end of
-  a soak, opening of a maintenance window) comes, since no watch event would announce it.
+* :meth:`RolloutPolicy.run` keeps the rollout ConfigMap from a watch (no GET per pass;
+  a change someone else made pokes the controller) and pokes the controller when the
+  gate's next wake-up (end of a soak, opening of a maintenance window) comes, since no
+  watch event would announce it (:meth:`RolloutPolicy.wakeups`).
 """
 
 from __future__ import annotations
@@ -88,6 +90,13 @@ class RolloutPolicy:
     def on_pass(self, snapshot: Snapshot, result: PlanResult) -> None:
         if self.board is not None:
             self.board.observe_pass(snapshot)
+
+    async def run(self, poke: Callable[[], None], clock: Callable[[], datetime]) -> None:
+        """The policy's background work, until cancelled: the rollout ConfigMap's watch
+        and the gate's wake-ups (both poke the controller)."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.wakeups, poke, clock)
+            await self.coordinator.watch(poke)
 
     async def wakeups(self, poke: Callable[[], None], clock: Callable[[], datetime]) -> None:
         """Poke the controller when the gate's next wake-up time comes (until cancelled)."""

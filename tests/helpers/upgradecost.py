@@ -21,6 +21,7 @@ Used by ``tests/integration/test_upgrade_requests.py`` and ``bench/requests.py``
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import shutil
@@ -35,6 +36,7 @@ import anyio
 
 from fleet.config import FleetConfig
 from fleet.controllers.runner import FleetController
+from fleet.events import EventRecorder
 from fleet.kube import KubeClient
 from fleet.kube.resources import (
     K0S_CONTROL_PLANES,
@@ -47,6 +49,7 @@ from fleet.kube.resources import (
 from fleet.model import ANN_MACHINE_RUNNING_VERSION
 from fleet.nodeplan import NodePlanPhase
 from fleet.planner import conditions as C
+from fleet.rollout.policy import RolloutPolicy
 from fleet.testing.audit import AuditedRequest, AuditLog, audit_args, tally
 from fleet.testing.capi import FleetCluster, bump, create_cluster, ensure_infra_crd
 from fleet.testing.releases import ReleaseServer
@@ -154,19 +157,26 @@ async def _quiet(logs: dict[str, AuditLog], since: dict[str, int], quiet: float,
 
 async def measure_rollout(*, control_planes: int = 1, workers: int = 6,
                           max_unavailable: int = 2, quiet: float = 3.0,
-                          timeout: float = 300.0, workdir: Path | None = None) -> UpgradeCost:
-    """Roll one cluster from V1 to V2 with real agents; count every request."""
+                          timeout: float = 300.0, workdir: Path | None = None,
+                          policy: bool = True, record_watch: bool = True) -> UpgradeCost:
+    """Roll one cluster from V1 to V2 with real agents; count every request.
+
+    ``policy``: the controller runs with the fleet rollout policy, as `k0s-fleet
+    controller` does (its rollout record, Events); ``record_watch``: the policy keeps
+    that record from a watch (as deployed) rather than a GET per pass."""
     root = workdir or Path(tempfile.mkdtemp(prefix="k0s-fleet-cost-"))
     try:
         return await _measure(root, control_planes=control_planes, workers=workers,
-                              max_unavailable=max_unavailable, quiet=quiet, timeout=timeout)
+                              max_unavailable=max_unavailable, quiet=quiet, timeout=timeout,
+                              policy=policy, record_watch=record_watch)
     finally:
         if workdir is None and not os.environ.get("K0S_FLEET_KEEP_WORLD"):
             shutil.rmtree(root, ignore_errors=True)
 
 
 async def _measure(root: Path, *, control_planes: int, workers: int, max_unavailable: int,
-                   quiet: float, timeout: float) -> UpgradeCost:
+                   quiet: float, timeout: float, policy: bool, record_watch: bool
+                   ) -> UpgradeCost:
     tokens = {CONTROLLER_USER: secrets.token_hex(16), AGENT_USER: secrets.token_hex(16)}
     world = World(list(SERVERS), workdir=root / "world", users=tokens,
                   extra_args={s: audit_args(root / f"audit-{s}") for s in SERVERS})
@@ -191,9 +201,18 @@ async def _measure(root: Path, *, control_planes: int, workers: int, max_unavail
             nodes = [await stack.enter_async_context(SimNode.running(
                 wl, agent_kubeconfig, root / f"n{i}", old, name=name))
                 for i, name in enumerate(fc.machines)]
-            controller = FleetController(ctl, fleet_config(ns, rs.base_url, new.sha256),
-                                         identity="cost", watch_timeout=3600)
+            config = fleet_config(ns, rs.base_url, new.sha256)
+            recorder = EventRecorder(ctl, instance="cost", default_namespace=ns)
+            rollout = RolloutPolicy(ctl, config, recorder=recorder) if policy else None
+            controller = FleetController(ctl, config, identity="cost", watch_timeout=3600,
+                                         recorder=recorder, policy=rollout)
             async with anyio.create_task_group() as tg:
+                if rollout is not None:
+                    if record_watch:
+                        tg.start_soon(functools.partial(
+                            rollout.coordinator.watch, controller.trigger.poke,
+                            watch_timeout=3600))
+                    tg.start_soon(rollout.wakeups, controller.trigger.poke, controller.clock)
                 await tg.start(controller.run)
                 await _wait(lambda: _settled(admin, fc, V1, plans=False), timeout, "settled on V1")
                 for node in nodes:

@@ -84,7 +84,7 @@ async def rollout_controller(mgmt: KubeClient, cfg: FleetConfig
         port = await tg.start(lambda task_status: serve(
             make_app(board, health=_health(controller)), host="127.0.0.1",
             port=0, task_status=task_status))
-        tg.start_soon(policy.wakeups, controller.trigger.poke, controller.clock)
+        tg.start_soon(policy.run, controller.trigger.poke, controller.clock)
         await tg.start(controller.run)
         try:
             yield controller, board, port

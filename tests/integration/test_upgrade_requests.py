@@ -1,13 +1,15 @@
 """API requests per node upgrade, counted by the API servers themselves (audit log).
 
 One cluster (a control plane and six workers, maxUnavailable 2) rolled to a new version
-by the controller and the real agents on a test world of its own; every request of the
-controller (management and workload cluster, reads and writes, watches) and of the
-agents is counted (tests/helpers/upgradecost.py). Issue #13's target is at most 10
-requests of the controller per node upgrade; this change brought it from 15.7 to 9.0,
-but since the one-writer landing (#11: pause, MachineSet and worker Machine versions,
-their Events) the same rollout costs 11.6-11.7, so the bound asserted here is 12 (it
-failed at 15.7 before the cuts) until those writes are cut too.
+by the controller, with the fleet rollout policy as `k0s-fleet controller` runs it (its
+record kept from a watch), and the real agents on a test world of its own; every request
+of the controller (management and workload cluster, reads and writes, watches) and of
+the agents is counted (tests/helpers/upgradecost.py). Issue #13's target is at most 10
+requests of the controller per node upgrade: measured 9.57-9.86 (bench/README.md,
+`requests.py`); the bound asserted is 11, since a node step that lasts longer than
+status_settle on a loaded machine costs one more NodePlan status write (up to +0.7 per
+node seen). With the record read by a GET per pass instead of the watch the same rollout
+cost 19.7-21.7, so the rollout ConfigMap is also asserted to be read from the watch.
 """
 
 from __future__ import annotations
@@ -27,4 +29,7 @@ async def test_controller_requests_per_node_upgrade_bounded() -> None:
     # the count is real: every node was at least created, signalled and completed
     assert len(cost.of(CONTROLLER_USER)) >= 3 * cost.nodes
     assert len(cost.of(AGENT_USER)) >= cost.nodes
-    assert cost.per_node(CONTROLLER_USER) <= 12, cost.breakdown(CONTROLLER_USER)
+    record_reads = [r for r in cost.of(CONTROLLER_USER, "mgmt")
+                    if r.resource == "configmaps" and r.verb == "get"]
+    assert len(record_reads) <= 1, "the rollout record is read from its watch, not per pass"
+    assert cost.per_node(CONTROLLER_USER) <= 11, cost.breakdown(CONTROLLER_USER)
