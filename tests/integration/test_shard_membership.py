@@ -71,14 +71,17 @@ class Replicas:
 
     async def sample(self) -> None:
         while True:
-            now = time.monotonic()
-            acting: dict[int, list[str]] = {}
-            for name, m in self.members.items():
-                for s in m.acting_shards():
-                    acting.setdefault(s, []).append(name)
-                    self.first_acting.setdefault((name, s), now)
-            self.overlaps += [(now, s, who) for s, who in acting.items() if len(who) > 1]
+            self.sample_once()
             await anyio.sleep(0.02)
+
+    def sample_once(self) -> None:
+        now = time.monotonic()
+        acting: dict[int, list[str]] = {}
+        for name, m in self.members.items():
+            for s in m.acting_shards():
+                acting.setdefault(s, []).append(name)
+                self.first_acting.setdefault((name, s), now)
+        self.overlaps += [(now, s, who) for s, who in acting.items() if len(who) > 1]
 
     def acting(self) -> dict[int, str]:
         return {s: name for name, m in self.members.items() for s in m.acting_shards()}
@@ -89,6 +92,9 @@ class Replicas:
         with anyio.fail_after(timeout):
             while self.acting() != want:
                 await anyio.sleep(0.1)
+        # What was just seen acting is recorded even if the sampler has not turned since
+        # (on a loaded machine it may not have: a KeyError on first_acting in a full suite).
+        self.sample_once()
         return want
 
 
