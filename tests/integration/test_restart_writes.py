@@ -133,3 +133,72 @@ async def test_a_restarted_controller_writes_no_status_on_a_settled_fleet(
     written = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     assert written == [], f"the restarted controller wrote {written}"
     assert second.stats.actions == 0
+
+
+class Toggle:
+    """A shard (fleet.controllers.runner.Shard) that acts on nothing until switched on."""
+
+    def __init__(self) -> None:
+        self.on = False
+
+    def acts_on(self, cluster: tuple[str, str]) -> bool:
+        return self.on
+
+
+async def test_a_shard_taken_over_is_planned_only_once_its_workload_cluster_answered(
+        world: World, mgmt: KubeClient, wl1: KubeClient, namespace: str) -> None:
+    """A replica that takes clusters over (sharding) does not plan them before their
+    workload caches are listed: planned on an empty cache they would get "workload cluster
+    unreachable" written into their MachineDeployments and K0sControlPlanes, and written
+    back once the Nodes arrive. Settled clusters, a replica acting on none of them (its
+    first pass: all another replica's), then on all of them: none of their objects is
+    written. (Run with ``settle_bound=0``, i.e. planned at once, this test saw both
+    K0sControlPlanes written.) The fleet-wide objects are left out: the rollout record
+    and the FleetUpgrade status do change here, because the fleet rollout judges another
+    replica's cluster from its Machines' recorded versions, which a fleet never upgraded
+    by k0s-fleet does not have (it counts 1/3 nodes up to date, then 3/3 once the nodes
+    are seen)."""
+    await ensure_infra_crd(mgmt)
+    fcs = [await create_cluster(mgmt, wl1, world["wl1"].kubeconfig(), namespace=namespace,
+                                name=unique("sh"), control_planes=1, workers=2,
+                                max_unavailable=1, version=V1) for _ in range(2)]
+    await apply_upgrade(mgmt, namespace=namespace, name="steady", version=V1, selector=None)
+    cfg = config(namespace)
+
+    async def settled() -> bool:
+        for fc in fcs:
+            for res, name in ((K0S_CONTROL_PLANES, fc.kcp), (MACHINE_DEPLOYMENTS, fc.md)):
+                st = (await mgmt.get(res, name or "", namespace)).get("status") or {}
+                if not any(c.get("type") == C.UP_TO_DATE and c.get("status") == "True"
+                           for c in st.get("conditions") or []):
+                    return False
+        return True
+
+    async with controller(mgmt, cfg) as first:
+        await _wait(settled, 120, "the first controller's status written")
+        await _wait(lambda: quiet(first), 60, "the first controller quiet")
+
+    shard = Toggle()
+    recorder = EventRecorder(mgmt, instance="k0s-fleet", default_namespace=namespace)
+    second = FleetController(mgmt, cfg, watch_timeout=30, recorder=recorder, shard=shard,
+                             policy=RolloutPolicy(mgmt, cfg, recorder=recorder))
+    async with anyio.create_task_group() as tg:
+        await tg.start(second.run)
+        await _wait(lambda: quiet(second), 120, "planned on nothing of its own, quiet")
+        before = await versions(mgmt, wl1, namespace, fcs)
+        planned = second.stats.clusters_planned
+        shard.on = True
+        second.trigger.poke()
+        await _wait(lambda: _planned(second, planned + len(fcs)), 120,
+                    "the taken-over clusters planned")
+        await _wait(lambda: quiet(second), 60, "quiet again")
+        assert all(second.registry.settled((namespace, fc.name)) for fc in fcs)
+        after = await versions(mgmt, wl1, namespace, fcs)
+        tg.cancel_scope.cancel()
+    written = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k)
+                     and k[0] not in ("ConfigMap", "FleetUpgrade"))
+    assert written == [], f"the replica wrote {written} on taking the clusters over"
+
+
+async def _planned(ctl: FleetController, n: int) -> bool:
+    return ctl.stats.clusters_planned >= n and not ctl._inflight
