@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 
-.PHONY: all demo test test-unit test-integration testenv venv lint typecheck bench bench-scale chaos clean image
+.PHONY: all demo test test-unit test-integration testenv venv lint typecheck bench bench-scale chaos chaos-real clean image
 
 all: test
 
@@ -52,6 +52,14 @@ image: venv testenv
 CHAOS_TRIALS ?= 1000
 chaos: venv
 	$(BIN)/python -m tests.helpers.chaos --trials $(CHAOS_TRIALS)
+
+# Seeded chaos on the real test world (docs/reliability.md): real kube-apiservers, etcd,
+# controller and agent processes; SEEDS trials from FIRST_SEED, one after another (~1-3
+# min each). A failing trial prints its seed and replay command and keeps its logs.
+SEEDS ?= 20
+FIRST_SEED ?= 0
+chaos-real: venv testenv
+	$(BIN)/python -m tests.helpers.realchaos --seeds $(SEEDS) --first-seed $(FIRST_SEED) $(ARGS)
 
 bench: venv testenv
 	$(BIN)/python bench/rollout.py

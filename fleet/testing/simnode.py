@@ -196,17 +196,35 @@ class SimNode:
             self.service = None
             if self._stopping:
                 return
-            with anyio.CancelScope(shield=True), contextlib.suppress(KubeError):
+            # Bounded: an API server that stalls must not hold the service down.
+            with anyio.move_on_after(5, shield=True), contextlib.suppress(KubeError):
                 await self.set_ready(False, "k0s exited")
             await anyio.sleep(self.restart_delay)
 
     async def _mark_ready_when_up(self, proc: anyio.abc.Process) -> None:
         while proc.returncode is None:
             if await self._status() is not None:
+                # Until it lands, as a kubelet keeps posting its status: an API server
+                # that is down now must not leave the Node NotReady for good.
+                try:
+                    await self.set_ready(True, "k0s is running")
+                    break
+                except KubeError:
+                    await anyio.sleep(0.5)
+                    continue
+            await anyio.sleep(0.05)
+        # A heartbeat, as a kubelet's: a "k0s exited" write that landed late (its server
+        # stalled, the write timed out here and was applied on resume) is overwritten.
+        while proc.returncode is None:
+            await anyio.sleep(2.0)
+            if self._says_exited() and await self._status() is not None:
                 with contextlib.suppress(KubeError):
                     await self.set_ready(True, "k0s is running")
-                return
-            await anyio.sleep(0.05)
+
+    def _says_exited(self) -> bool:
+        conds = ((self.latest or {}).get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") != "True"
+                   and c.get("message") == "k0s exited" for c in conds)
 
     async def _status(self) -> dict[str, Any] | None:
         import aiohttp  # noqa: PLC0415

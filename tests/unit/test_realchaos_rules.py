@@ -1,0 +1,144 @@
+"""The real-world chaos suite's pure parts: schedules replay from their seed, and the
+independent watcher catches each kind of violation it is there for (a watcher that
+cannot fail would prove nothing). The trials themselves: tests/integration/
+test_chaos_real.py and `make chaos-real`."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from fleet.kube.watch import WatchEvent
+from fleet.signal import CORDONED_BY_KEY, RUNNING_VERSION_KEY, SIGNAL_DATA_KEY
+from tests.helpers.realchaos.schedule import (
+    FAULT_KINDS,
+    OLD,
+    TARGET,
+    ClusterShape,
+    Schedule,
+    schedule,
+)
+from tests.helpers.realchaos.watcher import ChaosWatcher
+
+T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
+CANARY = ClusterShape("c0", "canary", 1, 1, 1)
+PROD = ClusterShape("c1", "default", 1, 3, 1)
+
+
+def test_a_schedule_replays_from_its_seed() -> None:
+    assert schedule(7) == schedule(7)
+    assert schedule(7).describe() == schedule(7).describe()
+    assert len({schedule(s).describe() for s in range(20)}) == 20
+
+
+def test_every_fault_kind_once_when_asked_for_as_many() -> None:
+    for seed in range(10):
+        kinds = [f.kind for f in schedule(seed, faults=len(FAULT_KINDS)).faults]
+        assert sorted(kinds) == sorted(FAULT_KINDS)
+
+
+def test_small_fleets_and_step_boundaries() -> None:
+    for seed in range(30):
+        s = schedule(seed, small=True)
+        assert len(s.clusters) == 3 and s.clusters[0].wave == "canary"
+        assert all(c.control_planes <= 1 and 1 <= c.workers <= 2 for c in s.clusters)
+        steps = [f.at_step for f in s.faults]
+        assert steps == sorted(steps) and all(1 <= x < s.total_steps for x in steps)
+        assert set(s.crash_points) <= set(s.machines)
+
+
+def _node(name: str, *, ready: bool = True, cordoned: bool = False, plan: str | None = None,
+          state: str | None = None, version: str = OLD, created: datetime = T0,
+          attempt: int = 1, at: datetime = T0) -> dict[str, Any]:
+    ann: dict[str, str] = {RUNNING_VERSION_KEY: version}
+    if plan is not None:
+        sig: dict[str, Any] = {"planId": f"chaos/{plan}", "created": created.isoformat(),
+                               "command": {"id": attempt, "k0supdate": {
+                                   "version": TARGET, "url": "http://x/k0s",
+                                   "sha256": "0" * 64}}}
+        if state is not None:
+            sig["status"] = {"status": state, "timestamp": at.isoformat()}
+        ann[SIGNAL_DATA_KEY] = json.dumps(sig)
+    if cordoned:
+        ann[CORDONED_BY_KEY] = "agent"
+    return {"metadata": {"name": name, "annotations": ann},
+            "spec": {"unschedulable": True} if cordoned else {},
+            "status": {"conditions": [{"type": "Ready",
+                                       "status": "True" if ready else "False"}]}}
+
+
+def _plan(name: str, cluster: str, created: datetime, uid: str = "u1") -> dict[str, Any]:
+    return {"metadata": {"name": name, "uid": uid, "namespace": "chaos",
+                         "creationTimestamp": created.strftime("%Y-%m-%dT%H:%M:%SZ")},
+            "spec": {"clusterName": cluster}, "status": {}}
+
+
+def _watcher() -> ChaosWatcher:
+    w = ChaosWatcher(Schedule(0, (CANARY, PROD), ()), soak=timedelta(seconds=5))
+    for shape in (CANARY, PROD):
+        for m in shape.machines:
+            w.on_node(shape.name, WatchEvent("ADDED", _node(m)))
+    w.arm()
+    return w
+
+
+def test_a_correct_upgrade_breaks_no_rule() -> None:
+    w = _watcher()
+    for state in ("Downloading", "Cordoning", "Restarting", "Verifying", "UnCordoning",
+                  "Completed"):
+        down = state in ("Cordoning", "Restarting", "Verifying")
+        w.on_node("c1", WatchEvent("MODIFIED", _node(
+            "c1-cp-0", plan="c1-cp-0-v", state=state, cordoned=down,
+            ready=state != "Restarting",
+            version=TARGET if state in ("Verifying", "UnCordoning", "Completed") else OLD)))
+    assert w.violations == [] and w.final_violations() == []
+    assert w.steps == 6
+
+
+def test_two_workers_down_with_max_unavailable_one_is_caught() -> None:
+    w = _watcher()
+    w.on_node("c1", WatchEvent("MODIFIED", _node("c1-cp-0", version=TARGET)))
+    w.on_node("c1", WatchEvent("MODIFIED", _node("c1-md-0", plan="p0", state="Cordoning",
+                                                 cordoned=True)))
+    assert w.violations == []
+    w.on_node("c1", WatchEvent("MODIFIED", _node("c1-md-2", plan="p2")))
+    assert any("2 workers unavailable" in v for v in w.violations), w.violations
+
+
+def test_a_worker_before_its_control_plane_is_caught() -> None:
+    w = _watcher()
+    w.on_node("c1", WatchEvent("MODIFIED", _node("c1-md-1", plan="p1")))
+    assert any("control planes ['c1-cp-0'] are not done" in v for v in w.violations)
+
+
+def test_a_node_signalled_twice_for_one_attempt_is_caught() -> None:
+    w = _watcher()
+    w.on_plan(WatchEvent("ADDED", _plan("p", "c0", T0)))
+    w.on_node("c0", WatchEvent("MODIFIED", _node("c0-cp-0", plan="p", created=T0)))
+    w.on_node("c0", WatchEvent("MODIFIED", _node("c0-cp-0", plan="p",
+                                                 created=T0 + timedelta(seconds=3))))
+    assert any("signalled 2 times for attempt 1" in v for v in w.final_violations())
+    # the same, but the NodePlan was deleted and created anew in between: allowed
+    w.on_plan(WatchEvent("DELETED", _plan("p", "c0", T0)))
+    w.on_plan(WatchEvent("ADDED", _plan("p", "c0", T0, uid="u2")))
+    assert w.final_violations() == []
+
+
+def test_the_default_wave_starting_before_the_canary_soaked_is_caught() -> None:
+    w = _watcher()
+    for m in CANARY.machines:
+        w.on_node("c0", WatchEvent("MODIFIED", _node(m, plan=m, state="Completed",
+                                                     version=TARGET, at=T0)))
+    w.on_plan(WatchEvent("ADDED", _plan("late", "c1", T0 + timedelta(seconds=6))))
+    assert w.final_violations() == []
+    w.on_plan(WatchEvent("ADDED", _plan("early", "c1", T0 + timedelta(seconds=2))))
+    [v] = w.final_violations()
+    assert "NodePlan early created" in v and "soaked 5s" in v
+
+
+def test_the_default_wave_starting_before_the_canary_is_done_is_caught() -> None:
+    w = _watcher()
+    w.on_plan(WatchEvent("ADDED", _plan("early", "c1", T0)))
+    [v] = w.final_violations()
+    assert "were never seen done" in v
