@@ -5,6 +5,7 @@ keeps its logs."""
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 from collections import Counter
 
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--faults", type=int, help="faults per trial (default: 5-8 by seed; "
                    f"{len(FAULT_KINDS)} = every kind once)")
     args = p.parse_args(argv)
+    # The trial's own watches retry through every outage it causes: not news.
+    logging.basicConfig(level=logging.ERROR, format="%(name)s: %(message)s")
     seeds = [args.seed] if args.seed is not None else list(
         range(args.first_seed, args.first_seed + args.seeds))
     results: list[TrialResult] = []

@@ -112,6 +112,15 @@ class Controllers:
                 return r if r is not None and r.proc.returncode is None else None
         return None
 
+    async def wait_leader(self, timeout: float) -> Replica | None:
+        """A running replica holding the Lease, waiting for one to take it over (a
+        replica that lost it exits without releasing it: the Lease runs out first)."""
+        with anyio.move_on_after(timeout):
+            while (r := await self.leader()) is None:
+                await anyio.sleep(0.5)
+            return r
+        return None
+
     @staticmethod
     def kill(r: Replica) -> None:
         r.killed = True

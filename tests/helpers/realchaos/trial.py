@@ -81,7 +81,7 @@ class TrialResult:
     conflicts: Counter[str] = field(default_factory=Counter)  # 409s by user
     controller_exits: list[tuple[str, int]] = field(default_factory=list)
     agent_exits: list[tuple[str, int]] = field(default_factory=list)
-    retries: int = 0  # failed NodePlans the operator retried after the faults
+    retries: int = 0  # failed node upgrades the operator retried
     workdir: str = ""
     small: bool = False
 
@@ -122,6 +122,7 @@ class Trial:
         self.faults: Counter[str] = Counter()
         self.violations: list[str] = []
         self.tokens = {u: secrets.token_hex(16) for u in USERS}
+        self.retried: Counter[str] = Counter()  # NodePlan -> retries asked by the operator
 
     # -- the whole trial -----------------------------------------------------------------------
     async def run(self) -> TrialResult:
@@ -191,19 +192,21 @@ class Trial:
                     for name in nodes:
                         tg.start_soon(agents.supervise, name)
                     tg.start_soon(controllers.supervise)
+                    tg.start_soon(self._operator, mgmt)
                     for fc in fleet:
                         await bump(mgmt, fc, TARGET)
                     async with anyio.create_task_group() as storms:
                         for fault in self.sched.faults:
-                            await watcher.wait_steps(fault.at_step, timeout=10)
+                            await watcher.wait_steps(fault.at_step, timeout=6)
                             await self._inject(fault, storms, world, mgmt, storm, rs,
                                                watcher, agents, controllers, nodes)
                     rs.modes.clear()  # the faults stop (storms included)
                     result.retries = await self._converge(mgmt, fleet, watcher, nodes,
                                                           new.sha256)
-                    leader = await controllers.leader()
+                    leader = await controllers.wait_leader(timeout=60)
                     if leader is None:
-                        self.violations.append("no controller leads at the end")
+                        self.violations.append("no controller took the Lease within 60s "
+                                               "after the faults")
                     elif (code := await controllers.healthz(leader)) != 200:
                         self.violations.append(f"leader {leader.identity} /healthz {code}")
                     tg.cancel_scope.cancel()
@@ -370,22 +373,15 @@ class Trial:
                         watcher: ChaosWatcher, nodes: dict[str, SimNode], sha256: str) -> int:
         """Retry failed NodePlans (the operator) until everything is done; the number of
         retries, or a violation saying what is not done at the deadline."""
-        retried: Counter[str] = Counter()
+        retried = self.retried
         deadline = time.monotonic() + self.converge_seconds
         missing: list[str] = []
         while time.monotonic() < deadline:
             missing = []
             with anyio.move_on_after(20):
-                plans = (await _quiet_list(mgmt, NODE_PLANS)) or []
+                plans = await self._retry_failed(mgmt)
                 for p in plans:
                     name, phase = p["metadata"]["name"], (p.get("status") or {}).get("phase")
-                    ann = p["metadata"].get("annotations") or {}
-                    if phase == NodePlanPhase.FAILED and ANN_RETRY not in ann \
-                            and retried[name] < 3:
-                        retried[name] += 1
-                        with contextlib.suppress(KubeError):
-                            await mgmt.patch(NODE_PLANS, name, {"metadata": {"annotations": {
-                                ANN_RETRY: f"chaos-{retried[name]}"}}}, NAMESPACE)
                     if phase != NodePlanPhase.COMPLETED or p["metadata"].get(
                             "deletionTimestamp"):
                         missing.append(f"NodePlan {name} {phase}: "
@@ -406,6 +402,28 @@ class Trial:
         self.violations.append(f"not converged {self.converge_seconds:.0f}s after the faults "
                                f"stopped: " + "; ".join(missing[:12]))
         return sum(retried.values())
+
+    async def _retry_failed(self, mgmt: KubeClient) -> list[dict[str, Any]]:
+        """The operator: every Failed NodePlan retried (at most 3 times each); returns
+        the NodePlans listed."""
+        plans = (await _quiet_list(mgmt, NODE_PLANS)) or []
+        for p in plans:
+            name, phase = p["metadata"]["name"], (p.get("status") or {}).get("phase")
+            ann = p["metadata"].get("annotations") or {}
+            if phase == NodePlanPhase.FAILED and ANN_RETRY not in ann \
+                    and self.retried[name] < 3:
+                self.retried[name] += 1
+                with contextlib.suppress(KubeError):
+                    await mgmt.patch(NODE_PLANS, name, {"metadata": {"annotations": {
+                        ANN_RETRY: f"chaos-{self.retried[name]}"}}}, NAMESPACE)
+        return plans
+
+    async def _operator(self, mgmt: KubeClient) -> None:
+        """Retries failed node upgrades while the faults go on (forever; cancelled)."""
+        while True:
+            with anyio.move_on_after(20):
+                await self._retry_failed(mgmt)
+            await anyio.sleep(2.0)
 
     @staticmethod
     async def _owners_not_done(mgmt: KubeClient, fleet: list[FleetCluster]) -> list[str]:
