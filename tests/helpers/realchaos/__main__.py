@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import time
 from collections import Counter
 
@@ -50,7 +51,18 @@ def main(argv: list[str] | None = None) -> int:
         range(args.first_seed, args.first_seed + args.seeds))
     results: list[TrialResult] = []
     t0 = time.monotonic()
+    stop: list[int] = []
+
+    def on_interrupt(signum: int, _frame: object) -> None:
+        print(f"signal {signum}: stopping after this trial (its processes are cleaned up)",
+              flush=True)
+        stop.append(signum)
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    signal.signal(signal.SIGTERM, on_interrupt)
     for seed in seeds:
+        if stop:
+            break
         r = anyio.run(lambda s=seed: run_trial(  # type: ignore[misc]
             s, small=args.small, faults=args.faults,
             keep=True if args.seed is not None else None))
