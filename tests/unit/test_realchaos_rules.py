@@ -11,6 +11,7 @@ from typing import Any
 
 from fleet.kube.watch import WatchEvent
 from fleet.signal import CORDONED_BY_KEY, RUNNING_VERSION_KEY, SIGNAL_DATA_KEY
+from tests.helpers.realchaos.fencing import two_leaders, writes
 from tests.helpers.realchaos.schedule import (
     FAULT_KINDS,
     OLD,
@@ -142,3 +143,30 @@ def test_the_default_wave_starting_before_the_canary_is_done_is_caught() -> None
     w.on_plan(WatchEvent("ADDED", _plan("early", "c1", T0)))
     [v] = w.final_violations()
     assert "were never seen done" in v
+
+
+def _audit(user: str, verb: str, resource: str, name: str, received: float,  # noqa: PLR0917
+           completed: float | None = None, code: int = 200) -> str:
+    def at(s: float) -> str:
+        return (T0 + timedelta(seconds=s)).isoformat().replace("+00:00", "Z")
+    return json.dumps({"stage": "ResponseComplete", "verb": verb, "user": {"username": user},
+                       "objectRef": {"resource": resource, "name": name},
+                       "responseStatus": {"code": code},
+                       "requestReceivedTimestamp": at(received),
+                       "stageTimestamp": at(completed if completed is not None else received)})
+
+
+def test_a_write_by_a_replica_that_lost_the_lease_is_caught() -> None:
+    lines = [
+        _audit("ctl-0", "create", "leases", "lease", 0),
+        _audit("ctl-0", "patch", "nodeplans", "a", 1),
+        _audit("ctl-1", "update", "leases", "lease", 8, code=409),  # a failed attempt
+        _audit("ctl-0", "patch", "nodeplans", "b", 9, completed=11),  # received before
+        _audit("ctl-1", "update", "leases", "lease", 10),  # ctl-1 takes over
+        _audit("ctl-1", "patch", "nodeplans", "c", 12),
+        _audit("ctl-0", "create", "events", "e", 13),  # ctl-0 resumed: acts again
+        _audit("test-admin", "patch", "nodeplans", "d", 14),  # not a replica
+    ]
+    [v] = two_leaders(writes(lines, user_prefix="ctl-"), lease="lease")
+    assert v.startswith("ctl-0 wrote create events e") and "after ctl-1" in v
+    assert two_leaders(writes(lines[:6], user_prefix="ctl-"), lease="lease") == []

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,9 @@ class Controllers:
 
     workdir: Path
     config: dict[str, Any]  # the fleet config (status.port set per replica)
-    kubeconfig: Path
+    # the management kubeconfig of a replica (each authenticates as its own user, so
+    # that the audit log tells the replicas' writes apart: tests.helpers.realchaos.fencing)
+    kubeconfig: Callable[[str], dict[str, Any]]
     mgmt: KubeClient
     namespace: str
     replicas: int = 2
@@ -71,11 +74,13 @@ class Controllers:
         port = free_port()
         cfg = self.workdir / f"{identity}.yaml"
         cfg.write_text(yaml.safe_dump({**self.config, "status": {"port": port}}))
+        kubeconfig = self.workdir / f"{identity}-kubeconfig.yaml"
+        kubeconfig.write_text(yaml.safe_dump(self.kubeconfig(identity)))
         log = self.workdir / f"{identity}.log"
         with log.open("wb") as fh:
             proc = await anyio.open_process(
                 [sys.executable, "-m", "fleet.cli", "controller", "--config", str(cfg),
-                 "--kubeconfig", str(self.kubeconfig), "--identity", identity,
+                 "--kubeconfig", str(kubeconfig), "--identity", identity,
                  "--lease-seconds", str(LEASE_SECONDS), "--log-level", "INFO"],
                 stdout=subprocess.DEVNULL, stderr=fh, cwd=str(REPO_ROOT),
                 env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, start_new_session=True)

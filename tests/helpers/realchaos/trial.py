@@ -31,7 +31,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import yaml
 
 from fleet.kube import KubeClient, KubeError, NotFoundError
 from fleet.kube.resources import (
@@ -50,7 +49,8 @@ from fleet.testing.capi import FleetCluster, bump, create_cluster, ensure_infra_
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.simnode import SimNode
 from fleet.testing.world import ApiServer, World
-from tests.helpers.realchaos.processes import Agents, Controllers
+from tests.helpers.realchaos.fencing import check_audit_log
+from tests.helpers.realchaos.processes import LEASE_NAME, Agents, Controllers
 from tests.helpers.realchaos.schedule import (
     FAULT_KINDS,
     OLD,
@@ -66,6 +66,7 @@ SOAK = timedelta(seconds=5)
 CANARY_LABELS = {"ring": "canary"}
 TOUCH = "chaos.k0s-fleet.test/touch"
 USERS = ("fleet-controller", "fleet-agent", "chaos-storm")
+REPLICA_USERS = tuple(f"ctl-{i}" for i in range(40))  # one per controller process
 REPLAY = ".venv/bin/python -m tests.helpers.realchaos --seed {seed}{small}"
 
 
@@ -121,7 +122,7 @@ class Trial:
         self.keep = keep
         self.faults: Counter[str] = Counter()
         self.violations: list[str] = []
-        self.tokens = {u: secrets.token_hex(16) for u in USERS}
+        self.tokens = {u: secrets.token_hex(16) for u in (*USERS, *REPLICA_USERS)}
         self.retried: Counter[str] = Counter()  # NodePlan -> retries asked by the operator
 
     # -- the whole trial -----------------------------------------------------------------------
@@ -148,6 +149,10 @@ class Trial:
                         with contextlib.suppress(ProcessLookupError):
                             os.killpg(s.proc.pid, signal.SIGCONT)
                 result.conflicts = self._conflicts(world)
+                audit = world["mgmt"].workdir / "audit" / "audit.log"
+                if audit.exists():
+                    self.violations.extend(check_audit_log(audit, lease=LEASE_NAME,
+                                                           user_prefix="ctl-"))
                 await anyio.to_thread.run_sync(world.close)
         result.seconds = time.monotonic() - t0
         keep = self.keep if self.keep is not None else not result.ok
@@ -181,9 +186,10 @@ class Trial:
             nodes = await self._nodes(stack, world, wl, workdir, old)
             watcher = ChaosWatcher(self.sched, soak=SOAK)
             agents = Agents(nodes)
-            controllers = Controllers(workdir, self._config(rs.base_url, new.sha256),
-                                      self._kubeconfig(world["mgmt"], workdir), mgmt,
-                                      NAMESPACE)
+            controllers = Controllers(
+                workdir, self._config(rs.base_url, new.sha256),
+                lambda identity: world["mgmt"].kubeconfig(token=self.tokens[identity],
+                                                          user=identity), mgmt, NAMESPACE)
             try:
                 async with anyio.create_task_group() as tg:
                     await tg.start(watcher.run, mgmt, NAMESPACE, wl)
@@ -275,12 +281,6 @@ class Trial:
                            "clusterSelector": {"matchLabels": CANARY_LABELS},
                            "soakSeconds": f"{int(SOAK.total_seconds())}s"}]},
         }
-
-    def _kubeconfig(self, server: ApiServer, workdir: Path) -> Path:
-        path = workdir / "mgmt-kubeconfig.yaml"
-        path.write_text(yaml.safe_dump(server.kubeconfig(
-            token=self.tokens["fleet-controller"], user="fleet-controller")))
-        return path
 
     async def _all_ready(self, watcher: ChaosWatcher, timeout: float = 120) -> None:
         """Until every node is Ready, schedulable and asked nothing (then judging starts)."""
