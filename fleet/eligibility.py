@@ -97,12 +97,7 @@ def worker_is_up_to_date(machine: MachineInfo, target: str | None,
     """
     recorded = same_version(machine.version, target) or same_version(
         machine.running_version_annotation, target)
-    # The agent's exact report is a record too: a node whose upgrade completed while its
-    # NodePlan was deleted (so the completion was never recorded on the Machine) runs the
-    # target, and the rollout gate counts it done; asking it again would never happen.
-    exact = node is not None and bool(node.running_version) and same_version(
-        node.running_version, target)
-    return (recorded or exact) and node_reports(node, target) is not False
+    return recorded and node_reports(node, target) is not False
 
 
 def machine_deployment_eligibility(machine: MachineInfo, md: MachineDeploymentInfo,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fleet.model import KIND_CONTROL_NODE, NodeInfo, node_from
+from fleet.model import ANN_MACHINE_RUNNING_VERSION, KIND_CONTROL_NODE, NodeInfo, node_from
 from fleet.planner.simulate import SimFleet, add_cluster, bump
 from fleet.reported import running_version
 from fleet.rollout.gate import FleetView, RolloutGate
@@ -57,6 +57,10 @@ def test_scaled_up_worker_at_the_target_does_not_block_the_cluster() -> None:
         sim.nodes[("fleet", "c")][name] = NodeInfo(name, running_version=V2)
     cp = sim.machines[("fleet", "c-cp-0")]
     sim.machines[("fleet", "c-cp-0")] = dataclasses.replace(cp, version=V2)
+    for name in ("c-md-0", "c-md-1"):
+        w = sim.machines[("fleet", name)]
+        sim.machines[("fleet", name)] = dataclasses.replace(
+            w, annotations={**w.annotations, ANN_MACHINE_RUNNING_VERSION: V2})
     # An MD scale-up: CAPI creates a Machine at the target; its Node reports the kubelet.
     old = sim.machines[("fleet", "c-md-1")]
     sim.machines[("fleet", "c-md-2")] = dataclasses.replace(

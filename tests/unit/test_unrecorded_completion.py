@@ -5,8 +5,8 @@ The node then runs the target and the rollout gate counted the cluster complete 
 held it: "up to date"), while the planner still wanted that Machine upgraded (a worker's
 version is recorded by an annotation, a control plane's by the Machine's spec.version):
 the MachineDeployment read "1/2 machines on v1.31.3+k0s.0; held: up to date" for good.
-Both must agree: a worker whose agent reports the target exactly is up to date; a control
-plane without its record is still to do, and its cluster is not complete.
+Both must agree: a node without its record is still to do (it is upgraded again and the
+completion recorded), so its cluster is not complete.
 """
 
 from __future__ import annotations
@@ -41,13 +41,12 @@ def test_gate_and_planner_agree_on_a_completion_never_recorded() -> None:
     sim = _fleet_done_without_records()
     [progress] = clusters_from_snapshot(sim.snapshot())
     states = {n.node: n.state for o in progress.objects for n in o.nodes}
-    assert states == {"c-cp-0": NodeState.WAITING, "c-md-0": NodeState.UP_TO_DATE,
-                      "c-md-1": NodeState.UP_TO_DATE}
+    assert set(states.values()) == {NodeState.WAITING}
     decision = RolloutGate(config()).evaluate(FleetView([progress]), T0)
     assert decision.clusters[KEY].phase.value != "Complete"
     result = plan(sim.snapshot(), PlannerSettings(), hold=decision.hold)
     created = [a.machine.name for a in result.actions if isinstance(a, CreateNodePlan)]
-    assert created == ["c-cp-0"]  # the control plane is done again (and then recorded)
+    assert created == ["c-cp-0"]  # done again and recorded: control planes first
 
 
 def test_the_rollout_finishes_after_the_control_plane_is_recorded() -> None:
@@ -65,3 +64,5 @@ def test_the_rollout_finishes_after_the_control_plane_is_recorded() -> None:
     else:
         raise AssertionError(f"never complete: {progress}")
     assert sim.machines[("fleet", "c-cp-0")].version == V2
+    for w in ("c-md-0", "c-md-1"):
+        assert sim.machines[("fleet", w)].running_version_annotation == V2
