@@ -200,10 +200,12 @@ def _node_progress(m: MachineInfo, target: str | None, nodes: Mapping[str, NodeI
     # once the node is Ready, schedulable and reports the version; trust that record.
     healthy = node is None or (node.ready and not node.unschedulable)
     if on_target and healthy:
-        if eligibility is not None and not eligibility.up_to_date and eligibility.in_place:
+        if plan is None and eligibility is not None and not eligibility.up_to_date \
+                and eligibility.in_place:
             # It runs the target, but the planner still has its upgrade to do (its
             # NodePlan was deleted before the completion was recorded on the Machine):
             # not done, or the gate would hold a cluster the planner must still finish.
+            # (With its Completed NodePlan there, the record is on its way: done.)
             return NodeProgress(m.ref.name, m.node_name, NodeState.WAITING, version,
                                 message=f"reports {version}; not recorded on its Machine")
         return NodeProgress(m.ref.name, m.node_name, NodeState.UP_TO_DATE, version)
