@@ -27,10 +27,11 @@ import yaml
 
 from fleet.kube import KubeClient, KubeError, KubeObject, NotFoundError
 from fleet.kube.backoff import Backoff
-from fleet.kube.cache import ObjectCache
+from fleet.kube.cache import ObjectCache, RecordCache
 from fleet.kube.resources import AUTOPILOT_PLANS, CONTROL_NODES, NODES, SECRETS, Resource
 from fleet.kube.watch import Reflector
-from fleet.model import ClusterKey
+from fleet.model import KIND_CONTROL_NODE, KIND_NODE, ClusterKey
+from fleet.records import NodeRecord, PlanRecord, node_record, plan_record
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,27 @@ ClientFactory = Callable[[Mapping[str, Any], str], Awaitable[KubeClient]]
 
 class KubeconfigSecretError(ValueError):
     """The Secret exists but holds no usable kubeconfig."""
+
+
+def _node_record(obj: KubeObject) -> NodeRecord:
+    return node_record(obj, KIND_NODE)
+
+
+def _control_node_record(obj: KubeObject) -> NodeRecord:
+    return node_record(obj, KIND_CONTROL_NODE)
+
+
+def node_cache(on_change: Callable[[], None] | None = None) -> RecordCache[NodeRecord]:
+    return RecordCache("Node", _node_record, on_change=on_change)
+
+
+def control_node_cache(on_change: Callable[[], None] | None = None
+                       ) -> RecordCache[NodeRecord]:
+    return RecordCache("ControlNode", _control_node_record, on_change=on_change)
+
+
+def plan_cache(on_change: Callable[[], None] | None = None) -> RecordCache[PlanRecord]:
+    return RecordCache("Plan", plan_record, on_change=on_change)
 
 
 def kubeconfig_from_secret(secret: KubeObject) -> dict[str, Any]:
@@ -83,16 +105,17 @@ async def _default_factory(kubeconfig: Mapping[str, Any], name: str) -> KubeClie
 
 @dataclass
 class WorkloadCluster:
-    """The live connection to one workload cluster."""
+    """The live connection to one workload cluster. Its caches hold compact records
+    (:mod:`fleet.records`), never the objects' full JSON."""
 
     key: ClusterKey
     secret_name: str
     digest: str
-    nodes: ObjectCache
-    control_nodes: ObjectCache
+    nodes: RecordCache[NodeRecord] = field(default_factory=node_cache)
+    control_nodes: RecordCache[NodeRecord] = field(default_factory=control_node_cache)
     client: KubeClient | None = None
     # autopilot Plans: another driver of this cluster's k0s versions (k0smotron, a user)
-    plans: ObjectCache = field(default_factory=lambda: ObjectCache("Plan"))
+    plans: RecordCache[PlanRecord] = field(default_factory=plan_cache)
     error: str | None = None
     generation: int = 0  # bumped on every rebuild (a rotated Secret)
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
@@ -259,9 +282,9 @@ class ClusterRegistry:
         assert self._tg is not None
         moved = functools.partial(self.changed, key)
         wc = WorkloadCluster(key=key, secret_name=secret_name, digest=digest,
-                             nodes=ObjectCache("Node", on_change=moved),
-                             control_nodes=ObjectCache("ControlNode", on_change=moved),
-                             plans=ObjectCache("Plan", on_change=moved))
+                             nodes=node_cache(moved),
+                             control_nodes=control_node_cache(moved),
+                             plans=plan_cache(moved))
         self.clusters[key] = wc
         self.rebuilds += 1
         if secret is None:
@@ -296,7 +319,8 @@ class ClusterRegistry:
         reflector = Reflector(wc.client, NODES, listener=cache.on_event,
                               watch_timeout=self.watch_timeout,
                               backoff=Backoff(initial=0.1, maximum=5.0),
-                              on_health=functools.partial(self.changed, wc.key))
+                              on_health=functools.partial(self.changed, wc.key),
+                              keep_objects=False)
         wc.node_reflector = reflector
 
         async def mark_synced() -> None:
@@ -308,7 +332,7 @@ class ClusterRegistry:
             await reflector.run()
 
     async def _watch_optional(self, wc: WorkloadCluster, resource: Resource,
-                              store: ObjectCache) -> None:
+                              store: RecordCache[Any]) -> None:
         """Watch ``resource`` into ``store`` where its CRD exists: ControlNodes (k0s
         autopilot) and autopilot Plans (someone else's rollout; k0s-fleet's own autopilot
         executor signals nodes and never creates a Plan). Without the CRD the store is
@@ -334,7 +358,7 @@ class ClusterRegistry:
                 break
         del wc.optional_probes[resource.kind]
         reflector = Reflector(wc.client, resource, listener=store.on_event,
-                              watch_timeout=self.watch_timeout,
+                              watch_timeout=self.watch_timeout, keep_objects=False,
                               backoff=Backoff(initial=0.1, maximum=5.0),
                               on_health=functools.partial(self.changed, wc.key))
         wc.optional_reflectors[resource.kind] = reflector

@@ -671,12 +671,3 @@ def nodeplan_from(obj: Mapping[str, Any]) -> NodePlanInfo:
 # its error states, which abort it); anything else (none yet, Schedulable, SchedulableWait)
 # is a rollout in progress.
 AUTOPILOT_PLAN_LIVE_STATES = frozenset({"", "Schedulable", "SchedulableWait"})
-
-
-def live_autopilot_plan(plans: Any) -> str | None:
-    """'<name> (<state>)' of an autopilot Plan that still drives its cluster, or None."""
-    for obj in plans:
-        state = str(((obj.get("status") or {}).get("state")) or "")
-        if state in AUTOPILOT_PLAN_LIVE_STATES and not _meta(obj).get("deletionTimestamp"):
-            return f"{_meta(obj).get('name')} ({state or 'new'})"
-    return None

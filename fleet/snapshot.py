@@ -19,8 +19,6 @@ from typing import Any, Protocol, TypeVar
 from fleet.config import FleetConfig
 from fleet.intent import apply_intents, fleet_upgrade_from, resolve
 from fleet.model import (
-    KIND_CONTROL_NODE,
-    KIND_NODE,
     ROLE_CONTROLLER,
     ClusterInfo,
     ClusterKey,
@@ -35,9 +33,9 @@ from fleet.model import (
     deployment_from,
     machine_from,
     machine_set_from,
-    node_from,
     nodeplan_from,
 )
+from fleet.records import NodeRecord
 from fleet.versions import same_version
 
 log = logging.getLogger(__name__)
@@ -146,21 +144,13 @@ def fleet_cluster(config: FleetConfig, obj: RawObject) -> ClusterInfo | None:
     return info
 
 
-def _as_node(obj: RawObject) -> NodeInfo:
-    return node_from({**obj, "kind": KIND_NODE})
-
-
-def _as_control_node(obj: RawObject) -> NodeInfo:
-    return node_from({**obj, "kind": KIND_CONTROL_NODE})
-
-
-def cluster_nodes(nodes: ObjectSource, control_nodes: ObjectSource) -> dict[str, NodeInfo]:
-    """A workload cluster's Nodes, plus the ControlNodes of its pure controllers."""
-    out = {n.name: n for n in (readable(nodes, o, _as_node) for o in nodes) if n is not None}
-    for obj in control_nodes:
-        cn = readable(control_nodes, obj, _as_control_node)
-        if cn is not None:
-            out.setdefault(cn.name, cn)  # a controller that also runs a kubelet has a Node
+def cluster_nodes(nodes: Iterable[NodeRecord], control_nodes: Iterable[NodeRecord]
+                  ) -> dict[str, NodeInfo]:
+    """A workload cluster's Nodes, plus the ControlNodes of its pure controllers (from
+    their records: :mod:`fleet.records`, where unreadable objects are already left out)."""
+    out = {n.name: n.info for n in nodes}
+    for cn in control_nodes:
+        out.setdefault(cn.name, cn.info)  # a controller that also runs a kubelet has a Node
     return out
 
 

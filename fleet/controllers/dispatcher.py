@@ -34,7 +34,7 @@ from fleet.kube import (
     NotFoundError,
     UnreachableError,
 )
-from fleet.kube.cache import ObjectCache
+from fleet.kube.cache import ObjectCache, RecordCache
 from fleet.kube.patch import patch_with_retry
 from fleet.kube.resources import (
     CLUSTERS,
@@ -62,7 +62,6 @@ from fleet.model import (
     NodePlanInfo,
     ObjectRef,
     format_time,
-    node_from,
     nodeplan_from,
 )
 from fleet.nodeplan import TRACEPARENT_ANNOTATION, NodePlanPhase, nodeplan_name
@@ -93,6 +92,7 @@ from fleet.planner.actions import (
     UpdateNodePlanStatus,
     WriteVersion,
 )
+from fleet.records import NodeRecord
 from fleet.signal import (
     CORDONED_BY_KEY,
     SIGNAL_VERSION,
@@ -192,9 +192,14 @@ class Dispatcher:
 
     async def _patch(self, client: KubeClient, res: Resource, name: str, namespace: str | None,
                      mutate: Callable[[KubeObject], dict[str, Any] | None], *,
-                     subresource: str | None = None, cache: ObjectCache | None = None
+                     subresource: str | None = None,
+                     cache: ObjectCache | RecordCache[Any] | None = None
                      ) -> KubeObject | None:
-        current = (cache or self._cache_for(res) or ObjectCache("x")).get(name, namespace or "")
+        known = cache if cache is not None else self._cache_for(res)
+        # A workload RecordCache gives the kept subset of the object with its
+        # resourceVersion: mutate reads only what is kept, and the precondition makes the
+        # API server refuse the patch if the object moved on since.
+        current = known.object(name, namespace or "") if known is not None else None
         if current is not None and not (current.get("metadata") or {}).get("resourceVersion"):
             current = None  # a provisional copy of ours: read the real thing
         try:
@@ -243,11 +248,11 @@ class Dispatcher:
         if machine is None:
             return
         wc = self.registry.get(a.cluster)
-        node_obj = None
+        node = None
         if wc is not None:
-            cache = wc.control_nodes if a.node_kind == KIND_CONTROL_NODE else wc.nodes
-            node_obj = cache.get(a.node)
-        arch = node_from(node_obj).arch if node_obj else None
+            records = wc.control_nodes if a.node_kind == KIND_CONTROL_NODE else wc.nodes
+            node = records.get(a.node)
+        arch = node.info.arch if node is not None else None
         try:
             artifact = await self.artifacts.resolve(a.version, arch)
         except DownloadResolutionError as e:
@@ -360,7 +365,7 @@ class Dispatcher:
                              action="Retry")
 
     def _signal_object(self, cluster: ClusterKey, node_kind: str
-                       ) -> tuple[KubeClient, Resource, ObjectCache] | None:
+                       ) -> tuple[KubeClient, Resource, RecordCache[NodeRecord]] | None:
         """Where a node's signal lives: its workload cluster's client, the resource (Node,
         or ControlNode for a pure controller) and that cluster's cache of it."""
         wc = self.registry.get(cluster)

@@ -43,12 +43,12 @@ from fleet.model import (
     Snapshot,
     control_plane_from,
     deployment_from,
-    live_autopilot_plan,
     machine_from,
     machine_set_from,
     nodeplan_from,
 )
 from fleet.planner.incremental import OtherNodePlans
+from fleet.records import live_autopilot_plan
 from fleet.snapshot import (
     ManagementObjects,
     build_snapshot,

@@ -6,15 +6,23 @@ pass already sees what it just did, instead of re-deciding on a cache the watch 
 caught up with yet: without that, a pass right after a dispatch could dispatch again.
 An object only ever moves forward: an event older than what the cache holds (by
 resourceVersion) is ignored.
+
+:class:`ObjectCache` holds the objects as the API server sent them. :class:`RecordCache`
+holds compact records instead, converted on ingest by a function the caller gives: for
+objects of which only a few facts are read, at a scale where the full JSON would be most
+of the process's memory (a workload cluster's Nodes).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from fleet.kube import KubeObject
 from fleet.kube.watch import ObjectKey, WatchEvent, object_key
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -62,6 +70,10 @@ class ObjectCache:
 
     def items(self) -> list[KubeObject]:
         return list(self._objects.values())
+
+    def object(self, name: str, namespace: str = "") -> KubeObject | None:
+        """The object as last seen: the base of a patch (see :class:`RecordCache`)."""
+        return self.get(name, namespace)
 
     def parsed(self, obj: KubeObject, parse: Callable[[KubeObject], T], tag: str = "") -> T:
         """``parse(obj)``, remembered per object version: planning passes re-read
@@ -117,6 +129,137 @@ class ObjectCache:
     def clear(self) -> None:
         if self._objects:
             self._objects.clear()
+            self._changed()
+        self.synced = False
+
+    async def on_event(self, event: WatchEvent) -> None:
+        """Reflector listener."""
+        if event.type == "DELETED":
+            self.forget(event.object)
+        else:
+            self.observe(event.object)
+
+    def mark_synced(self) -> None:
+        if not self.synced:
+            self.synced = True
+            self._changed()
+
+
+class Record(Protocol):
+    """A compact, immutable record of one object. Records compare equal when the facts
+    they keep are the same, whatever their resourceVersion."""
+
+    @property
+    def key(self) -> ObjectKey: ...
+
+    @property
+    def resource_version(self) -> str: ...
+
+    def as_object(self) -> KubeObject:
+        """The JSON subset the record keeps, with name and resourceVersion."""
+        ...
+
+
+R = TypeVar("R", bound=Record)
+
+
+def _record_rv(record: Record) -> int | None:
+    raw = record.resource_version
+    return int(raw) if raw.isdigit() else None
+
+
+class RecordCache(Generic[R]):
+    """Latest known record of every object of one resource (one API server).
+
+    ``convert`` makes the record of an object as the API server sent it, or raises
+    ValueError naming what is wrong. Objects are converted on arrival and never kept.
+    A newer version with the same facts replaces the record (its resourceVersion is the
+    one a patch must carry) without counting as a change: nothing decided on it moved.
+    An object that cannot be converted is dropped from the cache (no decision on a stale
+    record), its error kept in ``unreadable`` and logged once per distinct error.
+    """
+
+    def __init__(self, kind: str, convert: Callable[[KubeObject], R], *,
+                 on_change: Listener | None = None) -> None:
+        self.kind = kind
+        self.convert = convert
+        self._records: dict[ObjectKey, R] = {}
+        self._tombstones: dict[ObjectKey, int] = {}
+        self.unreadable: dict[ObjectKey, str] = {}
+        self.on_change = on_change
+        self.synced = False
+        self.version = 0
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __iter__(self) -> Iterator[R]:
+        return iter(list(self._records.values()))
+
+    def get(self, name: str, namespace: str = "") -> R | None:
+        return self._records.get((namespace, name))
+
+    def items(self) -> list[R]:
+        return list(self._records.values())
+
+    def object(self, name: str, namespace: str = "") -> KubeObject | None:
+        """The kept subset of the object, as JSON with its resourceVersion: the base of a
+        merge patch sent with that resourceVersion as precondition."""
+        record = self.get(name, namespace)
+        return None if record is None else record.as_object()
+
+    def _changed(self) -> None:
+        self.version += 1
+        if self.on_change is not None:
+            self.on_change()
+
+    def observe(self, obj: KubeObject | None) -> None:
+        """An object as the API server returned it (watch event, or our own write)."""
+        if not obj:
+            return
+        key = object_key(obj)
+        rv = _rv(obj)
+        tomb = self._tombstones.get(key)
+        if tomb is not None and rv is not None and rv <= tomb:
+            return
+        old = self._records.get(key)
+        if old is not None:
+            old_rv = _record_rv(old)
+            if rv is not None and old_rv is not None and rv < old_rv:
+                return
+        try:
+            record = self.convert(obj)
+        except ValueError as e:
+            message = str(e)
+            if self.unreadable.get(key) != message:
+                log.warning("ignoring %s %s: %s", self.kind, "/".join(p for p in key if p),
+                            message)
+            self.unreadable[key] = message
+            if self._records.pop(key, None) is not None:
+                self._changed()
+            return
+        self.unreadable.pop(key, None)
+        self._tombstones.pop(key, None)
+        self._records[key] = record
+        if record != old:
+            self._changed()
+
+    def forget(self, obj: KubeObject) -> None:
+        key = object_key(obj)
+        old = self._records.pop(key, None)
+        self.unreadable.pop(key, None)
+        rv = _rv(obj)
+        if rv is not None:
+            self._tombstones[key] = rv
+            if len(self._tombstones) > 10_000:
+                self._tombstones.pop(next(iter(self._tombstones)))
+        if old is not None:
+            self._changed()
+
+    def clear(self) -> None:
+        self.unreadable.clear()
+        if self._records:
+            self._records.clear()
             self._changed()
         self.synced = False
 

@@ -5,6 +5,10 @@ stream and raises GoneError when the resourceVersion expired. ``Reflector`` keep
 local store of a resource, re-lists on 410 Gone, reconnects with jittered backoff on
 any transport failure, and tells its listener about every change (a re-list reports
 the difference to the store as ordinary events, so listeners never miss a deletion).
+A Reflector built with ``keep_objects=False`` keeps only each object's resourceVersion
+(for that difference) and leaves the objects to its listener, which may keep less
+(a :class:`~fleet.kube.cache.RecordCache`); a deletion found by a re-list then reports
+the object's identity and last resourceVersion only.
 """
 
 from __future__ import annotations
@@ -75,7 +79,8 @@ class Reflector:
                  label_selector: str | None = None, field_selector: str | None = None,
                  listener: Listener | None = None, watch_timeout: int = 120,
                  backoff: Backoff | None = None,
-                 on_health: Callable[[], None] | None = None) -> None:
+                 on_health: Callable[[], None] | None = None,
+                 keep_objects: bool = True) -> None:
         self.client = client
         self.res = res
         self.namespace = namespace
@@ -85,6 +90,9 @@ class Reflector:
         self.watch_timeout = watch_timeout
         self.backoff = backoff or Backoff(initial=0.2, maximum=10.0)
         self.store: dict[ObjectKey, KubeObject] = {}
+        self.keep_objects = keep_objects
+        # keep_objects=False: the resourceVersion of every object instead of the object
+        self._versions: dict[ObjectKey, str] = {}
         self.synced = anyio.Event()
         self.resource_version = ""
         self.relists = 0
@@ -131,26 +139,39 @@ class Reflector:
         if self.listener is not None:
             await self.listener(event)
 
+    def _gone(self, key: ObjectKey, rv: str) -> KubeObject:
+        """What a DELETED event reports of an object only its version was kept of."""
+        meta = {"name": key[1], "resourceVersion": rv}
+        if key[0]:
+            meta["namespace"] = key[0]
+        return {"apiVersion": self.res.api_version, "kind": self.res.kind, "metadata": meta}
+
     async def relist(self) -> None:
         listed = await self.client.list(
             self.res, self.namespace, label_selector=self.label_selector,
             field_selector=self.field_selector,
         )
         fresh = {object_key(o): o for o in listed.items}
-        old = self.store
-        self.store = fresh
+        if self.keep_objects:
+            old_versions = {key: _rv(obj) for key, obj in self.store.items()}
+            old_objects = self.store
+            self.store = fresh
+        else:
+            old_versions, old_objects = self._versions, {}
+            self._versions = {key: _rv(obj) for key, obj in fresh.items()}
         self.resource_version = listed.resource_version
         self.relists += 1
         self.absent = False
         self._succeeded()
-        for key, obj in old.items():
+        for key, rv in old_versions.items():
             if key not in fresh:
-                await self._emit(WatchEvent("DELETED", obj))
+                await self._emit(WatchEvent("DELETED", old_objects.get(key)
+                                            or self._gone(key, rv)))
         for key, obj in fresh.items():
-            prev = old.get(key)
+            prev = old_versions.get(key)
             if prev is None:
                 await self._emit(WatchEvent("ADDED", obj))
-            elif _rv(prev) != _rv(obj):
+            elif prev != _rv(obj):
                 await self._emit(WatchEvent("MODIFIED", obj))
         self.synced.set()
 
@@ -161,17 +182,23 @@ class Reflector:
         self.absent = True
         self._succeeded()  # the server answered
         old, self.store, self.resource_version = self.store, {}, ""
+        versions, self._versions = self._versions, {}
         for obj in old.values():
             await self._emit(WatchEvent("DELETED", obj))
+        for key, rv in versions.items():
+            await self._emit(WatchEvent("DELETED", self._gone(key, rv)))
         self.synced.set()
 
     async def _apply(self, event: WatchEvent) -> None:
         key = object_key(event.object)
+        rv = _rv(event.object)
         if event.type == "DELETED":
             self.store.pop(key, None)
-        else:
+            self._versions.pop(key, None)
+        elif self.keep_objects:
             self.store[key] = event.object
-        rv = _rv(event.object)
+        else:
+            self._versions[key] = rv
         if rv:
             self.resource_version = rv
         await self._emit(event)

@@ -37,11 +37,13 @@ from fleet.kube.resources import (
     Resource,
 )
 from fleet.model import (
+    KIND_CONTROL_NODE,
+    KIND_NODE,
     ClusterKey,
     NodeInfo,
     Snapshot,
-    live_autopilot_plan,
 )
+from fleet.records import live_autopilot_plan, node_records, plan_records
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP, STATE_KEY
 from fleet.rollout.gate import FleetControls
 from fleet.rollout.state import RolloutState
@@ -96,11 +98,11 @@ async def _nodes(mgmt: KubeClient, config: FleetConfig, key: ClusterKey,
             plan: str | None = None
             try:
                 control_nodes = (await wl.list(CONTROL_NODES)).items
-                plan = live_autopilot_plan((await wl.list(AUTOPILOT_PLANS)).items)
+                plan = live_autopilot_plan(plan_records((await wl.list(AUTOPILOT_PLANS)).items))
             except KubeError:
                 pass  # no autopilot CRD: no pure controllers, no Plans to see
-            return cluster_nodes(Listed(NODES.kind, nodes),
-                                 Listed(CONTROL_NODES.kind, control_nodes)), plan
+            return cluster_nodes(node_records(nodes, KIND_NODE),
+                                 node_records(control_nodes, KIND_CONTROL_NODE)), plan
 
 
 async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None = None,

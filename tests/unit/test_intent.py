@@ -383,11 +383,11 @@ def test_a_running_autopilot_plan_holds_the_cluster() -> None:
 
 
 def test_live_autopilot_plan_states() -> None:
-    from fleet.model import live_autopilot_plan  # noqa: PLC0415
+    from fleet.records import PlanRecord, live_autopilot_plan, plan_record  # noqa: PLC0415
 
-    def p(state: str | None) -> dict[str, object]:
-        return {"metadata": {"name": "autopilot"},
-                "status": {} if state is None else {"state": state}}
+    def p(state: str | None) -> PlanRecord:
+        return plan_record({"metadata": {"name": "autopilot"},
+                            "status": {} if state is None else {"state": state}})
 
     assert live_autopilot_plan([p(None)]) == "autopilot (new)"
     assert live_autopilot_plan([p("SchedulableWait")]) == "autopilot (SchedulableWait)"

@@ -6,8 +6,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from fleet.clusters import control_node_cache, node_cache
 from fleet.config import FleetConfig
 from fleet.kube.cache import ObjectCache
+from fleet.records import node_records
 from fleet.snapshot import (
     Listed,
     ManagementObjects,
@@ -63,8 +65,13 @@ def objects(make: type[Listed] | type[ObjectCache]) -> ManagementObjects:
 def test_caches_and_one_shot_lists_give_the_same_snapshot() -> None:
     clusters = fleet_clusters(FleetConfig(), CLUSTERS)
     assert set(clusters) == {("ns", "c1"), ("ns", "c2")}
-    nodes = {("ns", "c1"): cluster_nodes(Listed("Node", NODES), Listed("ControlNode")),
-             ("ns", "c2"): None}
+    cache = node_cache()
+    for o in NODES:
+        cache.observe(o)
+    from_cache = cluster_nodes(cache, control_node_cache())
+    nodes = {("ns", "c1"): cluster_nodes(node_records(NODES), []), ("ns", "c2"): None}
+    assert nodes[("ns", "c1")] == from_cache
+    assert set(cache.unreadable) == {("ns", "bad")}
     built = [build_snapshot(now=NOW, objects=objects(make), clusters=clusters, nodes=nodes,
                             infra={}, autopilot_plans={}) for make in (Listed, ObjectCache)]
     assert built[0] == built[1]
