@@ -100,7 +100,7 @@ def secret_digest(secret: KubeObject | None) -> str:
 
 
 async def _default_factory(kubeconfig: Mapping[str, Any], name: str) -> KubeClient:
-    return await KubeClient.from_kubeconfig(kubeconfig, name=name)
+    return await KubeClient.for_many(kubeconfig, name=name)
 
 
 @dataclass

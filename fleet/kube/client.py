@@ -62,6 +62,25 @@ class KubeClient:
                                                             context=context), name=name)
 
     @classmethod
+    async def for_many(cls, kubeconfig: Mapping[str, Any], *, name: str = "cluster",
+                       context: str | None = None) -> KubeClient:
+        """A client for one of many clusters (the controller's workload clusters): the
+        ``light`` transport, whose connections cost little and whose SSL contexts are
+        shared by clients with the same CA and identity; ``generated`` only for a
+        kubeconfig that needs it (exec or auth-provider credentials, a proxy)."""
+        from fleet.kube.light import (  # noqa: PLC0415
+            LightTransport,
+            NeedsGeneratedTransportError,
+            credentials_from_kubeconfig,
+        )
+
+        try:
+            creds = credentials_from_kubeconfig(kubeconfig, context=context)
+        except NeedsGeneratedTransportError:
+            return await cls.from_kubeconfig(kubeconfig, name=name, context=context)
+        return cls(LightTransport(creds, name=name), name=name)
+
+    @classmethod
     async def from_kubeconfig_file(cls, path: str, *, name: str = "cluster",
                                    context: str | None = None,
                                    transport: TransportName = "generated") -> KubeClient:

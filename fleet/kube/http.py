@@ -6,6 +6,12 @@ connection, keep-alive with a small idle pool, bodies framed by Content-Length, 
 transfer coding or connection close, streamed to the caller (never buffered whole),
 a deadline per read. No cookies, no compression (it asks for ``identity``), no proxies.
 
+TLS runs over memory BIOs in :class:`_TlsProtocol` rather than asyncio's own TLS layer,
+which allocates a 256 KiB read buffer per connection: at a thousand workload clusters
+with three open watches each, that buffer alone would be most of the controller's memory.
+Here a connection holds what it has received and not yet read, and at most one TLS
+record (16 KiB) of decrypted data at a time.
+
 Errors: :class:`HttpConnectionError` (could not connect, reset, TLS failure),
 :class:`TruncatedBodyError` (the body ended before its framing said), :class:`TimeoutError`
 (a read or connect deadline passed), :class:`HttpProtocolError` (an unreadable answer).
@@ -18,13 +24,14 @@ import contextlib
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 from urllib.parse import urlsplit
 
 _T = TypeVar("_T")
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_LINE_BYTES = 16 * 1024 * 1024  # one watch event (a large object) per line
+TLS_READ_BYTES = 16 * 1024  # the most plaintext one TLS record carries
 
 
 class HttpError(OSError):
@@ -65,8 +72,131 @@ class Origin:
         return host if self.port == default else f"{host}:{self.port}"
 
 
+class _Writer(Protocol):
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+
+class _TlsProtocol(asyncio.Protocol):
+    """A TLS client connection over memory BIOs, decrypted data fed to a StreamReader
+    (whose flow control pauses the socket when the reader falls behind)."""
+
+    def __init__(self, context: ssl.SSLContext, server_hostname: str,
+                 reader: asyncio.StreamReader) -> None:
+        self._in, self._out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._ssl = context.wrap_bio(self._in, self._out, server_hostname=server_hostname)
+        self._reader = reader
+        self._transport: asyncio.Transport | None = None
+        self.handshake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._eof = False
+
+    # -- asyncio.Protocol ---------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._reader.set_transport(transport)
+        self._step()
+
+    def data_received(self, data: bytes) -> None:
+        self._in.write(data)
+        self._step()
+
+    def eof_received(self) -> bool:
+        self._end(None if self.handshake.done() else
+                  ConnectionResetError("connection closed during the TLS handshake"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end(exc if exc is not None or self.handshake.done() else
+                  ConnectionResetError("connection closed during the TLS handshake"))
+        self._writable.set()
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    # -- TLS ------------------------------------------------------------------------------
+    def _step(self) -> None:
+        try:
+            if not self.handshake.done():
+                try:
+                    self._ssl.do_handshake()
+                except ssl.SSLWantReadError:
+                    return
+                finally:
+                    self._flush()
+                self.handshake.set_result(None)
+            while not self._eof:
+                try:
+                    data = self._ssl.read(TLS_READ_BYTES)
+                except ssl.SSLWantReadError:
+                    break
+                except ssl.SSLZeroReturnError:  # the server's close_notify
+                    self._end(None)
+                    break
+                if not data:
+                    self._end(None)
+                    break
+                self._reader.feed_data(data)
+            self._flush()  # TLS 1.3 may answer (key updates)
+        except (ssl.SSLError, ssl.CertificateError, OSError) as e:
+            self._end(e)
+            if self._transport is not None:
+                self._transport.close()
+
+    def _end(self, exc: BaseException | None) -> None:
+        if not self.handshake.done():
+            self.handshake.set_exception(exc or ConnectionResetError("TLS handshake ended"))
+        if self._eof:
+            return
+        self._eof = True
+        if exc is None:
+            self._reader.feed_eof()
+        else:
+            self._reader.set_exception(exc if isinstance(exc, Exception) else
+                                       ConnectionResetError(str(exc)))
+
+    def _flush(self) -> None:
+        if self._out.pending and self._transport is not None \
+                and not self._transport.is_closing():
+            self._transport.write(self._out.read())
+
+    # -- the writer's side ----------------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        if self._transport is None or self._transport.is_closing():
+            raise ConnectionResetError("TLS connection closed")
+        self._ssl.write(data)
+        self._flush()
+
+    async def drain(self) -> None:
+        await self._writable.wait()
+        if self._transport is None or self._transport.is_closing():
+            raise ConnectionResetError("TLS connection closed")
+
+    def close(self) -> None:
+        if self._transport is None or self._transport.is_closing():
+            return
+        with contextlib.suppress(ssl.SSLError, OSError):
+            self._ssl.unwrap()  # our close_notify (not waiting for the server's)
+        with contextlib.suppress(Exception):
+            self._flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport is None or self._transport.is_closing()
+
+
 class _Conn:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: _Writer) -> None:
         self.reader = reader
         self.writer = writer
 
@@ -261,17 +391,32 @@ class HttpClient:
                 reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(
                     self.unix_socket, limit=MAX_HEADER_BYTES), self.connect_timeout)
                 return _Conn(reader, writer)
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(
-                o.host, o.port, ssl=self.ssl_context, limit=MAX_HEADER_BYTES,
-                server_hostname=(self.server_hostname or o.host) if self.ssl_context else None,
-            ), self.connect_timeout)
+            if self.ssl_context is None:
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(
+                    o.host, o.port, limit=MAX_HEADER_BYTES), self.connect_timeout)
+                return _Conn(reader, writer)
+            return await asyncio.wait_for(self._connect_tls(self.ssl_context),
+                                          self.connect_timeout)
         except TimeoutError:
             raise HttpConnectionError(
                 f"connecting to {o.host}:{o.port}: no answer within {self.connect_timeout:g}s"
             ) from None
         except (OSError, ssl.SSLError) as e:
             raise HttpConnectionError(f"connecting to {o.host}:{o.port}: {e}") from e
-        return _Conn(reader, writer)
+
+    async def _connect_tls(self, context: ssl.SSLContext) -> _Conn:
+        o = self.origin
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=MAX_HEADER_BYTES, loop=loop)
+        transport, proto = await loop.create_connection(
+            lambda: _TlsProtocol(context, self.server_hostname or o.host, reader),
+            o.host, o.port)
+        try:
+            await proto.handshake
+        except BaseException:
+            transport.close()
+            raise
+        return _Conn(reader, proto)
 
     async def request(self, method: str, target: str, *, headers: Mapping[str, str] | None = None,
                       body: bytes | None = None,

@@ -10,11 +10,13 @@ with an error naming it: use the ``generated`` transport for those.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import ssl
 import tempfile
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,10 @@ TOKEN_RECHECK_SECONDS = 10.0
 
 class KubeconfigError(KubeError):
     """A kubeconfig (or in-cluster environment) the light transport cannot use."""
+
+
+class NeedsGeneratedTransportError(KubeconfigError):
+    """A valid kubeconfig with a feature only the ``generated`` transport has."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +91,12 @@ def credentials_from_kubeconfig(kubeconfig: Mapping[str, Any], *, context: str |
         if ctx.get("user") else {}
     for unsupported in ("exec", "auth-provider"):
         if user.get(unsupported):
-            raise KubeconfigError(f"kubeconfig user {ctx.get('user')!r}: {unsupported} "
-                                  "credentials need the 'generated' transport")
+            raise NeedsGeneratedTransportError(
+                f"kubeconfig user {ctx.get('user')!r}: {unsupported} credentials need the "
+                "'generated' transport")
     if cluster.get("proxy-url"):
-        raise KubeconfigError("kubeconfig: proxy-url needs the 'generated' transport")
+        raise NeedsGeneratedTransportError("kubeconfig: proxy-url needs the 'generated' "
+                                           "transport")
     server = cluster.get("server")
     if not server:
         raise KubeconfigError(f"kubeconfig cluster {ctx.get('cluster')!r} has no server")
@@ -124,7 +132,33 @@ def in_cluster_credentials(sa_dir: Path = SA_DIR) -> Credentials:
                        token_file=sa_dir / "token")
 
 
+# One SSL context per (CA bundle, client certificate, verification) in use: clients with
+# the same trust and identity share it (a context with its loaded CA store costs more than
+# a connection). Weak values: a context goes with the last client using it, so rotated
+# credentials leave nothing behind.
+_contexts: weakref.WeakValueDictionary[str, ssl.SSLContext] = weakref.WeakValueDictionary()
+
+
+def _context_key(creds: Credentials) -> str:
+    h = hashlib.sha256()
+    for part in (b"insecure" if creds.insecure else b"verify", creds.ca_pem or b"-",
+                 creds.cert_pem or b"-", creds.key_pem or b"-"):
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+    return h.hexdigest()
+
+
 def _ssl_context(creds: Credentials) -> ssl.SSLContext:
+    """The shared context for these credentials (see ``_contexts``)."""
+    key = _context_key(creds)
+    ctx = _contexts.get(key)
+    if ctx is None:
+        ctx = _new_ssl_context(creds)
+        _contexts[key] = ctx
+    return ctx
+
+
+def _new_ssl_context(creds: Credentials) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     if creds.insecure:
         ctx.check_hostname = False

@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import pytest
 
+from fleet.clusters import node_cache
 from fleet.kube import (
     AlreadyExistsError,
     ConflictError,
@@ -31,6 +32,8 @@ from fleet.kube import (
 from fleet.kube.resources import CONFIGMAPS, NAMESPACES, NODES
 from fleet.kube.transport import TRANSPORTS, TransportName
 from fleet.kube.watch import Reflector, WatchEvent, watch_once
+from fleet.records import NodeRecord
+from fleet.signal import SIGNAL_VERSION_KEY
 from fleet.testing.kubesim import KubeSimThread
 from fleet.testing.world import World
 from tests.helpers.names import unique
@@ -301,3 +304,55 @@ async def test_expired_resource_version_leads_to_relist(
         await _wait_for(lambda: (refl.get(node) or {}).get("metadata", {})
                         .get("labels", {}).get("n") == "4")
         tg.cancel_scope.cancel()
+
+
+async def test_records_only_relist_deletions_and_patch_preconditions(
+    scratch: World, scratch_client: KubeClient
+) -> None:
+    """A Reflector that keeps only resourceVersions, feeding a RecordCache: no full object
+    is held, a deletion missed while the watch was down comes out of the re-list (410 on
+    a compacted revision), and a patch based on a record whose object moved on gets a
+    real 409 and is re-decided on a fresh read."""
+    mark = unique("rec")
+    a, b = f"{mark}-a", f"{mark}-b"
+    cache = node_cache()
+    refl = Reflector(scratch_client, NODES, label_selector=f"mark={mark}",
+                     listener=cache.on_event, keep_objects=False)
+    for name in (a, b):
+        await scratch_client.create(NODES, {"metadata": {"name": name, "labels": {"mark": mark},
+                                                         "annotations": {"unrelated": "x"}}})
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(refl.run)
+        await _wait_for(lambda: cache.get(a) is not None and cache.get(b) is not None)
+        tg.cancel_scope.cancel()
+    assert refl.store == {} and refl.items() == []
+    rec = cache.get(a)
+    assert isinstance(rec, NodeRecord) and rec.annotations == ()
+    # b goes while nobody watches, and the revision the watch would resume from expires
+    await scratch_client.delete(NODES, b)
+    await anyio.to_thread.run_sync(_etcd_compact, scratch)
+    relists = refl.relists
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(refl.run)
+        await _wait_for(lambda: refl.relists > relists and cache.get(b) is None)
+        tg.cancel_scope.cancel()
+    assert cache.get(a) is not None
+    # someone else writes a; our patch still starts from the (now stale) record
+    base = cache.object(a)
+    assert base is not None
+    await scratch_client.patch(NODES, a, {"metadata": {"annotations": {"other": "writer"}}})
+    seen: list[str] = []
+
+    def mutate(obj: dict[str, Any]) -> dict[str, Any]:
+        seen.append(obj["metadata"]["resourceVersion"])
+        return {"metadata": {"annotations": {SIGNAL_VERSION_KEY: "v2"}}}
+
+    patched = await patch_with_retry(scratch_client, NODES, a, mutate, current=base)
+    assert patched is not None
+    assert len(seen) == 2 and seen[0] == base["metadata"]["resourceVersion"]  # a 409 first
+    ann = patched["metadata"]["annotations"]
+    assert ann["other"] == "writer" and ann[SIGNAL_VERSION_KEY] == "v2"
+    cache.observe(patched)  # the write-through keeps what is ours and drops the rest
+    rec = cache.get(a)
+    assert rec is not None and rec.annotations == ((SIGNAL_VERSION_KEY, "v2"),)
+    assert rec.resource_version == patched["metadata"]["resourceVersion"]
