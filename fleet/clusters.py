@@ -188,6 +188,11 @@ class WatchHealth:
 class ClusterRegistry:
     """Workload cluster clients keyed by CAPI Cluster, following their kubeconfig Secrets."""
 
+    # How many workload lists are read and converted at once: a start-up of a thousand
+    # clusters then peaks at a few clusters' full JSON rather than all of it (memory a
+    # process seldom gives back to the system once it has it).
+    relist_concurrency = 8
+
     def __init__(self, secrets: ObjectCache, *, on_change: Callable[[], None],
                  on_cluster: Callable[[ClusterKey], None] | None = None,
                  client_factory: ClientFactory = _default_factory,
@@ -205,6 +210,7 @@ class ClusterRegistry:
         self.clusters: dict[ClusterKey, WorkloadCluster] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self.rebuilds = 0
+        self._relists: anyio.CapacityLimiter | None = None
 
     def get(self, key: ClusterKey) -> WorkloadCluster | None:
         return self.clusters.get(key)
@@ -220,6 +226,7 @@ class ClusterRegistry:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
         """Own the workload watches until cancelled; then close every client."""
+        self._relists = anyio.CapacityLimiter(self.relist_concurrency)
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -320,7 +327,7 @@ class ClusterRegistry:
                               watch_timeout=self.watch_timeout,
                               backoff=Backoff(initial=0.1, maximum=5.0),
                               on_health=functools.partial(self.changed, wc.key),
-                              keep_objects=False)
+                              keep_objects=False, relist_limiter=self._relists)
         wc.node_reflector = reflector
 
         async def mark_synced() -> None:
@@ -359,6 +366,7 @@ class ClusterRegistry:
         del wc.optional_probes[resource.kind]
         reflector = Reflector(wc.client, resource, listener=store.on_event,
                               watch_timeout=self.watch_timeout, keep_objects=False,
+                              relist_limiter=self._relists,
                               backoff=Backoff(initial=0.1, maximum=5.0),
                               on_health=functools.partial(self.changed, wc.key))
         wc.optional_reflectors[resource.kind] = reflector

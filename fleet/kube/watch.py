@@ -80,7 +80,8 @@ class Reflector:
                  listener: Listener | None = None, watch_timeout: int = 120,
                  backoff: Backoff | None = None,
                  on_health: Callable[[], None] | None = None,
-                 keep_objects: bool = True) -> None:
+                 keep_objects: bool = True,
+                 relist_limiter: anyio.CapacityLimiter | None = None) -> None:
         self.client = client
         self.res = res
         self.namespace = namespace
@@ -91,6 +92,9 @@ class Reflector:
         self.backoff = backoff or Backoff(initial=0.2, maximum=10.0)
         self.store: dict[ObjectKey, KubeObject] = {}
         self.keep_objects = keep_objects
+        # Shared by many reflectors: how many (full) lists are read and handed to the
+        # listeners at once, which bounds the memory a start-up of many watches peaks at.
+        self.relist_limiter = relist_limiter
         # keep_objects=False: the resourceVersion of every object instead of the object
         self._versions: dict[ObjectKey, str] = {}
         self.synced = anyio.Event()
@@ -147,6 +151,13 @@ class Reflector:
         return {"apiVersion": self.res.api_version, "kind": self.res.kind, "metadata": meta}
 
     async def relist(self) -> None:
+        if self.relist_limiter is None:
+            await self._relist()
+        else:
+            async with self.relist_limiter:
+                await self._relist()
+
+    async def _relist(self) -> None:
         listed = await self.client.list(
             self.res, self.namespace, label_selector=self.label_selector,
             field_selector=self.field_selector,
