@@ -29,7 +29,7 @@ from fleet.kube import KubeClient, KubeError, KubeObject, NotFoundError
 from fleet.kube.backoff import Backoff
 from fleet.kube.cache import ObjectCache, RecordCache
 from fleet.kube.resources import AUTOPILOT_PLANS, CONTROL_NODES, NODES, SECRETS, Resource
-from fleet.kube.watch import Reflector
+from fleet.kube.watch import Reflector, crd_established
 from fleet.model import KIND_CONTROL_NODE, KIND_NODE, ClusterKey
 from fleet.records import NodeRecord, PlanRecord, node_record, plan_record
 
@@ -343,41 +343,70 @@ class ClusterRegistry:
         """Watch ``resource`` into ``store`` where its CRD exists: ControlNodes (k0s
         autopilot) and autopilot Plans (someone else's rollout; k0s-fleet's own autopilot
         executor signals nodes and never creates a Plan). Without the CRD the store is
-        synced and empty, and the CRD is looked for again with backoff."""
+        synced and empty and the CRD itself is watched until it is established (no
+        polling); a CRD removed later goes back to that."""
         assert wc.client is not None
-        backoff = Backoff(initial=1.0, maximum=60.0)
-        # Until the resource is found, a failing search counts toward "unreachable" as a
-        # failing watch would; a 404 (not served) is an answer.
-        probe = wc.optional_probes[resource.kind] = WatchHealth()
         while True:
-            try:
-                await wc.client.list(resource, page_size=1)
-            except NotFoundError:
-                self._answered(wc.key, probe)
-                store.mark_synced()
-                await anyio.sleep(backoff.next_delay())
-            except KubeError as e:
-                probe.failed(e)
-                self.changed(wc.key)
-                await anyio.sleep(min(backoff.next_delay(), 5.0))
-            else:
-                self._answered(wc.key, probe)
-                break
-        del wc.optional_probes[resource.kind]
-        reflector = Reflector(wc.client, resource, listener=store.on_event,
-                              watch_timeout=self.watch_timeout, keep_objects=False,
-                              relist_limiter=self._relists,
-                              backoff=Backoff(initial=0.1, maximum=5.0),
-                              on_health=functools.partial(self.changed, wc.key))
-        wc.optional_reflectors[resource.kind] = reflector
+            await self._until_served(wc, resource, store)
+            reflector = Reflector(wc.client, resource, listener=store.on_event,
+                                  watch_timeout=self.watch_timeout, keep_objects=False,
+                                  relist_limiter=self._relists, stop_when_absent=True,
+                                  backoff=Backoff(initial=0.1, maximum=5.0),
+                                  on_health=functools.partial(self.changed, wc.key))
+            wc.optional_reflectors[resource.kind] = reflector
 
-        async def mark_synced() -> None:
-            await reflector.synced.wait()
+            async def mark_synced(r: Reflector = reflector) -> None:
+                await r.synced.wait()
+                store.mark_synced()
+
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(mark_synced)
+                    await reflector.run()  # returns when the resource is no longer served
+                    tg.cancel_scope.cancel()
+            finally:
+                wc.optional_reflectors.pop(resource.kind, None)
             store.mark_synced()
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(mark_synced)
-            await reflector.run()
+    async def _until_served(self, wc: WorkloadCluster, resource: Resource,
+                            store: RecordCache[Any]) -> None:
+        """Return once ``resource`` is served; meanwhile ``store`` is synced and empty.
+        Waits on a watch of its CRD; where that cannot be read (no permission to read
+        CRDs, say), asks again with backoff. Until the resource is found, a failing search
+        counts toward "unreachable" as a failing watch would; a 404 (not served) is an
+        answer."""
+        assert wc.client is not None
+        crd = f"{resource.plural}.{resource.group}"
+        backoff = Backoff(initial=1.0, maximum=60.0)
+        probe = wc.optional_probes[resource.kind] = WatchHealth()
+        established = False
+        try:
+            while True:
+                try:
+                    await wc.client.list(resource, page_size=1)
+                except NotFoundError:
+                    self._answered(wc.key, probe)
+                    store.mark_synced()
+                    if established:  # established, not served yet: give discovery a moment
+                        await anyio.sleep(backoff.next_delay())
+                except KubeError as e:
+                    probe.failed(e)
+                    self.changed(wc.key)
+                    await anyio.sleep(min(backoff.next_delay(), 5.0))
+                    continue
+                else:
+                    self._answered(wc.key, probe)
+                    return
+                try:
+                    established = await crd_established(wc.client, crd,
+                                                         timeout_seconds=self.watch_timeout)
+                except KubeError as e:
+                    established = False
+                    log.debug("workload cluster %s: cannot watch CRD %s (%s); asking again "
+                              "with backoff", wc.name, crd, e)
+                    await anyio.sleep(backoff.next_delay())
+        finally:
+            wc.optional_probes.pop(resource.kind, None)
 
     def _answered(self, key: ClusterKey, probe: WatchHealth) -> None:
         if probe.failing_since is not None:

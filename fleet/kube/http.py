@@ -81,6 +81,8 @@ class _Writer(Protocol):
 
     def is_closing(self) -> bool: ...
 
+    async def wait_closed(self) -> None: ...
+
 
 class _TlsProtocol(asyncio.Protocol):
     """A TLS client connection over memory BIOs, decrypted data fed to a StreamReader
@@ -96,6 +98,7 @@ class _TlsProtocol(asyncio.Protocol):
         self._writable = asyncio.Event()
         self._writable.set()
         self._eof = False
+        self._lost = asyncio.Event()
 
     # -- asyncio.Protocol ---------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -117,6 +120,7 @@ class _TlsProtocol(asyncio.Protocol):
         self._end(exc if exc is not None or self.handshake.done() else
                   ConnectionResetError("connection closed during the TLS handshake"))
         self._writable.set()
+        self._lost.set()
 
     def pause_writing(self) -> None:
         self._writable.clear()
@@ -193,6 +197,10 @@ class _TlsProtocol(asyncio.Protocol):
 
     def is_closing(self) -> bool:
         return self._transport is None or self._transport.is_closing()
+
+    async def wait_closed(self) -> None:
+        if self._transport is not None:
+            await self._lost.wait()
 
 
 class _Conn:

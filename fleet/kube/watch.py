@@ -26,7 +26,7 @@ import anyio
 from fleet.kube.backoff import Backoff
 from fleet.kube.client import KubeClient, KubeObject
 from fleet.kube.errors import GoneError, KubeError, NotFoundError, from_status
-from fleet.kube.resources import Resource
+from fleet.kube.resources import CRDS, Resource
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,28 @@ async def watch_once(client: KubeClient, res: Resource, resource_version: str, *
             yield WatchEvent(type=etype, object=obj)
 
 
+def _established(crd: KubeObject) -> bool:
+    return any(c.get("type") == "Established" and c.get("status") == "True"
+               for c in (crd.get("status") or {}).get("conditions") or []
+               if isinstance(c, dict))
+
+
+async def crd_established(client: KubeClient, name: str, *, timeout_seconds: int = 120) -> bool:
+    """Whether the CRD ``name`` (``<plural>.<group>``) is established, waiting for it on
+    one watch of that CRD alone (up to ``timeout_seconds``) rather than polling: True as
+    soon as it is, False when the watch ended without it."""
+    selector = f"metadata.name={name}"
+    listed = await client.list(CRDS, field_selector=selector)
+    if any(_established(o) for o in listed.items):
+        return True
+    async for item in watch_once(client, CRDS, listed.resource_version,
+                                 field_selector=selector, timeout_seconds=timeout_seconds):
+        if isinstance(item, WatchEvent) and item.type != "DELETED" and \
+                _established(item.object):
+            return True
+    return False
+
+
 Listener = Callable[[WatchEvent], Awaitable[None]]
 
 
@@ -81,7 +103,8 @@ class Reflector:
                  backoff: Backoff | None = None,
                  on_health: Callable[[], None] | None = None,
                  keep_objects: bool = True,
-                 relist_limiter: anyio.CapacityLimiter | None = None) -> None:
+                 relist_limiter: anyio.CapacityLimiter | None = None,
+                 stop_when_absent: bool = False) -> None:
         self.client = client
         self.res = res
         self.namespace = namespace
@@ -95,6 +118,9 @@ class Reflector:
         # Shared by many reflectors: how many (full) lists are read and handed to the
         # listeners at once, which bounds the memory a start-up of many watches peaks at.
         self.relist_limiter = relist_limiter
+        # Return from run() when the resource type stops being served (its CRD went),
+        # after reporting every object deleted, instead of asking again with backoff.
+        self.stop_when_absent = stop_when_absent
         # keep_objects=False: the resourceVersion of every object instead of the object
         self._versions: dict[ObjectKey, str] = {}
         self.synced = anyio.Event()
@@ -243,6 +269,8 @@ class Reflector:
                 # no such objects, which is a synced, empty store - not a reason to wait
                 # forever. Keep asking; when the CRD appears, the list fills the store.
                 await self._absent(e)
+                if self.stop_when_absent:
+                    return
                 need_list = True
                 await anyio.sleep(self.backoff.next_delay())
             except KubeError as e:
