@@ -7,7 +7,8 @@ caught up with yet: without that, a pass right after a dispatch could dispatch a
 An object only ever moves forward: an event older than what the cache holds (by
 resourceVersion) is ignored.
 
-:class:`ObjectCache` holds the objects as the API server sent them. :class:`RecordCache`
+:class:`ObjectCache` holds the objects as the API server sent them, without
+``metadata.managedFields``. :class:`RecordCache`
 holds compact records instead, converted on ingest by a function the caller gives: for
 objects of which only a few facts are read, at a scale where the full JSON would be most
 of the process's memory (a workload cluster's Nodes).
@@ -100,9 +101,14 @@ class ObjectCache:
             self.on_change()
 
     def observe(self, obj: KubeObject | None) -> None:
-        """An object as the API server returned it (watch event, or our own write)."""
+        """An object as the API server returned it (watch event, or our own write).
+        Its ``metadata.managedFields`` (server-side apply bookkeeping, often a third of an
+        object, read by nothing here) is dropped, from ``obj`` itself."""
         if not obj:
             return
+        meta = obj.get("metadata")
+        if isinstance(meta, dict):
+            meta.pop("managedFields", None)
         key = object_key(obj)
         rv = _rv(obj)
         tomb = self._tombstones.get(key)

@@ -12,9 +12,9 @@ from fleet.clusters import ClusterRegistry, kubeconfig_secret
 from fleet.controllers.observe import SECRET_FIELD_SELECTOR
 from fleet.kube import KubeClient
 from fleet.kube.cache import ObjectCache
-from fleet.kube.resources import NODES, SECRETS
+from fleet.kube.resources import CONTROL_NODES, CRDS, NODES, SECRETS
 from fleet.kube.watch import Reflector
-from fleet.testing.world import World
+from fleet.testing.world import TEST_CRDS, World, crd_documents, install_crds
 from tests.helpers.names import unique
 
 
@@ -121,3 +121,65 @@ async def test_secret_rotation_reconnects_the_workload_client(
     assert len(SpyClient.closed) == 3  # every client built was closed
     await wl1.delete(NODES, on_wl1)
     await wl2.delete(NODES, on_wl2)
+
+
+# -- autopilot CRDs that come and go, on a private API server ---------------------------------
+
+@pytest.fixture(scope="module")
+def bare() -> Any:
+    """An API server without the autopilot CRDs (a cluster without autopilot)."""
+    w = World(["bare"])
+    w.start()
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+async def _lists_of(client: KubeClient, resource: str) -> int:
+    """LIST requests the API server has answered for ``resource`` (its own metrics)."""
+    text = await client.request("GET", "/metrics", query={})
+    if isinstance(text, bytes | bytearray):
+        text = text.decode()
+    total = 0
+    for line in str(text).splitlines():
+        if line.startswith("apiserver_request_total{") and f'resource="{resource}"' in line \
+                and 'verb="LIST"' in line:
+            total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
+@pytest.mark.anyio
+async def test_absent_autopilot_crds_are_watched_not_polled(bare: World) -> None:
+    docs = {d["spec"]["names"]["plural"]: d for d in crd_documents(TEST_CRDS)}
+    secrets = ObjectCache("Secret")
+    secrets.observe({**kubeconfig_secret("c-kubeconfig", "ns", "c", bare["bare"].kubeconfig()),
+                     "metadata": {"name": "c-kubeconfig", "namespace": "ns",
+                                  "resourceVersion": "1"}})
+    registry = ClusterRegistry(secrets, on_change=lambda: None, watch_timeout=60)
+    async with await bare["bare"].client() as admin, anyio.create_task_group() as tg:
+        await tg.start(registry.run)
+        registry.want({("ns", "c"): "c-kubeconfig"})
+        wc = registry.get(("ns", "c"))
+        assert wc is not None
+        await wait_for(lambda: wc.observed and wc.control_nodes.synced and wc.plans.synced,
+                       timeout=60)
+        assert len(wc.control_nodes) == 0 and len(wc.plans) == 0
+        # While the CRD is absent nobody asks for ControlNodes again (the old backoff
+        # polling listed them at 1, 2, 4, 8 s): the CRD itself is watched.
+        await wait_for(lambda: wc.client is not None, timeout=10)
+        before = await _lists_of(admin, "controlnodes")
+        assert before >= 1  # the metric counts them: the first look found no CRD
+        await anyio.sleep(10)
+        assert await _lists_of(admin, "controlnodes") == before
+        # the CRD appears: its objects follow
+        await install_crds(admin, [docs["controlnodes"]])
+        await admin.create(CONTROL_NODES, {"metadata": {"name": "cp-0"}})
+        await wait_for(lambda: wc.control_nodes.get("cp-0") is not None, timeout=60)
+        # the CRD goes: so do its objects; it comes back: so do they
+        await admin.delete(CRDS, docs["controlnodes"]["metadata"]["name"])
+        await wait_for(lambda: wc.control_nodes.get("cp-0") is None, timeout=60)
+        await install_crds(admin, [docs["controlnodes"]])
+        await admin.create(CONTROL_NODES, {"metadata": {"name": "cp-1"}})
+        await wait_for(lambda: wc.control_nodes.get("cp-1") is not None, timeout=60)
+        tg.cancel_scope.cancel()
