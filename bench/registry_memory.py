@@ -24,6 +24,7 @@ import asyncio
 import gc
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -148,6 +149,8 @@ def main() -> None:
         return
     from fleet.testing.world import World  # noqa: PLC0415
 
+    # a stopped benchmark still stops its API server and etcd (the World's __exit__)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with World(["wl"]) as world:
         anyio.run(_prepare, world, args.nodes)
         kubeconfig = world["wl"].kubeconfig()

@@ -191,7 +191,7 @@ class ClusterRegistry:
     # How many workload lists are read and converted at once: a start-up of a thousand
     # clusters then peaks at a few clusters' full JSON rather than all of it (memory a
     # process seldom gives back to the system once it has it).
-    relist_concurrency = 8
+    relist_concurrency = 32
 
     def __init__(self, secrets: ObjectCache, *, on_change: Callable[[], None],
                  on_cluster: Callable[[ClusterKey], None] | None = None,
