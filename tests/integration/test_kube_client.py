@@ -307,7 +307,7 @@ async def test_expired_resource_version_leads_to_relist(
 
 
 async def test_records_only_relist_deletions_and_patch_preconditions(
-    scratch: World, scratch_client: KubeClient
+    scratch: Backend, scratch_client: KubeClient
 ) -> None:
     """A Reflector that keeps only resourceVersions, feeding a RecordCache: no full object
     is held, a deletion missed while the watch was down comes out of the re-list (410 on
@@ -330,7 +330,7 @@ async def test_records_only_relist_deletions_and_patch_preconditions(
     assert isinstance(rec, NodeRecord) and rec.annotations == ()
     # b goes while nobody watches, and the revision the watch would resume from expires
     await scratch_client.delete(NODES, b)
-    await anyio.to_thread.run_sync(_etcd_compact, scratch)
+    await anyio.to_thread.run_sync(scratch.expire_history)
     relists = refl.relists
     async with anyio.create_task_group() as tg:
         tg.start_soon(refl.run)
