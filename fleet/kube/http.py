@@ -463,7 +463,7 @@ class HttpClient:
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         try:
             conn.writer.write(head + (body or b""))
-            await conn.writer.drain()
+            await asyncio.wait_for(conn.writer.drain(), read_timeout)  # a server not reading
             status_line = await asyncio.wait_for(conn.reader.readline(), read_timeout)
             if not status_line:
                 raise HttpConnectionError("connection closed before the response")

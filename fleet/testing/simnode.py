@@ -349,6 +349,15 @@ class SimNode:
                     return sig
                 await changed.wait()
 
+    async def wait_upgrade_recorded(self, timeout: float = 60.0) -> None:
+        """Wait until the agent has recorded the upgrade span of the request it finished
+        (it removes that request's ``.trace`` marker as it does). A terminal status on the
+        object does not say so: the agent writes the status, then records the span, and
+        an agent stopped in between records it at its next start instead."""
+        with anyio.fail_after(timeout):
+            while any(self.state_dir.glob("*.trace")):
+                await anyio.sleep(0.05)
+
     async def wait_until(self, predicate: Any, timeout: float = 30.0) -> None:
         """Wait until ``predicate(node_object)`` holds (re-checked on every change)."""
         with anyio.fail_after(timeout):

@@ -27,6 +27,7 @@ from fleet.kube import (
     KubeClient,
     NotFoundError,
     UnauthorizedError,
+    UnreachableError,
     patch_with_retry,
 )
 from fleet.kube.resources import CONFIGMAPS, NAMESPACES, NODES
@@ -265,6 +266,53 @@ async def test_watch_survives_apiserver_restart(scratch: Backend,
         )
         tg.cancel_scope.cancel()
     assert refl.reconnects >= 1
+
+
+async def test_many_requests_and_watches_at_once_through_a_restart(
+        scratch: Backend, scratch_client: KubeClient) -> None:
+    """One client: 8 watches and 16 tasks listing 2.4 MB at a time, and the API server
+    restarting in the middle. Every list ends (with the objects, or unreachable while
+    the server is down), and every watch catches up with writes made after the restart:
+    a transport that stalls fails the deadline."""
+    ns = unique("stress")
+    await scratch_client.create(NAMESPACES, {"metadata": {"name": ns}})
+    names = [f"cm-{i}" for i in range(12)]
+    for name in names:
+        await scratch_client.create(CONFIGMAPS, {"metadata": {"name": name},
+                                                 "data": {"big": "x" * 200_000}}, ns)
+    watches = [Reflector(scratch_client, CONFIGMAPS, namespace=ns) for _ in range(8)]
+    listed: list[int] = []
+    unreachable: list[str] = []
+
+    async def lists(rounds: int) -> None:
+        for _ in range(rounds):
+            try:
+                listed.append(len((await scratch_client.list(CONFIGMAPS, ns)).items))
+            except UnreachableError as e:
+                unreachable.append(str(e))
+
+    def caught_up(r: Reflector) -> bool:
+        return all(((r.get(n, ns) or {}).get("data") or {}).get("round") == "2"
+                   for n in names)
+
+    with anyio.fail_after(240):
+        async with anyio.create_task_group() as tg:
+            for r in watches:
+                tg.start_soon(r.run)
+            for r in watches:
+                await r.synced.wait()
+            async with anyio.create_task_group() as busy:
+                for _ in range(16):
+                    busy.start_soon(lists, 6)
+                await anyio.to_thread.run_sync(scratch.restart)
+            for name in names:
+                await scratch_client.patch(CONFIGMAPS, name, {"data": {"round": "2"}}, ns)
+            await _wait_for(lambda: all(caught_up(r) for r in watches), timeout=120)
+            await lists(2)
+            tg.cancel_scope.cancel()
+    assert len(listed) + len(unreachable) == 16 * 6 + 2
+    assert listed[-2:] == [12, 12] and set(listed) == {12}
+    await scratch_client.delete(NAMESPACES, ns)
 
 
 def _etcd_compact(world: World) -> int:

@@ -116,6 +116,7 @@ async def test_one_upgrade_is_one_trace_from_the_controllers_dispatch(  # noqa: 
                 await bump(mgmt, fc, V2)
                 await wait_rollout(mgmt, fc, timeout=120)
             for node in nodes:
+                await node.wait_upgrade_recorded()
                 assert await node.stop_agent() == 0  # flushes its spans
     finally:
         provider.shutdown()
@@ -199,6 +200,7 @@ async def test_an_agent_killed_mid_drain_continues_the_same_trace(  # noqa: PLR0
         sig = await node.wait_for(plan, TERMINAL, timeout=90)
         assert sig.status is not None and sig.status.status is SignalState.COMPLETED, \
             sig.status.reason
+        await node.wait_upgrade_recorded()
         assert await node.stop_agent() == 0
 
     spans = await jaeger.wait_for_trace(trace_id, agent_upgrade_complete)
@@ -230,6 +232,7 @@ async def test_a_failed_upgrade_trace_carries_the_failure(
         plan = await node.request(releases.releases[V2], sha256="f" * 64, traceparent=tp)
         sig = await node.wait_for(plan, TERMINAL, timeout=60)
         assert sig.status is not None and sig.status.status is SignalState.FAILED_DOWNLOAD
+        await node.wait_upgrade_recorded()
         assert await node.stop_agent() == 0
 
     def failed(ss: list[TraceSpan]) -> bool:
