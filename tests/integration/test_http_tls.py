@@ -1,4 +1,4 @@
-"""The light transport's TLS (fleet.kube.http._TlsProtocol, TLS over memory BIOs) against
+"""The light transport's HTTP over TLS (fleet.kube.http, the node agent's wire) against
 a real TLS server that misbehaves on purpose: bodies in one record or one byte per
 record, a slow reader (the socket paused and resumed many times), hundreds of concurrent
 requests, a server that closes kept-alive connections, truncates bodies with and without
