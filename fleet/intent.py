@@ -5,8 +5,10 @@ A ``FleetUpgrade`` (fleet.k0s-fleet.io/v1alpha1, in the controller's namespace) 
 select one cluster, the newest (creation time, then name) wins. The controller turns the
 intent into each MachineDeployment's and K0sControlPlane's *target*; it writes the
 version into the object itself when the rollout policy admits the cluster (the planner's
-version step, fleet/planner/writer.py). This module also computes the FleetUpgrade's
-status (per wave and per cluster) from the gate's decision.
+version step, fleet/planner/writer.py). A cluster no FleetUpgrade covers keeps the
+version k0s-fleet last wrote or adopted into its objects: a version edited into them by
+hand is never a target (the writer reports it). This module also computes the
+FleetUpgrade's status (per wave and per cluster) from the gate's decision.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -22,8 +24,10 @@ from fleet.model import (
     ClusterInfo,
     ClusterKey,
     Condition,
+    ControlPlaneInfo,
     FleetUpgradeInfo,
     IntentTarget,
+    MachineDeploymentInfo,
     ObjectRef,
     Snapshot,
     parse_conditions,
@@ -44,6 +48,8 @@ PHASE_PENDING = "Pending"
 PHASE_PROGRESSING = "Progressing"
 PHASE_COMPLETE = "Complete"
 PHASE_FAILED = "Failed"
+
+_Owner = TypeVar("_Owner", MachineDeploymentInfo, ControlPlaneInfo)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MAX_CLUSTERS_IN_STATUS = 200
@@ -102,23 +108,36 @@ def resolve(upgrades: Iterable[FleetUpgradeInfo], clusters: Mapping[ClusterKey, 
     return out
 
 
+def target_of(obj: MachineDeploymentInfo | ControlPlaneInfo,
+              intent: IntentTarget | None) -> str | None:
+    """The version the controller works towards for one MD/KCP of a fleet cluster: its
+    FleetUpgrade's, else the version k0s-fleet last wrote or adopted (a version someone
+    else wrote since is not a target: the writer reports it, fleet/planner/writer.py),
+    else, before its first sight, what the object says."""
+    if intent is not None:
+        return intent.version
+    return obj.written_version or obj.object_version
+
+
 def apply_intents(snapshot: Snapshot, upgrades: Iterable[FleetUpgradeInfo]) -> Snapshot:
-    """The snapshot with every covered object's target set to its cluster's intent
-    (``spec_version`` keeps what the object itself says)."""
+    """The snapshot with every object's target set (:func:`target_of`): its cluster's
+    intent, else k0s-fleet's record of what it wrote (``spec_version`` keeps what the
+    object itself says)."""
     ups = {(u.ref.namespace, u.ref.name): u for u in upgrades}
     intents = resolve(ups.values(), snapshot.clusters)
-    if not intents:
-        return dataclasses.replace(snapshot, upgrades=ups)
-    deployments = {k: dataclasses.replace(md, version=t.version, intent=t.intent,
-                                          spec_version=md.object_version)
-                   if (t := intents.get((md.ref.namespace, md.cluster))) else md
-                   for k, md in snapshot.deployments.items()}
-    control_planes = {k: dataclasses.replace(kcp, version=t.version, intent=t.intent,
-                                             spec_version=kcp.object_version)
-                      if (t := intents.get((kcp.ref.namespace, kcp.cluster))) else kcp
-                      for k, kcp in snapshot.control_planes.items()}
-    return dataclasses.replace(snapshot, deployments=deployments,
-                               control_planes=control_planes, intents=intents, upgrades=ups)
+
+    def targeted(obj: _Owner) -> _Owner:
+        t = intents.get((obj.ref.namespace, obj.cluster))
+        target = target_of(obj, t)
+        if t is None and target == obj.version:
+            return obj
+        return dataclasses.replace(obj, version=target, intent=t.intent if t else None,
+                                   spec_version=obj.object_version)
+
+    return dataclasses.replace(
+        snapshot, deployments={k: targeted(o) for k, o in snapshot.deployments.items()},
+        control_planes={k: targeted(o) for k, o in snapshot.control_planes.items()},
+        intents=intents, upgrades=ups)
 
 
 # -- status -------------------------------------------------------------------------------
@@ -247,5 +266,6 @@ __all__ = [
     "fleet_upgrade_from",
     "resolve",
     "status_changed",
+    "target_of",
     "upgrade_status",
 ]

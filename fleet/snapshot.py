@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from fleet.config import FleetConfig
-from fleet.intent import apply_intents, fleet_upgrade_from, resolve
+from fleet.intent import apply_intents, fleet_upgrade_from, resolve, target_of
 from fleet.model import (
     ROLE_CONTROLLER,
     ClusterInfo,
@@ -170,9 +170,8 @@ def control_planes_needing_infra(objects: ManagementObjects,
     for obj in objects.control_planes:
         kcp = readable(objects.control_planes, obj, control_plane_from)
         if kcp is not None:
-            intent = intents.get((kcp.ref.namespace, kcp.cluster))
-            targets[(kcp.ref.namespace, kcp.ref.name)] = (
-                intent.version if intent else kcp.version)
+            targets[(kcp.ref.namespace, kcp.ref.name)] = target_of(
+                kcp, intents.get((kcp.ref.namespace, kcp.cluster)))
     out = []
     for obj in objects.machines:
         m = readable(objects.machines, obj, machine_from)

@@ -51,7 +51,9 @@ def policy_hold_from_config(config: FleetConfig, mgmt: KubeClient, *,
             cluster_spec_paused=bool((obj.get("spec") or {}).get("paused")),
             owner_kind="MachineDeployment" if md_name else "",
             owner_name=md_name or "",
-            owner_annotations=((md or {}).get("metadata") or {}).get("annotations") or {})
+            owner_annotations=((md or {}).get("metadata") or {}).get("annotations") or {},
+            owner_version=(((md or {}).get("spec") or {}).get("template") or {}).get(
+                "spec", {}).get("version"))
         return hook_hold(config, controls, state, subject, clock())
 
     return hold

@@ -55,7 +55,6 @@ from fleet.planner.writer import (
     ExtensionDrives,
     OtherDriver,
     VersionStep,
-    enrolled,
     other_driver,
     release_pause,
     version_step,
@@ -167,12 +166,11 @@ class Sequencing(PassState):
                    else f"Cluster {kcp.cluster} is paused" if cluster.paused
                    else "halted: failure budget exceeded" if halted else "")
         policy_hold = self.hold(ckey, kcp.ref)
-        if isinstance(policy_hold, ExtensionDrives) and enrolled(kcp):
-            # CAPI's in-place updates (our extension) are for workers; control planes of a
-            # cluster under a FleetUpgrade are k0s-fleet's own (paused executor).
+        if isinstance(policy_hold, ExtensionDrives):
+            # CAPI's in-place updates (our extension) are for workers; control planes are
+            # k0s-fleet's own (paused executor).
             policy_hold = policy_hold.inner
-        step = version_step(kcp, hold=policy_hold if enrolled(kcp) else None,
-                            write_blocked=blocked)
+        step = version_step(kcp, hold=policy_hold, write_blocked=blocked)
         self.emit(*step.actions)
         driver = other_driver(kcp, live, autopilot_plan=self.s.autopilot_plans.get(ckey))
         release = release_pause(kcp, live, in_flight=bool(in_flight))
@@ -245,24 +243,28 @@ class Sequencing(PassState):
                          and not self._has_plan_for(m, target) and m.ref.name in unavailable]
 
         sets = self.sets_by_deployment.get((ns, md.ref.name), [])
-        blocked = (budget_problem[1] if budget_problem is not None
-                   else f"Cluster {md.cluster} not found" if cluster is None
-                   else self._unreachable(ckey) or f"workload cluster {md.cluster} unreachable"
-                   if nodes is None
-                   else f"{'Cluster' if cluster.paused else 'MachineDeployment'} is paused"
-                   if cluster.paused or md.paused
-                   else "halted: failure budget exceeded" if halted else "")
-        step = VersionStep()
+        elsewhere = (f"Cluster {md.cluster} not found" if cluster is None
+                     else self._unreachable(ckey) or f"workload cluster {md.cluster} unreachable"
+                     if nodes is None
+                     else f"{'Cluster' if cluster.paused else 'MachineDeployment'} is paused"
+                     if cluster.paused or md.paused
+                     else "halted: failure budget exceeded" if halted else "")
+        blocked = budget_problem[1] if budget_problem is not None else elsewhere
         policy_hold = self.hold(ckey, md.ref)
         capi_drives = isinstance(policy_hold, ExtensionDrives)
-        if enrolled(md):
-            write_hold = policy_hold.inner if isinstance(policy_hold, ExtensionDrives) \
-                else policy_hold
-            step = version_step(md, hold=write_hold, write_blocked=blocked or (
-                self._workers_blocked(ns, md.cluster, target)), pause=not capi_drives)
-            self.emit(*step.actions)
-            self._finish_paused_deployment(md, target, live, sets, elig,
-                                           in_flight=bool(in_flight) or missing > 0)
+        write_hold = policy_hold.inner if isinstance(policy_hold, ExtensionDrives) \
+            else policy_hold
+        # OnDelete, as Cluster API defines it: the version is written (when the policy
+        # admits the cluster) unpaused; CAPI replaces each Machine someone deletes, and
+        # k0s-fleet takes none down in place.
+        on_delete = md.strategy == "OnDelete"
+        step = version_step(md, hold=write_hold, write_blocked=(
+            elsewhere if on_delete else blocked) or (
+            self._workers_blocked(ns, md.cluster, target)),
+            pause=not capi_drives and not on_delete)
+        self.emit(*step.actions)
+        self._finish_paused_deployment(md, target, live, sets, elig,
+                                       in_flight=bool(in_flight) or missing > 0)
         # Where Cluster API drives the workers through our extension, its MachineSets and
         # in-place annotations are the intended driver, not another one.
         driver = None if capi_drives else other_driver(

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from fleet.intent import apply_intents
 from fleet.model import (
@@ -77,6 +78,8 @@ from fleet.signal import (
 
 AGENT = "sim-agent"
 
+_O = TypeVar("_O", MachineDeploymentInfo, ControlPlaneInfo)
+
 
 @dataclass
 class SimFleet:
@@ -104,7 +107,7 @@ class SimFleet:
             nodes={k: (None if v is None else dict(v)) for k, v in self.nodes.items()},
             autopilot_plans=dict(self.autopilot_plans),
         )
-        return apply_intents(snap, self.upgrades.values()) if self.upgrades else snap
+        return apply_intents(snap, self.upgrades.values())
 
     # -- controller side ---------------------------------------------------------------
     def apply_all(self, actions: Iterable[Action]) -> None:
@@ -376,10 +379,23 @@ def add_cluster(
 
 def bump(sim: SimFleet, cluster: ClusterKey, version: str, *, control_plane: bool = True,
          workers: bool = True) -> None:
-    """Set the target version of a cluster's KCP and/or MD."""
+    """Move a cluster's KCP and/or MD to ``version`` as k0s-fleet's version writer does
+    once a FleetUpgrade asks for it and the policy admits the cluster: the version, the
+    writer's record and its pause in one write (fleet/planner/writer.py). An object not
+    yet adopted is adopted first (a hand edit is never a target)."""
     for key, kcp in list(sim.control_planes.items()):
         if control_plane and (kcp.ref.namespace, kcp.cluster) == cluster:
-            sim.control_planes[key] = dataclasses.replace(kcp, version=version)
+            sim.control_planes[key] = _written(kcp, version)
     for key, md in list(sim.deployments.items()):
         if workers and (md.ref.namespace, md.cluster) == cluster:
-            sim.deployments[key] = dataclasses.replace(md, version=version)
+            sim.deployments[key] = _written(md, version)
+
+
+def _written(obj: _O, version: str) -> _O:
+    anns = dict(obj.annotations)
+    anns[ANN_WRITTEN_VERSION] = version
+    if ANN_CAPI_PAUSED not in anns or ANN_PAUSED_FOR in anns:
+        anns |= {ANN_CAPI_PAUSED: "", ANN_PAUSED_FOR: version}
+    return dataclasses.replace(obj, version=version, annotations=anns)
+
+

@@ -91,8 +91,10 @@ def deployment_budget(md: MachineDeploymentInfo
         return UnavailabilityBudget(0, "OnDelete"), (
             C.R_MAX_UNAVAILABLE_ZERO,
             "rollout strategy OnDelete: Cluster API takes no Machine down by itself "
-            "(maxUnavailable is 0 there), so k0s-fleet upgrades none in place; delete "
-            "Machines to have them replaced, or use RollingUpdate with a maxUnavailable")
+            "(maxUnavailable is 0 there), so k0s-fleet upgrades none in place; it writes "
+            "the version (unpaused) when the rollout policy admits the cluster, and Cluster "
+            "API replaces each Machine you delete; or use RollingUpdate with a "
+            "maxUnavailable")
     try:
         budget = UnavailabilityBudget.resolve(md.max_unavailable, md.replicas, md.max_surge)
     except InvalidMaxUnavailableError as e:

@@ -1,12 +1,15 @@
 """One writer of versions, and never two drivers. Pure; used by the planner's pass.
 
-*One writer.* For a cluster a FleetUpgrade covers (fleet/intent.py), k0s-fleet writes
-``K0sControlPlane.spec.version`` and ``MachineDeployment.spec.template.spec.version``
-itself, when the rollout policy admits the cluster, control planes before workers. It
-records what it wrote (annotation ``fleet.k0s-fleet.io/version``); an object enrolled so
-whose version differs from the record was written by someone else: reported (condition
-``K0sFleetVersionWriter=False`` + Warning Event) and never raced (no node starts) until it
-is set back, or a FleetUpgrade asks for exactly that version (then it is adopted).
+*One writer.* k0s-fleet writes ``K0sControlPlane.spec.version`` and
+``MachineDeployment.spec.template.spec.version`` of every cluster of the fleet itself,
+when a FleetUpgrade (fleet/intent.py) asks for a version and the rollout policy admits the
+cluster, control planes before workers. At first sight it adopts the version the object
+says (annotation ``fleet.k0s-fleet.io/version``, its record); from then on, the record
+(or the FleetUpgrade's version) is the target. A version that differs from the record was
+written by someone else: reported (condition ``K0sFleetVersionWriter=False`` + Warning
+Event) and never raced (no node starts) until it is set back, or a FleetUpgrade asks for
+exactly that version (then it is adopted). This holds whether or not a FleetUpgrade covers
+the cluster: a hand-edited version is never a target.
 
 *Executor "paused in place"* (control planes, and workers without Cluster API in-place
 updates): the version is written in the same patch that sets ``cluster.x-k8s.io/paused``
@@ -83,8 +86,9 @@ class OtherDriver:
 
 
 def enrolled(obj: Owner) -> bool:
-    """Under the one-writer rule: a FleetUpgrade covers its cluster, or k0s-fleet wrote
-    (or adopted) its version before."""
+    """k0s-fleet has recorded this object's version (it wrote or adopted it), or a
+    FleetUpgrade covers its cluster. Every object of a fleet cluster is enrolled from its
+    first pass on (:func:`version_step` adopts it)."""
     return obj.intent is not None or obj.written_version is not None
 
 
@@ -96,19 +100,18 @@ def version_step(obj: Owner, *, hold: str | None, write_blocked: str,
     ``write_blocked`` any other reason not to write now (Cluster paused, halted, control
     planes first); neither matters once the version is written.
     """
-    if not enrolled(obj):
-        return VersionStep()
     spec, written, target = obj.object_version, obj.written_version, obj.version
     label = "spec.template.spec.version" if isinstance(obj, MachineDeploymentInfo) \
         else "spec.version"
     if written is None:
-        # First sight under an intent: what the object says now is the baseline.
+        # First sight: what the object says now is the baseline (k0s-fleet's record).
         if spec is None:
             return VersionStep(waiting=f"{label} is not set", writer=(
                 "False", C.R_CHANGED_BY_OTHER, f"{label} is not set"))
         return VersionStep(
             actions=(RecordWrittenVersion(obj.ref, spec, obj.intent),),
-            waiting=f"enrolling {obj.ref.kind} under the FleetUpgrade (recording {spec})",
+            waiting=f"adopting {obj.ref.kind}: k0s-fleet writes its version from now on "
+                    f"(recording {spec})",
             writer=("True", C.R_WRITTEN, f"version {spec} adopted by k0s-fleet"))
     if not same_version(spec, written):
         if obj.intent is not None and target is not None and same_version(spec, target):
@@ -140,9 +143,9 @@ def version_step(obj: Owner, *, hold: str | None, write_blocked: str,
     return VersionStep(writer=ok)
 
 
-EXECUTOR_OBJECT_VERSION = "object-version"
 EXECUTOR_PAUSED_IN_PLACE = "paused-in-place"
 EXECUTOR_CAPI_IN_PLACE = "capi-in-place"
+EXECUTOR_ON_DELETE = "capi-on-delete"
 
 
 def executor_of(obj: Owner, *, capi_drives: bool = False) -> tuple[str, str]:
@@ -151,13 +154,14 @@ def executor_of(obj: Owner, *, capi_drives: bool = False) -> tuple[str, str]:
     if capi_drives and isinstance(obj, MachineDeploymentInfo):
         return (EXECUTOR_CAPI_IN_PLACE,
                 "Cluster API's in-place updates are active and k0s-fleet's runtime extension "
-                "is registered: " + ("k0s-fleet writes the version unpaused and " if enrolled(
-                    obj) else "") + "Cluster API calls UpdateMachine, which starts each node "
-                "only while the rollout policy admits it")
-    if not enrolled(obj):
-        return (EXECUTOR_OBJECT_VERSION,
-                "no FleetUpgrade covers this cluster: the object's own version is the target "
-                "(a version edited by hand races Cluster API's and k0smotron's rollouts)")
+                "is registered: k0s-fleet writes the version unpaused and Cluster API calls "
+                "UpdateMachine, which starts each node only while the rollout policy admits "
+                "it")
+    if isinstance(obj, MachineDeploymentInfo) and obj.strategy == "OnDelete":
+        return (EXECUTOR_ON_DELETE,
+                "rollout strategy OnDelete: k0s-fleet writes the version unpaused when the "
+                "rollout policy admits the cluster and upgrades no node in place; Cluster API "
+                "replaces each Machine you delete with one on the new version")
     if isinstance(obj, ControlPlaneInfo):
         return (EXECUTOR_PAUSED_IN_PLACE,
                 "k0s-fleet pauses k0smotron (cluster.x-k8s.io/paused) with the version it "
@@ -167,7 +171,8 @@ def executor_of(obj: Owner, *, capi_drives: bool = False) -> tuple[str, str]:
             "no Cluster API in-place update drives this MachineDeployment: k0s-fleet pauses "
             "it with the version it writes, upgrades nodes within maxUnavailable through "
             "NodePlans, moves the Machines' and MachineSet's versions to the target and "
-            "unpauses (not yet proven against the real Cluster API manager)")
+            "unpauses (the sequence found to keep Cluster API v1.12/v1.14 from creating a "
+            "MachineSet or deleting a Machine)")
 
 
 def release_pause(obj: Owner, machines: Sequence[MachineInfo], *, in_flight: bool,

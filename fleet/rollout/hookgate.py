@@ -6,7 +6,10 @@ while the fleet's policy holds that cluster or object, exactly as the standalone
 would not start one: emergency stop, fleet pause, a halted rollout, the cluster paused
 (annotation, fleet config entry, ``spec.paused``), the MachineDeployment paused, a closed
 maintenance window, or a wave that has not admitted the cluster (the admission the
-controller recorded in the rollout ConfigMap before its first start).
+controller recorded in the rollout ConfigMap before its first start). And the one-writer
+rule (fleet/planner/writer.py): no node starts while the MachineDeployment's version is not
+the one k0s-fleet wrote or adopted (someone else edited it, or the controller has not
+adopted the object yet).
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from fleet.config import FleetConfig
+from fleet.model import ANN_WRITTEN_VERSION, KIND_MD
 from fleet.rollout.annotations import ANN_PAUSED, ROLLOUT_CONFIGMAP, switch
 from fleet.rollout.gate import FleetControls
 from fleet.rollout.state import RolloutState
 from fleet.schedule import window_open
+from fleet.versions import same_version
 
 HELD_RETRY_SECONDS = 30
 
@@ -36,6 +41,8 @@ class HookSubject:
     owner_kind: str = ""
     owner_name: str = ""
     owner_annotations: Mapping[str, str] = field(default_factory=dict)
+    # the MachineDeployment's spec.template.spec.version (None: the MD was not read)
+    owner_version: str | None = None
 
 
 def hook_hold(config: FleetConfig, controls: FleetControls, state: RolloutState,
@@ -64,10 +71,26 @@ def hook_hold(config: FleetConfig, controls: FleetControls, state: RolloutState,
     if (reason := switch(subject.owner_annotations, ANN_PAUSED)) is not None:
         return f"{subject.owner_kind or 'object'} paused by annotation {ANN_PAUSED}" + (
             f": {reason}" if reason else "")
+    if (writer := _writer_hold(subject)) is not None:
+        return writer
     if not window_open(settings.maintenance_windows, now):
         return "outside the cluster's maintenance window"
     if f"{subject.namespace}/{subject.cluster}" not in state.admitted:
         return f"wave {settings.wave.name} has not admitted the cluster yet"
+    return None
+
+
+def _writer_hold(subject: HookSubject) -> str | None:
+    if subject.owner_kind != KIND_MD or subject.owner_version is None:
+        return None
+    written = subject.owner_annotations.get(ANN_WRITTEN_VERSION)
+    if not written:
+        return (f"k0s-fleet has not adopted MachineDeployment {subject.owner_name} yet (no "
+                f"{ANN_WRITTEN_VERSION} record)")
+    if not same_version(subject.owner_version, written):
+        return (f"MachineDeployment {subject.owner_name}: spec.template.spec.version was "
+                f"changed to {subject.owner_version} by someone else (k0s-fleet wrote "
+                f"{written}); k0s-fleet writes versions itself")
     return None
 
 

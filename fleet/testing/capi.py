@@ -30,6 +30,7 @@ from fleet.kube import AlreadyExistsError, KubeClient, KubeError, KubeObject, pa
 from fleet.kube.resources import (
     CLUSTERS,
     CRDS,
+    FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
@@ -57,6 +58,9 @@ from fleet.testing.providers import (
     SIM_MACHINES,
 )
 from fleet.testing.world import TEST_CRDS, crd_documents
+
+# On every test Cluster: its name, so that a FleetUpgrade can select that one cluster.
+TEST_CLUSTER_LABEL = "test.k0s-fleet.io/cluster"
 
 INFRA_MACHINES = SIM_MACHINES
 INFRA_TEMPLATE_KIND = SIM_MACHINE_TEMPLATES.kind
@@ -152,7 +156,8 @@ async def create_cluster(
     prefix = node_prefix or name
     fc = FleetCluster(namespace, name, version)
     cluster = await _create(mgmt, CLUSTERS, {
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {TEST_CLUSTER_LABEL: name}},
         "spec": {"controlPlaneRef": {"apiGroup": K0S_CONTROL_PLANES.group,
                                      "kind": K0S_CONTROL_PLANES.kind, "name": f"{name}-cp"}}})
     await _create(mgmt, SECRETS, kubeconfig_secret(f"{name}-kubeconfig", namespace, name,
@@ -277,9 +282,27 @@ async def _worker_machine(  # noqa: PLR0917 - started with start_soon
         await create_node(workload, name, version)
 
 
-async def bump(mgmt: KubeClient, fc: FleetCluster, version: str, *,
-               control_plane: bool = True, workers: bool = True) -> None:
-    """Set the target version, as an operator would."""
+async def bump(mgmt: KubeClient, fc: FleetCluster | CapiCluster, version: str, *,
+               intent_namespace: str | None = None) -> None:
+    """Ask for ``version`` as an operator does: a FleetUpgrade ``to-<cluster>`` selecting
+    this one cluster (label :data:`TEST_CLUSTER_LABEL`), in the controller's namespace
+    (default: the cluster's). k0s-fleet then writes the objects' versions itself."""
+    name = f"to-{fc.name}"
+    namespace = intent_namespace or fc.namespace
+    selector = {"matchLabels": {TEST_CLUSTER_LABEL: fc.name}}
+    try:
+        await mgmt.create(FLEET_UPGRADES, {
+            "apiVersion": FLEET_UPGRADES.api_version, "kind": FLEET_UPGRADES.kind,
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"version": version, "clusterSelector": selector}}, namespace)
+    except AlreadyExistsError:
+        await mgmt.patch(FLEET_UPGRADES, name, {"spec": {"version": version}}, namespace)
+
+
+async def hand_edit(mgmt: KubeClient, fc: FleetCluster | CapiCluster, version: str, *,
+                    control_plane: bool = True, workers: bool = True) -> None:
+    """Write ``version`` into the KCP and/or MD directly, as a user editing them by hand
+    would (k0s-fleet reports it and starts no node: the one-writer rule)."""
     if control_plane and fc.kcp:
         await mgmt.patch(K0S_CONTROL_PLANES, fc.kcp, {"spec": {"version": version}},
                          fc.namespace)
@@ -323,24 +346,27 @@ def rollout_strategy(strategy: str = "RollingUpdate", *, max_unavailable: int | 
 async def create_capi_cluster(
     mgmt: KubeClient, workload_kubeconfig: dict[str, Any], *, namespace: str, name: str,
     version: str = "v1.31.2+k0s.0", workers: int = 3, strategy: str = "RollingUpdate",
-    max_unavailable: int | str = 1, max_surge: int | str = 0,
+    max_unavailable: int | str = 1, max_surge: int | str = 0, control_plane_replicas: int = 1,
 ) -> CapiCluster:
     """Cluster, kubeconfig Secret, stand-in K0sControlPlane (no Machines), worker templates
     and a MachineDeployment of ``workers`` replicas: what a user applies. The real CAPI
     manager creates the MachineSet and Machines; :class:`fleet.testing.providers.
-    ProviderPlayer` provisions them."""
+    ProviderPlayer` provisions them. ``control_plane_replicas``: what the stand-in KCP
+    says (it gets no Machines; 0 lets k0s-fleet count the cluster complete)."""
     kcp, md, template = f"{name}-cp", f"{name}-md", f"{name}-w"
     await _create(mgmt, SECRETS, kubeconfig_secret(f"{name}-kubeconfig", namespace, name,
                                                     workload_kubeconfig))
     await _create(mgmt, K0S_CONTROL_PLANES, {
         "metadata": {"name": kcp, "namespace": namespace,
                      "labels": {LABEL_CLUSTER_NAME: name}},
-        "spec": {"version": version, "replicas": 1, "updateStrategy": "InPlace",
+        "spec": {"version": version, "replicas": control_plane_replicas,
+                 "updateStrategy": "InPlace",
                  "machineTemplate": {"infrastructureRef": {
                      "apiGroup": INFRA_GROUP, "kind": INFRA_TEMPLATE_KIND, "name": kcp}},
                  "k0sConfigSpec": K0S_CONFIG_SPEC}})
     await _create(mgmt, CLUSTERS, {
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {TEST_CLUSTER_LABEL: name}},
         "spec": {"controlPlaneRef": {"apiGroup": K0S_CONTROL_PLANES.group,
                                      "kind": K0S_CONTROL_PLANES.kind, "name": kcp}}})
     await _create(mgmt, SIM_MACHINE_TEMPLATES, {

@@ -113,11 +113,14 @@ async def _default_node(machine: KubeObject, provider: str, workload: KubeClient
 
 @dataclass
 class ProviderPlayer:
-    """Plays the providers for every Machine of ``mgmt`` (one management API server)."""
+    """Plays the providers for every Machine of ``mgmt`` (one management API server), or
+    of one ``namespace`` of it (tests sharing a server must not play each other's
+    Machines, which may linger after their namespace is deleted)."""
 
     mgmt: KubeClient
     workloads: WorkloadClients
     node_factory: NodeFactory = _default_node
+    namespace: str | None = None
     control_planes: bool = True
     interval: float = 0.2
     nodes_created: set[tuple[str, str]] = field(default_factory=set)
@@ -125,7 +128,7 @@ class ProviderPlayer:
 
     async def run(self) -> None:
         """Sweep forever (until cancelled)."""
-        machines = Reflector(self.mgmt, MACHINES)
+        machines = Reflector(self.mgmt, MACHINES, namespace=self.namespace)
         async with anyio.create_task_group() as tg:
             tg.start_soon(machines.run)
             await machines.synced.wait()
@@ -146,7 +149,7 @@ class ProviderPlayer:
 
     async def _initialise_control_planes(self) -> None:
         with contextlib.suppress(KubeError):
-            for kcp in (await self.mgmt.list(K0S_CONTROL_PLANES)).items:
+            for kcp in (await self.mgmt.list(K0S_CONTROL_PLANES, self.namespace)).items:
                 status = kcp.get("status") or {}
                 if (status.get("initialization") or {}).get("controlPlaneInitialized"):
                     continue

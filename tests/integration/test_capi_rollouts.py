@@ -76,7 +76,8 @@ async def test_version_bump_replaces_every_machine(
     async def workload(_ns: str, _cluster: str) -> KubeClient:
         return wl1
 
-    async with capi_namespace(env) as ns, playing(ProviderPlayer(env.client, workload)):
+    async with capi_namespace(env) as ns, playing(
+            ProviderPlayer(env.client, workload, namespace=ns)):
         cluster = await create_capi_cluster(env.client, crds_installed["wl1"].kubeconfig(),
                                             namespace=ns, name="c1", version=V1, workers=2)
         before = await provisioned(env, ns, 2)
@@ -103,7 +104,8 @@ async def test_paused_version_move_keeps_every_machine(
     async def workload(_ns: str, _cluster: str) -> KubeClient:
         return wl1
 
-    async with capi_namespace(env) as ns, playing(ProviderPlayer(env.client, workload)):
+    async with capi_namespace(env) as ns, playing(
+            ProviderPlayer(env.client, workload, namespace=ns)):
         cluster = await create_capi_cluster(env.client, crds_installed["wl1"].kubeconfig(),
                                             namespace=ns, name="c1", version=V1, workers=3)
         before = await provisioned(env, ns, 3)
@@ -157,7 +159,7 @@ async def test_real_capi_provisions_a_machine_deployment(
         async def workload(_ns: str, _cluster: str) -> KubeClient:
             return wl1
 
-        async with playing(ProviderPlayer(env.client, workload)):
+        async with playing(ProviderPlayer(env.client, workload, namespace=ns)):
             async def linked() -> list[dict[str, Any]] | None:
                 machines = (await env.client.list(MACHINES, ns)).items
                 done = [m for m in machines if ((m.get("status") or {}).get("nodeRef") or {})

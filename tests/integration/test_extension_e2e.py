@@ -54,7 +54,7 @@ from fleet.nodeplan import nodeplan_name
 from fleet.rollout.annotations import ANN_EMERGENCY_STOP, ROLLOUT_CONFIGMAP
 from fleet.rollout.policy import RolloutPolicy
 from fleet.signal import RUNNING_VERSION_KEY
-from fleet.testing.capi import create_cluster, ensure_infra_crd
+from fleet.testing.capi import bump, create_cluster, ensure_infra_crd
 from fleet.testing.responder import NodeResponder
 from fleet.testing.world import World
 from tests.helpers.capi import CapiDriver, Extension
@@ -149,10 +149,18 @@ async def test_capi_in_place_rollout_through_extension_and_controller(
                 with anyio.fail_after(10):
                     while not exclusion.owns(namespace, fc.name):
                         await anyio.sleep(0.02)
-                # The operator bumps the MachineDeployment; CAPI asks whether the new
-                # MachineSet can be reached in place, then walks the Machines one by one.
-                await mgmt.patch(MACHINE_DEPLOYMENTS, fc.md or "", {"spec": {"template": {
-                    "spec": {"version": V2}}}}, namespace)
+                # The operator asks for the version (a FleetUpgrade); k0s-fleet writes the
+                # MachineDeployment's version, CAPI asks whether the new MachineSet can be
+                # reached in place, then walks the Machines one by one.
+                await bump(mgmt, fc, V2)
+
+                async def written() -> bool:
+                    md = await mgmt.get(MACHINE_DEPLOYMENTS, fc.md or "", namespace)
+                    return bool(md["spec"]["template"]["spec"]["version"] == V2)
+
+                with anyio.fail_after(60):
+                    while not await written():
+                        await anyio.sleep(0.05)
                 with anyio.fail_after(120):
                     for name in fc.workers:
                         await driver.start_in_place(await mgmt.get(MACHINES, name, namespace),

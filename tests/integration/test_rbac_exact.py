@@ -187,7 +187,7 @@ async def test_both_charts_upgrade_a_cluster_and_the_agent_uses_exactly_its_gran
                 capi_ns)
         async with anyio.create_task_group() as tg:
             log = await tg.start(run_controller, controller, server, token, tmp_path)
-            await bump(admin, fc, NEW)
+            await bump(admin, fc, NEW, intent_namespace=controller.namespace)
 
             async def upgraded() -> bool:
                 plans = (await admin.list(NODE_PLANS, capi_ns)).items

@@ -13,7 +13,10 @@ from fleet.rollout.state import RolloutState, Transition
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)  # a Monday, noon UTC
 ADMITTED = RolloutState(admitted={"ns/c1": "fp"})
-SUBJECT = HookSubject("ns", "c1", owner_kind="MachineDeployment", owner_name="md")
+V1, V2 = "v1.31.2+k0s.0", "v1.31.3+k0s.0"
+WRITTEN = {"fleet.k0s-fleet.io/version": V2}
+SUBJECT = HookSubject("ns", "c1", owner_kind="MachineDeployment", owner_name="md",
+                      owner_annotations=WRITTEN, owner_version=V2)
 
 
 def cfg(**rollout: object) -> FleetConfig:
@@ -39,8 +42,17 @@ def test_an_admitted_cluster_in_its_window_goes() -> None:
      "spec.paused"),
     (cfg(), FleetControls(), ADMITTED,
      HookSubject("ns", "c1", owner_kind="MachineDeployment",
-                 owner_annotations={"fleet.k0s-fleet.io/paused": "true"}),
+                 owner_annotations={"fleet.k0s-fleet.io/paused": "true", **WRITTEN},
+                 owner_version=V2),
      "MachineDeployment paused"),
+    # the one writer: a version someone else wrote, or an MD not adopted yet
+    (cfg(), FleetControls(), ADMITTED,
+     HookSubject("ns", "c1", owner_kind="MachineDeployment", owner_name="md",
+                 owner_annotations={"fleet.k0s-fleet.io/version": V1}, owner_version=V2),
+     "changed to v1.31.3+k0s.0 by someone else (k0s-fleet wrote v1.31.2+k0s.0)"),
+    (cfg(), FleetControls(), ADMITTED,
+     HookSubject("ns", "c1", owner_kind="MachineDeployment", owner_name="md",
+                 owner_version=V2), "not adopted"),
     (cfg(maintenanceWindows=[{"schedule": "0 22 * * *", "duration": "4h"}]), FleetControls(),
      ADMITTED, SUBJECT, "maintenance window"),
     (cfg(), FleetControls(), RolloutState(), SUBJECT, "has not admitted"),

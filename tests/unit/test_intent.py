@@ -304,14 +304,41 @@ def test_a_capi_rollout_of_the_md_holds_it() -> None:
     assert other.status == "True"
 
 
-def test_objects_no_intent_covers_keep_their_own_versions() -> None:
-    """Without any FleetUpgrade the writer stays out (no enrolment, no condition)."""
+@pytest.mark.parametrize("kind", [KIND_MD, KIND_KCP])
+def test_without_any_fleet_upgrade_objects_are_adopted_and_a_hand_edit_is_not_a_target(
+        kind: str) -> None:
+    """No FleetUpgrade covers the cluster: the first pass adopts what each object says
+    (its record), and a version edited by hand afterwards is reported, never a target: no
+    NodePlan, no write, the target stays the record."""
     sim = SimFleet(now=T0)
-    add_cluster(sim, "c1", control_planes=1, workers=1)
-    result = plan(sim.snapshot(), SETTINGS)
-    assert of(result.actions, RecordWrittenVersion) == []
-    for s in of(result.actions, SetRolloutStatus):
-        assert C.VERSION_WRITER not in {c.type for c in s.conditions}
+    add_cluster(sim, "c1", control_planes=1, workers=2)
+    first = plan(sim.snapshot(), SETTINGS)
+    assert sorted((a.owner.kind, a.version, a.intent) for a in of(
+        first.actions, RecordWrittenVersion)) == [(KIND_KCP, V1, None), (KIND_MD, V1, None)]
+    sim.apply_all(first.actions)
+    assert all(o.written_version == V1
+               for o in [*sim.deployments.values(), *sim.control_planes.values()])
+    table = sim.deployments if kind == KIND_MD else sim.control_planes
+    key = next(iter(table))
+    table[key] = dataclasses.replace(table[key], version=V2)  # type: ignore[assignment]
+    reports = []
+    for _ in range(5):
+        snap = sim.snapshot()
+        obj = (snap.deployments if kind == KIND_MD else snap.control_planes)[key]
+        assert obj.version == V1 and obj.object_version == V2  # the record is the target
+        result = plan(snap, SETTINGS)
+        assert of(result.actions, CreateNodePlan) == []
+        assert of(result.actions, WriteVersion) == []
+        reports += of(result.actions, ReportVersionConflict)
+        sim.apply_all(result.actions)
+    assert len(reports) == 1 and "someone else" in reports[0].message
+    cond = table[key].status.condition(C.VERSION_WRITER)
+    assert cond is not None and cond.reason == C.R_CHANGED_BY_OTHER
+    # Set back, and asked for through a FleetUpgrade: the writer rolls the cluster.
+    table[key] = dataclasses.replace(table[key], version=V1)  # type: ignore[assignment]
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+    drive(sim)
+    assert all(same_version(m.version, V2) for m in sim.machines.values())
 
 
 def test_selector_type_is_the_fleet_configs() -> None:
@@ -396,7 +423,8 @@ def test_live_autopilot_plan_states() -> None:
 
 def test_on_delete_is_read_as_cluster_api_defines_it() -> None:
     """OnDelete has no maxUnavailable in Cluster API (0): nothing goes down in place, and
-    the object says why, even with a rollingUpdate.maxUnavailable left in the spec."""
+    the object says why, even with a rollingUpdate.maxUnavailable left in the spec; the
+    version is written (unpaused) so that Cluster API replaces what the user deletes."""
     from fleet.planner.actions import ReportNotInPlace  # noqa: PLC0415
 
     sim = SimFleet(now=T0)
@@ -409,7 +437,11 @@ def test_on_delete_is_read_as_cluster_api_defines_it() -> None:
         result = plan(sim.snapshot(), SETTINGS)
         sim.apply_all(result.actions)
         actions += result.actions
-    assert of(actions, CreateNodePlan) == [] and of(actions, WriteVersion) == []
+    assert of(actions, CreateNodePlan) == []
+    # The version is written unpaused: Cluster API replaces each Machine someone deletes.
+    [write] = of(actions, WriteVersion)
+    assert write.version == V2 and not write.pause
+    assert ANN_CAPI_PAUSED not in sim.deployments[key].annotations
     [report] = of(actions, ReportNotInPlace)
     assert report.reason == C.R_MAX_UNAVAILABLE_ZERO and "OnDelete" in report.message
 
