@@ -1,4 +1,10 @@
-"""A rollout driven pass by pass on real API servers (gate + planner, scripted nodes)."""
+"""A rollout driven pass by pass on real API servers (gate + planner, scripted nodes).
+
+The clusters start on :data:`OLD`, every object saying so; the upgrade is asked for as
+the docs say (a FleetUpgrade, :func:`ask_for`) and k0s-fleet's planner writes the
+versions itself: the driver performs the planner's version-writer and Machine actions with
+the controller's real :class:`~fleet.controllers.dispatcher.Dispatcher`, and plays the
+nodes by writing the NodePlans' status."""
 
 from __future__ import annotations
 
@@ -9,8 +15,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import yaml
+from opentelemetry import trace
 
+from fleet.cli.upgrade import apply_upgrade
+from fleet.clusters import ClusterRegistry
 from fleet.config import FleetConfig
+from fleet.controllers.dispatcher import Dispatcher
+from fleet.controllers.observe import ManagementView
 from fleet.events import EventRecorder
 from fleet.kube import KubeClient
 from fleet.kube.resources import (
@@ -25,7 +36,18 @@ from fleet.kube.resources import (
 from fleet.model import format_time
 from fleet.nodeplan import build_nodeplan
 from fleet.planner import PlannerSettings, plan
-from fleet.planner.actions import AnnotateWorkerVersion, CreateNodePlan
+from fleet.planner.actions import (
+    AnnotateWorkerVersion,
+    CreateNodePlan,
+    PatchMachineSetVersion,
+    PatchMachineVersion,
+    PauseObject,
+    RecordWrittenVersion,
+    ReleasePause,
+    ReportOtherDriver,
+    ReportVersionConflict,
+    WriteVersion,
+)
 from fleet.reported import kubelet_version
 from fleet.rollout.coordinator import RolloutCoordinator
 from fleet.rollout.gate import GateDecision
@@ -57,10 +79,9 @@ class FleetCluster:
 
 async def make_cluster(mgmt: KubeClient, server: ApiServer, wl: KubeClient, namespace: str,
                        name: str, *, labels: dict[str, str] | None = None, workers: int = 2,
-                       max_unavailable: int = 1, version: str = OLD,
-                       target: str = TARGET) -> FleetCluster:
-    """A CAPI cluster with one MachineDeployment of ``workers`` Ready nodes on ``version``,
-    bumped to ``target``."""
+                       max_unavailable: int = 1, version: str = OLD) -> FleetCluster:
+    """A CAPI cluster with one MachineDeployment of ``workers`` Ready nodes, every object
+    on ``version`` (a FleetUpgrade asks for another: :func:`ask_for`)."""
     suffix = uuid.uuid4().hex[:6]
     kubeconfig = yaml.safe_dump(server.kubeconfig())
     await mgmt.create(SECRETS, {
@@ -85,7 +106,7 @@ async def make_cluster(mgmt: KubeClient, server: ApiServer, wl: KubeClient, name
                  "selector": {"matchLabels": {"cluster.x-k8s.io/deployment-name": f"{name}-md"}},
                  "rollout": {"strategy": {"type": "RollingUpdate",
                                           "rollingUpdate": {"maxUnavailable": max_unavailable}}},
-                 "template": template(target)}})
+                 "template": template(version)}})
     await mgmt.create(MACHINE_SETS, {
         "metadata": {"name": f"{name}-ms", "namespace": namespace,
                      "labels": {"cluster.x-k8s.io/deployment-name": f"{name}-md"}},
@@ -113,6 +134,14 @@ async def make_cluster(mgmt: KubeClient, server: ApiServer, wl: KubeClient, name
     return FleetCluster(namespace, name, machines, wl)
 
 
+async def ask_for(mgmt: KubeClient, namespace: str, version: str = TARGET, *,
+                  name: str = "to-target", selector: dict[str, Any] | None = None) -> None:
+    """Ask the fleet (or the clusters matching ``selector``) for ``version``, as the docs
+    say: a FleetUpgrade in the controller's namespace (what ``k0s-fleet upgrade`` writes)."""
+    await apply_upgrade(mgmt, namespace=namespace, name=name, version=version,
+                        selector=selector)
+
+
 def fleet_config(namespace: str, kubeconfig: str | None = None,
                  **rollout: Any) -> FleetConfig:
     return FleetConfig.model_validate({
@@ -130,6 +159,14 @@ class Dispatch:
     wave: str
 
 
+# What the driver performs with the controller's own Dispatcher: the one writer of versions
+# and the Machine/MachineSet version moves. (NodePlans are created by the driver with a
+# fixed download, and the node side is scripted: see :meth:`RolloutDriver.finish`.)
+WRITER_ACTIONS = (RecordWrittenVersion, WriteVersion, PauseObject, ReleasePause,
+                  PatchMachineVersion, PatchMachineSetVersion, AnnotateWorkerVersion,
+                  ReportVersionConflict, ReportOtherDriver)
+
+
 @dataclass
 class RolloutDriver:
     mgmt: KubeClient
@@ -145,6 +182,13 @@ class RolloutDriver:
                                       clock=lambda: self.now)
         self.coordinator = RolloutCoordinator(self.mgmt, self.config, recorder=self.recorder,
                                               clock=lambda: self.now)
+        # Never run: its caches stay empty, so every write reads the object fresh.
+        view = ManagementView(self.mgmt)
+        self.dispatcher = Dispatcher(
+            mgmt=self.mgmt, view=view,
+            registry=ClusterRegistry(view[SECRETS], on_change=lambda: None),
+            config=self.config, recorder=self.recorder, tracer=trace.get_tracer(__name__),
+            clock=lambda: self.now)
 
     @property
     def namespace(self) -> str:
@@ -170,10 +214,20 @@ class RolloutDriver:
                 await self.mgmt.create(NODE_PLANS, body)
                 self.dispatched.append(Dispatch(self.now, a.cluster, a.node,
                                                 decision.clusters[a.cluster].wave))
-            elif isinstance(a, AnnotateWorkerVersion):
-                await self.mgmt.patch(MACHINES, a.machine.name, {"metadata": {"annotations": {
-                    RUNNING_VERSION_KEY: a.version}}}, a.machine.namespace)
+            elif isinstance(a, WRITER_ACTIONS):
+                await self.dispatcher.perform(a)
         return decision
+
+    async def settle(self, *, max_passes: int = 6) -> GateDecision:
+        """Passes at the same moment until one writes nothing more: what the controller
+        does on its own between two changes of the world (adopt an object's version, write
+        the target, then start nodes)."""
+        for _ in range(max_passes):
+            writes, dispatched = self.dispatcher.stats.writes, len(self.dispatched)
+            decision = await self.step()
+            if self.dispatcher.stats.writes == writes and len(self.dispatched) == dispatched:
+                return decision
+        raise AssertionError(f"still writing after {max_passes} passes")
 
     async def in_flight(self) -> list[dict[str, Any]]:
         plans = (await self.mgmt.list(NODE_PLANS, self.namespace)).items
@@ -210,11 +264,13 @@ class RolloutDriver:
         """Pass after pass: finish what is in flight, jump the clock to the gate's next
         wake-up when nothing moves, until every cluster is complete."""
         for _ in range(max_passes):
+            writes = self.dispatcher.stats.writes
             decision = await self.step()
             if all(c.complete for c in self.progress):
                 return
             finished = await self.finish_all()
-            if not finished and not decision.admitted_now and not any(
+            wrote = self.dispatcher.stats.writes > writes  # a version written, a pause...
+            if not finished and not wrote and not decision.admitted_now and not any(
                     d.at == self.now for d in self.dispatched):
                 assert decision.next_wakeup is not None, decision.reasons
                 self.now = max(self.now + tick, decision.next_wakeup)

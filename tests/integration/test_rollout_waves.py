@@ -3,12 +3,15 @@
 A small fleet on the real test world, and a coarse stand-in for controller + agents.
 
 Clusters are real CAPI objects in ``mgmt`` (Cluster, kubeconfig Secret, MachineDeployment,
-MachineSet, Machines) whose Nodes live on the workload API servers ``wl1`` / ``wl2``.
+MachineSet, Machines) whose Nodes live on the workload API servers ``wl1`` / ``wl2``. The
+upgrade is asked for with a FleetUpgrade; k0s-fleet writes each MachineDeployment's
+version itself (paused) when the gate admits its cluster.
 
 ``RolloutDriver.step`` is one controller pass exactly as the rollout wiring does it:
 observe the fleet (real API), ``RolloutCoordinator.decide`` (the real gate, the real
 rollout ConfigMap, real Events), the real planner called with the gate's ``hold``, and
-its dispatches are performed (NodePlans created). The node side is a
+its dispatches and version writes are performed (NodePlans created, versions written by
+the controller's Dispatcher). The node side is a
 stand-in: the test completes or fails NodePlans by writing their status and the Node's
 running-version annotation, the way the agent + NodePlan reconciler end up. The clock is
 injected: nothing sleeps.
@@ -27,9 +30,17 @@ from fleet.kube.resources import (
     CLUSTERS,
     CONFIGMAPS,
     MACHINE_DEPLOYMENTS,
+    MACHINE_SETS,
+    MACHINES,
     NODE_PLANS,
 )
-from fleet.model import ObjectRef
+from fleet.model import (
+    ANN_CAPI_PAUSED,
+    ANN_PAUSED_FOR,
+    ANN_WRITTEN_VERSION,
+    ObjectRef,
+    parse_time,
+)
 from fleet.nodeplan import nodeplan_name
 from fleet.rollout.annotations import ANN_PAUSED, ROLLOUT_CONFIGMAP, STATE_KEY
 from fleet.rollout.observe import observe
@@ -43,6 +54,7 @@ from tests.helpers.waves import (
     TARGET,
     WAVES,
     RolloutDriver,
+    ask_for,
     fleet_config,
     make_cluster,
 )
@@ -74,6 +86,7 @@ async def test_waves_in_order_with_soak_and_plan_matches_the_rollout(
         await make_cluster(mgmt, world["wl1"], wl1, namespace, "p2", labels=PROD, workers=1),
     ]
     config = fleet_config(namespace, waves=WAVES)
+    await ask_for(mgmt, namespace)
     # The dry run first: it must write nothing.
     planned = plan_document(dry_run(await observe(mgmt, config, now=T0), config, now=T0))
     assert await mgmt.get_or_none(CONFIGMAPS, ROLLOUT_CONFIGMAP, namespace) is None
@@ -85,6 +98,7 @@ async def test_waves_in_order_with_soak_and_plan_matches_the_rollout(
 
     driver = RolloutDriver(mgmt, config, clusters)
     await driver.run_until_done()
+    await driver.settle()  # the passes after the last node: versions moved, pauses released
 
     # The rollout did what the plan said, node by node.
     actual = [(f"{d.cluster[0]}/{d.cluster[1]}", d.node) for d in driver.dispatched]
@@ -114,6 +128,27 @@ async def test_waves_in_order_with_soak_and_plan_matches_the_rollout(
     ev = next(e for e in events if e["reason"] == "UpgradeAdmitted")
     assert ev["reportingController"] == "fleet.k0s-fleet.io/controller"
     assert ev["regarding"]["kind"] == "Cluster" and ev["action"] == "Rollout"
+    # k0s-fleet wrote every MachineDeployment's version itself, each only once its wave
+    # admitted the cluster (a prod MD stayed on the old version through the canary soak),
+    # and released its pause with every Machine and the MachineSet on the target.
+    for c in clusters:
+        written = [e for e in events if e["reason"] == "VersionWritten"
+                   and e["regarding"]["name"] == f"{c.name}-md"]
+        assert len(written) == 1, written
+        first = min(d.at for d in driver.dispatched if d.cluster == c.key)
+        at = parse_time(written[0]["eventTime"])
+        assert at is not None and at <= first
+        if c.name != "can":
+            assert at >= canary_done + timedelta(minutes=30)
+        md_obj = await mgmt.get(MACHINE_DEPLOYMENTS, f"{c.name}-md", namespace)
+        anns = md_obj["metadata"].get("annotations") or {}
+        assert md_obj["spec"]["template"]["spec"]["version"] == TARGET
+        assert anns.get(ANN_WRITTEN_VERSION) == TARGET
+        assert ANN_CAPI_PAUSED not in anns and ANN_PAUSED_FOR not in anns
+        ms = await mgmt.get(MACHINE_SETS, f"{c.name}-ms", namespace)
+        assert ms["spec"]["template"]["spec"]["version"] == TARGET
+        for m in c.machines:
+            assert (await mgmt.get(MACHINES, m, namespace))["spec"]["version"] == TARGET
 
 
 @pytest.mark.anyio
@@ -127,8 +162,9 @@ async def test_a_canary_failure_halts_everything(
     ]
     waves = [{**WAVES[0], "maxConcurrentClusters": 2}, WAVES[1]]
     config = fleet_config(namespace, waves=waves)
+    await ask_for(mgmt, namespace)
     driver = RolloutDriver(mgmt, config, clusters)
-    d = await driver.step()
+    d = await driver.settle()
     assert d.allowed_clusters == {(namespace, "can1"), (namespace, "can2")}
     first = {x.node for x in driver.dispatched}
     assert first == {clusters[0].machines[0], clusters[1].machines[0]}
@@ -137,7 +173,7 @@ async def test_a_canary_failure_halts_everything(
     await driver.finish(plans[clusters[0].machines[0]], fail=True)
     await driver.finish(plans[clusters[1].machines[0]])
     for _ in range(3):
-        d = await driver.step()
+        d = await driver.settle()
         driver.now += timedelta(minutes=1)
         assert d.halted is not None and "canary" in d.halted
         assert d.allowed_clusters == frozenset()
@@ -149,7 +185,7 @@ async def test_a_canary_failure_halts_everything(
     # The operator clears the failure (deletes the NodePlan): the rollout resumes.
     failed = nodeplan_for(clusters[0].machines[0])
     await mgmt.delete(NODE_PLANS, failed, namespace)
-    d = await driver.step()
+    d = await driver.settle()
     assert d.halted is None
     assert (namespace, "can1") in d.allowed_clusters
     assert "RolloutHaltCleared" in _reasons(await _events(mgmt, namespace))
@@ -161,34 +197,35 @@ async def test_windows_and_pause_resume_mid_wave(
     clusters = [await make_cluster(mgmt, world["wl1"], wl1, namespace, "w1", workers=3)]
     config = fleet_config(namespace, maintenanceWindows=[
         {"schedule": "0 22 * * *", "duration": "1h", "timeZone": "UTC"}])
+    await ask_for(mgmt, namespace)
     driver = RolloutDriver(mgmt, config, clusters)
-    d = await driver.step()  # 12:00: the window is closed
+    d = await driver.settle()  # 12:00: the window is closed
     assert driver.dispatched == []
     assert "outside its maintenance window" in d.reasons[(namespace, "w1")]
     assert d.next_wakeup == T0.replace(hour=22)
     driver.now = d.next_wakeup
-    await driver.step()
+    await driver.settle()
     assert [x.node for x in driver.dispatched] == clusters[0].machines[:1]
     # Pause mid-wave (fleet level, annotation on the rollout ConfigMap).
     await mgmt.patch(CONFIGMAPS, ROLLOUT_CONFIGMAP, {"metadata": {"annotations": {
         ANN_PAUSED: "change freeze"}}}, namespace)
     driver.now += timedelta(minutes=5)
     await driver.finish_all()  # the node in flight finishes
-    d = await driver.step()
+    d = await driver.settle()
     assert d.paused is not None and "change freeze" in d.paused
     assert len(driver.dispatched) == 1
     # Resume: the next node starts.
     await mgmt.patch(CONFIGMAPS, ROLLOUT_CONFIGMAP, {"metadata": {"annotations": {
         ANN_PAUSED: None}}}, namespace)
     driver.now += timedelta(minutes=1)
-    await driver.step()
+    await driver.settle()
     assert [x.node for x in driver.dispatched] == clusters[0].machines[:2]
     # Object-level pause on the MachineDeployment holds just that object.
     await mgmt.patch(MACHINE_DEPLOYMENTS, "w1-md", {"metadata": {"annotations": {
         ANN_PAUSED: "db migration"}}}, namespace)
     driver.now += timedelta(minutes=1)
     await driver.finish_all()
-    d = await driver.step()
+    d = await driver.settle()
     assert len(driver.dispatched) == 2
     assert "db migration" in (d.held_objects.get(ObjectRef("MachineDeployment", namespace,
                                                            "w1-md")) or "")
@@ -196,11 +233,11 @@ async def test_windows_and_pause_resume_mid_wave(
         ANN_PAUSED: None}}}, namespace)
     # 23:08: the window has closed; in-flight work is done, nothing new starts.
     driver.now = T0.replace(hour=23, minute=8)
-    d = await driver.step()
+    d = await driver.settle()
     assert len(driver.dispatched) == 2
     assert d.next_wakeup == T0.replace(hour=22) + timedelta(days=1)
     driver.now = d.next_wakeup
-    await driver.step()
+    await driver.settle()
     assert [x.node for x in driver.dispatched] == clusters[0].machines
     reasons = _reasons(await _events(mgmt, namespace))
     for r in ("RolloutPaused", "RolloutResumed", "ObjectPaused", "ObjectResumed"):
@@ -218,17 +255,20 @@ async def test_cluster_pause_annotation_and_restart_keep_the_admission(
     await mgmt.patch(CLUSTERS, "a", {"metadata": {"annotations": {ANN_PAUSED: "on call"}}},
                      namespace)
     config = fleet_config(namespace, maxConcurrentClusters=1)
+    await ask_for(mgmt, namespace)
     driver = RolloutDriver(mgmt, config, clusters)
-    d = await driver.step()
+    d = await driver.settle()
     assert d.allowed_clusters == {(namespace, "b")}
-    assert "on call" in d.reasons[(namespace, "a")]
+    # (once b holds the one slot, that is the first reason a waits for)
+    assert "on call" in driver.decisions[0].reasons[(namespace, "a")]
+    assert [x.node for x in driver.dispatched] == clusters[1].machines[:1]
     # A "restarted controller" (fresh coordinator) still counts b's slot, even though it
     # sees no NodePlan of b yet (simulated by deleting it): the admission is durable.
     await mgmt.delete(NODE_PLANS, nodeplan_for(clusters[1].machines[0]), namespace)
     await mgmt.patch(CLUSTERS, "a", {"metadata": {"annotations": {ANN_PAUSED: None}}},
                      namespace)
     restarted = RolloutDriver(mgmt, config, clusters, now=driver.now + timedelta(minutes=1))
-    d = await restarted.step()
+    d = await restarted.settle()
     assert d.allowed_clusters == {(namespace, "b")}
     assert "1 of maxConcurrentClusters 1" in d.reasons[(namespace, "a")]
     reasons = _reasons(await _events(mgmt, namespace), "a")

@@ -26,6 +26,7 @@ from tests.helpers.waves import (
     T0,
     WAVES,
     RolloutDriver,
+    ask_for,
     fleet_config,
     make_cluster,
 )
@@ -47,6 +48,7 @@ async def test_status_and_plan_commands_and_http(  # noqa: PLR0917 (fixtures)
         await make_cluster(mgmt, world["wl1"], wl1, namespace, "can", labels=CANARY),
         await make_cluster(mgmt, world["wl2"], wl2, namespace, "other", workers=1),
     ]
+    await ask_for(mgmt, namespace)
     kubeconfig = world["mgmt"].write_kubeconfig(tmp_path / "mgmt.yaml")
     cfg_file = tmp_path / "fleet.yaml"
     cfg_file.write_text(yaml.safe_dump({
@@ -63,11 +65,12 @@ async def test_status_and_plan_commands_and_http(  # noqa: PLR0917 (fixtures)
     assert await mgmt.get_or_none(CONFIGMAPS, ROLLOUT_CONFIGMAP, namespace) is None
     assert (await mgmt.list(NODE_PLANS, namespace)).items == []
 
-    # One real pass, then the status as the CLI, the library and the HTTP server see it.
+    # The controller's passes (adopt, write the version, start a node, then one that
+    # observes the NodePlan), then the status as the CLI, the library and the HTTP server
+    # see it.
     config = fleet_config(namespace, str(kubeconfig), waves=WAVES)
     driver = RolloutDriver(mgmt, config, clusters)
-    await driver.step()
-    decision = await driver.step()  # observes the NodePlan the first pass created
+    decision = await driver.settle()
     status = json.loads(await _cli("status", "--config", str(cfg_file), "--once",
                                    "--output", "json"))
     assert status["rollout"]["phase"] == "Progressing"
