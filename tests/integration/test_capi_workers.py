@@ -6,6 +6,9 @@ feature gates: no CAPI in-place updates), at both pinned versions.
   simulated nodes), pauses the MachineSet, moves its template's and the Machines'
   versions, and releases both pauses. CAPI creates no MachineSet and deletes no Machine,
   and the Machines stay at the target once CAPI reconciles the unpaused objects.
+* OnDelete, as Cluster API defines it (no maxUnavailable, Machines replaced only when
+  deleted): the version written unpaused, no node upgraded in place, CAPI replaces only
+  the Machine the user deletes.
 
 The providers are played through their contracts (``ProviderPlayer``); the
 K0sControlPlane is a stand-in with no Machines.
@@ -27,7 +30,14 @@ from fleet.cli.upgrade import apply_upgrade
 from fleet.config import FleetConfig
 from fleet.controllers.runner import FleetController
 from fleet.kube import KubeClient
-from fleet.kube.resources import MACHINE_DEPLOYMENTS, MACHINE_SETS, MACHINES, NODE_PLANS
+from fleet.kube.resources import (
+    K0S_CONTROL_PLANES,
+    MACHINE_DEPLOYMENTS,
+    MACHINE_SETS,
+    MACHINES,
+    NODE_PLANS,
+    NODES,
+)
 from fleet.model import ANN_CAPI_PAUSED, ANN_PAUSED_FOR, ANN_WRITTEN_VERSION
 from fleet.planner import conditions as C
 from fleet.testing.capi import create_capi_cluster
@@ -168,3 +178,101 @@ async def test_the_paused_md_executor_upgrades_in_place_next_to_the_real_capi(
         assert {p["status"]["phase"] for p in plans} == {"Completed"}
         for n in farm.nodes.values():
             assert n.restarts == 1, (n.name, n.history)
+
+
+@pytest.mark.parametrize("version", capi_versions())
+async def test_an_on_delete_md_is_left_to_cluster_api_as_it_defines_on_delete(
+        capi_envs: CapiEnvs, crds_installed: World, wl1: KubeClient, version: str) -> None:
+    """``strategy.type: OnDelete`` has no maxUnavailable in Cluster API (0): it replaces a
+    Machine only once someone deletes it. Under a FleetUpgrade the controller writes the
+    MachineDeployment's version unpaused and upgrades no node in place; the real CAPI then
+    creates the new MachineSet at 0 replicas and deletes nothing; a Machine the user
+    deletes is replaced by one at the target, the others are left as they are."""
+    env = await capi_envs.get(version)
+    mgmt = env.client
+    kubeconfig = crds_installed["wl1"].kubeconfig()
+
+    async def workload(_ns: str, _cluster: str) -> KubeClient:
+        return wl1
+
+    async with capi_namespace(env) as ns, playing(
+            ProviderPlayer(mgmt, workload, namespace=ns)):
+        config = fleet_config(ns, "https://releases.invalid/k0s/{version}-{arch}", "0" * 64)
+        cluster = await create_capi_cluster(
+            mgmt, kubeconfig, namespace=ns, name=unique("od"), version=V1, workers=2,
+            strategy="OnDelete", control_plane_replicas=0)
+        machines = await wait_for("2 Machines linked to Nodes", lambda: linked(mgmt, ns, 2))
+        before = {m["metadata"]["name"]: m["metadata"]["uid"] for m in machines}
+        [old_set] = (await mgmt.list(MACHINE_SETS, ns)).items
+        async with running_controller(mgmt, config):
+            await apply_upgrade(mgmt, namespace=ns, name="to-v2", version=V2, selector=None)
+
+            async def written() -> dict[str, Any] | None:
+                md = await mgmt.get(MACHINE_DEPLOYMENTS, cluster.md, ns)
+                ok = (md["spec"]["template"]["spec"]["version"] == V2
+                      and anns(md).get(ANN_WRITTEN_VERSION) == V2
+                      and cond(md, C.IN_PLACE).get("reason") == C.R_MAX_UNAVAILABLE_ZERO
+                      and (md.get("status") or {}).get("observedGeneration")
+                      == md["metadata"]["generation"])
+                return md if ok else None
+
+            md = await wait_for("the version written and seen by CAPI", written)
+            # Written unpaused: Cluster API is the driver here.
+            assert ANN_CAPI_PAUSED not in anns(md) and ANN_PAUSED_FOR not in anns(md)
+            assert cond(md, C.IN_PLACE)["status"] == "False"
+            assert "OnDelete" in cond(md, C.IN_PLACE)["message"]
+
+            async def new_set() -> dict[str, Any] | None:
+                sets = [s for s in (await mgmt.list(MACHINE_SETS, ns)).items
+                        if s["metadata"]["name"] != old_set["metadata"]["name"]]
+                return sets[0] if len(sets) == 1 else None
+
+            created = await wait_for("CAPI's new MachineSet", new_set)
+            assert created["spec"]["template"]["spec"]["version"] == V2
+            assert created["spec"].get("replicas") == 0
+            # Nothing deleted, nothing upgraded in place.
+            machines = (await mgmt.list(MACHINES, ns)).items
+            assert {m["metadata"]["name"]: m["metadata"]["uid"] for m in machines} == before
+            assert not any(m["metadata"].get("deletionTimestamp") for m in machines)
+            assert {m["spec"]["version"] for m in machines} == {V1}
+            assert (await mgmt.list(NODE_PLANS, ns)).items == []
+
+            # The control plane first (k0s-fleet wrote its version too). The stand-in KCP
+            # has no Machines: play k0smotron's status.version for a control plane on V2
+            # (CAPI's MachineSet preflight check ControlPlaneIsStable creates no Machine
+            # while the control plane's spec.version is ahead of its status.version).
+            async def kcp_written() -> bool:
+                kcp = await mgmt.get(K0S_CONTROL_PLANES, cluster.kcp, ns)
+                return kcp["spec"]["version"] == V2 and ANN_CAPI_PAUSED not in anns(kcp)
+
+            await wait_for("the K0sControlPlane's version written and released", kcp_written)
+            await mgmt.patch(K0S_CONTROL_PLANES, cluster.kcp, {"status": {"version": V2}}, ns,
+                             subresource="status")
+            # The user deletes one Machine: CAPI replaces it with one on the target.
+            gone, kept = sorted(before)
+            await mgmt.delete(MACHINES, gone, ns)
+
+            async def replaced() -> list[dict[str, Any]] | None:
+                now = await linked(mgmt, ns, 2)
+                return now if now and gone not in {
+                    m["metadata"]["name"] for m in now} else None
+
+            machines = await wait_for("CAPI to replace the deleted Machine", replaced,
+                                      timeout=180)
+            versions = {m["metadata"]["name"]: m["spec"]["version"] for m in machines}
+            assert versions.pop(kept) == V1, versions
+            assert list(versions.values()) == [V2], versions
+            kept_now = next(m for m in machines if m["metadata"]["name"] == kept)
+            assert kept_now["metadata"]["uid"] == before[kept]
+            # the one CAPI created, counted by what its node reports
+            async def one_of_two() -> bool:
+                md = await mgmt.get(MACHINE_DEPLOYMENTS, cluster.md, ns)
+                return f"1/2 machines on {V2}" in (cond(md, C.UP_TO_DATE).get("message")
+                                                    or "")
+
+            await wait_for("the MachineDeployment to count 1/2 up to date", one_of_two)
+        assert (await mgmt.list(NODE_PLANS, ns)).items == []
+        for node in (await wl1.list(NODES)).items:
+            if node["metadata"]["name"] in before:
+                assert not any(k.startswith("fleet.k0s-fleet.io/signal")
+                               for k in node["metadata"].get("annotations") or {})
