@@ -105,6 +105,27 @@ async def linked(mgmt: KubeClient, ns: str, count: int) -> list[dict[str, Any]] 
     return ms if len(ms) == count else None
 
 
+async def _state(mgmt: KubeClient, ns: str) -> dict[str, Any]:
+    """What the objects say (for a failure message)."""
+    mds = (await mgmt.list(MACHINE_DEPLOYMENTS, ns)).items
+    return {
+        "machineDeployments": {o["metadata"]["name"]: (
+            o["spec"]["template"]["spec"].get("version"), anns(o),
+            [(c.get("type"), c.get("status"), c.get("message"))
+             for c in (o.get("status") or {}).get("conditions") or []
+             if str(c.get("type")).startswith("K0sFleet")]) for o in mds},
+        "machineSets": {o["metadata"]["name"]: (
+            o["spec"].get("replicas"), o["spec"]["template"]["spec"].get("version"), anns(o))
+            for o in (await mgmt.list(MACHINE_SETS, ns)).items},
+        "machines": {o["metadata"]["name"]: (o["spec"].get("version"),
+                                             o["metadata"].get("deletionTimestamp"))
+                     for o in (await mgmt.list(MACHINES, ns)).items},
+        "nodePlans": {o["metadata"]["name"]: ((o.get("status") or {}).get("phase"),
+                                              (o.get("status") or {}).get("message"))
+                      for o in (await mgmt.list(NODE_PLANS, ns)).items},
+    }
+
+
 @pytest.mark.parametrize("version", capi_versions())
 async def test_the_paused_md_executor_upgrades_in_place_next_to_the_real_capi(
         capi_envs: CapiEnvs, crds_installed: World, wl1: KubeClient, short_tmp: Path,
@@ -145,8 +166,11 @@ async def test_the_paused_md_executor_upgrades_in_place_next_to_the_real_capi(
                                 and all(ANN_CAPI_PAUSED not in anns(s) for s in sets)
                                 and cond(md, C.UP_TO_DATE).get("status") == "True")
 
-                    await wait_for("the MachineDeployment upgraded and released", released,
-                                   timeout=300)
+                    try:
+                        await wait_for("the MachineDeployment upgraded and released",
+                                       released, timeout=600)
+                    except AssertionError as e:
+                        raise AssertionError(f"{e}; {await _state(mgmt, ns)}") from None
 
                 # CAPI reconciles the unpaused MD and MachineSet: wait until its status
                 # has seen their last generation, then read what it did.
