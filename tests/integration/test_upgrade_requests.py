@@ -10,6 +10,13 @@ requests of the controller per node upgrade: measured 9.57-9.86 (bench/README.md
 status_settle on a loaded machine costs one more NodePlan status write (up to +0.7 per
 node seen). With the record read by a GET per pass instead of the watch the same rollout
 cost 19.7-21.7, so the rollout ConfigMap is also asserted to be read from the watch.
+
+With #11's one writer of versions re-landed the bump is a FleetUpgrade (a hand edit is
+reported, never rolled) and the controller writes the versions itself: one full-suite run
+measured 15.0 per node (FleetUpgrade status writes 1.0 and GETs 1.29, adopt/write/pause/
+release of the KCP, MD and MachineSet ~1.0, worker Machine version moves ~1.0, more
+Events). The bound asserted is 16 until those are trimmed (#13's target of 10 is not
+met on this flow; the FleetUpgrade status GETs are the first candidate).
 """
 
 from __future__ import annotations
@@ -32,4 +39,6 @@ async def test_controller_requests_per_node_upgrade_bounded() -> None:
     record_reads = [r for r in cost.of(CONTROLLER_USER, "mgmt")
                     if r.resource == "configmaps" and r.verb == "get"]
     assert len(record_reads) <= 1, "the rollout record is read from its watch, not per pass"
-    assert cost.per_node(CONTROLLER_USER) <= 11, cost.breakdown(CONTROLLER_USER)
+    # 16, not 11: under #11's one writer the rollout is asked for with a FleetUpgrade and
+    # k0s-fleet writes the versions itself (see the module docstring).
+    assert cost.per_node(CONTROLLER_USER) <= 16, cost.breakdown(CONTROLLER_USER)
