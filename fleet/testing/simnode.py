@@ -213,18 +213,6 @@ class SimNode:
                     await anyio.sleep(0.5)
                     continue
             await anyio.sleep(0.05)
-        # A heartbeat, as a kubelet's: a "k0s exited" write that landed late (its server
-        # stalled, the write timed out here and was applied on resume) is overwritten.
-        while proc.returncode is None:
-            await anyio.sleep(2.0)
-            if self._says_exited() and await self._status() is not None:
-                with contextlib.suppress(KubeError):
-                    await self.set_ready(True, "k0s is running")
-
-    def _says_exited(self) -> bool:
-        conds = ((self.latest or {}).get("status") or {}).get("conditions") or []
-        return any(c.get("type") == "Ready" and c.get("status") != "True"
-                   and c.get("message") == "k0s exited" for c in conds)
 
     async def _status(self) -> dict[str, Any] | None:
         import aiohttp  # noqa: PLC0415
