@@ -130,10 +130,13 @@ class Board:
                 node = nodes.get(m.node_name)
                 # Done only on the demo's target: right after the bump, the snapshot may
                 # still hold the old target, which every node already runs.
-                up = same_version(target, TO) and (same_version(m.version, target) or same_version(
-                    m.running_version_annotation, target))
                 plan = snapshot.nodeplans.get((m.ref.namespace, nodeplan_name(
                     m.ref.name, target))) if target else None
+                # ... and its NodePlan (if any) recorded Completed: the node-upgrade span is
+                # written with that status, and the demo prints those traces when done.
+                up = same_version(target, TO) and (same_version(m.version, target) or same_version(
+                    m.running_version_annotation, target)) and (
+                    plan is None or plan.phase == NodePlanPhase.COMPLETED)
                 if plan is not None and plan.phase == NodePlanPhase.FAILED:
                     state = "Failed"
                     failed += 1
