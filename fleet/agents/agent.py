@@ -138,6 +138,8 @@ class Agent:
         self._latest: KubeObject | None = None
         self._changed = anyio.Event()
         self._worker: _Worker | None = None
+        # requests this process drove to a terminal status (their cached object may lag)
+        self._ended: set[RequestKey] = set()
         self._cleaned: set[RequestKey] = set()
         self._aux_backoff = Backoff(initial=0.5, maximum=30.0)
         # the request whose Cordoning write (by this process) also cordoned the node
@@ -177,6 +179,11 @@ class Agent:
         worker = self._worker
         if isinstance(decision, Work):
             if worker is not None and worker.key == decision.key:
+                return
+            if decision.key in self._ended:
+                # This process wrote that request's terminal status already: the cached
+                # object predates that write (the watch lags). Driving it again would
+                # repeat a step (a second download, a second restart); wait for the watch.
                 return
             if worker is not None:
                 log.info("request replaced; abandoning %s", worker.key[0])
@@ -233,6 +240,7 @@ class Agent:
                 backoff.reset()
                 faults.reset()
                 if sig.status is not None and sig.status.status.terminal:
+                    self._ended.add(sig.request_key)
                     crash_point(f"{sig.status.status}:after")
                     await self._cleanup_request(sig, ended_here=True)
                     return
