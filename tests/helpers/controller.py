@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from fleet.config import FleetConfig
 from fleet.controllers.runner import FleetController
+from fleet.events import EventRecorder
 from fleet.kube import KubeClient, KubeObject
 from fleet.kube.resources import (
     K0S_CONTROL_PLANES,
@@ -23,11 +24,12 @@ from fleet.kube.resources import (
 )
 from fleet.kube.watch import Reflector, WatchEvent
 from fleet.planner import conditions as C
+from fleet.rollout.policy import RolloutPolicy
 from fleet.signal import RUNNING_VERSION_KEY, InvalidSignalError, parse_signal
-from fleet.testing.capi import (
-    FleetCluster,
-)
+from fleet.testing.capi import FleetCluster, create_cluster
+from fleet.testing.world import World
 from fleet.versions import same_version
+from tests.helpers.names import unique
 
 V1, V2 = "v1.31.2+k0s.0", "v1.31.3+k0s.0"
 
@@ -156,6 +158,54 @@ async def running_controller(mgmt: KubeClient, config: FleetConfig, **kw: Any
             yield controller
         finally:
             tg.cancel_scope.cancel()
+
+
+@contextlib.asynccontextmanager
+async def policy_controller(mgmt: KubeClient, config: FleetConfig, **kw: Any
+                            ) -> AsyncIterator[FleetController]:
+    """The controller as the entry point runs it: its rollout policy attached (it writes
+    the FleetUpgrade status) and Events recorded."""
+    recorder = EventRecorder(mgmt, instance="k0s-fleet",
+                             default_namespace=config.management.namespace)
+    policy = RolloutPolicy(mgmt, config, recorder=recorder)
+    async with running_controller(mgmt, config, recorder=recorder, policy=policy,
+                                  **kw) as controller:
+        yield controller
+
+
+def intent_config(namespace: str) -> FleetConfig:
+    """A fleet whose upgrades come from FleetUpgrades and whose nodes answer through the
+    scripted responder: no digests (unverified downloads allowed), a request not picked
+    up within 60 s counts as stalled, every other deadline as in production."""
+    return FleetConfig.model_validate({
+        "management": {"namespace": namespace},
+        "clusters": {"namespaces": [namespace]},
+        "download": {"urlTemplate": "https://releases.invalid/{version}/k0s-{arch}",
+                     "allowUnverified": True},
+        "rollout": {"progressDeadlines": {"pending": "60s"}},
+    })
+
+
+async def small_cluster(mgmt: KubeClient, wl: KubeClient, world: World, namespace: str, *,
+                        prefix: str, control_planes: int, workers: int,
+                        version: str = V1) -> FleetCluster:
+    """A fleet cluster on the shared workload API server ``wl1`` (maxUnavailable 1)."""
+    return await create_cluster(mgmt, wl, world["wl1"].kubeconfig(), namespace=namespace,
+                                name=unique(prefix), control_planes=control_planes,
+                                workers=workers, max_unavailable=1, version=version)
+
+
+async def all_up_to_date(mgmt: KubeClient, fcs: list[FleetCluster]) -> bool:
+    """Every cluster's K0sControlPlane and MachineDeployment has K0sFleetUpToDate=True."""
+    for fc in fcs:
+        for res, name in ((K0S_CONTROL_PLANES, fc.kcp), (MACHINE_DEPLOYMENTS, fc.md)):
+            if name is None:
+                continue
+            st = (await mgmt.get(res, name, fc.namespace)).get("status") or {}
+            if not any(c.get("type") == C.UP_TO_DATE and c.get("status") == "True"
+                       for c in st.get("conditions") or []):
+                return False
+    return True
 
 
 async def machine_versions(mgmt: KubeClient, fc: FleetCluster) -> dict[str, str | None]:

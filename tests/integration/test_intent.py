@@ -11,17 +11,13 @@ scripted responder.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import pytest
 
 from fleet.cli.upgrade import apply_upgrade, follow
-from fleet.config import FleetConfig
-from fleet.controllers.runner import FleetController
-from fleet.events import EventRecorder, list_events
+from fleet.events import list_events
 from fleet.intent import COND_COMPLETE
 from fleet.kube import ForbiddenError, KubeClient
 from fleet.kube.resources import (
@@ -36,12 +32,17 @@ from fleet.kube.resources import (
 from fleet.model import ANN_CAPI_PAUSED, ANN_PAUSED_FOR, ANN_WRITTEN_VERSION
 from fleet.nodeplan import NodePlanPhase
 from fleet.planner import conditions as C
-from fleet.rollout.policy import RolloutPolicy
-from fleet.testing.capi import FleetCluster, create_cluster, ensure_infra_crd
+from fleet.testing.capi import ensure_infra_crd
 from fleet.testing.k0smotron import K0smotronStandIn
 from fleet.testing.responder import NodeResponder
 from fleet.testing.world import World
-from tests.helpers.controller import InvariantWatcher
+from tests.helpers.capienv import wait_for
+from tests.helpers.controller import (
+    InvariantWatcher,
+    intent_config,
+    policy_controller,
+    small_cluster,
+)
 from tests.helpers.names import unique
 
 V1, V2, V3 = "v1.31.2+k0s.0", "v1.31.3+k0s.0", "v1.32.0+k0s.0"
@@ -53,54 +54,17 @@ async def infra_crd(mgmt: KubeClient) -> None:
     await ensure_infra_crd(mgmt)
 
 
-def config(namespace: str) -> FleetConfig:
-    return FleetConfig.model_validate({
-        "management": {"namespace": namespace},
-        "clusters": {"namespaces": [namespace]},
-        "download": {"urlTemplate": "https://releases.invalid/{version}/k0s-{arch}",
-                     "allowUnverified": True},
-        "rollout": {"progressDeadlines": {"pending": "60s"}},
-    })
-
-
-@contextlib.asynccontextmanager
-async def controller(mgmt: KubeClient, cfg: FleetConfig) -> AsyncIterator[FleetController]:
-    # the rollout policy writes the FleetUpgrade status, as in production
-    recorder = EventRecorder(mgmt, instance="k0s-fleet",
-                             default_namespace=cfg.management.namespace)
-    ctl = FleetController(mgmt, cfg, watch_timeout=30, recorder=recorder,
-                          policy=RolloutPolicy(mgmt, cfg, recorder=recorder))
-    async with anyio.create_task_group() as tg:
-        await tg.start(ctl.run)
-        try:
-            yield ctl
-        finally:
-            tg.cancel_scope.cancel()
-
-
-async def _wait(predicate: Any, timeout: float, what: str) -> None:
-    with anyio.fail_after(timeout):
-        while not await predicate():
-            await anyio.sleep(0.05)
-
-
 def _ann(obj: dict[str, Any]) -> dict[str, str]:
     return (obj.get("metadata") or {}).get("annotations") or {}
-
-
-async def _cluster(mgmt: KubeClient, wl: KubeClient, world: World, namespace: str, *,
-                   control_planes: int, workers: int) -> FleetCluster:
-    return await create_cluster(mgmt, wl, world["wl1"].kubeconfig(), namespace=namespace,
-                                name=unique("fu"), control_planes=control_planes,
-                                workers=workers, max_unavailable=1, version=V1)
 
 
 async def test_an_intent_upgrades_control_planes_paused_and_survives_a_controller_kill(
         world: World, mgmt: KubeClient, wl1: KubeClient, infra_crd: None,
         namespace: str) -> None:
-    fc = await _cluster(mgmt, wl1, world, namespace, control_planes=3, workers=2)
+    fc = await small_cluster(mgmt, wl1, world, namespace, prefix="fu", control_planes=3,
+                             workers=2)
     assert fc.kcp is not None and fc.md is not None
-    cfg = config(namespace)
+    cfg = intent_config(namespace)
     standin = K0smotronStandIn(mgmt, namespace)
     watcher = InvariantWatcher(fc, max_unavailable=1, cp_target=V2)
     responder = NodeResponder(wl1, step_seconds=0.2, only=lambda n: n in fc.machines)
@@ -118,8 +82,9 @@ async def test_an_intent_upgrades_control_planes_paused_and_survives_a_controlle
                     and (p.get("status") or {}).get("phase") == NodePlanPhase.COMPLETED]
             return ANN_CAPI_PAUSED in _ann(kcp) and len(done) >= 1
 
-        async with controller(mgmt, cfg):
-            await _wait(one_cp_done_while_paused, 90, "a control plane done, KCP paused")
+        async with policy_controller(mgmt, cfg):
+            await wait_for("a control plane done, KCP paused", one_cp_done_while_paused, 90,
+                           0.05)
         # The controller is gone mid-rollout: the pause, and k0s-fleet's record of it, stay.
         kcp = await mgmt.get(K0S_CONTROL_PLANES, fc.kcp, namespace)
         assert kcp["spec"]["version"] == V2
@@ -128,7 +93,7 @@ async def test_an_intent_upgrades_control_planes_paused_and_survives_a_controlle
         assert md["spec"]["template"]["spec"]["version"] == V1  # control planes first
 
         # A new controller resumes, finishes and releases the pause.
-        async with controller(mgmt, cfg):
+        async with policy_controller(mgmt, cfg):
             out = _Lines()
             with anyio.fail_after(180):
                 rc = await follow(mgmt, namespace=namespace, name="to-v2",
@@ -140,7 +105,7 @@ async def test_an_intent_upgrades_control_planes_paused_and_survives_a_controlle
                         await mgmt.get(MACHINE_DEPLOYMENTS, fc.md, namespace)]  # type: ignore[arg-type]
                 return all(ANN_CAPI_PAUSED not in _ann(o) for o in objs)
 
-            await _wait(released, 60, "pauses released")
+            await wait_for("pauses released", released, 60, 0.05)
         tg.cancel_scope.cancel()
 
     assert standin.sightings == [], standin.sightings[:3]
@@ -164,7 +129,7 @@ async def test_an_intent_upgrades_control_planes_paused_and_survives_a_controlle
     # k0smotron's K0sControlPlane CRD has a structural status (the stand-in's too): the
     # controller's status.k0sFleet counts are pruned there; the summary lives in the
     # K0sFleetUpToDate condition (and per cluster in the FleetUpgrade's status above).
-    kcp_status = (await mgmt.get(K0S_CONTROL_PLANES, fc.kcp, namespace))["status"]  # type: ignore[arg-type]
+    kcp_status = (await mgmt.get(K0S_CONTROL_PLANES, fc.kcp, namespace))["status"]
     assert "k0sFleet" not in kcp_status
     up = next(c for c in kcp_status["conditions"] if c["type"] == C.UP_TO_DATE)
     assert up["status"] == "True" and up["message"].startswith(f"3/3 machines on {V2}"), up
@@ -193,21 +158,22 @@ async def test_a_direct_version_bump_of_an_enrolled_object_is_reported_not_raced
         kind: str, intent: bool) -> None:
     """Every object of a fleet cluster is enrolled: with a FleetUpgrade covering it, or
     none (adopted at first sight), a version written by hand is reported, never raced."""
-    fc = await _cluster(mgmt, wl1, world, namespace, control_planes=1, workers=2)
+    fc = await small_cluster(mgmt, wl1, world, namespace, prefix="fu", control_planes=1,
+                             workers=2)
     assert fc.kcp is not None and fc.md is not None
     res, name = ((MACHINE_DEPLOYMENTS, fc.md) if kind == "MachineDeployment"
                  else (K0S_CONTROL_PLANES, fc.kcp))
-    cfg = config(namespace)
+    cfg = intent_config(namespace)
     if intent:
         # An intent for the version the cluster already runs: moves nothing.
         await apply_upgrade(mgmt, namespace=namespace, name="hold-v1", version=V1,
                             selector=None)
-    async with controller(mgmt, cfg) as ctl:
+    async with policy_controller(mgmt, cfg) as ctl:
         async def enrolled() -> bool:
             o = await mgmt.get(res, name, namespace)
             return _ann(o).get(ANN_WRITTEN_VERSION) == V1
 
-        await _wait(enrolled, 60, "enrolment")
+        await wait_for("enrolment", enrolled, 60, 0.05)
         patch = ({"spec": {"template": {"spec": {"version": V3}}}} if res is MACHINE_DEPLOYMENTS
                  else {"spec": {"version": V3}})
         await mgmt.patch(res, name, patch, namespace)
@@ -218,21 +184,21 @@ async def test_a_direct_version_bump_of_an_enrolled_object_is_reported_not_raced
                        and c.get("reason") == C.R_CHANGED_BY_OTHER
                        for c in (o.get("status") or {}).get("conditions") or [])
 
-        await _wait(reported, 60, "the conflict condition")
+        await wait_for("the conflict condition", reported, 60, 0.05)
         passes = ctl.stats.passes
 
         async def more_passes() -> bool:
             ctl.trigger.poke()
             return ctl.stats.passes >= passes + 3
 
-        await _wait(more_passes, 30, "three more passes")
+        await wait_for("three more passes", more_passes, 30, 0.05)
 
         async def event() -> bool:
             evs = await list_events(mgmt, namespace)
             return any(e.get("reason") == "VersionChangedByOther"
                        and (e.get("regarding") or {}).get("name") == name for e in evs)
 
-        await _wait(event, 30, "the Warning Event")
+        await wait_for("the Warning Event", event, 30, 0.05)
     assert (await mgmt.list(NODE_PLANS, namespace)).items == []  # no node started
     o = await mgmt.get(res, name, namespace)
     assert ANN_CAPI_PAUSED not in _ann(o)  # and nothing of k0s-fleet's was written on it
@@ -255,7 +221,8 @@ async def test_the_opt_in_version_guard_refuses_other_writers(
     (its binding narrowed to this test's namespace so that other tests are unaffected)."""
     from tests.helpers.charts import CONTROLLER_CHART, render  # noqa: PLC0415
 
-    fc = await _cluster(mgmt, wl1, world, namespace, control_planes=1, workers=1)
+    fc = await small_cluster(mgmt, wl1, world, namespace, prefix="fu", control_planes=1,
+                             workers=1)
     assert fc.md is not None and fc.kcp is not None
     m = render(CONTROLLER_CHART, sets=["rbac.versionGuard=true"], namespace="k0s-fleet-system")
     vap = next(p for p in m.all("ValidatingAdmissionPolicy")
@@ -294,7 +261,7 @@ async def test_the_opt_in_version_guard_refuses_other_writers(
                     await mgmt.patch(MACHINE_DEPLOYMENTS, fc.md, step, namespace)  # type: ignore[arg-type]
             return False
 
-        await _wait(refused, 60, "the version guard to refuse")
+        await wait_for("the version guard to refuse", refused, 60, 0.05)
         with pytest.raises(ForbiddenError, match="FleetUpgrade"):
             await mgmt.patch(K0S_CONTROL_PLANES, fc.kcp, {"spec": {"version": V2}}, namespace)
         # Everything else stays allowed: other spec fields, annotations, and objects that

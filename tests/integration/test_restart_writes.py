@@ -13,17 +13,10 @@ any write that changes it) is what it was before the restart.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
-from typing import Any
-
-import anyio
 import pytest
 
 from fleet.cli.upgrade import apply_upgrade
-from fleet.config import FleetConfig
 from fleet.controllers.runner import FleetController
-from fleet.events import EventRecorder
 from fleet.kube import KubeClient
 from fleet.kube.resources import (
     CONFIGMAPS,
@@ -35,11 +28,10 @@ from fleet.kube.resources import (
     NODE_PLANS,
     NODES,
 )
-from fleet.planner import conditions as C
-from fleet.rollout.policy import RolloutPolicy
-from fleet.testing.capi import FleetCluster, create_cluster, ensure_infra_crd
+from fleet.testing.capi import FleetCluster, ensure_infra_crd
 from fleet.testing.world import World
-from tests.helpers.names import unique
+from tests.helpers.capienv import wait_for
+from tests.helpers.controller import all_up_to_date, intent_config, policy_controller, small_cluster
 
 V1 = "v1.31.2+k0s.0"
 CLUSTERS = 4
@@ -47,36 +39,6 @@ pytestmark = pytest.mark.anyio
 
 MANAGEMENT = (MACHINE_DEPLOYMENTS, MACHINE_SETS, K0S_CONTROL_PLANES, MACHINES, NODE_PLANS,
               FLEET_UPGRADES, CONFIGMAPS)
-
-
-def config(namespace: str) -> FleetConfig:
-    return FleetConfig.model_validate({
-        "management": {"namespace": namespace},
-        "clusters": {"namespaces": [namespace]},
-        "download": {"urlTemplate": "https://releases.invalid/{version}/k0s-{arch}",
-                     "allowUnverified": True},
-        "rollout": {"progressDeadlines": {"pending": "60s"}},
-    })
-
-
-@contextlib.asynccontextmanager
-async def controller(mgmt: KubeClient, cfg: FleetConfig) -> AsyncIterator[FleetController]:
-    recorder = EventRecorder(mgmt, instance="k0s-fleet",
-                             default_namespace=cfg.management.namespace)
-    ctl = FleetController(mgmt, cfg, watch_timeout=30, recorder=recorder,
-                          policy=RolloutPolicy(mgmt, cfg, recorder=recorder))
-    async with anyio.create_task_group() as tg:
-        await tg.start(ctl.run)
-        try:
-            yield ctl
-        finally:
-            tg.cancel_scope.cancel()
-
-
-async def _wait(predicate: Any, timeout: float, what: str) -> None:
-    with anyio.fail_after(timeout):
-        while not await predicate():
-            await anyio.sleep(0.1)
 
 
 async def versions(mgmt: KubeClient, wl: KubeClient, namespace: str,
@@ -101,32 +63,27 @@ async def quiet(ctl: FleetController) -> bool:
 async def test_a_restarted_controller_writes_no_status_on_a_settled_fleet(
         world: World, mgmt: KubeClient, wl1: KubeClient, namespace: str) -> None:
     await ensure_infra_crd(mgmt)
-    fcs = [await create_cluster(mgmt, wl1, world["wl1"].kubeconfig(), namespace=namespace,
-                                name=unique("rs"), control_planes=1, workers=2,
-                                max_unavailable=1, version=V1) for _ in range(CLUSTERS)]
+    fcs = [await small_cluster(mgmt, wl1, world, namespace, prefix="rs", control_planes=1,
+                               workers=2, version=V1) for _ in range(CLUSTERS)]
     await apply_upgrade(mgmt, namespace=namespace, name="steady", version=V1, selector=None)
-    cfg = config(namespace)
+    cfg = intent_config(namespace)
 
     async def settled() -> bool:
-        for fc in fcs:
-            for res, name in ((K0S_CONTROL_PLANES, fc.kcp), (MACHINE_DEPLOYMENTS, fc.md)):
-                st = (await mgmt.get(res, name or "", namespace)).get("status") or {}
-                if not any(c.get("type") == C.UP_TO_DATE and c.get("status") == "True"
-                           for c in st.get("conditions") or []):
-                    return False
         fu = await mgmt.get(FLEET_UPGRADES, "steady", namespace)
-        return (fu.get("status") or {}).get("phase") == "Complete"
+        return await all_up_to_date(mgmt, fcs) and \
+            (fu.get("status") or {}).get("phase") == "Complete"
 
-    async with controller(mgmt, cfg) as first:
-        await _wait(settled, 120, "the first controller's status written")
-        await _wait(lambda: quiet(first), 60, "the first controller quiet")
+    async with policy_controller(mgmt, cfg) as first:
+        await wait_for("the first controller's status written", settled, 120, 0.1)
+        await wait_for("the first controller quiet", lambda: quiet(first), 60, 0.1)
     before = await versions(mgmt, wl1, namespace, fcs)
     assert len(before) > CLUSTERS * 6  # the objects are there to be compared
 
-    async with controller(mgmt, cfg) as second:
+    async with policy_controller(mgmt, cfg) as second:
         # Its first pass comes only once every cluster's Nodes are listed; it plans every
         # cluster then: whatever it would write is sent by the time it is quiet.
-        await _wait(lambda: quiet(second), 120, "the second controller planned, quiet")
+        await wait_for("the second controller planned, quiet", lambda: quiet(second), 120,
+                       0.1)
         assert all(second.registry.settled((namespace, fc.name)) for fc in fcs)
         assert second.stats.clusters_planned >= CLUSTERS
         after = await versions(mgmt, wl1, namespace, fcs)
@@ -159,42 +116,28 @@ async def test_a_shard_taken_over_is_planned_only_once_its_workload_cluster_answ
     by k0s-fleet does not have (it counts 1/3 nodes up to date, then 3/3 once the nodes
     are seen)."""
     await ensure_infra_crd(mgmt)
-    fcs = [await create_cluster(mgmt, wl1, world["wl1"].kubeconfig(), namespace=namespace,
-                                name=unique("sh"), control_planes=1, workers=2,
-                                max_unavailable=1, version=V1) for _ in range(2)]
+    fcs = [await small_cluster(mgmt, wl1, world, namespace, prefix="sh", control_planes=1,
+                               workers=2, version=V1) for _ in range(2)]
     await apply_upgrade(mgmt, namespace=namespace, name="steady", version=V1, selector=None)
-    cfg = config(namespace)
+    cfg = intent_config(namespace)
 
-    async def settled() -> bool:
-        for fc in fcs:
-            for res, name in ((K0S_CONTROL_PLANES, fc.kcp), (MACHINE_DEPLOYMENTS, fc.md)):
-                st = (await mgmt.get(res, name or "", namespace)).get("status") or {}
-                if not any(c.get("type") == C.UP_TO_DATE and c.get("status") == "True"
-                           for c in st.get("conditions") or []):
-                    return False
-        return True
-
-    async with controller(mgmt, cfg) as first:
-        await _wait(settled, 120, "the first controller's status written")
-        await _wait(lambda: quiet(first), 60, "the first controller quiet")
+    async with policy_controller(mgmt, cfg) as first:
+        await wait_for("the first controller's status written",
+                       lambda: all_up_to_date(mgmt, fcs), 120, 0.1)
+        await wait_for("the first controller quiet", lambda: quiet(first), 60, 0.1)
 
     shard = Toggle()
-    recorder = EventRecorder(mgmt, instance="k0s-fleet", default_namespace=namespace)
-    second = FleetController(mgmt, cfg, watch_timeout=30, recorder=recorder, shard=shard,
-                             policy=RolloutPolicy(mgmt, cfg, recorder=recorder))
-    async with anyio.create_task_group() as tg:
-        await tg.start(second.run)
-        await _wait(lambda: quiet(second), 120, "planned on nothing of its own, quiet")
+    async with policy_controller(mgmt, cfg, shard=shard) as second:
+        await wait_for("planned on nothing of its own, quiet", lambda: quiet(second), 120, 0.1)
         before = await versions(mgmt, wl1, namespace, fcs)
         planned = second.stats.clusters_planned
         shard.on = True
         second.trigger.poke()
-        await _wait(lambda: _planned(second, planned + len(fcs)), 120,
-                    "the taken-over clusters planned")
-        await _wait(lambda: quiet(second), 60, "quiet again")
+        await wait_for("the taken-over clusters planned",
+                       lambda: _planned(second, planned + len(fcs)), 120, 0.1)
+        await wait_for("quiet again", lambda: quiet(second), 60, 0.1)
         assert all(second.registry.settled((namespace, fc.name)) for fc in fcs)
         after = await versions(mgmt, wl1, namespace, fcs)
-        tg.cancel_scope.cancel()
     written = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k)
                      and k[0] not in ("ConfigMap", "FleetUpgrade"))
     assert written == [], f"the replica wrote {written} on taking the clusters over"
