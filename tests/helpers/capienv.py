@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
+from fleet.kube import KubeClient
 from fleet.kube.resources import NAMESPACES
 from fleet.testing.capimanager import CapiEnv
 from fleet.testing.providers import ProviderPlayer
+from fleet.testing.releases import Release
+from fleet.testing.simfarm import SimNodeFarm
 
 
 @asynccontextmanager
@@ -32,6 +39,37 @@ async def playing(player: ProviderPlayer) -> AsyncIterator[ProviderPlayer]:
             yield player
         finally:
             tg.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def provisioned(mgmt: KubeClient, namespace: str, *, wl: KubeClient,
+                      kubeconfig: dict[str, Any], root: Path, initial: Release
+                      ) -> AsyncIterator[SimNodeFarm]:
+    """Cluster API's providers played for ``namespace`` (``ProviderPlayer``), every
+    Machine's node a simulated node with a real agent (``SimNodeFarm`` under ``root``,
+    running ``initial``) on the workload API server ``wl``; until the block ends."""
+    farm = SimNodeFarm(kubeconfig, root, initial)
+
+    async def workload(_ns: str, _cluster: str) -> KubeClient:
+        return wl
+
+    player = ProviderPlayer(mgmt, workload, node_factory=farm.node_factory,
+                            namespace=namespace)
+    async with anyio.create_task_group() as tg:
+        await tg.start(farm.run)
+        async with playing(player):
+            yield farm
+        tg.cancel_scope.cancel()
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short directory for simulated nodes (a unix socket's path must stay short)."""
+    path = Path(tempfile.mkdtemp(prefix="capi-nodes-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 async def wait_for(what: str, check: Any, timeout: float = 120.0, interval: float = 0.3

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,7 +55,7 @@ from fleet.testing.providers import ProviderPlayer
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.simfarm import SimNodeFarm
 from fleet.testing.world import World
-from tests.helpers.capienv import capi_namespace, playing, wait_for
+from tests.helpers.capienv import capi_namespace, playing, provisioned, wait_for
 from tests.helpers.names import unique
 
 pytestmark = pytest.mark.anyio
@@ -170,16 +168,6 @@ async def linked_machines(mgmt: KubeClient, ns: str, count: int
 def cond(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
     return next((c for c in (obj.get("status") or {}).get("conditions") or []
                  if c.get("type") == ctype), {})
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """A short directory for simulated nodes (a unix socket's path must stay short)."""
-    path = Path(tempfile.mkdtemp(prefix="capi-nodes-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.parametrize("version", capi_versions())
@@ -341,55 +329,47 @@ async def test_a_hand_edited_version_is_reported_and_the_real_capi_is_held(  # n
         config = fleet_config(ns, tls, rs.base_url + "/k0s/{version}?arch={arch}",
                               new.sha256)
         name = unique("c")
-        farm = SimNodeFarm(kubeconfig, short_tmp, old)
+        async with provisioned(mgmt, ns, wl=wl1, kubeconfig=kubeconfig, root=short_tmp,
+                               initial=old) as farm:
+            cluster = await create_capi_cluster(
+                mgmt, kubeconfig, namespace=ns, name=name, version=V1, workers=2,
+                max_unavailable=1, max_surge=0, control_plane_replicas=0)
+            machines = await wait_for("2 Machines linked to Nodes",
+                                      lambda: linked_machines(mgmt, ns, 2))
+            before = {m["metadata"]["name"]: m["metadata"]["uid"] for m in machines}
+            async with fleet_with_extension(mgmt, config, ns, tls, [name]) as run:
+                async def adopted() -> bool:
+                    md = await mgmt.get(MACHINE_DEPLOYMENTS, cluster.md, ns)
+                    anns = md["metadata"].get("annotations") or {}
+                    return anns.get(ANN_WRITTEN_VERSION) == V1
 
-        async def workload(_ns: str, _cluster: str) -> KubeClient:
-            return wl1
+                await wait_for("the MachineDeployment adopted", adopted)
+                await hand_edit(mgmt, cluster, V2, control_plane=False)
 
-        player = ProviderPlayer(mgmt, workload, node_factory=farm.node_factory, namespace=ns)
-        async with anyio.create_task_group() as tg:
-            await tg.start(farm.run)
-            async with playing(player):
-                cluster = await create_capi_cluster(
-                    mgmt, kubeconfig, namespace=ns, name=name, version=V1, workers=2,
-                    max_unavailable=1, max_surge=0, control_plane_replicas=0)
-                machines = await wait_for("2 Machines linked to Nodes",
-                                          lambda: linked_machines(mgmt, ns, 2))
-                before = {m["metadata"]["name"]: m["metadata"]["uid"] for m in machines}
-                async with fleet_with_extension(mgmt, config, ns, tls, [name]) as run:
-                    async def adopted() -> bool:
-                        md = await mgmt.get(MACHINE_DEPLOYMENTS, cluster.md, ns)
-                        anns = md["metadata"].get("annotations") or {}
-                        return anns.get(ANN_WRITTEN_VERSION) == V1
+                async def reported() -> bool:
+                    md = await mgmt.get(MACHINE_DEPLOYMENTS, cluster.md, ns)
+                    c = cond(md, C.VERSION_WRITER)
+                    return (c.get("status") == "False"
+                            and c.get("reason") == C.R_CHANGED_BY_OTHER)
 
-                    await wait_for("the MachineDeployment adopted", adopted)
-                    await hand_edit(mgmt, cluster, V2, control_plane=False)
+                await wait_for("K0sFleetVersionWriter=False", reported)
 
-                    async def reported() -> bool:
-                        md = await mgmt.get(MACHINE_DEPLOYMENTS, cluster.md, ns)
-                        c = cond(md, C.VERSION_WRITER)
-                        return (c.get("status") == "False"
-                                and c.get("reason") == C.R_CHANGED_BY_OTHER)
+                async def capi_held() -> bool:
+                    return any("by someone else" in h for h in run.holds)
 
-                    await wait_for("K0sFleetVersionWriter=False", reported)
+                # CAPI moved on to UpdateMachine; the hook refused to start the node.
+                await wait_for("CAPI's UpdateMachine held", capi_held, timeout=180)
 
-                    async def capi_held() -> bool:
-                        return any("by someone else" in h for h in run.holds)
+                async def event() -> bool:
+                    evs = await list_events(mgmt, ns)
+                    return any(e.get("reason") == "VersionChangedByOther"
+                               and (e.get("regarding") or {}).get("name") == cluster.md
+                               for e in evs)
 
-                    # CAPI moved on to UpdateMachine; the hook refused to start the node.
-                    await wait_for("CAPI's UpdateMachine held", capi_held, timeout=180)
-
-                    async def event() -> bool:
-                        evs = await list_events(mgmt, ns)
-                        return any(e.get("reason") == "VersionChangedByOther"
-                                   and (e.get("regarding") or {}).get("name") == cluster.md
-                                   for e in evs)
-
-                    await wait_for("the Warning Event", event)
-                    assert all(h != "" for h in run.holds), run.holds
-                    for n in farm.nodes.values():
-                        assert await n.running_version() == V1, (n.name, n.history)
-            tg.cancel_scope.cancel()
+                await wait_for("the Warning Event", event)
+                assert all(h != "" for h in run.holds), run.holds
+                for n in farm.nodes.values():
+                    assert await n.running_version() == V1, (n.name, n.history)
 
         assert (await mgmt.list(NODE_PLANS, ns)).items == []  # no node started
         for n in farm.nodes.values():

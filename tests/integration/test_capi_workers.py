@@ -17,9 +17,7 @@ K0sControlPlane is a stand-in with no Machines.
 from __future__ import annotations
 
 import contextlib
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +42,8 @@ from fleet.testing.capi import create_capi_cluster
 from fleet.testing.capimanager import CapiEnvs, capi_versions
 from fleet.testing.providers import ProviderPlayer
 from fleet.testing.releases import ReleaseServer
-from fleet.testing.simfarm import SimNodeFarm
 from fleet.testing.world import World
-from tests.helpers.capienv import capi_namespace, playing, wait_for
+from tests.helpers.capienv import capi_namespace, playing, provisioned, wait_for
 from tests.helpers.names import unique
 
 pytestmark = pytest.mark.anyio
@@ -77,16 +74,6 @@ async def running_controller(mgmt: KubeClient, config: FleetConfig
             yield controller
         finally:
             tg.cancel_scope.cancel()
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """A short directory for simulated nodes (a unix socket's path must stay short)."""
-    path = Path(tempfile.mkdtemp(prefix="capi-w-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def cond(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
@@ -136,54 +123,46 @@ async def test_the_paused_md_executor_upgrades_in_place_next_to_the_real_capi(
     async with capi_namespace(env) as ns, ReleaseServer() as rs:
         old, new = rs.add(V1), rs.add(V2)
         config = fleet_config(ns, rs.base_url + "/k0s/{version}?arch={arch}", new.sha256)
-        farm = SimNodeFarm(kubeconfig, short_tmp, old)
+        async with provisioned(mgmt, ns, wl=wl1, kubeconfig=kubeconfig, root=short_tmp,
+                               initial=old) as farm:
+            cluster = await create_capi_cluster(
+                mgmt, kubeconfig, namespace=ns, name=unique("c"), version=V1, workers=3,
+                max_unavailable=1, max_surge=0, control_plane_replicas=0)
+            machines = await wait_for("3 Machines linked to Nodes",
+                                      lambda: linked(mgmt, ns, 3))
+            before = {m["metadata"]["name"]: m["metadata"]["uid"] for m in machines}
+            sets_before = {s["metadata"]["name"]
+                           for s in (await mgmt.list(MACHINE_SETS, ns)).items}
+            async with running_controller(mgmt, config):
+                await apply_upgrade(mgmt, namespace=ns, name="to-v2", version=V2,
+                                    selector=None)
 
-        async def workload(_ns: str, _cluster: str) -> KubeClient:
-            return wl1
-
-        player = ProviderPlayer(mgmt, workload, node_factory=farm.node_factory, namespace=ns)
-        async with anyio.create_task_group() as tg:
-            await tg.start(farm.run)
-            async with playing(player):
-                cluster = await create_capi_cluster(
-                    mgmt, kubeconfig, namespace=ns, name=unique("c"), version=V1, workers=3,
-                    max_unavailable=1, max_surge=0, control_plane_replicas=0)
-                machines = await wait_for("3 Machines linked to Nodes",
-                                          lambda: linked(mgmt, ns, 3))
-                before = {m["metadata"]["name"]: m["metadata"]["uid"] for m in machines}
-                sets_before = {s["metadata"]["name"]
-                               for s in (await mgmt.list(MACHINE_SETS, ns)).items}
-                async with running_controller(mgmt, config):
-                    await apply_upgrade(mgmt, namespace=ns, name="to-v2", version=V2,
-                                        selector=None)
-
-                    async def released() -> bool:
-                        md = await mgmt.get(MACHINE_DEPLOYMENTS, cluster.md, ns)
-                        sets = (await mgmt.list(MACHINE_SETS, ns)).items
-                        return (md["spec"]["template"]["spec"]["version"] == V2
-                                and anns(md).get(ANN_WRITTEN_VERSION) == V2
-                                and ANN_CAPI_PAUSED not in anns(md)
-                                and all(ANN_CAPI_PAUSED not in anns(s) for s in sets)
-                                and cond(md, C.UP_TO_DATE).get("status") == "True")
-
-                    try:
-                        await wait_for("the MachineDeployment upgraded and released",
-                                       released, timeout=600)
-                    except AssertionError as e:
-                        raise AssertionError(f"{e}; {await _state(mgmt, ns)}") from None
-
-                # CAPI reconciles the unpaused MD and MachineSet: wait until its status
-                # has seen their last generation, then read what it did.
-                async def capi_caught_up() -> bool:
+                async def released() -> bool:
                     md = await mgmt.get(MACHINE_DEPLOYMENTS, cluster.md, ns)
                     sets = (await mgmt.list(MACHINE_SETS, ns)).items
-                    return all((o.get("status") or {}).get("observedGeneration")
-                               == o["metadata"]["generation"] for o in [md, *sets])
+                    return (md["spec"]["template"]["spec"]["version"] == V2
+                            and anns(md).get(ANN_WRITTEN_VERSION) == V2
+                            and ANN_CAPI_PAUSED not in anns(md)
+                            and all(ANN_CAPI_PAUSED not in anns(s) for s in sets)
+                            and cond(md, C.UP_TO_DATE).get("status") == "True")
 
-                await wait_for("CAPI to observe the unpaused objects", capi_caught_up)
-                for n in farm.nodes.values():
-                    assert await n.running_version() == V2, (n.name, n.history)
-            tg.cancel_scope.cancel()
+                try:
+                    await wait_for("the MachineDeployment upgraded and released",
+                                   released, timeout=600)
+                except AssertionError as e:
+                    raise AssertionError(f"{e}; {await _state(mgmt, ns)}") from None
+
+            # CAPI reconciles the unpaused MD and MachineSet: wait until its status
+            # has seen their last generation, then read what it did.
+            async def capi_caught_up() -> bool:
+                md = await mgmt.get(MACHINE_DEPLOYMENTS, cluster.md, ns)
+                sets = (await mgmt.list(MACHINE_SETS, ns)).items
+                return all((o.get("status") or {}).get("observedGeneration")
+                           == o["metadata"]["generation"] for o in [md, *sets])
+
+            await wait_for("CAPI to observe the unpaused objects", capi_caught_up)
+            for n in farm.nodes.values():
+                assert await n.running_version() == V2, (n.name, n.history)
 
         machines = (await mgmt.list(MACHINES, ns)).items
         sets_after = {s["metadata"]["name"] for s in (await mgmt.list(MACHINE_SETS, ns)).items}
