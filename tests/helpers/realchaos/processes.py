@@ -161,8 +161,17 @@ class Controllers:
         self.stopping = True
         for r in list(self.running.values()):
             self.resume(r)
+        # A replica still starting has no SIGTERM handler yet and dies of the signal (seen:
+        # a replica started 16 s before the stop, still importing on a loaded machine,
+        # exited -15 with an empty log). Its status port is served only once the handler
+        # is in place: wait until it answers (any status), for a bounded time.
+        with anyio.move_on_after(60):
+            for starting in list(self.running.values()):
+                while starting.proc.returncode is None and await self.healthz(starting) == 0:
+                    await anyio.sleep(0.2)
+        for replica in list(self.running.values()):
             with contextlib.suppress(ProcessLookupError):
-                r.proc.send_signal(signal.SIGTERM)
+                replica.proc.send_signal(signal.SIGTERM)
         for identity, r in list(self.running.items()):
             with anyio.move_on_after(30):
                 await r.proc.wait()
@@ -173,6 +182,7 @@ class Controllers:
                     os.killpg(r.proc.pid, signal.SIGKILL)
                 await r.proc.wait()
             rc = r.proc.returncode
+            assert rc is not None  # waited for above
             self.exits.append((identity, rc))
             # A replica on its way out after losing the Lease (its signal handler gone)
             # dies of the SIGTERM: the exit it was making anyway.
