@@ -31,6 +31,8 @@ FAULT_KINDS = (
     "download-fail",     # the release server stalls, truncates or serves wrong bytes
 )
 DOWNLOAD_MODES = ("stall", "truncate", "wrong-bytes", "500")
+# A download-fail fault spoils at most this many requests to the release server.
+DOWNLOAD_FAULT_MAX = 4
 # Points at which an agent kills itself (fleet.agents.agent.crash_point) on its first run.
 CRASH_POINTS = (
     *(f"{s}:{w}" for s in HAPPY_PATH[:-1] for w in ("before", "after")),
@@ -142,9 +144,10 @@ def _fault(rnd: random.Random, kind: str, step: int) -> Fault:
     pick = rnd.randrange(1_000_000)
     if kind == "download-fail":
         # up to the agent's 3 attempts: recovered by its retries, or a FailedDownload
-        return Fault(kind, step, 0.0, pick, rnd.choice(DOWNLOAD_MODES), rnd.randint(1, 4))
+        return Fault(kind, step, 0.0, pick, rnd.choice(DOWNLOAD_MODES),
+                     rnd.randint(1, DOWNLOAD_FAULT_MAX))
     return Fault(kind, step, round(seconds, 1), pick)
 
 
-__all__ = ["CRASH_POINTS", "DOWNLOAD_MODES", "FAULT_KINDS", "OLD", "STEPS_PER_NODE", "TARGET",
-           "ClusterShape", "Fault", "Schedule", "schedule"]
+__all__ = ["CRASH_POINTS", "DOWNLOAD_FAULT_MAX", "DOWNLOAD_MODES", "FAULT_KINDS", "OLD",
+           "STEPS_PER_NODE", "TARGET", "ClusterShape", "Fault", "Schedule", "schedule"]
