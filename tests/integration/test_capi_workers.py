@@ -16,17 +16,13 @@ K0sControlPlane is a stand-in with no Machines.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from fleet.cli.upgrade import apply_upgrade
 from fleet.config import FleetConfig
-from fleet.controllers.runner import FleetController
 from fleet.kube import KubeClient
 from fleet.kube.resources import (
     K0S_CONTROL_PLANES,
@@ -44,6 +40,7 @@ from fleet.testing.providers import ProviderPlayer
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.world import World
 from tests.helpers.capienv import capi_namespace, playing, provisioned, wait_for
+from tests.helpers.controller import running_controller
 from tests.helpers.names import unique
 
 pytestmark = pytest.mark.anyio
@@ -62,18 +59,6 @@ def fleet_config(namespace: str, download: str, digest: str) -> FleetConfig:
             "pending", "downloading", "cordoning", "applyingUpdate", "restarting",
             "verifying", "unCordoning")}},
     })
-
-
-@contextlib.asynccontextmanager
-async def running_controller(mgmt: KubeClient, config: FleetConfig
-                             ) -> AsyncIterator[FleetController]:
-    controller = FleetController(mgmt, config, watch_timeout=30)
-    async with anyio.create_task_group() as tg:
-        await tg.start(controller.run)
-        try:
-            yield controller
-        finally:
-            tg.cancel_scope.cancel()
 
 
 def cond(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
