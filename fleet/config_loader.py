@@ -1,27 +1,31 @@
-"""Loading the fleet configuration: one YAML file plus environment overrides.
+"""Loading the fleet configuration: one YAML file, environment overrides, and the command
+line's, as pydantic-settings sources.
 
-:func:`load_config` is the single entry point. It reads the YAML file named by its
-``path`` argument or by ``K0S_FLEET_CONFIG``, applies ``K0S_FLEET_<KEY>__<SUBKEY>``
-environment overrides on top (the environment wins), and validates everything at once.
-Anything wrong (a missing file, bad YAML, an unknown key, a wrong type, an impossible
-value) raises :class:`fleet.config_errors.ConfigError`, whose message has one line per
-problem, each naming the dotted key path, e.g.
-``rollout.waves[1].maxConcurrentClusters: must be >= 1``.
+:func:`load_config` is the single entry point. Its sources, highest priority first, are
+the caller's ``overrides`` (pydantic-settings' :class:`InitSettingsSource`, e.g. the
+CLI's ``--kubeconfig``), the ``K0S_FLEET_<KEY>__<SUBKEY>`` environment
+(:class:`FleetEnvironment`) and the YAML file named by its ``path`` argument or by
+``K0S_FLEET_CONFIG`` (:class:`FleetFile`); pydantic-settings merges them, section by
+section, into :class:`FleetSettings` and validates everything at once. Anything wrong (a
+missing file, bad YAML, an unknown key, a wrong type, an impossible value) raises
+:class:`fleet.config_errors.ConfigError`, whose message has one line per problem, each
+naming the dotted key path, e.g. ``rollout.waves[1].maxConcurrentClusters: must be >= 1``.
 
-The environment layer is pydantic-settings' own :class:`EnvSettingsSource` (prefix
+The environment source is pydantic-settings' own :class:`EnvSettingsSource` (prefix
 ``K0S_FLEET_``, ``__`` between nesting levels, case-insensitive, nested sections
-exploded), with what the fleet needs laid around it (:class:`FleetEnvironment`): it reads
-the mapping it is given, not only ``os.environ``; a segment names a key with or without
-underscores (``MAX_CONCURRENT_CLUSTERS`` and ``MAXCONCURRENTCLUSTERS`` both name
-``maxConcurrentClusters``), so what it hands on uses the file's camelCase keys and the
-file alone stays camelCase-only; values of lists, mappings and sections are YAML (a
-superset of JSON); an empty value clears an optional key; and it is strict, where the
-library ignores what it does not recognise: a ``K0S_FLEET_A__B`` whose ``A`` is no key
-is an error naming the variable, an unknown ``B`` is an unknown key, two spellings of
-one key are refused. Prefixed variables without ``__`` that name no top-level key are
-left alone: they belong to other parts of k0s-fleet (``K0S_FLEET_AGENT_<SETTING>`` is
-the agent's), except the agent's spelling of a key of the fleet config's ``agent:``
-section, which is a mix-up and named as one.
+exploded: :class:`FleetSettings`' ``model_config``), with what the fleet needs laid
+around it: it reads the mapping it is given, not only ``os.environ``; a segment names a
+key with or without underscores (``MAX_CONCURRENT_CLUSTERS`` and
+``MAXCONCURRENTCLUSTERS`` both name ``maxConcurrentClusters``), so what it hands on uses
+the file's camelCase keys and the file alone stays camelCase-only; values of lists,
+mappings and sections are YAML (a superset of JSON); an empty value clears an optional
+key; and it is strict, where the library ignores what it does not recognise: a
+``K0S_FLEET_A__B`` whose ``A`` is no key is an error naming the variable, an unknown
+``B`` is an unknown key, two spellings of one key are refused. Prefixed variables without
+``__`` that name no top-level key are left alone: they belong to other parts of k0s-fleet
+(``K0S_FLEET_AGENT_<SETTING>`` is the agent process's, :mod:`fleet.agents.settings`),
+except the agent's spelling of a key of the fleet config's ``agent:`` section, which is a
+mix-up and named as one (naming both variables; the agent refuses the other spelling).
 """
 
 from __future__ import annotations
@@ -30,12 +34,18 @@ import os
 import types
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Union, cast, get_args, get_origin
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import yaml
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, EnvSettingsSource
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from fleet.config import FleetConfig, NodePolicySettings
 from fleet.config_errors import ConfigError, ConfigProblem, UnparsableValue, problems_from
@@ -46,35 +56,59 @@ _NESTING = "__"
 
 
 def load_config(
-    path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> FleetConfig:
     """Load the fleet configuration.
 
     ``path`` (else ``env["K0S_FLEET_CONFIG"]``) names a YAML file; without either, the
     defaults apply. ``env`` (default: ``os.environ``) supplies overrides such as
-    ``K0S_FLEET_ROLLOUT__MAX_CONCURRENT_CLUSTERS=3``; they win over the file. Raises
+    ``K0S_FLEET_ROLLOUT__MAX_CONCURRENT_CLUSTERS=3``; they win over the file.
+    ``overrides`` (camelCase keys, nested sections merged) win over both. Raises
     :class:`ConfigError` listing every problem found.
     """
     environ: Mapping[str, str] = os.environ if env is None else env
     source = os.fspath(path) if path is not None else (environ.get(CONFIG_PATH_ENV) or None)
-    problems: list[ConfigProblem] = []
-    data: dict[str, Any] = {}
-    if source is not None:
-        data, file_problems = _read_yaml(source)
-        problems += file_problems
-    environment = FleetEnvironment(environ)
-    problems += environment.problems
-    if len(problems) > len(environment.problems):  # the file: nothing to validate
+    file = FleetFile(FleetSettings, source)
+    environment = FleetEnvironment(FleetSettings, environ)
+    problems = [*file.problems, *environment.problems]
+    if file.problems:  # nothing to validate
         raise ConfigError(problems, source)
+    given = InitSettingsSource(FleetSettings, dict(overrides or {}))
     try:
-        config = FleetConfig.model_validate(
-            _deep_merge(data, environment()), by_alias=True, by_name=False
-        )
+        settings = FleetSettings(_build_sources=((given, environment, file), {}))
     except ValidationError as e:
         problems += problems_from(e, environment.variable_for)
     if problems:
         raise ConfigError(problems, source)
-    return config
+    return settings.config()
+
+
+class _ByAlias:
+    """Validates what the sources merged by the file's keys only (camelCase, as a
+    :class:`FleetConfig` is loaded): stands after :class:`BaseSettings`, whose
+    ``__init__`` hands it the merged values."""
+
+    __pydantic_validator__: Any
+
+    def __init__(self, **data: Any) -> None:
+        self.__pydantic_validator__.validate_python(
+            data, self_instance=self, by_alias=True, by_name=False)
+
+
+class FleetSettings(BaseSettings, _ByAlias, FleetConfig):
+    """:class:`FleetConfig` as pydantic-settings builds it from :func:`load_config`'s
+    sources (only: ``FleetSettings()`` alone would read the environment laxly)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter=_NESTING, case_sensitive=False,
+        validate_default=False)
+
+    def config(self) -> FleetConfig:
+        """The same values as a plain :class:`FleetConfig` (already validated)."""
+        fields = {name: getattr(self, name) for name in FleetConfig.model_fields}
+        return FleetConfig.model_construct(self.model_fields_set, **fields)
 
 
 class StrictLoader(yaml.SafeLoader):
@@ -113,34 +147,46 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
     return "invalid YAML: " + " ".join(str(e).split())
 
 
-def _read_yaml(source: str) -> tuple[dict[str, Any], list[ConfigProblem]]:
-    try:
-        text = Path(source).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return {}, [ConfigProblem(source, "config file not found")]
-    except (OSError, UnicodeDecodeError) as e:
-        return {}, [ConfigProblem(source, f"cannot read config file: {e}")]
-    try:
-        data = yaml.load(text, Loader=StrictLoader)
-    except yaml.YAMLError as e:
-        return {}, [ConfigProblem(source, _yaml_problem(e))]
-    if data is None:
-        return {}, []
-    if not isinstance(data, dict):
-        return {}, [
-            ConfigProblem(source, f"must be a YAML mapping at the top (got {type(data).__name__})")
-        ]
-    return data, []
+class FleetFile(PydanticBaseSettingsSource):
+    """The YAML file as a settings source: its mapping as written (camelCase keys, read
+    with :class:`StrictLoader`); :attr:`problems` says why a file given could not be read
+    (missing, unreadable, not YAML, not a mapping), where pydantic-settings' own YAML
+    source would skip a missing file."""
 
+    def __init__(self, settings_cls: type[BaseSettings], source: str | None) -> None:
+        super().__init__(settings_cls)
+        self.problems: list[ConfigProblem] = []
+        self._data: dict[str, Any] = {}
+        if source is not None:
+            self._data = self._read(source)
 
-def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
-            out[k] = _deep_merge(out[k], v)
-        else:
-            out[k] = v
-    return out
+    def _read(self, source: str) -> dict[str, Any]:
+        try:
+            text = Path(source).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            self.problems.append(ConfigProblem(source, "config file not found"))
+            return {}
+        except (OSError, UnicodeDecodeError) as e:
+            self.problems.append(ConfigProblem(source, f"cannot read config file: {e}"))
+            return {}
+        try:
+            data = yaml.load(text, Loader=StrictLoader)
+        except yaml.YAMLError as e:
+            self.problems.append(ConfigProblem(source, _yaml_problem(e)))
+            return {}
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            self.problems.append(ConfigProblem(
+                source, f"must be a YAML mapping at the top (got {type(data).__name__})"))
+            return {}
+        return data
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field.alias or field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return self._data
 
 
 def _letters(segment: str) -> str:
@@ -182,7 +228,7 @@ class FleetEnvironment(EnvSettingsSource):
     keys), through pydantic-settings' environment source; :attr:`problems` lists the
     variables that are wrong before any value is looked at."""
 
-    def __init__(self, environ: Mapping[str, str]) -> None:
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
         self.problems: list[ConfigProblem] = []
         # variable name as the source sees it -> (the variable, its segments by letters)
         self._variables: dict[str, tuple[str, tuple[str, ...]]] = {}
@@ -205,14 +251,7 @@ class FleetEnvironment(EnvSettingsSource):
                 continue
             self._variables[name] = (var, segments)
         self._environ = environ
-        super().__init__(
-            # The source reads only the model's fields and configuration; the result is
-            # validated as a FleetConfig by load_config, with the file's data.
-            cast("type[BaseSettings]", FleetConfig),
-            case_sensitive=False,
-            env_prefix=ENV_PREFIX,
-            env_nested_delimiter=_NESTING,
-        )
+        super().__init__(settings_cls)  # prefix, delimiter, case: settings_cls.model_config
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
         """The variables to read: ours, each segment reduced to its letters."""

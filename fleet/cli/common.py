@@ -40,13 +40,8 @@ def add_output_argument(p: argparse.ArgumentParser) -> None:
 def fleet_config(args: argparse.Namespace) -> FleetConfig:
     """The fleet config (``--config``, else ``$K0S_FLEET_CONFIG``, else defaults) with
     ``--kubeconfig``/``--context`` applied. Raises :class:`ConfigError`."""
-    config = load_config(args.config)
-    if args.kubeconfig or args.context:
-        mgmt = config.management.model_copy(update={
-            "kubeconfig": args.kubeconfig or config.management.kubeconfig,
-            "context": args.context or config.management.context})
-        config = config.model_copy(update={"management": mgmt})
-    return config
+    given = {k: v for k, v in (("kubeconfig", args.kubeconfig), ("context", args.context)) if v}
+    return load_config(args.config, overrides={"management": given} if given else None)
 
 
 def report_config_error(command: str, e: ConfigError) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import textwrap
 from collections.abc import Callable
 from datetime import timedelta
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from fleet.agents.settings import DEFAULT_RELEASE_PREFIX
 from fleet.agents.state import url_under_prefix
+from fleet.cli.common import fleet_config
 from fleet.config import (
     DEFAULT_URL_TEMPLATE,
     DownloadSettings,
@@ -273,6 +275,37 @@ def test_env_empty_value_keeps_a_required_string(write: Write) -> None:
     assert problems(None, {"K0S_FLEET_STATUS__PORT": ""}) == [
         "status.port: must be an integer (got '') (from K0S_FLEET_STATUS__PORT)"
     ]
+
+
+def test_sources_in_order_overrides_then_environment_then_file(write: Write) -> None:
+    """init (the caller's overrides) > environment > file, merged section by section:
+    what a higher source leaves out of a section comes from the lower ones."""
+    path = write("management: {kubeconfig: /file, context: file-ctx, namespace: ops}\n"
+                 "rollout: {maxConcurrentClusters: 2}\n")
+    env = {"K0S_FLEET_MANAGEMENT__CONTEXT": "env-ctx", "K0S_FLEET_MANAGEMENT__KUBECONFIG": "/env"}
+    cfg = load_config(path, env=env, overrides={"management": {"kubeconfig": "/flag"}})
+    assert (cfg.management.kubeconfig, cfg.management.context, cfg.management.namespace) == (
+        "/flag", "env-ctx", "ops")
+    assert cfg.rollout.max_concurrent_clusters == 2
+    assert type(cfg) is FleetConfig and cfg == load_config(path, env={**env, **{
+        "K0S_FLEET_MANAGEMENT__KUBECONFIG": "/flag"}})
+
+
+def test_overrides_are_validated_like_the_rest() -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(None, env={}, overrides={"management": {"namespace": "Not_A_Label"}})
+    [line] = str(e.value).splitlines()
+    assert line == ("management.namespace: 'Not_A_Label' is not a valid DNS label "
+                    "(lowercase a-z, 0-9, '-', <= 63)")
+
+
+def test_cli_kubeconfig_and_context_flags_override_the_config(write: Write) -> None:
+    path = write("management: {kubeconfig: /file, context: file-ctx}\n")
+    args = argparse.Namespace(config=path, kubeconfig="/flag", context=None)
+    cfg = fleet_config(args)
+    assert (cfg.management.kubeconfig, cfg.management.context) == ("/flag", "file-ctx")
+    args = argparse.Namespace(config=path, kubeconfig=None, context=None)
+    assert fleet_config(args) == load_config(path)
 
 
 # -------------------------------------------------------------------------------- errors
