@@ -47,8 +47,9 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from fleet.config import FleetConfig, NodePolicySettings
+from fleet.config import FleetConfig
 from fleet.config_errors import ConfigError, ConfigProblem, UnparsableValue, problems_from
+from fleet.signal import misplaced_policy_variable
 
 ENV_PREFIX = "K0S_FLEET_"
 CONFIG_PATH_ENV = "K0S_FLEET_CONFIG"
@@ -204,25 +205,6 @@ def _admits_none(field: object) -> bool:
     return get_origin(tp) in (Union, types.UnionType) and type(None) in get_args(tp)
 
 
-# K0S_FLEET_AGENT_<SETTING> configures the agent process (fleet.agents.settings); the
-# controller's fleet config takes its ``agent:`` section as K0S_FLEET_AGENT__<KEY>.
-_AGENT_PROCESS_PREFIX = "K0S_FLEET_AGENT_"
-
-
-def _agent_setting_for_the_config(var: str) -> str | None:
-    """The one-underscore (agent process) spelling of an ``agent:`` key, explained."""
-    upper = var.upper()
-    if not upper.startswith(_AGENT_PROCESS_PREFIX) or upper.startswith("K0S_FLEET_AGENT__"):
-        return None
-    rest = upper[len(_AGENT_PROCESS_PREFIX):]
-    for name, field in NodePolicySettings.model_fields.items():
-        key = field.alias or name
-        if _letters(rest) == _letters(key):
-            return (f"{var} is the agent's own setting (k0s-fleet agent); the fleet config's "
-                    f"agent.{key} is set with K0S_FLEET_AGENT__{rest}")
-    return None
-
-
 class FleetEnvironment(EnvSettingsSource):
     """The ``K0S_FLEET_*`` variables of ``environ`` as a partial fleet config (camelCase
     keys), through pydantic-settings' environment source; :attr:`problems` lists the
@@ -238,9 +220,9 @@ class FleetEnvironment(EnvSettingsSource):
                 continue
             segments = tuple(_letters(s) for s in var[len(ENV_PREFIX):].split(_NESTING))
             if segments[0] not in top:
-                mixup = _agent_setting_for_the_config(var)
+                mixup = misplaced_policy_variable(var, on_agent=False)
                 if mixup is not None:
-                    self.problems.append(ConfigProblem(var, mixup))
+                    self.problems.append(ConfigProblem(var, f"{var} {mixup}"))
                 elif len(segments) > 1:
                     self.problems.append(ConfigProblem(segments[0], f"unknown key (from {var})"))
                 continue

@@ -108,6 +108,38 @@ class DrainTimeoutAction(StrEnum):
     PROCEED = "proceed"  # upgrade anyway once the drain timeout has passed
 
 
+# The node policy's settings, one name each, in two processes: the fleet config's
+# ``agent:`` keys on the controller (K0S_FLEET_AGENT__<KEY>, sent with each request as a
+# NodePolicy) and the agent's own defaults for them (K0S_FLEET_AGENT_<KEY>, --<key>).
+AGENT_ENV_PREFIX = "K0S_FLEET_AGENT_"
+POLICY_SETTINGS = {"drain_timeout": "drainTimeout", "drain_timeout_action": "drainTimeoutAction",
+                   "verify_timeout": "verifyTimeout"}
+
+
+def misplaced_policy_variable(var: str, *, on_agent: bool) -> str | None:
+    """What is wrong with ``var`` when it sets a node-policy setting in the other
+    process's spelling (on the agent the controller's ``K0S_FLEET_AGENT__<KEY>``, on the
+    controller the agent's ``K0S_FLEET_AGENT_<KEY>``), naming both variables; else None.
+    Keys match in any case, with or without underscores."""
+    upper = var.upper()
+    if not upper.startswith(AGENT_ENV_PREFIX):
+        return None
+    rest = upper[len(AGENT_ENV_PREFIX):]
+    if rest.startswith("_") != on_agent:
+        return None
+    letters = rest.replace("_", "").lower()
+    for setting, key in POLICY_SETTINGS.items():
+        if letters == setting.replace("_", ""):
+            agents, controllers = AGENT_ENV_PREFIX + setting.upper(), \
+                AGENT_ENV_PREFIX + "_" + setting.upper()
+            if on_agent:
+                return (f"sets the fleet config's agent.{key} on the controller, not this "
+                        f"agent; the agent's own setting is {agents}")
+            return (f"is the agent's own setting (k0s-fleet agent); the fleet config's "
+                    f"agent.{key} is set with {controllers}")
+    return None
+
+
 class NodePolicy(BaseModel):
     """Per-request node policy (the fleet config's ``agent:`` section).
 

@@ -518,7 +518,7 @@ class Agent:
                 if result.timed_out:
                     msg = f"drain did not finish within {pol.drain_timeout:g}s: " \
                           f"{result.summary()}"
-                    if pol.drain_timeout_outcome is DrainTimeoutAction.FAIL:
+                    if pol.drain_timeout_action is DrainTimeoutAction.FAIL:
                         # the cordon is undone by housekeeping once the failure is recorded
                         return await self._transition(
                             sig, self._status(sig, SignalState.FAILED_DRAIN, reason=msg))

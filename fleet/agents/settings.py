@@ -17,23 +17,21 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleet.agents.state import url_prefix_problem
-from fleet.signal import DrainTimeoutAction, NodePolicy
+from fleet.signal import (
+    AGENT_ENV_PREFIX,
+    DrainTimeoutAction,
+    NodePolicy,
+    misplaced_policy_variable,
+)
 
 # Where k0s releases come from unless the agent is told otherwise: the fixed part of the
 # fleet config's default download.urlTemplate (fleet.config.DEFAULT_URL_TEMPLATE).
 DEFAULT_RELEASE_PREFIX = "https://get.k0sproject.io/"
 
 
-ENV_PREFIX = "K0S_FLEET_AGENT_"
+ENV_PREFIX = AGENT_ENV_PREFIX
 # Test-only fault injection (fleet.agents.agent.crash_point): shares the prefix, is no setting.
 CRASH_ENV = "K0S_FLEET_AGENT_CRASH_AT"
-# The controller sets the fleet config's ``agent:`` section as K0S_FLEET_AGENT__<KEY> (two
-# underscores) and sends it with each request; the agent's own setting for each key.
-_SETTING_FOR_CONFIG_KEY = {
-    "DRAIN_TIMEOUT": "drain_timeout",
-    "DRAIN_TIMEOUT_ACTION": "drain_timeout_outcome",
-    "VERIFY_TIMEOUT": "verify_timeout",
-}
 
 
 class SignalObject(StrEnum):
@@ -62,7 +60,7 @@ class EffectivePolicy:
     """The drain/verify policy one request runs with."""
 
     drain_timeout: float
-    drain_timeout_outcome: DrainTimeoutAction
+    drain_timeout_action: DrainTimeoutAction
     verify_timeout: float
 
 
@@ -133,7 +131,7 @@ class AgentSettings(BaseSettings):
 
     drain: bool = Field(True, description="evict pods (without it: cordon only)")
     drain_timeout: float = Field(default=300.0, gt=0)
-    drain_timeout_outcome: DrainTimeoutAction = DrainTimeoutAction.FAIL
+    drain_timeout_action: DrainTimeoutAction = DrainTimeoutAction.FAIL
 
     verify_timeout: float = Field(default=180.0, gt=0)
     # With version_source=binary: how long the new process must stay up to count.
@@ -198,8 +196,8 @@ class AgentSettings(BaseSettings):
         return EffectivePolicy(
             drain_timeout=req.drainTimeoutSeconds if req.drainTimeoutSeconds is not None
             else self.drain_timeout,
-            drain_timeout_outcome=req.drainTimeoutAction
-            if req.drainTimeoutAction is not None else self.drain_timeout_outcome,
+            drain_timeout_action=req.drainTimeoutAction
+            if req.drainTimeoutAction is not None else self.drain_timeout_action,
             verify_timeout=req.verifyTimeoutSeconds if req.verifyTimeoutSeconds is not None
             else self.verify_timeout,
         )
@@ -225,10 +223,9 @@ def environment_problems(environ: Mapping[str, str]) -> list[str]:
         if rest.lower() in AgentSettings.model_fields:
             continue
         key = rest.lstrip("_")
-        if rest.startswith("_") and key in _SETTING_FOR_CONFIG_KEY:
-            meant = ENV_PREFIX + _SETTING_FOR_CONFIG_KEY[key].upper()
-            problems.append(f"{var}: sets the fleet config's agent: section on the controller, "
-                            f"not this agent; the agent's own setting is {meant}")
+        misplaced = misplaced_policy_variable(var, on_agent=True)
+        if misplaced is not None:
+            problems.append(f"{var}: {misplaced}")
         elif key.lower() in AgentSettings.model_fields:
             problems.append(f"{var}: no such agent setting; did you mean {ENV_PREFIX}{key}?")
         else:

@@ -260,7 +260,7 @@ async def test_pdb_blocks_eviction(sim: Any, releases: ReleaseServer, wl1: KubeC
     await wl1.create(PDBS, {"metadata": {"name": "guard", "namespace": ns},
                             "spec": {"minAvailable": 1,
                                      "selector": {"matchLabels": {"app": "guarded"}}}}, ns)
-    args = ["--drain-timeout", "2", "--drain-timeout-outcome", outcome]
+    args = ["--drain-timeout", "2", "--drain-timeout-action", outcome]
     async with sim(agent_args=args) as node:
         await make_pod(wl1, ns, node.name, "guarded", labels={"app": "guarded"})
         await make_pod(wl1, ns, node.name, "free")
@@ -292,7 +292,7 @@ async def test_request_policy_overrides_the_agents_drain_settings(
     await wl1.create(PDBS, {"metadata": {"name": "guard", "namespace": ns},
                             "spec": {"minAvailable": 1,
                                      "selector": {"matchLabels": {"app": "guarded"}}}}, ns)
-    args = ["--drain-timeout", "2", "--drain-timeout-outcome", "fail"]
+    args = ["--drain-timeout", "2", "--drain-timeout-action", "fail"]
     async with sim(agent_args=args) as node:
         await make_pod(wl1, ns, node.name, "guarded", labels={"app": "guarded"})
         plan = await node.request(releases.releases[NEW], policy=NodePolicy(

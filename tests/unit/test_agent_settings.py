@@ -18,6 +18,8 @@ from fleet.agents.settings import (
 )
 from fleet.cli import build_parser, main
 from fleet.cli.agent import add_settings_flags
+from fleet.config import NodePolicySettings
+from fleet.signal import POLICY_SETTINGS, misplaced_policy_variable
 
 pytestmark = pytest.mark.anyio
 
@@ -35,9 +37,9 @@ def test_every_setting_has_a_flag_and_nothing_else_does() -> None:
     assert dests == set(AgentSettings.model_fields)
     s = settings_from(["--node-name", "n", "--free-space-margin-bytes", "0",
                        "--no-require-node-ready", "--allow-unverified",
-                       "--drain-timeout-outcome", "proceed", "--kubeconfig", ""])
+                       "--drain-timeout-action", "proceed", "--kubeconfig", ""])
     assert s.free_space_margin_bytes == 0 and not s.require_node_ready and s.allow_unverified
-    assert s.drain_timeout_outcome == "proceed" and s.kubeconfig is None
+    assert s.drain_timeout_action == "proceed" and s.kubeconfig is None
 
 
 def test_a_setting_without_a_flag_rule_is_refused_loudly() -> None:
@@ -76,14 +78,36 @@ def test_variables_naming_no_setting_are_named() -> None:
     }) == [
         "K0S_FLEET_AGENT_DRAIN_TIMEOUTS: no such agent setting (the settings are "
         "K0S_FLEET_AGENT_<FLAG>, one per flag of k0s-fleet agent)",
-        "K0S_FLEET_AGENT__DRAIN_TIMEOUT_ACTION: sets the fleet config's agent: section on "
-        "the controller, not this agent; the agent's own setting is "
-        "K0S_FLEET_AGENT_DRAIN_TIMEOUT_OUTCOME",
+        "K0S_FLEET_AGENT__DRAIN_TIMEOUT_ACTION: sets the fleet config's "
+        "agent.drainTimeoutAction on the controller, not this agent; the agent's own "
+        "setting is K0S_FLEET_AGENT_DRAIN_TIMEOUT_ACTION",
         "K0S_FLEET_AGENT__NODE_NAME: no such agent setting; did you mean "
         "K0S_FLEET_AGENT_NODE_NAME?",
-        "K0S_FLEET_AGENT__VERIFY_TIMEOUT: sets the fleet config's agent: section on the "
-        "controller, not this agent; the agent's own setting is K0S_FLEET_AGENT_VERIFY_TIMEOUT",
+        "K0S_FLEET_AGENT__VERIFY_TIMEOUT: sets the fleet config's agent.verifyTimeout on "
+        "the controller, not this agent; the agent's own setting is "
+        "K0S_FLEET_AGENT_VERIFY_TIMEOUT",
     ]
+
+
+def test_node_policy_settings_have_one_name_on_both_sides() -> None:
+    """The fleet config's agent: keys are the agent's own settings of the same name (the
+    two variables differ only by an underscore), so the guard knows every pair."""
+    assert {f.alias for f in NodePolicySettings.model_fields.values()} == set(
+        POLICY_SETTINGS.values())
+    assert set(NodePolicySettings.model_fields) == set(POLICY_SETTINGS)
+    assert set(POLICY_SETTINGS) <= set(AgentSettings.model_fields)
+    for setting in POLICY_SETTINGS:
+        mine, the_controllers = f"K0S_FLEET_AGENT_{setting.upper()}", \
+            f"K0S_FLEET_AGENT__{setting.upper()}"
+        assert misplaced_policy_variable(mine, on_agent=True) is None
+        assert misplaced_policy_variable(the_controllers, on_agent=False) is None
+        for var, on_agent in ((the_controllers, True), (mine, False)):
+            line = misplaced_policy_variable(var, on_agent=on_agent)
+            other = mine if on_agent else the_controllers
+            assert line is not None and line.endswith(f" {other}"), line
+            assert f"agent.{POLICY_SETTINGS[setting]}" in line
+    assert misplaced_policy_variable("K0S_FLEET_AGENT_NODE_NAME", on_agent=False) is None
+    assert misplaced_policy_variable("K0S_FLEET_ROLLOUT__PAUSED", on_agent=True) is None
 
 
 def test_agent_command_refuses_a_misnamed_variable(monkeypatch: pytest.MonkeyPatch,

@@ -137,12 +137,12 @@ def test_old_agent_ignores_the_policy_and_keeps_it_when_writing_status() -> None
 # -- agent precedence --------------------------------------------------------------------------
 def agent(**kw: Any) -> AgentSettings:
     return AgentSettings(node_name="n1", drain_timeout=300, verify_timeout=180,
-                         drain_timeout_outcome=DrainTimeoutAction.FAIL, **kw)
+                         drain_timeout_action=DrainTimeoutAction.FAIL, **kw)
 
 
 def test_agent_without_a_request_policy_uses_its_own() -> None:
     eff = agent().policy_for(None)
-    assert (eff.drain_timeout, eff.drain_timeout_outcome, eff.verify_timeout) == (
+    assert (eff.drain_timeout, eff.drain_timeout_action, eff.verify_timeout) == (
         300, DrainTimeoutAction.FAIL, 180)
     assert agent().policy_for(NodePolicy()) == eff
 
@@ -150,31 +150,31 @@ def test_agent_without_a_request_policy_uses_its_own() -> None:
 def test_request_policy_wins_over_the_agent() -> None:
     eff = agent().policy_for(NodePolicy(drainTimeoutSeconds=2, drainTimeoutAction="proceed",
                                         verifyTimeoutSeconds=30))
-    assert (eff.drain_timeout, eff.drain_timeout_outcome, eff.verify_timeout) == (
+    assert (eff.drain_timeout, eff.drain_timeout_action, eff.verify_timeout) == (
         2, DrainTimeoutAction.PROCEED, 30)
 
 
 def test_request_policy_wins_per_value() -> None:
     s = agent()
     eff = s.policy_for(NodePolicy(drainTimeoutAction="proceed"))
-    assert (eff.drain_timeout, eff.drain_timeout_outcome, eff.verify_timeout) == (
+    assert (eff.drain_timeout, eff.drain_timeout_action, eff.verify_timeout) == (
         300, DrainTimeoutAction.PROCEED, 180)
     eff = s.policy_for(NodePolicy(verifyTimeoutSeconds=7))
-    assert (eff.drain_timeout, eff.drain_timeout_outcome, eff.verify_timeout) == (
+    assert (eff.drain_timeout, eff.drain_timeout_action, eff.verify_timeout) == (
         300, DrainTimeoutAction.FAIL, 7)
     # the agent's own settings are untouched: the override is for that request only
-    assert (s.drain_timeout, s.drain_timeout_outcome, s.verify_timeout) == (
+    assert (s.drain_timeout, s.drain_timeout_action, s.verify_timeout) == (
         300, DrainTimeoutAction.FAIL, 180)
 
 
 def test_request_policy_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("K0S_FLEET_AGENT_DRAIN_TIMEOUT_OUTCOME", "proceed")
+    monkeypatch.setenv("K0S_FLEET_AGENT_DRAIN_TIMEOUT_ACTION", "proceed")
     monkeypatch.setenv("K0S_FLEET_AGENT_VERIFY_TIMEOUT", "99")
     s = AgentSettings(node_name="n1")
-    assert s.policy_for(None).drain_timeout_outcome is DrainTimeoutAction.PROCEED
+    assert s.policy_for(None).drain_timeout_action is DrainTimeoutAction.PROCEED
     assert s.policy_for(None).verify_timeout == 99
     eff = s.policy_for(NodePolicy(drainTimeoutAction="fail", verifyTimeoutSeconds=5))
-    assert eff.drain_timeout_outcome is DrainTimeoutAction.FAIL and eff.verify_timeout == 5
+    assert eff.drain_timeout_action is DrainTimeoutAction.FAIL and eff.verify_timeout == 5
 
 
 # -- controller side ---------------------------------------------------------------------------
