@@ -15,10 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
-from typing import Any, Self
+from typing import Annotated, Any, Self
 from urllib.parse import urlsplit
 
 from pydantic import (
+    AfterValidator,
     Field,
     field_validator,
     model_validator,
@@ -69,6 +70,17 @@ UNREACHABLE_AFTER = timedelta(seconds=30)
 MIN_UNREACHABLE_AFTER = timedelta(seconds=5)
 WEDGED_AFTER = timedelta(seconds=180)
 MIN_WEDGED_AFTER = timedelta(seconds=30)
+
+
+def _at_least(least: timedelta, why: str) -> AfterValidator:
+    """A duration's lower bound: the error says the bound, the value and ``why``."""
+    def check(v: timedelta) -> timedelta:
+        if v < least:
+            raise ValueError(f"must be at least {format_duration(least)} (got "
+                             f"{format_duration(v)}): {why}")
+        return v
+    return AfterValidator(check)
+
 
 # ---------------------------------------------------------------------------------------
 # Models
@@ -153,22 +165,14 @@ class ClusterDiscovery(ConfigModel):
     entries: list[ClusterEntry] = Field(
         default_factory=list, description="Explicit clusters and per-cluster overrides."
     )
-    unreachable_after: PositiveDuration = Field(
+    unreachable_after: Annotated[PositiveDuration, _at_least(
+        MIN_UNREACHABLE_AFTER, "a shorter bound marks a healthy cluster unreachable on one "
+        "dropped watch and its retry")] = Field(
         UNREACHABLE_AFTER,
         description="A workload cluster whose watches (Nodes; ControlNodes and autopilot "
         "Plans where served) have failed this long without a success is unreachable: "
         "nothing new starts there until it answers again.",
     )
-
-    @field_validator("unreachable_after")
-    @classmethod
-    def _unreachable_bound(cls, v: timedelta) -> timedelta:
-        if v < MIN_UNREACHABLE_AFTER:
-            raise ValueError(
-                f"must be at least {format_duration(MIN_UNREACHABLE_AFTER)} (got "
-                f"{format_duration(v)}): a shorter bound marks a healthy cluster unreachable on "
-                "one dropped watch and its retry")
-        return v
 
     @field_validator("label_selector")
     @classmethod
@@ -542,22 +546,14 @@ class StatusSettings(ConfigModel):
     """The plain-HTTP status endpoint (metrics, health, status)."""
 
     port: Port = Field(8080, description="HTTP port for /metrics, /healthz and /status.")
-    wedged_after: PositiveDuration = Field(
+    wedged_after: Annotated[PositiveDuration, _at_least(
+        MIN_WEDGED_AFTER, "a planning pass of a large fleet on a busy API server may take "
+        "that long, and the kubelet would restart a working controller")] = Field(
         WEDGED_AFTER,
         description="Liveness bound: /healthz answers 503 once a planning pass, or a change "
         "waiting for one, is older than this (or a watch has neither progressed nor failed "
         "for this long, and at least its request timeout plus a minute).",
     )
-
-    @field_validator("wedged_after")
-    @classmethod
-    def _wedged_bound(cls, v: timedelta) -> timedelta:
-        if v < MIN_WEDGED_AFTER:
-            raise ValueError(
-                f"must be at least {format_duration(MIN_WEDGED_AFTER)} (got "
-                f"{format_duration(v)}): a planning pass of a large fleet on a busy API "
-                "server may take that long, and the kubelet would restart a working controller")
-        return v
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,14 +6,14 @@ the caller's ``overrides`` (pydantic-settings' :class:`InitSettingsSource`, e.g.
 CLI's ``--kubeconfig``), the ``K0S_FLEET_<KEY>__<SUBKEY>`` environment
 (:class:`FleetEnvironment`) and the YAML file named by its ``path`` argument or by
 ``K0S_FLEET_CONFIG`` (:class:`FleetFile`); pydantic-settings merges them, section by
-section, into :class:`FleetSettings` and validates everything at once. Anything wrong (a
+section, into :class:`_FleetSettings` and validates everything at once. Anything wrong (a
 missing file, bad YAML, an unknown key, a wrong type, an impossible value) raises
 :class:`fleet.config_errors.ConfigError`, whose message has one line per problem, each
 naming the dotted key path, e.g. ``rollout.waves[1].maxConcurrentClusters: must be >= 1``.
 
 The environment source is pydantic-settings' own :class:`EnvSettingsSource` (prefix
 ``K0S_FLEET_``, ``__`` between nesting levels, case-insensitive, nested sections
-exploded: :class:`FleetSettings`' ``model_config``), with what the fleet needs laid
+exploded: :class:`_FleetSettings`' ``model_config``), with what the fleet needs laid
 around it: it reads the mapping it is given, not only ``os.environ``; a segment names a
 key with or without underscores (``MAX_CONCURRENT_CLUSTERS`` and
 ``MAXCONCURRENTCLUSTERS`` both name ``maxConcurrentClusters``), so what it hands on uses
@@ -71,14 +71,14 @@ def load_config(
     """
     environ: Mapping[str, str] = os.environ if env is None else env
     source = os.fspath(path) if path is not None else (environ.get(CONFIG_PATH_ENV) or None)
-    file = FleetFile(FleetSettings, source)
-    environment = FleetEnvironment(FleetSettings, environ)
+    file = FleetFile(_FleetSettings, source)
+    environment = FleetEnvironment(_FleetSettings, environ)
     problems = [*file.problems, *environment.problems]
     if file.problems:  # nothing to validate
         raise ConfigError(problems, source)
-    given = InitSettingsSource(FleetSettings, dict(overrides or {}))
+    given = InitSettingsSource(_FleetSettings, dict(overrides or {}))
     try:
-        settings = FleetSettings(_build_sources=((given, environment, file), {}))
+        settings = _FleetSettings(_build_sources=((given, environment, file), {}))
     except ValidationError as e:
         problems += problems_from(e, environment.variable_for)
     if problems:
@@ -98,9 +98,10 @@ class _ByAlias:
             data, self_instance=self, by_alias=True, by_name=False)
 
 
-class FleetSettings(BaseSettings, _ByAlias, FleetConfig):
+class _FleetSettings(BaseSettings, _ByAlias, FleetConfig):
     """:class:`FleetConfig` as pydantic-settings builds it from :func:`load_config`'s
-    sources (only: ``FleetSettings()`` alone would read the environment laxly)."""
+    sources (only: ``_FleetSettings()`` alone would read the environment laxly, so it stays
+    private)."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter=_NESTING, case_sensitive=False,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TypeVar
 
+from fleet.executors import executor
 from fleet.intent import apply_intents
 from fleet.model import (
     ANN_CAPI_PAUSED,
@@ -69,11 +70,10 @@ from fleet.planner.conditions import NP_FAILED, R_DEADLINE
 from fleet.reported import kubelet_version
 from fleet.signal import (
     HAPPY_PATH,
-    K0sUpdateCommand,
-    SignalCommand,
-    SignalData,
+    SIGNAL_VERSION,
     SignalState,
     SignalStatus,
+    parse_signal,
 )
 
 AGENT = "sim-agent"
@@ -138,11 +138,10 @@ class SimFleet:
             node = nodes[a.node]
             if a.executor == EXECUTOR_AUTOPILOT:
                 raise NotImplementedError("the simulator plays the agent protocol only")
-            r = a.request
-            data = SignalData(planId=r.plan_id, created=r.created, command=SignalCommand(
-                id=r.attempt, k0supdate=K0sUpdateCommand(
-                    url=r.url, version=r.version, sha256=r.sha256 or None,
-                    policy=r.policy)))
+            # Written as the dispatcher writes it, read as the snapshot reads it.
+            ex = executor(a.executor)
+            data = parse_signal({ex.data_key: ex.encode(a.request),
+                                 ex.version_key: SIGNAL_VERSION})
             nodes[a.node] = dataclasses.replace(node, signal=data)
         elif isinstance(a, UpdateNodePlanStatus):
             self._plan(a.plan, phase=a.phase, node_state=a.node_state, message=a.message,

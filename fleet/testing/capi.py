@@ -239,6 +239,21 @@ async def create_node(workload: KubeClient, name: str, version: str, *,
     await set_node_ready(workload, name, ready)
 
 
+def _machine_object(namespace: str, cluster: str, name: str, version: str, *,
+                    bootstrap_kind: str, labels: dict[str, str],
+                    **metadata: Any) -> dict[str, Any]:
+    """A Machine of ``cluster`` bootstrapped by a ``bootstrap_kind`` of its name, on a
+    SimMachine of its name; ``labels`` and ``metadata`` beside the cluster's label."""
+    return {
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {LABEL_CLUSTER_NAME: cluster, **labels}, **metadata},
+        "spec": {"clusterName": cluster, "version": version,
+                 "bootstrap": {"configRef": {"apiGroup": BOOTSTRAP_GROUP,
+                                             "kind": bootstrap_kind, "name": name}},
+                 "infrastructureRef": {"apiGroup": INFRA_GROUP, "kind": "SimMachine",
+                                       "name": name}}}
+
+
 async def _control_plane_machine(  # noqa: PLR0917 - started with start_soon
         mgmt: KubeClient, workload: KubeClient, namespace: str,
                                  cluster: str, name: str, version: str,
@@ -250,17 +265,10 @@ async def _control_plane_machine(  # noqa: PLR0917 - started with start_soon
         "spec": {}})
     config = json.loads(json.dumps(K0S_CONFIG_SPEC))
     config["k0s"]["spec"]["storage"] = {"etcd": {"extraArgs": {"name": name}}}
-    await _machine(mgmt, {
-        "metadata": {"name": name, "namespace": namespace,
-                     "labels": {LABEL_CLUSTER_NAME: cluster, LABEL_CONTROL_PLANE: "true",
-                                LABEL_CONTROL_PLANE_NAME: kcp_owner["name"]},
-                     "annotations": {ANN_K0S_CONFIG: json.dumps(config)},
-                     "ownerReferences": [kcp_owner]},
-        "spec": {"clusterName": cluster, "version": version,
-                 "bootstrap": {"configRef": {"apiGroup": BOOTSTRAP_GROUP,
-                                             "kind": "K0sControllerConfig", "name": name}},
-                 "infrastructureRef": {"apiGroup": INFRA_GROUP, "kind": "SimMachine",
-                                       "name": name}}}, name)
+    await _machine(mgmt, _machine_object(
+        namespace, cluster, name, version, bootstrap_kind="K0sControllerConfig",
+        labels={LABEL_CONTROL_PLANE: "true", LABEL_CONTROL_PLANE_NAME: kcp_owner["name"]},
+        annotations={ANN_K0S_CONFIG: json.dumps(config)}, ownerReferences=[kcp_owner]), name)
     if create_nodes:
         await create_node(workload, name, version, control_plane=True)
 
@@ -269,15 +277,9 @@ async def _worker_machine(  # noqa: PLR0917 - started with start_soon
         mgmt: KubeClient, workload: KubeClient, namespace: str,
                           cluster: str, name: str, version: str, md: str, ms: str,
                           create_nodes: bool) -> None:
-    await _machine(mgmt, {
-        "metadata": {"name": name, "namespace": namespace,
-                     "labels": {LABEL_CLUSTER_NAME: cluster, LABEL_DEPLOYMENT_NAME: md,
-                                LABEL_SET_NAME: ms}},
-        "spec": {"clusterName": cluster, "version": version,
-                 "bootstrap": {"configRef": {"apiGroup": BOOTSTRAP_GROUP,
-                                             "kind": "K0sWorkerConfig", "name": name}},
-                 "infrastructureRef": {"apiGroup": INFRA_GROUP, "kind": "SimMachine",
-                                       "name": name}}}, name)
+    await _machine(mgmt, _machine_object(
+        namespace, cluster, name, version, bootstrap_kind="K0sWorkerConfig",
+        labels={LABEL_DEPLOYMENT_NAME: md, LABEL_SET_NAME: ms}), name)
     if create_nodes:
         await create_node(workload, name, version)
 
