@@ -26,6 +26,7 @@ from fleet.kube.watch import ObjectKey, WatchEvent, object_key
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+V = TypeVar("V")
 
 Listener = Callable[[], None]
 # Told which object changed (None: possibly all of them: synced, or cleared).
@@ -45,32 +46,98 @@ def newer_or_same(new: KubeObject, old: KubeObject | None) -> bool:
     return a is None or b is None or a >= b
 
 
-class ObjectCache:
-    """Latest known version of every object of one resource (one API server)."""
+class _Cache(Generic[V]):
+    """What both caches share: entries by object key, tombstones of deleted objects (so a
+    late event cannot resurrect them), the change counter and listeners, the watch's
+    events and the synced flag. Subclasses decide what an entry is (:meth:`observe`)."""
 
     def __init__(self, kind: str, *, on_change: Listener | None = None,
                  on_object: ObjectListener | None = None) -> None:
         self.kind = kind
-        self.on_object = on_object
-        self._objects: dict[ObjectKey, KubeObject] = {}
-        # Deleted objects' last resourceVersion, so a late event cannot resurrect them.
-        self._tombstones: dict[ObjectKey, int] = {}
         self.on_change = on_change
+        self.on_object = on_object
+        self._entries: dict[ObjectKey, V] = {}
+        # Deleted objects' last resourceVersion.
+        self._tombstones: dict[ObjectKey, int] = {}
         self.synced = False
         self.version = 0  # bumped on every change: cheap "did anything move?"
-        self._memo: dict[tuple[ObjectKey, str], tuple[str, Any]] = {}
 
     def __len__(self) -> int:
-        return len(self._objects)
+        return len(self._entries)
 
-    def __iter__(self) -> Iterator[KubeObject]:
-        return iter(list(self._objects.values()))
+    def __iter__(self) -> Iterator[V]:
+        return iter(list(self._entries.values()))
 
-    def get(self, name: str, namespace: str = "") -> KubeObject | None:
-        return self._objects.get((namespace, name))
+    def get(self, name: str, namespace: str = "") -> V | None:
+        return self._entries.get((namespace, name))
 
-    def items(self) -> list[KubeObject]:
-        return list(self._objects.values())
+    def items(self) -> list[V]:
+        return list(self._entries.values())
+
+    def _changed(self, obj: KubeObject | None = None) -> None:
+        self.version += 1
+        if self.on_object is not None:
+            self.on_object(obj)
+        if self.on_change is not None:
+            self.on_change()
+
+    def _buried(self, key: ObjectKey, rv: int | None) -> bool:
+        """True if ``key`` was deleted at ``rv`` or later (the event is older)."""
+        tomb = self._tombstones.get(key)
+        return tomb is not None and rv is not None and rv <= tomb
+
+    def observe(self, obj: KubeObject | None) -> None:
+        raise NotImplementedError
+
+    def _forgotten(self, key: ObjectKey) -> None:
+        """Hook: ``key`` was deleted."""
+
+    def _cleared(self) -> None:
+        """Hook: everything was dropped."""
+
+    def forget(self, obj: KubeObject) -> None:
+        key = object_key(obj)
+        old = self._entries.pop(key, None)
+        self._forgotten(key)
+        rv = _rv(obj)
+        if rv is not None:
+            self._tombstones[key] = rv
+            if len(self._tombstones) > 10_000:
+                self._tombstones.pop(next(iter(self._tombstones)))
+        if old is not None:
+            self._changed(self._as_changed(old))
+
+    def _as_changed(self, entry: V) -> KubeObject | None:
+        """What ``on_object`` is told about a removed entry."""
+        return None
+
+    def clear(self) -> None:
+        self._cleared()
+        if self._entries:
+            self._entries.clear()
+            self._changed()
+        self.synced = False
+
+    async def on_event(self, event: WatchEvent) -> None:
+        """Reflector listener."""
+        if event.type == "DELETED":
+            self.forget(event.object)
+        else:
+            self.observe(event.object)
+
+    def mark_synced(self) -> None:
+        if not self.synced:
+            self.synced = True
+            self._changed()
+
+
+class ObjectCache(_Cache[KubeObject]):
+    """Latest known version of every object of one resource (one API server)."""
+
+    def __init__(self, kind: str, *, on_change: Listener | None = None,
+                 on_object: ObjectListener | None = None) -> None:
+        super().__init__(kind, on_change=on_change, on_object=on_object)
+        self._memo: dict[tuple[ObjectKey, str], tuple[str, Any]] = {}
 
     def object(self, name: str, namespace: str = "") -> KubeObject | None:
         """The object as last seen: the base of a patch (see :class:`RecordCache`)."""
@@ -88,17 +155,13 @@ class ObjectCache:
             return hit[1]  # type: ignore[no-any-return]
         value = parse(obj)
         self._memo[key] = (rv, value)
-        if len(self._memo) > 4 * len(self._objects) + 1024:
-            live = {object_key(o) for o in self._objects.values()}
+        if len(self._memo) > 4 * len(self._entries) + 1024:
+            live = {object_key(o) for o in self._entries.values()}
             self._memo = {k: v for k, v in self._memo.items() if k[0] in live}
         return value
 
-    def _changed(self, obj: KubeObject | None = None) -> None:
-        self.version += 1
-        if self.on_object is not None:
-            self.on_object(obj)
-        if self.on_change is not None:
-            self.on_change()
+    def _as_changed(self, entry: KubeObject) -> KubeObject | None:
+        return entry
 
     def observe(self, obj: KubeObject | None) -> None:
         """An object as the API server returned it (watch event, or our own write).
@@ -110,45 +173,15 @@ class ObjectCache:
         if isinstance(meta, dict):
             meta.pop("managedFields", None)
         key = object_key(obj)
-        rv = _rv(obj)
-        tomb = self._tombstones.get(key)
-        if tomb is not None and rv is not None and rv <= tomb:
+        if self._buried(key, _rv(obj)):
             return
-        if newer_or_same(obj, self._objects.get(key)):
-            if self._objects.get(key) == obj:
+        old = self._entries.get(key)
+        if newer_or_same(obj, old):
+            if old == obj:
                 return
-            self._objects[key] = obj
+            self._entries[key] = obj
             self._tombstones.pop(key, None)
             self._changed(obj)
-
-    def forget(self, obj: KubeObject) -> None:
-        key = object_key(obj)
-        old = self._objects.pop(key, None)
-        rv = _rv(obj)
-        if rv is not None:
-            self._tombstones[key] = rv
-            if len(self._tombstones) > 10_000:
-                self._tombstones.pop(next(iter(self._tombstones)))
-        if old is not None:
-            self._changed(old)
-
-    def clear(self) -> None:
-        if self._objects:
-            self._objects.clear()
-            self._changed()
-        self.synced = False
-
-    async def on_event(self, event: WatchEvent) -> None:
-        """Reflector listener."""
-        if event.type == "DELETED":
-            self.forget(event.object)
-        else:
-            self.observe(event.object)
-
-    def mark_synced(self) -> None:
-        if not self.synced:
-            self.synced = True
-            self._changed()
 
 
 class Record(Protocol):
@@ -174,7 +207,7 @@ def _record_rv(record: Record) -> int | None:
     return int(raw) if raw.isdigit() else None
 
 
-class RecordCache(Generic[R]):
+class RecordCache(_Cache[R]):
     """Latest known record of every object of one resource (one API server).
 
     ``convert`` makes the record of an object as the API server sent it, or raises
@@ -187,26 +220,9 @@ class RecordCache(Generic[R]):
 
     def __init__(self, kind: str, convert: Callable[[KubeObject], R], *,
                  on_change: Listener | None = None) -> None:
-        self.kind = kind
+        super().__init__(kind, on_change=on_change)
         self.convert = convert
-        self._records: dict[ObjectKey, R] = {}
-        self._tombstones: dict[ObjectKey, int] = {}
         self.unreadable: dict[ObjectKey, str] = {}
-        self.on_change = on_change
-        self.synced = False
-        self.version = 0
-
-    def __len__(self) -> int:
-        return len(self._records)
-
-    def __iter__(self) -> Iterator[R]:
-        return iter(list(self._records.values()))
-
-    def get(self, name: str, namespace: str = "") -> R | None:
-        return self._records.get((namespace, name))
-
-    def items(self) -> list[R]:
-        return list(self._records.values())
 
     def object(self, name: str, namespace: str = "") -> KubeObject | None:
         """The kept subset of the object, as JSON with its resourceVersion: the base of a
@@ -214,21 +230,15 @@ class RecordCache(Generic[R]):
         record = self.get(name, namespace)
         return None if record is None else record.as_object()
 
-    def _changed(self) -> None:
-        self.version += 1
-        if self.on_change is not None:
-            self.on_change()
-
     def observe(self, obj: KubeObject | None) -> None:
         """An object as the API server returned it (watch event, or our own write)."""
         if not obj:
             return
         key = object_key(obj)
         rv = _rv(obj)
-        tomb = self._tombstones.get(key)
-        if tomb is not None and rv is not None and rv <= tomb:
+        if self._buried(key, rv):
             return
-        old = self._records.get(key)
+        old = self._entries.get(key)
         if old is not None:
             old_rv = _record_rv(old)
             if rv is not None and old_rv is not None and rv < old_rv:
@@ -241,45 +251,20 @@ class RecordCache(Generic[R]):
                 log.warning("ignoring %s %s: %s", self.kind, "/".join(p for p in key if p),
                             message)
             self.unreadable[key] = message
-            if self._records.pop(key, None) is not None:
+            if self._entries.pop(key, None) is not None:
                 self._changed()
             return
         self.unreadable.pop(key, None)
         self._tombstones.pop(key, None)
-        self._records[key] = record
+        self._entries[key] = record
         if record != old:
             self._changed()
 
-    def forget(self, obj: KubeObject) -> None:
-        key = object_key(obj)
-        old = self._records.pop(key, None)
+    def _forgotten(self, key: ObjectKey) -> None:
         self.unreadable.pop(key, None)
-        rv = _rv(obj)
-        if rv is not None:
-            self._tombstones[key] = rv
-            if len(self._tombstones) > 10_000:
-                self._tombstones.pop(next(iter(self._tombstones)))
-        if old is not None:
-            self._changed()
 
-    def clear(self) -> None:
+    def _cleared(self) -> None:
         self.unreadable.clear()
-        if self._records:
-            self._records.clear()
-            self._changed()
-        self.synced = False
-
-    async def on_event(self, event: WatchEvent) -> None:
-        """Reflector listener."""
-        if event.type == "DELETED":
-            self.forget(event.object)
-        else:
-            self.observe(event.object)
-
-    def mark_synced(self) -> None:
-        if not self.synced:
-            self.synced = True
-            self._changed()
 
 
 def unwrap(obj: Any) -> KubeObject | None:
