@@ -83,9 +83,9 @@ async def management_client(config: FleetConfig) -> KubeClient:
     m = config.management
     if m.kubeconfig:
         return await KubeClient.from_kubeconfig_file(m.kubeconfig, name="management",
-                                                     context=m.context)
+                                                     context=m.context, transport="auto")
     try:
-        return KubeClient.in_cluster(name="management")
-    except Exception as e:  # kubernetes_asyncio's ConfigException, not one of ours
+        return KubeClient.in_cluster(name="management", transport="auto")
+    except Exception as e:  # KubeconfigError, or kubernetes_asyncio's ConfigException
         raise ValueError("no management kubeconfig: pass --kubeconfig or set "
                          f"management.kubeconfig (not running in a cluster: {e})") from None

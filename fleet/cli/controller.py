@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 import anyio.abc
 
-from fleet.cli import common
+from fleet.cli import common, memtrace
 from fleet.cli.probes import probes
 from fleet.config import FleetConfig
 from fleet.config_errors import ConfigError
@@ -174,6 +174,7 @@ async def _sharded(args: argparse.Namespace, config: FleetConfig, mgmt: KubeClie
 
 
 def run(args: argparse.Namespace) -> int:
+    memtrace.install_from_environment()
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -27,7 +27,7 @@ SecretName = Callable[[str, str], str]
 
 
 async def _factory(kubeconfig: Mapping[str, Any], name: str) -> KubeClient:
-    return await KubeClient.from_kubeconfig(kubeconfig, name=name)
+    return await KubeClient.for_many(kubeconfig, name=name)
 
 
 def default_secret_name(namespace: str, cluster: str) -> str:

@@ -49,13 +49,25 @@ class KubeClient:
                               context: str | None = None,
                               transport: TransportName = "generated",
                               base_dir: Path | None = None) -> KubeClient:
-        """``transport``: ``generated`` (kubernetes-asyncio, every kubeconfig feature) or
-        ``light`` (small, for the node agent; see :mod:`fleet.kube.transport`)."""
-        if transport == "light":
-            from fleet.kube.light import LightTransport, credentials_from_kubeconfig  # noqa: PLC0415
+        """``transport``: ``generated`` (kubernetes-asyncio, every kubeconfig feature),
+        ``light`` (small, for the node agent; see :mod:`fleet.kube.transport`) or ``auto``
+        (``light`` unless the kubeconfig needs a feature only ``generated`` has: exec or
+        auth-provider credentials, a proxy)."""
+        if transport in ("light", "auto"):
+            from fleet.kube.light import (  # noqa: PLC0415
+                LightTransport,
+                NeedsGeneratedTransportError,
+                credentials_from_kubeconfig,
+            )
 
-            creds = credentials_from_kubeconfig(kubeconfig, context=context, base_dir=base_dir)
-            return cls(LightTransport(creds, name=name), name=name)
+            try:
+                creds = credentials_from_kubeconfig(kubeconfig, context=context,
+                                                    base_dir=base_dir)
+            except NeedsGeneratedTransportError:
+                if transport == "light":
+                    raise
+            else:
+                return cls(LightTransport(creds, name=name), name=name)
         from fleet.kube.generated import GeneratedTransport  # noqa: PLC0415
 
         return cls(await GeneratedTransport.from_kubeconfig(kubeconfig, name=name,
@@ -68,17 +80,8 @@ class KubeClient:
         ``light`` transport, whose connections cost little and whose SSL contexts are
         shared by clients with the same CA and identity; ``generated`` only for a
         kubeconfig that needs it (exec or auth-provider credentials, a proxy)."""
-        from fleet.kube.light import (  # noqa: PLC0415
-            LightTransport,
-            NeedsGeneratedTransportError,
-            credentials_from_kubeconfig,
-        )
-
-        try:
-            creds = credentials_from_kubeconfig(kubeconfig, context=context)
-        except NeedsGeneratedTransportError:
-            return await cls.from_kubeconfig(kubeconfig, name=name, context=context)
-        return cls(LightTransport(creds, name=name), name=name)
+        return await cls.from_kubeconfig(kubeconfig, name=name, context=context,
+                                         transport="auto")
 
     @classmethod
     async def from_kubeconfig_file(cls, path: str, *, name: str = "cluster",
@@ -92,7 +95,7 @@ class KubeClient:
     @classmethod
     def in_cluster(cls, *, name: str = "management",
                    transport: TransportName = "generated") -> KubeClient:
-        if transport == "light":
+        if transport in ("light", "auto"):
             from fleet.kube.light import LightTransport, in_cluster_credentials  # noqa: PLC0415
 
             return cls(LightTransport(in_cluster_credentials(), name=name), name=name)

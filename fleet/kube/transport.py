@@ -4,11 +4,13 @@ Two implementations, chosen when a client is built (``KubeClient.from_kubeconfig
 transport=...)``) and interchangeable behind :class:`~fleet.kube.client.KubeClient`:
 
 - ``"generated"`` (:mod:`fleet.kube.generated`): kubernetes-asyncio's ApiClient, with
-  every kubeconfig feature it has (exec plugins, auth providers, ...). The controller's.
+  every kubeconfig feature it has (exec plugins, auth providers, ...), used when a
+  kubeconfig needs one of those (``"auto"``, the controller's and the CLI's choice).
 - ``"light"`` (:mod:`fleet.kube.light`): :mod:`fleet.kube.http` on asyncio streams with
   bearer tokens (static, file, the in-cluster projected token re-read as it rotates),
-  client certificates and basic auth. The node agent's: it runs on every node, and
-  kubernetes-asyncio's generated models cost ~70 MiB and ~0.4 s of CPU to import.
+  client certificates and basic auth. The node agent's, and with ``"auto"`` the
+  controller's for every kubeconfig that needs nothing more: kubernetes-asyncio's
+  generated models cost ~35-70 MiB and ~0.4 s of CPU to import.
 
 Both raise only :mod:`fleet.kube.errors` exceptions.
 """
@@ -18,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
-TransportName = Literal["generated", "light"]
+TransportName = Literal["generated", "light", "auto"]
+# The implementations ("auto" picks one of them per kubeconfig).
 TRANSPORTS: tuple[TransportName, ...] = ("generated", "light")
 
 

@@ -85,7 +85,7 @@ async def workload_client(mgmt: KubeClient, config: FleetConfig, namespace: str,
                           name: str) -> KubeClient:
     secret_name = config.for_cluster(namespace, name).kubeconfig_secret
     secret = await mgmt.get(SECRETS, secret_name, namespace)
-    return await KubeClient.from_kubeconfig(kubeconfig_from_secret(secret), name=name)
+    return await KubeClient.for_many(kubeconfig_from_secret(secret), name=name)
 
 
 async def _nodes(mgmt: KubeClient, config: FleetConfig, key: ClusterKey,
