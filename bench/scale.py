@@ -39,6 +39,7 @@ import math
 import os
 import platform
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -595,6 +596,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.clusters < 1 or args.replicas < 1:
         p.error("--clusters and --replicas must be at least 1")
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="k0s-fleet-scale-"))
+    # SIGTERM as Ctrl-C: the run is cancelled and its finally stops the controllers,
+    # kubesim and the test world (the default action would leave them running).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     result = asyncio.run(run(args, workdir))
     text = json.dumps(result, indent=2)
     if args.json:

@@ -26,6 +26,7 @@ from opentelemetry import trace
 from fleet.clusters import ClientFactory, ClusterRegistry
 from fleet.config import FleetConfig
 from fleet.controllers.dispatcher import Dispatcher, action_target
+from fleet.controllers.heap import HeapTrimmer
 from fleet.controllers.infra import InfraMachines
 from fleet.controllers.observe import ManagementView, kubeconfig_secrets
 from fleet.controllers.parts import FleetParts
@@ -198,6 +199,8 @@ class FleetController:
         self.watch_timeout = watch_timeout
         self.running = False  # run() entered (this replica leads, or runs alone)
         self._pass_started: float | None = None
+        # Free heap pages back to the system after the passes' bursts (start-up, relists).
+        self.heap = HeapTrimmer(lambda: self.stats.passes)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -211,6 +214,7 @@ class FleetController:
                 await tg.start(self.registry.run)
                 await tg.start(self.view.run)
                 log.info("%s: management caches synced; controlling", self.identity)
+                tg.start_soon(self.heap.run)
                 self.ready.set()
                 task_status.started()
                 await self.loop()
