@@ -39,6 +39,8 @@ EXECUTOR_AUTOPILOT = "autopilot"
 
 KIND_MD = "MachineDeployment"
 KIND_KCP = "K0sControlPlane"
+KIND_WORKER_TEMPLATE = "K0sWorkerConfigTemplate"
+GROUP_BOOTSTRAP = "bootstrap.cluster.x-k8s.io"
 KIND_MACHINE = "Machine"
 KIND_NODEPLAN = "NodePlan"
 KIND_NODE = "Node"
@@ -208,6 +210,19 @@ class _VersionOwner:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerTemplateInfo(_VersionOwner):
+    """An MD's worker bootstrap template (k0smotron's K0sWorkerConfigTemplate): its
+    ``spec.template.spec.version``, when set, is the version new worker Machines install."""
+
+    ref: ObjectRef
+    version: str | None
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    # how many MachineDeployments reference it (k0s-fleet writes only one MD's own)
+    users: int = 1
+    spec_version: str | None = None  # templates have no intent: ``version`` is theirs
+
+
+@dataclass(frozen=True, slots=True)
 class MachineDeploymentInfo(_VersionOwner):
     ref: ObjectRef
     cluster: str
@@ -226,6 +241,8 @@ class MachineDeploymentInfo(_VersionOwner):
     status: RolloutStatus = field(default_factory=RolloutStatus)
     spec_version: str | None = None  # spec.template.spec.version as written in the object
     intent: ObjectRef | None = None  # the FleetUpgrade that sets ``version``
+    # its bootstrap template when that is a K0sWorkerConfigTemplate found in the cluster
+    worker_template: WorkerTemplateInfo | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -496,6 +513,14 @@ def deployment_from(obj: Mapping[str, Any]) -> MachineDeploymentInfo:
         status=_rollout_status(obj),
         spec_version=tspec.get("version"),
     )
+
+
+def worker_template_from(obj: Mapping[str, Any], users: int = 1) -> WorkerTemplateInfo:
+    tspec = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+    version = tspec.get("version")
+    return WorkerTemplateInfo(ref=_ref(KIND_WORKER_TEMPLATE, obj),
+                              version=str(version) if version else None,
+                              annotations=_annotations(obj), users=users)
 
 
 def machine_set_from(obj: Mapping[str, Any]) -> MachineSetInfo:

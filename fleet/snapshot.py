@@ -19,11 +19,14 @@ from typing import Any, Protocol, TypeVar
 from fleet.config import FleetConfig
 from fleet.intent import apply_intents, fleet_upgrade_from, resolve, target_of
 from fleet.model import (
+    GROUP_BOOTSTRAP,
+    KIND_WORKER_TEMPLATE,
     ROLE_CONTROLLER,
     ClusterInfo,
     ClusterKey,
     FleetUpgradeInfo,
     InfraMachineInfo,
+    MachineDeploymentInfo,
     MachineInfo,
     NodeInfo,
     ObjectRef,
@@ -34,6 +37,7 @@ from fleet.model import (
     machine_from,
     machine_set_from,
     nodeplan_from,
+    worker_template_from,
 )
 from fleet.records import NodeRecord
 from fleet.versions import same_version
@@ -79,6 +83,11 @@ class ManagementObjects:
     machines: ObjectSource
     nodeplans: ObjectSource
     fleet_upgrades: ObjectSource
+    # k0smotron's K0sWorkerConfigTemplates (none where their CRD is not served)
+    worker_templates: ObjectSource = Listed(KIND_WORKER_TEMPLATE)
+    # how many MachineDeployments (fleet-wide) reference each (namespace, template name);
+    # None: count those in ``deployments``
+    template_users: Mapping[tuple[str, str], int] | None = None
 
 
 _bad: set[tuple[str, str, str, str]] = set()
@@ -206,6 +215,48 @@ def _fleet_objects(source: ObjectSource, parser: Callable[[RawObject], F],
     return out
 
 
+def template_key(md: MachineDeploymentInfo) -> tuple[str, str] | None:
+    """(namespace, name) of the MD's K0sWorkerConfigTemplate, if that is its bootstrap."""
+    ref = md.bootstrap
+    if ref is None or ref.kind != KIND_WORKER_TEMPLATE or ref.group != GROUP_BOOTSTRAP:
+        return None
+    return (md.ref.namespace, ref.name)
+
+
+def with_worker_templates(objects: ManagementObjects,
+                          deployments: Mapping[tuple[str, str], MachineDeploymentInfo]
+                          ) -> dict[tuple[str, str], MachineDeploymentInfo]:
+    """``deployments`` with the K0sWorkerConfigTemplate each references (when found),
+    counting every MachineDeployment that references the same template."""
+    users: Mapping[tuple[str, str], int]
+    if objects.template_users is not None:
+        users = objects.template_users
+    else:
+        counted: dict[tuple[str, str], int] = {}
+        for obj in objects.deployments:
+            md = readable(objects.deployments, obj, deployment_from)
+            if md is not None and (key := template_key(md)) is not None:
+                counted[key] = counted.get(key, 0) + 1
+        users = counted
+    wanted = {k for md in deployments.values() if (k := template_key(md)) is not None}
+    if not wanted:
+        return dict(deployments)
+    templates = {}
+    for obj in objects.worker_templates:
+        meta = obj.get("metadata") or {}
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        if key in wanted:
+            info = readable(objects.worker_templates, obj, worker_template_from)
+            if info is not None:
+                templates[key] = dataclasses.replace(info, users=users.get(key, 1))
+    out = {}
+    for k, md in deployments.items():
+        key = template_key(md)
+        found = templates.get(key) if key is not None else None
+        out[k] = dataclasses.replace(md, worker_template=found) if found else md
+    return out
+
+
 def build_snapshot(*, now: datetime, objects: ManagementObjects,
                    clusters: Mapping[ClusterKey, ClusterInfo],
                    nodes: Mapping[ClusterKey, Mapping[str, NodeInfo] | None],
@@ -220,7 +271,8 @@ def build_snapshot(*, now: datetime, objects: ManagementObjects,
                 for key, m in _fleet_objects(objects.machines, machine_from, clusters).items()}
     return apply_intents(Snapshot(
         now=now, clusters=dict(clusters),
-        deployments=_fleet_objects(objects.deployments, deployment_from, clusters),
+        deployments=with_worker_templates(
+            objects, _fleet_objects(objects.deployments, deployment_from, clusters)),
         machine_sets=_fleet_objects(objects.machine_sets, machine_set_from, clusters),
         control_planes=_fleet_objects(objects.control_planes, control_plane_from, clusters),
         machines=machines,

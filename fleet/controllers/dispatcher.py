@@ -40,6 +40,7 @@ from fleet.kube.resources import (
     CLUSTERS,
     CONTROL_NODES,
     K0S_CONTROL_PLANES,
+    K0S_WORKER_CONFIG_TEMPLATES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
     MACHINES,
@@ -56,6 +57,7 @@ from fleet.model import (
     KIND_KCP,
     KIND_MD,
     KIND_NODEPLAN,
+    KIND_WORKER_TEMPLATE,
     NODEPLAN_FINALIZER,
     ClusterKey,
     Condition,
@@ -104,7 +106,8 @@ log = logging.getLogger(__name__)
 
 OWNER_RESOURCES: dict[str, Resource] = {KIND_MD: MACHINE_DEPLOYMENTS, KIND_KCP: K0S_CONTROL_PLANES,
                                         KIND_NODEPLAN: NODE_PLANS, "Machine": MACHINES,
-                                        "MachineSet": MACHINE_SETS}
+                                        "MachineSet": MACHINE_SETS,
+                                        KIND_WORKER_TEMPLATE: K0S_WORKER_CONFIG_TEMPLATES}
 
 
 def _now() -> datetime:
@@ -696,13 +699,13 @@ class Dispatcher:
 
 def _object_version(kind: str, obj: KubeObject) -> str | None:
     spec = obj.get("spec") or {}
-    if kind in (KIND_MD, "MachineSet"):
+    if kind in (KIND_MD, "MachineSet", KIND_WORKER_TEMPLATE):
         return ((spec.get("template") or {}).get("spec") or {}).get("version")
     return spec.get("version")
 
 
 def _version_patch(kind: str, version: str) -> dict[str, Any]:
-    if kind == KIND_MD:
+    if kind in (KIND_MD, KIND_WORKER_TEMPLATE):
         return {"template": {"spec": {"version": version}}}
     return {"version": version}
 

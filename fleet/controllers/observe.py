@@ -10,12 +10,14 @@ import anyio
 import anyio.abc
 
 from fleet.config import FleetConfig
-from fleet.kube import KubeClient
+from fleet.kube import KubeClient, KubeError, NotFoundError
+from fleet.kube.backoff import Backoff
 from fleet.kube.cache import ObjectCache, ObjectListener
 from fleet.kube.resources import (
     CLUSTERS,
     FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
+    K0S_WORKER_CONFIG_TEMPLATES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
     MACHINES,
@@ -32,6 +34,8 @@ log = logging.getLogger(__name__)
 
 WATCHED = (CLUSTERS, MACHINE_DEPLOYMENTS, MACHINE_SETS, MACHINES, K0S_CONTROL_PLANES,
            NODE_PLANS, SECRETS)
+# Watched where their CRD is served (k0smotron's bootstrap provider may not be installed).
+OPTIONAL = (K0S_WORKER_CONFIG_TEMPLATES,)
 # Only CAPI's kubeconfig Secrets are cached (never every Secret of the namespace).
 CAPI_SECRET_TYPE = "cluster.x-k8s.io/secret"
 SECRET_FIELD_SELECTOR = f"type={CAPI_SECRET_TYPE}"
@@ -52,7 +56,7 @@ class ManagementView:
         # ``on_object(res)``: a listener told which object of ``res`` changed.
         self.caches = {res: ObjectCache(res.kind, on_change=on_change,
                                         on_object=on_object(res) if on_object else None)
-                       for res in (*WATCHED, FLEET_UPGRADES)}
+                       for res in (*WATCHED, *OPTIONAL, FLEET_UPGRADES)}
         self.reflectors: list[Reflector] = []
         self.watch_timeout = watch_timeout
         # Kubeconfig Secrets named in the config (clusters.entries[].kubeconfigSecret):
@@ -86,11 +90,45 @@ class ManagementView:
                               watch_timeout=self.watch_timeout)
                 self.reflectors.append(r)
                 tg.start_soon(r.run)
+            for res in OPTIONAL:
+                if await self._served(res):
+                    self._watch(tg, res)
+                else:
+                    tg.start_soon(self._watch_when_served, tg, res)
             for r in self.reflectors:
                 await r.synced.wait()
             for cache in self.caches.values():
                 cache.mark_synced()
             task_status.started()
+
+    def _watch(self, tg: anyio.abc.TaskGroup, res: Resource) -> None:
+        for ns in self.namespaces:
+            r = Reflector(self.client, res, namespace=ns, listener=self.caches[res].on_event,
+                          watch_timeout=self.watch_timeout)
+            self.reflectors.append(r)
+            tg.start_soon(r.run)
+
+    async def _served(self, res: Resource) -> bool:
+        try:
+            await self.client.list(res, self.namespaces[0])
+        except NotFoundError:
+            return False
+        except KubeError as e:
+            log.warning("cannot tell whether %s are served (looking again): %s", res.kind, e)
+            return False
+        return True
+
+    async def _watch_when_served(self, tg: anyio.abc.TaskGroup, res: Resource) -> None:
+        """Until its CRD is served the cache stays empty (and synced); looked for again with
+        backoff, then watched like the rest."""
+        log.info("%s are not served: looking again later", res.kind)
+        backoff = Backoff(initial=5.0, maximum=300.0)
+        while True:
+            await anyio.sleep(backoff.next_delay())
+            if await self._served(res):
+                log.info("%s are served now: watching them", res.kind)
+                self._watch(tg, res)
+                return
 
     @property
     def requests(self) -> int:

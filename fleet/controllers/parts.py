@@ -27,6 +27,7 @@ from fleet.kube.resources import (
     CLUSTERS,
     FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
+    K0S_WORKER_CONFIG_TEMPLATES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
     MACHINES,
@@ -50,11 +51,13 @@ from fleet.model import (
 from fleet.planner.incremental import OtherNodePlans
 from fleet.records import live_autopilot_plan
 from fleet.snapshot import (
+    Listed,
     ManagementObjects,
     build_snapshot,
     cluster_nodes,
     control_planes_needing_infra,
     fleet_cluster,
+    template_key,
 )
 
 T = TypeVar("T")
@@ -106,6 +109,10 @@ class FleetParts:
         self._index: dict[Resource, dict[ClusterKey, set[ObjectKey]]] = {
             r: {} for r in _PARSERS}
         self.rebuilt = 0  # parts built, over the controller's life (metrics)
+        # MD -> (its K0sWorkerConfigTemplate, its cluster); per template, the clusters whose
+        # MDs reference it and how many MDs (a template's change dirties those clusters)
+        self._md_template: dict[ObjectKey, tuple[ObjectKey, ClusterKey]] = {}
+        self._template_users: dict[ObjectKey, dict[ClusterKey, int]] = {}
 
     def attach(self, caches: Mapping[Resource, ObjectCache], registry: ClusterRegistry) -> None:
         self.caches, self.registry = caches, registry
@@ -137,6 +144,9 @@ class FleetParts:
             if cluster:
                 self.dirty.add((namespace, str(cluster)))
             return
+        if res is K0S_WORKER_CONFIG_TEMPLATES:
+            self.dirty.update(self._template_users.get(object_key(obj), {}))
+            return
         parse = _PARSERS.get(res)
         if parse is None:
             self.everything = True
@@ -164,6 +174,27 @@ class FleetParts:
             where[key] = cluster_key
             index.setdefault(cluster_key, set()).add(key)
             self.dirty.add(cluster_key)
+        if res is MACHINE_DEPLOYMENTS and cache is not None:
+            self._index_template(key, cache.parsed(obj, parse) if cluster_key else None,
+                                 cluster_key)
+
+    def _index_template(self, key: ObjectKey, md: Any, cluster: ClusterKey | None) -> None:
+        old = self._md_template.pop(key, None)
+        if old is not None:
+            users = self._template_users.get(old[0], {})
+            users[old[1]] = users.get(old[1], 1) - 1
+            if users[old[1]] <= 0:
+                del users[old[1]]
+            if not users:
+                self._template_users.pop(old[0], None)
+            else:
+                self.dirty.update(users)  # their count of the template's users changed
+        tkey = template_key(md) if md is not None and cluster is not None else None
+        if tkey is not None and cluster is not None:
+            self._md_template[key] = (tkey, cluster)
+            users = self._template_users.setdefault(tkey, {})
+            users[cluster] = users.get(cluster, 0) + 1
+            self.dirty.update(users)
 
     # -- the parts ----------------------------------------------------------------------
     def refresh_members(self) -> dict[ClusterKey, ClusterInfo]:
@@ -191,10 +222,16 @@ class FleetParts:
         """The management objects of one cluster."""
         def subset(res: Resource) -> _Subset:
             return _Subset(self.caches[res], frozenset(self._index[res].get(key, ())))
+        templates = self.caches.get(K0S_WORKER_CONFIG_TEMPLATES)
+        wanted = {found[0] for md in self._index[MACHINE_DEPLOYMENTS].get(key, ())
+                  if (found := self._md_template.get(md)) is not None}
         return ManagementObjects(
             deployments=subset(MACHINE_DEPLOYMENTS), machine_sets=subset(MACHINE_SETS),
             control_planes=subset(K0S_CONTROL_PLANES), machines=subset(MACHINES),
-            nodeplans=subset(NODE_PLANS), fleet_upgrades=self.caches[FLEET_UPGRADES])
+            nodeplans=subset(NODE_PLANS), fleet_upgrades=self.caches[FLEET_UPGRADES],
+            worker_templates=_Subset(templates, frozenset(wanted)) if templates is not None
+            else Listed(K0S_WORKER_CONFIG_TEMPLATES.kind),
+            template_users={t: sum(self._template_users[t].values()) for t in wanted})
 
     def info(self, key: ClusterKey) -> ClusterInfo:
         """The member's ClusterInfo, with its workload API server's outage if any."""

@@ -61,6 +61,11 @@ EXTENSION_CONFIGS = Resource("runtime.cluster.x-k8s.io", "v1beta2", "extensionco
 # k0smotron
 K0S_CONTROL_PLANES = Resource("controlplane.cluster.x-k8s.io", "v1beta2", "k0scontrolplanes",
                               "K0sControlPlane", namespaced=True)
+# the worker bootstrap template: spec.template.spec.version, when set, is the k0s version
+# new worker Machines install (else the Machine's spec.version)
+K0S_WORKER_CONFIG_TEMPLATES = Resource("bootstrap.cluster.x-k8s.io", "v1beta2",
+                                       "k0sworkerconfigtemplates", "K0sWorkerConfigTemplate",
+                                       namespaced=True)
 
 # k0s autopilot (workload clusters)
 AUTOPILOT_GROUP = "autopilot.k0sproject.io"

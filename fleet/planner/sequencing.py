@@ -4,6 +4,7 @@ the version writer), and the rollout status written on those objects."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -54,9 +55,11 @@ from fleet.planner.state import (
 from fleet.planner.writer import (
     ExtensionDrives,
     OtherDriver,
+    TemplateStep,
     VersionStep,
     other_driver,
     release_pause,
+    template_step,
     version_step,
 )
 from fleet.versions import K0sVersion, valid_version
@@ -72,6 +75,20 @@ def _held(step: VersionStep, driver: OtherDriver | None, policy_hold: str | None
     if policy_hold is not None:
         return f"held: {policy_hold or 'paused'}"
     return ""
+
+
+def _with_template(step: VersionStep, tstep: TemplateStep) -> VersionStep:
+    """The MD's writer decision with its bootstrap template's: a template someone else
+    changed holds the MD's nodes and is reported like the MD's own version."""
+    if step.conflict or step.writer is None:
+        return step
+    if tstep.conflict:
+        return dataclasses.replace(step, waiting=tstep.conflict, conflict=True, writer=(
+            "False", C.R_CHANGED_BY_OTHER, tstep.conflict))
+    if tstep.note and step.writer[0] == "True":
+        return dataclasses.replace(step, writer=(
+            step.writer[0], step.writer[1], f"{step.writer[2]}; {tstep.note}"))
+    return step
 
 
 @dataclass(slots=True)
@@ -258,11 +275,16 @@ class Sequencing(PassState):
         # admits the cluster) unpaused; CAPI replaces each Machine someone deletes, and
         # k0s-fleet takes none down in place.
         on_delete = md.strategy == "OnDelete"
+        # The worker bootstrap template's version, kept in step with the MD's.
+        tstep = template_step(md)
+        self.emit(*tstep.actions)
         step = version_step(md, hold=write_hold, write_blocked=(
             elsewhere if on_delete else blocked) or (
-            self._workers_blocked(ns, md.cluster, target)),
+            self._workers_blocked(ns, md.cluster, target))
+            or tstep.hold_write or tstep.conflict,
             pause=not capi_drives and not on_delete)
         self.emit(*step.actions)
+        step = _with_template(step, tstep)
         self._finish_paused_deployment(md, target, live, sets, elig,
                                        in_flight=bool(in_flight) or missing > 0)
         # Where Cluster API drives the workers through our extension, its MachineSets and

@@ -25,6 +25,7 @@ from fleet.model import (
     KIND_KCP,
     KIND_MD,
     KIND_NODEPLAN,
+    KIND_WORKER_TEMPLATE,
     NODEPLAN_FINALIZER,
     ROLE_CONTROLLER,
     ROLE_WORKER,
@@ -204,6 +205,9 @@ class SimFleet:
     def _write_version(self, a: RecordWrittenVersion | WriteVersion | ReleasePause) -> None:
         """As the dispatcher does it (one patch each; refused when no longer wanted)."""
         key = (a.owner.namespace, a.owner.name)
+        if a.owner.kind == KIND_WORKER_TEMPLATE:
+            self._write_template(a)
+            return
         obj: MachineDeploymentInfo | ControlPlaneInfo | None = (
             self.deployments.get(key) if a.owner.kind == KIND_MD else
             self.control_planes.get(key))
@@ -232,6 +236,24 @@ class SimFleet:
             self.deployments[key] = new
         else:
             self.control_planes[key] = new
+
+    def _write_template(self, a: RecordWrittenVersion | WriteVersion | ReleasePause) -> None:
+        for key, md in list(self.deployments.items()):
+            tpl = md.worker_template
+            if tpl is None or tpl.ref != a.owner:
+                continue
+            anns = dict(tpl.annotations)
+            version = tpl.version
+            if isinstance(a, RecordWrittenVersion) and tpl.version == a.version:
+                anns[ANN_WRITTEN_VERSION] = a.version
+            elif isinstance(a, WriteVersion) and tpl.version == a.expected \
+                    and anns.get(ANN_WRITTEN_VERSION) == a.expected:
+                version = a.version
+                anns[ANN_WRITTEN_VERSION] = a.version
+            else:
+                continue
+            self.deployments[key] = dataclasses.replace(md, worker_template=dataclasses.replace(
+                tpl, version=version, annotations=anns))
 
     def _plan(self, ref: ObjectRef, **changes: object) -> None:
         key = (ref.namespace, ref.name)

@@ -143,6 +143,58 @@ def version_step(obj: Owner, *, hold: str | None, write_blocked: str,
     return VersionStep(writer=ok)
 
 
+@dataclass(frozen=True, slots=True)
+class TemplateStep:
+    """What the writer decides for an MD's worker bootstrap template this pass."""
+
+    actions: tuple[Action, ...] = ()
+    hold_write: str = ""  # non-empty: do not write the MD's version this pass, and why
+    conflict: str = ""  # non-empty: someone else changed the template's version
+    note: str = ""  # for the VERSION_WRITER message: what k0s-fleet does with the template
+
+
+def template_step(md: MachineDeploymentInfo) -> TemplateStep:
+    """The one writer for the MD's worker bootstrap template (K0sWorkerConfigTemplate).
+
+    k0smotron installs the template's ``spec.template.spec.version``, when set, on every
+    new worker Machine (else the Machine's version). Where a cluster keeps it in step with
+    the MD (equal to the MD's version when k0s-fleet adopts them), k0s-fleet adopts it with
+    the MD and writes it right after each MD version it writes; a version someone else
+    writes into it is reported and holds the MD's nodes, as on the MD itself. A template
+    with no version, one out of step, or one several MachineDeployments share is left
+    alone (said in the note)."""
+    tpl = md.worker_template
+    if tpl is None or tpl.version is None:
+        return TemplateStep()
+    name = f"{tpl.ref.kind} {tpl.ref.name}"
+    tv, trec = tpl.version, tpl.written_version
+    mrec, mspec = md.written_version, md.object_version
+    if tpl.users > 1:
+        return TemplateStep(note=f"{name} is shared by {tpl.users} MachineDeployments: "
+                                 "k0s-fleet does not write its version")
+    if trec is None:
+        if same_version(tv, mrec if mrec is not None else mspec):
+            return TemplateStep(
+                actions=(RecordWrittenVersion(tpl.ref, tv, md.intent),),
+                hold_write=f"adopting {name} (version {tv}) with the MachineDeployment")
+        return TemplateStep(note=f"{name} says {tv}, not the MachineDeployment's version: "
+                                 "not kept in step, k0s-fleet leaves it alone")
+    if not same_version(tv, trec):
+        if mrec is not None and same_version(tv, mrec):
+            # someone wrote exactly what k0s-fleet would have: adopt it
+            return TemplateStep(actions=(RecordWrittenVersion(tpl.ref, tv, md.intent),))
+        return TemplateStep(conflict=(
+            f"{name}: spec.template.spec.version was changed to {tv} by someone else "
+            f"(k0s-fleet wrote {trec}); k0s-fleet writes versions itself and starts no node "
+            f"of this MachineDeployment until it is set back to {trec}"))
+    if mrec is not None and not same_version(trec, mrec) and same_version(mspec, mrec):
+        return TemplateStep(
+            actions=(WriteVersion(tpl.ref, mrec, expected=tv, pause=False,
+                                  intent=md.intent),),
+            note=f"writing {name} version {mrec}")
+    return TemplateStep(note=f"{name} kept at the MachineDeployment's version")
+
+
 EXECUTOR_PAUSED_IN_PLACE = "paused-in-place"
 EXECUTOR_CAPI_IN_PLACE = "capi-in-place"
 EXECUTOR_ON_DELETE = "capi-on-delete"
@@ -235,10 +287,12 @@ __all__ = [
     "EXTENSION_HOLD_REASON",
     "ExtensionDrives",
     "OtherDriver",
+    "TemplateStep",
     "VersionStep",
     "enrolled",
     "executor_of",
     "other_driver",
     "release_pause",
+    "template_step",
     "version_step",
 ]

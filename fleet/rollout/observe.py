@@ -28,6 +28,7 @@ from fleet.kube.resources import (
     CONTROL_NODES,
     FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
+    K0S_WORKER_CONFIG_TEMPLATES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
     MACHINES,
@@ -120,11 +121,15 @@ async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None
         upgrades = (await mgmt.list(FLEET_UPGRADES, config.management.namespace)).items
     except NotFoundError:
         upgrades = []  # the FleetUpgrade CRD is not installed: no intents
+    try:
+        templates = await listed(K0S_WORKER_CONFIG_TEMPLATES)
+    except NotFoundError:
+        templates = Listed(K0S_WORKER_CONFIG_TEMPLATES.kind)  # k0smotron's bootstrap CRD absent
     objects = ManagementObjects(
         deployments=await listed(MACHINE_DEPLOYMENTS), machine_sets=await listed(MACHINE_SETS),
         control_planes=await listed(K0S_CONTROL_PLANES), machines=await listed(MACHINES),
         nodeplans=await listed(NODE_PLANS),
-        fleet_upgrades=Listed(FLEET_UPGRADES.kind, upgrades))
+        fleet_upgrades=Listed(FLEET_UPGRADES.kind, upgrades), worker_templates=templates)
     infra = await InfraMachines(mgmt).for_machines(
         control_planes_needing_infra(objects, clusters))
 

@@ -32,6 +32,7 @@ from fleet.kube.resources import (
     CRDS,
     FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
+    K0S_WORKER_CONFIG_TEMPLATES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
     MACHINES,
@@ -53,7 +54,6 @@ from fleet.reported import kubelet_version
 from fleet.testing.providers import (
     BOOTSTRAP_GROUP,
     INFRA_GROUP,
-    K0S_WORKER_CONFIG_TEMPLATES,
     SIM_MACHINE_TEMPLATES,
     SIM_MACHINES,
 )
@@ -146,6 +146,7 @@ async def create_cluster(
     max_unavailable: int | str | None = 2,
     max_surge: int | str = 0,
     node_prefix: str | None = None,
+    worker_template_version: str | None = None,
     create_nodes: bool = True,
 ) -> FleetCluster:
     """All objects of one CAPI cluster, every Machine on ``version`` with a Ready Node.
@@ -195,6 +196,11 @@ async def create_cluster(
                                                  "name": f"{name}-w"}},
                      "infrastructureRef": {"apiGroup": INFRA_GROUP, "kind": INFRA_TEMPLATE_KIND,
                                            "name": f"{name}-w"}}
+            if worker_template_version is not None:
+                # k0smotron's worker bootstrap template, its version kept in step
+                await _create(mgmt, K0S_WORKER_CONFIG_TEMPLATES, {
+                    "metadata": {"name": f"{name}-w", "namespace": namespace},
+                    "spec": {"template": {"spec": {"version": worker_template_version}}}})
             await _create(mgmt, MACHINE_DEPLOYMENTS, {
                 "metadata": {"name": fc.md, "namespace": namespace, "labels": labels},
                 "spec": {"clusterName": name, "replicas": workers,
@@ -349,6 +355,7 @@ async def create_capi_cluster(
     mgmt: KubeClient, workload_kubeconfig: dict[str, Any], *, namespace: str, name: str,
     version: str = "v1.31.2+k0s.0", workers: int = 3, strategy: str = "RollingUpdate",
     max_unavailable: int | str = 1, max_surge: int | str = 0, control_plane_replicas: int = 1,
+    worker_template_version: str | None = None,
 ) -> CapiCluster:
     """Cluster, kubeconfig Secret, stand-in K0sControlPlane (no Machines), worker templates
     and a MachineDeployment of ``workers`` replicas: what a user applies. The real CAPI
@@ -376,7 +383,8 @@ async def create_capi_cluster(
         "spec": {"template": {"spec": {}}}})
     await _create(mgmt, K0S_WORKER_CONFIG_TEMPLATES, {
         "metadata": {"name": template, "namespace": namespace},
-        "spec": {"template": {"spec": {"args": ["--enable-metrics-scraper"]}}}})
+        "spec": {"template": {"spec": {"args": ["--enable-metrics-scraper"], **(
+            {"version": worker_template_version} if worker_template_version else {})}}}})
     labels = {LABEL_CLUSTER_NAME: name, LABEL_DEPLOYMENT_NAME: md}
     await _create(mgmt, MACHINE_DEPLOYMENTS, {
         "metadata": {"name": md, "namespace": namespace, "labels": {LABEL_CLUSTER_NAME: name}},

@@ -7,8 +7,9 @@ feature gates: no CAPI in-place updates), at both pinned versions.
   versions, and releases both pauses. CAPI creates no MachineSet and deletes no Machine,
   and the Machines stay at the target once CAPI reconciles the unpaused objects.
 * OnDelete, as Cluster API defines it (no maxUnavailable, Machines replaced only when
-  deleted): the version written unpaused, no node upgraded in place, CAPI replaces only
-  the Machine the user deletes.
+  deleted): the version written unpaused (the worker bootstrap template's too), no node
+  upgraded in place, CAPI replaces only the Machine the user deletes, with a bootstrap
+  config on the target.
 
 The providers are played through their contracts (``ProviderPlayer``); the
 K0sControlPlane is a stand-in with no Machines.
@@ -26,6 +27,7 @@ from fleet.config import FleetConfig
 from fleet.kube import KubeClient
 from fleet.kube.resources import (
     K0S_CONTROL_PLANES,
+    K0S_WORKER_CONFIG_TEMPLATES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
     MACHINES,
@@ -36,7 +38,7 @@ from fleet.model import ANN_CAPI_PAUSED, ANN_PAUSED_FOR, ANN_WRITTEN_VERSION
 from fleet.planner import conditions as C
 from fleet.testing.capi import create_capi_cluster
 from fleet.testing.capimanager import CapiEnvs, capi_versions
-from fleet.testing.providers import ProviderPlayer
+from fleet.testing.providers import K0S_WORKER_CONFIGS, ProviderPlayer
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.world import World
 from tests.helpers.capienv import capi_namespace, playing, provisioned, wait_for
@@ -188,7 +190,7 @@ async def test_an_on_delete_md_is_left_to_cluster_api_as_it_defines_on_delete(
         config = fleet_config(ns, "https://releases.invalid/k0s/{version}-{arch}", "0" * 64)
         cluster = await create_capi_cluster(
             mgmt, kubeconfig, namespace=ns, name=unique("od"), version=V1, workers=2,
-            strategy="OnDelete", control_plane_replicas=0)
+            strategy="OnDelete", control_plane_replicas=0, worker_template_version=V1)
         machines = await wait_for("2 Machines linked to Nodes", lambda: linked(mgmt, ns, 2))
         before = {m["metadata"]["name"]: m["metadata"]["uid"] for m in machines}
         [old_set] = (await mgmt.list(MACHINE_SETS, ns)).items
@@ -205,6 +207,13 @@ async def test_an_on_delete_md_is_left_to_cluster_api_as_it_defines_on_delete(
                 return md if ok else None
 
             md = await wait_for("the version written and seen by CAPI", written)
+
+            async def template_written() -> bool:
+                tpl = await mgmt.get(K0S_WORKER_CONFIG_TEMPLATES, cluster.worker_template, ns)
+                return (tpl["spec"]["template"]["spec"].get("version") == V2
+                        and anns(tpl).get(ANN_WRITTEN_VERSION) == V2)
+
+            await wait_for("the worker template's version written", template_written)
             # Written unpaused: Cluster API is the driver here.
             assert ANN_CAPI_PAUSED not in anns(md) and ANN_PAUSED_FOR not in anns(md)
             assert cond(md, C.IN_PLACE)["status"] == "False"
@@ -250,6 +259,13 @@ async def test_an_on_delete_md_is_left_to_cluster_api_as_it_defines_on_delete(
             versions = {m["metadata"]["name"]: m["spec"]["version"] for m in machines}
             assert versions.pop(kept) == V1, versions
             assert list(versions.values()) == [V2], versions
+            # k0smotron installs the bootstrap config's version on the new Machine: CAPI
+            # cloned it from the worker template, which k0s-fleet kept in step with the MD.
+            new = next(m for m in machines if m["metadata"]["name"] != kept)
+            config_ref = new["spec"]["bootstrap"]["configRef"]
+            assert config_ref["kind"] == K0S_WORKER_CONFIGS.kind
+            boot = await mgmt.get(K0S_WORKER_CONFIGS, config_ref["name"], ns)
+            assert boot["spec"]["version"] == V2, boot["spec"]
             kept_now = next(m for m in machines if m["metadata"]["name"] == kept)
             assert kept_now["metadata"]["uid"] == before[kept]
             # the one CAPI created, counted by what its node reports

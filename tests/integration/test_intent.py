@@ -21,8 +21,10 @@ from fleet.events import list_events
 from fleet.intent import COND_COMPLETE
 from fleet.kube import ForbiddenError, KubeClient
 from fleet.kube.resources import (
+    CLUSTERS,
     FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
+    K0S_WORKER_CONFIG_TEMPLATES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
     MACHINES,
@@ -205,6 +207,89 @@ async def test_a_direct_version_bump_of_an_enrolled_object_is_reported_not_raced
     version = (o["spec"]["template"]["spec"]["version"] if res is MACHINE_DEPLOYMENTS
                else o["spec"]["version"])
     assert version == V3 and _ann(o).get(ANN_WRITTEN_VERSION) == V1
+
+
+async def test_the_worker_template_follows_the_md_and_a_hand_edit_of_it_is_reported(
+        world: World, mgmt: KubeClient, wl1: KubeClient, infra_crd: None,
+        namespace: str) -> None:
+    """k0smotron installs a K0sWorkerConfigTemplate's version on every new worker Machine.
+    Kept in step with the MD, the controller adopts it with the MD and writes each version
+    into it right after the MD's; someone else's edit of it is reported like one of the
+    MD's version (condition on the MD, Warning Event) and the MD is neither written nor
+    are its nodes started until it is set back."""
+    kept = await create_cluster(mgmt, wl1, world["wl1"].kubeconfig(), namespace=namespace,
+                                name=unique("tk"), control_planes=0, workers=2,
+                                max_unavailable=1, version=V1, worker_template_version=V1)
+    edited = await create_cluster(mgmt, wl1, world["wl1"].kubeconfig(), namespace=namespace,
+                                  name=unique("te"), control_planes=0, workers=2,
+                                  max_unavailable=1, version=V1, worker_template_version=V1)
+    for fc in (kept, edited):
+        await mgmt.patch(CLUSTERS, fc.name, {"metadata": {"labels": {"ring": fc.name}}},
+                         namespace)
+    # The first cluster is asked for V2, the second held at V1 (adopted, nothing moves).
+    await apply_upgrade(mgmt, namespace=namespace, name="hold", version=V1,
+                        selector={"matchLabels": {"ring": edited.name}})
+    await apply_upgrade(mgmt, namespace=namespace, name="kept", version=V2,
+                        selector={"matchLabels": {"ring": kept.name}})
+
+    async def template(fc: FleetCluster) -> dict[str, Any]:
+        return await mgmt.get(K0S_WORKER_CONFIG_TEMPLATES, f"{fc.name}-w", namespace)
+
+    cfg = config(namespace)
+    # (no node completes here: both clusters may be in flight at once)
+    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
+        update={"max_concurrent_clusters": 2})})
+    async with controller(mgmt, cfg):
+        async def written() -> bool:
+            md = await mgmt.get(MACHINE_DEPLOYMENTS, kept.md or "", namespace)
+            tpl = await template(kept)
+            return (md["spec"]["template"]["spec"]["version"] == V2
+                    and tpl["spec"]["template"]["spec"]["version"] == V2
+                    and _ann(tpl).get(ANN_WRITTEN_VERSION) == V2)
+
+        await _wait(written, 60, "the MD's and the template's versions written")
+
+        async def adopted() -> bool:
+            return _ann(await template(edited)).get(ANN_WRITTEN_VERSION) == V1
+
+        await _wait(adopted, 60, "the held cluster's template adopted")
+        await mgmt.patch(K0S_WORKER_CONFIG_TEMPLATES, f"{edited.name}-w", {"spec": {
+            "template": {"spec": {"version": V3}}}}, namespace)
+        # Now asked for V2: the MD is not written while its template is in conflict.
+        await apply_upgrade(mgmt, namespace=namespace, name="hold", version=V2,
+                            selector={"matchLabels": {"ring": edited.name}})
+
+        async def reported() -> bool:
+            md = await mgmt.get(MACHINE_DEPLOYMENTS, edited.md or "", namespace)
+            return any(c.get("type") == C.VERSION_WRITER and c.get("status") == "False"
+                       and c.get("reason") == C.R_CHANGED_BY_OTHER
+                       and "K0sWorkerConfigTemplate" in c.get("message", "")
+                       for c in (md.get("status") or {}).get("conditions") or [])
+
+        await _wait(reported, 60, "the conflict condition on the MD")
+
+        async def event() -> bool:
+            return any(e.get("reason") == "VersionChangedByOther"
+                       and (e.get("regarding") or {}).get("name") == edited.md
+                       for e in await list_events(mgmt, namespace))
+
+        await _wait(event, 30, "the Warning Event")
+        md = await mgmt.get(MACHINE_DEPLOYMENTS, edited.md or "", namespace)
+        assert md["spec"]["template"]["spec"]["version"] == V1
+        assert (await template(edited))["spec"]["template"]["spec"]["version"] == V3
+        assert not [p for p in (await mgmt.list(NODE_PLANS, namespace)).items
+                    if p["spec"]["clusterName"] == edited.name]
+        # Set back: the MD and then its template are written.
+        await mgmt.patch(K0S_WORKER_CONFIG_TEMPLATES, f"{edited.name}-w", {"spec": {
+            "template": {"spec": {"version": V1}}}}, namespace)
+
+        async def caught_up() -> bool:
+            md = await mgmt.get(MACHINE_DEPLOYMENTS, edited.md or "", namespace)
+            tpl = await template(edited)
+            return (md["spec"]["template"]["spec"]["version"] == V2
+                    and tpl["spec"]["template"]["spec"]["version"] == V2)
+
+        await _wait(caught_up, 60, "the held cluster written once set back")
 
 
 VAPS = Resource("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies",

@@ -26,6 +26,7 @@ from fleet.kube import KubeClient
 from fleet.kube.resources import (
     FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
+    K0S_WORKER_CONFIG_TEMPLATES,
     LEASES,
     MACHINE_DEPLOYMENTS,
     NODE_PLANS,
@@ -230,6 +231,8 @@ CONTROLLER_UNUSED_OK = {
     ("cluster.x-k8s.io", "machines", "get"): "re-read after a write conflict",
     ("cluster.x-k8s.io", "machinesets", "get"): "re-read after a write conflict",
     ("controlplane.cluster.x-k8s.io", "k0scontrolplanes", "get"): "re-read after a conflict",
+    ("bootstrap.cluster.x-k8s.io", "k0sworkerconfigtemplates", "get"):
+        "re-read after a write conflict",
     ("fleet.k0s-fleet.io", "nodeplans", "get"): "read after AlreadyExists / unsure create",
     # the rollout ConfigMap is served from its watch; a GET only before that is synced
     ("", "configmaps", "get"): "rollout ConfigMap read before its watch synced",
@@ -248,7 +251,7 @@ async def test_controller_chart_grants_exactly_what_the_controller_uses(
     # One server plays both roles: the kubeconfig Secret points back at it (as admin).
     fc = await create_cluster(admin, admin, server.kubeconfig(), namespace=capi_ns,
                               name=unique("ex"), control_planes=1, workers=2,
-                              max_unavailable=1)
+                              max_unavailable=1, worker_template_version="v1.31.2+k0s.0")
     assert fc.md is not None and fc.kcp is not None
     responder = NodeResponder(admin, step_seconds=0.02, only=lambda n: n in fc.machines)
     async with anyio.create_task_group() as tg:
@@ -261,14 +264,17 @@ async def test_controller_chart_grants_exactly_what_the_controller_uses(
 
         await wait_for(leading, 30, "the Lease", log)
         # Through the upgrade intent: the controller reads it, writes the KCP's and MD's
-        # versions (pausing them, then releasing the pause) and the intent's status.
+        # versions (pausing them, then releasing the pause), the worker bootstrap
+        # template's version (kept in step with the MD) and the intent's status.
         await apply_upgrade(admin, namespace=inst.namespace, name="to-v2", version=V2,
                             selector=None)
 
         async def done() -> bool:
             plans = (await admin.list(NODE_PLANS, capi_ns)).items
             fu = await admin.get(FLEET_UPGRADES, "to-v2", inst.namespace)
-            return len(plans) == len(fc.machines) and all(
+            tpl = await admin.get(K0S_WORKER_CONFIG_TEMPLATES, f"{fc.name}-w", capi_ns)
+            return tpl["spec"]["template"]["spec"]["version"] == V2 and len(
+                plans) == len(fc.machines) and all(
                 (p.get("status") or {}).get("phase") == NodePlanPhase.COMPLETED
                 for p in plans) and (fu.get("status") or {}).get("phase") == "Complete"
 

@@ -150,6 +150,8 @@ CONTROLLER_RULES = {
     *{("controlplane.cluster.x-k8s.io", "k0scontrolplanes", v, "*")
       for v in ("get", "list", "watch", "patch")},
     ("controlplane.cluster.x-k8s.io", "k0scontrolplanes/status", "patch", "*"),
+    *{("bootstrap.cluster.x-k8s.io", "k0sworkerconfigtemplates", v, "*")
+      for v in ("get", "list", "watch", "patch")},
     *{("fleet.k0s-fleet.io", "nodeplans", v, "*")
       for v in ("get", "list", "watch", "create", "patch")},
     ("fleet.k0s-fleet.io", "nodeplans/status", "patch", "*"),
@@ -274,7 +276,8 @@ def test_guard_policy_targets_the_controller_identity() -> None:
         'request.userInfo.username == "system:serviceaccount:k0s-fleet-system:r1-k0s-fleet"')
     rules = vap["spec"]["matchConstraints"]["resourceRules"]
     assert {r for rule in rules for r in rule["resources"]} == {
-        "machines", "machinedeployments", "machinesets", "k0scontrolplanes"}
+        "machines", "machinedeployments", "machinesets", "k0scontrolplanes",
+        "k0sworkerconfigtemplates"}
     assert all(rule["operations"] == ["UPDATE"] for rule in rules)
     binding = m.one("ValidatingAdmissionPolicyBinding")
     assert binding["spec"] == {"policyName": vap["metadata"]["name"], "validationActions": ["Deny"]}
@@ -617,6 +620,7 @@ def test_version_guard_is_opt_in() -> None:
     assert conds["not-the-k0s-fleet-controller"] == (
         'request.userInfo.username != "system:serviceaccount:k0s-fleet-system:r1-k0s-fleet"')
     assert {r for rule in vap["spec"]["matchConstraints"]["resourceRules"]
-            for r in rule["resources"]} == {"machinedeployments", "k0scontrolplanes"}
+            for r in rule["resources"]} == {"machinedeployments", "k0scontrolplanes",
+                                            "k0sworkerconfigtemplates"}
     assert not render(CONTROLLER_CHART, sets=["rbac.versionGuard=true"], api_versions=[]).all(
         "ValidatingAdmissionPolicy")

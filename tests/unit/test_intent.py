@@ -24,10 +24,12 @@ from fleet.model import (
     ANN_WRITTEN_VERSION,
     KIND_KCP,
     KIND_MD,
+    KIND_WORKER_TEMPLATE,
     ClusterInfo,
     FleetUpgradeInfo,
     MachineSetInfo,
     ObjectRef,
+    WorkerTemplateInfo,
 )
 from fleet.planner import PENDING, PlannerSettings, plan
 from fleet.planner import conditions as C
@@ -465,3 +467,92 @@ def test_plan_names_the_capi_in_place_executor_where_cluster_api_drives_workers(
     # the control plane is upgraded by k0s-fleet; the workers are Cluster API's to start
     assert [s["kind"] for s in doc["steps"]] == ["K0sControlPlane"]
     assert "Cluster API drives" in (objects["MachineDeployment"]["waiting"] or "")
+
+
+# -- the worker bootstrap template (K0sWorkerConfigTemplate) ------------------------------
+
+def _with_template(sim: SimFleet, version: str | None, *, users: int = 1,
+                   key: tuple[str, str] = ("default", "c1-md")) -> ObjectRef:
+    md = sim.deployments[key]
+    assert md.bootstrap is not None
+    ref = ObjectRef(KIND_WORKER_TEMPLATE, key[0], md.bootstrap.name)
+    sim.deployments[key] = dataclasses.replace(md, worker_template=WorkerTemplateInfo(
+        ref=ref, version=version, users=users))
+    return ref
+
+
+def _template(sim: SimFleet) -> WorkerTemplateInfo:
+    tpl = sim.deployments[("default", "c1-md")].worker_template
+    assert tpl is not None
+    return tpl
+
+
+def test_a_worker_template_kept_in_step_is_adopted_and_written_after_the_md() -> None:
+    """k0smotron installs the template's version on every new worker Machine: where it
+    says the MD's version, k0s-fleet adopts it with the MD and writes each new version
+    into it right after the MD's."""
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c1", control_planes=1, workers=2)
+    ref = _with_template(sim, V1)
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+    actions = drive(sim)
+    adopted = [a for a in of(actions, RecordWrittenVersion) if a.owner == ref]
+    assert [a.version for a in adopted] == [V1]
+    writes = of(actions, WriteVersion)
+    assert [(w.owner.kind, w.version) for w in writes] == [
+        (KIND_KCP, V2), (KIND_MD, V2), (KIND_WORKER_TEMPLATE, V2)]
+    assert not writes[2].pause and writes[2].expected == V1
+    tpl = _template(sim)
+    assert tpl.version == V2 and tpl.written_version == V2
+    assert {m.version for m in sim.machines.values()} == {V2}
+    md = sim.deployments[("default", "c1-md")]
+    cond = md.status.condition(C.VERSION_WRITER)
+    assert cond is not None and cond.status == "True" and "kept at" in cond.message
+
+
+def test_a_worker_template_edited_by_someone_else_is_reported_and_holds_the_md() -> None:
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c1", control_planes=0, workers=2)
+    _with_template(sim, V1)
+    _enrolled(sim)
+    sim.apply_all(plan(sim.snapshot(), SETTINGS).actions)
+    assert _template(sim).written_version == V1
+    key = ("default", "c1-md")
+    md = sim.deployments[key]
+    sim.deployments[key] = dataclasses.replace(md, worker_template=dataclasses.replace(
+        _template(sim), version=V3))  # by hand
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+    reports = []
+    for _ in range(5):
+        result = plan(sim.snapshot(), SETTINGS)
+        assert of(result.actions, CreateNodePlan) == []
+        reports += of(result.actions, ReportVersionConflict)
+        sim.apply_all(result.actions)
+    assert len(reports) == 1 and "K0sWorkerConfigTemplate" in reports[0].message
+    cond = sim.deployments[key].status.condition(C.VERSION_WRITER)
+    assert cond is not None and cond.status == "False" and cond.reason == C.R_CHANGED_BY_OTHER
+    assert _template(sim).version == V3  # never raced
+    # Set back: the rollout goes on, the template follows the MD.
+    sim.deployments[key] = dataclasses.replace(
+        sim.deployments[key],
+        worker_template=dataclasses.replace(_template(sim), version=V1))
+    drive(sim)
+    assert _template(sim).version == V2
+    assert {m.version for m in sim.machines.values()} == {V2}
+
+
+@pytest.mark.parametrize(("version", "users", "why"), [
+    (V3, 1, "not kept in step"), (V1, 2, "shared by 2"), (None, 1, "")])
+def test_a_worker_template_out_of_step_shared_or_without_version_is_left_alone(
+        version: str | None, users: int, why: str) -> None:
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c1", control_planes=0, workers=2)
+    _with_template(sim, version, users=users)
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+    actions = drive(sim)
+    assert [a for a in [*of(actions, WriteVersion), *of(actions, RecordWrittenVersion)]
+            if a.owner.kind == KIND_WORKER_TEMPLATE] == []
+    assert _template(sim).version == version
+    assert {m.version for m in sim.machines.values()} == {V2}  # the MD rolled all the same
+    cond = sim.deployments[("default", "c1-md")].status.condition(C.VERSION_WRITER)
+    assert cond is not None and cond.status == "True" and why in cond.message
