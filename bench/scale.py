@@ -129,10 +129,14 @@ def audit_time(ev: dict[str, Any]) -> float:
 
 
 def describe(ev: dict[str, Any]) -> str:
+    """``<verb> <resource>``; a request the server refused or failed also says its status
+    code (``create nodeplans (409)``: an AlreadyExists the dispatcher adopted, not a second
+    NodePlan), so a row counts only what it says."""
     ref = ev.get("objectRef") or {}
     res = ref.get("resource", "?") + (f"/{ref['subresource']}" if ref.get("subresource")
                                       else "")
-    return f"{ev.get('verb')} {res}"
+    code = int((ev.get("responseStatus") or {}).get("code") or 0)
+    return f"{ev.get('verb')} {res}" + (f" ({code})" if code >= 300 else "")
 
 
 def is_write(ev: dict[str, Any]) -> bool:

@@ -41,11 +41,13 @@ from fleet.kube.resources import (
     EXTENSION_CONFIGS,
     FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
+    K0S_WORKER_CONFIG_TEMPLATES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
     MACHINES,
     NODE_PLANS,
 )
+from fleet.kube.watch import Reflector, WatchEvent
 from fleet.model import ANN_CAPI_PAUSED, ANN_WRITTEN_VERSION, LABEL_CLUSTER_NAME
 from fleet.planner import conditions as C
 from fleet.rollout.policy import RolloutPolicy
@@ -179,7 +181,12 @@ async def test_real_capi_drives_in_place_upgrade_through_the_extension_in_waves(
     manager calls the hooks and every node is upgraded in place by real agents. The
     second cluster waits for the first wave (its wave Pending meanwhile), then stays held
     by its closed maintenance window: its MachineDeployment's version is never written,
-    CAPI never moves its Machines, no node of it starts."""
+    CAPI never moves its Machines, no node of it starts.
+
+    Both MachineDeployments reference a K0sWorkerConfigTemplate whose version is kept in
+    step with theirs (as k0smotron's docs show): the first one's moves to the target
+    exactly once, in a write carrying k0s-fleet's written-version annotation (by the
+    controller, no one else); the held one's is adopted and stays."""
     env = await capi_envs.get(version, IN_PLACE_GATES)
     mgmt = env.client
     kubeconfig = crds_installed["wl1"].kubeconfig()
@@ -201,15 +208,31 @@ async def test_real_capi_drives_in_place_upgrade_through_the_extension_in_waves(
 
         player = ProviderPlayer(mgmt, workload, node_factory=farm.node_factory, namespace=ns)
         wave_phases: set[str] = set()
+        # every state of each worker template's version: (version, written-version annotation)
+        template_history: dict[str, list[tuple[str | None, str | None]]] = {}
+
+        async def template_changed(ev: WatchEvent) -> None:
+            tpl = ev.object
+            seen = (tpl["spec"]["template"]["spec"].get("version"),
+                    (tpl["metadata"].get("annotations") or {}).get(ANN_WRITTEN_VERSION))
+            history = template_history.setdefault(tpl["metadata"]["name"], [])
+            if not history or history[-1] != seen:
+                history.append(seen)
+
+        templates = Reflector(mgmt, K0S_WORKER_CONFIG_TEMPLATES, namespace=ns,
+                              listener=template_changed)
         async with anyio.create_task_group() as tg:
             await tg.start(farm.run)
+            tg.start_soon(templates.run)
             async with playing(player):
                 a = await create_capi_cluster(
                     mgmt, kubeconfig, namespace=ns, name=first, version=V1, workers=3,
-                    max_unavailable=1, max_surge=0, control_plane_replicas=0)
+                    max_unavailable=1, max_surge=0, control_plane_replicas=0,
+                    worker_template_version=V1)
                 b = await create_capi_cluster(
                     mgmt, kubeconfig, namespace=ns, name=second, version=V1, workers=1,
-                    max_unavailable=1, max_surge=0, control_plane_replicas=0)
+                    max_unavailable=1, max_surge=0, control_plane_replicas=0,
+                    worker_template_version=V1)
                 machines = await wait_for("4 Machines linked to Nodes",
                                           lambda: linked_machines(mgmt, ns, 4))
                 before = {m["metadata"]["name"]: m["metadata"]["uid"] for m in machines}
@@ -302,6 +325,15 @@ async def test_real_capi_drives_in_place_upgrade_through_the_extension_in_waves(
         assert kcp_a["spec"]["version"] == V2 and ANN_CAPI_PAUSED not in kcp_a["metadata"][
             "annotations"]
         assert (await mgmt.get(K0S_CONTROL_PLANES, b.kcp, ns))["spec"]["version"] == V1
+        # The worker bootstrap templates: the first cluster's went V1 -> V2 once, the
+        # version and k0s-fleet's annotation in one write (the controller's: no one else
+        # sets that annotation); the held cluster's adopted at V1 and never moved.
+        assert template_history.get(a.worker_template) == [
+            (V1, None), (V1, V1), (V2, V2)], template_history
+        assert template_history.get(b.worker_template) == [
+            (V1, None), (V1, V1)], template_history
+        tpl_a = await mgmt.get(K0S_WORKER_CONFIG_TEMPLATES, a.worker_template, ns)
+        assert tpl_a["spec"]["template"]["spec"]["version"] == V2
         if version == capi_version():
             # OWNERSHIP fact 5: CAPI v1.14 compares the kubelet's v1.31.3+k0s with the
             # Machine's v1.31.3+k0s.0 and never calls these Machines UpToDate.

@@ -292,6 +292,56 @@ async def test_the_worker_template_follows_the_md_and_a_hand_edit_of_it_is_repor
         await _wait(caught_up, 60, "the held cluster written once set back")
 
 
+async def test_a_worker_template_two_mds_share_is_left_alone_with_the_reason(
+        world: World, mgmt: KubeClient, wl1: KubeClient, infra_crd: None,
+        namespace: str) -> None:
+    """Two clusters' MachineDeployments reference one K0sWorkerConfigTemplate (counted
+    fleet-wide, across the per-cluster parts): k0s-fleet writes both MDs' versions and
+    never that template's (neither its version nor its record), and says why on each MD."""
+    first = await create_cluster(mgmt, wl1, world["wl1"].kubeconfig(), namespace=namespace,
+                                 name=unique("ts"), control_planes=0, workers=1,
+                                 max_unavailable=1, version=V1, worker_template_version=V1)
+    second = await create_cluster(mgmt, wl1, world["wl1"].kubeconfig(), namespace=namespace,
+                                  name=unique("ts"), control_planes=0, workers=1,
+                                  max_unavailable=1, version=V1, worker_template_version=V1)
+    shared = f"{first.name}-w"
+    for res, name in ((MACHINE_DEPLOYMENTS, second.md), (MACHINE_SETS, second.machine_set)):
+        obj = await mgmt.get(res, name or "", namespace)
+        obj["spec"]["template"]["spec"]["bootstrap"]["configRef"]["name"] = shared
+        await mgmt.replace(res, obj)
+    await apply_upgrade(mgmt, namespace=namespace, name="all", version=V2, selector=None)
+    cfg = config(namespace)
+    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
+        update={"max_concurrent_clusters": 2})})
+    async with controller(mgmt, cfg):
+        seen: dict[str, Any] = {}
+
+        async def both_written() -> bool:
+            for fc in (first, second):
+                md = await mgmt.get(MACHINE_DEPLOYMENTS, fc.md or "", namespace)
+                seen[fc.name] = (md["spec"]["template"]["spec"]["version"], _ann(md),
+                                 (md.get("status") or {}).get("conditions"))
+                if md["spec"]["template"]["spec"]["version"] != V2 or not any(
+                        c.get("type") == C.VERSION_WRITER and c.get("status") == "True"
+                        and f"{shared} is shared by 2 MachineDeployments" in c.get(
+                            "message", "")
+                        for c in (md.get("status") or {}).get("conditions") or []):
+                    return False
+            return True
+
+        try:
+            await _wait(both_written, 90, "both MDs written, the shared template named")
+        except TimeoutError:
+            raise AssertionError(f"both MDs written, the shared template named: {seen}"
+                                 ) from None
+    tpl = await mgmt.get(K0S_WORKER_CONFIG_TEMPLATES, shared, namespace)
+    assert tpl["spec"]["template"]["spec"]["version"] == V1
+    assert ANN_WRITTEN_VERSION not in _ann(tpl)
+    # the second cluster's own template, referenced by no MD now, is not touched either
+    own = await mgmt.get(K0S_WORKER_CONFIG_TEMPLATES, f"{second.name}-w", namespace)
+    assert ANN_WRITTEN_VERSION not in _ann(own)
+
+
 VAPS = Resource("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies",
                 "ValidatingAdmissionPolicy", namespaced=False)
 VAP_BINDINGS = Resource("admissionregistration.k8s.io", "v1",

@@ -33,5 +33,10 @@ def test_scale_harness_at_two_clusters(tmp_path: Path) -> None:
     # 10 nodes upgraded one after another: every later request follows a completion.
     assert one["completion_to_next_request"]["samples"] >= 8
     assert one["workload_requests"].get("patch nodes", 0) >= 10
-    assert one["management_requests"].get("create nodeplans", 0) == 10
+    # One NodePlan made per node. A create answered otherwise is counted apart by its
+    # status code ("create nodeplans (409)": an AlreadyExists the dispatcher adopts after
+    # its first create's answer was lost, not a second NodePlan); shown if the count is off.
+    mg = one["management_requests"]
+    assert mg.get("create nodeplans", 0) == 10, {
+        k: v for k, v in mg.items() if k.startswith("create nodeplans")}
     assert result["rollout"]["all_clusters"]["nodes"] == 10
