@@ -34,7 +34,7 @@ from fleet.kube.resources import (
 from fleet.model import ANN_CAPI_PAUSED, ANN_PAUSED_FOR, ANN_WRITTEN_VERSION
 from fleet.nodeplan import NodePlanPhase
 from fleet.planner import conditions as C
-from fleet.testing.capi import ensure_infra_crd
+from fleet.testing.capi import FleetCluster, create_cluster, ensure_infra_crd
 from fleet.testing.k0smotron import K0smotronStandIn
 from fleet.testing.responder import NodeResponder
 from fleet.testing.world import World
@@ -235,11 +235,11 @@ async def test_the_worker_template_follows_the_md_and_a_hand_edit_of_it_is_repor
     async def template(fc: FleetCluster) -> dict[str, Any]:
         return await mgmt.get(K0S_WORKER_CONFIG_TEMPLATES, f"{fc.name}-w", namespace)
 
-    cfg = config(namespace)
+    cfg = intent_config(namespace)
     # (no node completes here: both clusters may be in flight at once)
     cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
         update={"max_concurrent_clusters": 2})})
-    async with controller(mgmt, cfg):
+    async with policy_controller(mgmt, cfg):
         async def written() -> bool:
             md = await mgmt.get(MACHINE_DEPLOYMENTS, kept.md or "", namespace)
             tpl = await template(kept)
@@ -247,12 +247,12 @@ async def test_the_worker_template_follows_the_md_and_a_hand_edit_of_it_is_repor
                     and tpl["spec"]["template"]["spec"]["version"] == V2
                     and _ann(tpl).get(ANN_WRITTEN_VERSION) == V2)
 
-        await _wait(written, 60, "the MD's and the template's versions written")
+        await wait_for("the MD's and the template's versions written", written, timeout=60)
 
         async def adopted() -> bool:
             return _ann(await template(edited)).get(ANN_WRITTEN_VERSION) == V1
 
-        await _wait(adopted, 60, "the held cluster's template adopted")
+        await wait_for("the held cluster's template adopted", adopted, timeout=60)
         await mgmt.patch(K0S_WORKER_CONFIG_TEMPLATES, f"{edited.name}-w", {"spec": {
             "template": {"spec": {"version": V3}}}}, namespace)
         # Now asked for V2: the MD is not written while its template is in conflict.
@@ -266,14 +266,14 @@ async def test_the_worker_template_follows_the_md_and_a_hand_edit_of_it_is_repor
                        and "K0sWorkerConfigTemplate" in c.get("message", "")
                        for c in (md.get("status") or {}).get("conditions") or [])
 
-        await _wait(reported, 60, "the conflict condition on the MD")
+        await wait_for("the conflict condition on the MD", reported, timeout=60)
 
         async def event() -> bool:
             return any(e.get("reason") == "VersionChangedByOther"
                        and (e.get("regarding") or {}).get("name") == edited.md
                        for e in await list_events(mgmt, namespace))
 
-        await _wait(event, 30, "the Warning Event")
+        await wait_for("the Warning Event", event, timeout=30)
         md = await mgmt.get(MACHINE_DEPLOYMENTS, edited.md or "", namespace)
         assert md["spec"]["template"]["spec"]["version"] == V1
         assert (await template(edited))["spec"]["template"]["spec"]["version"] == V3
@@ -289,7 +289,7 @@ async def test_the_worker_template_follows_the_md_and_a_hand_edit_of_it_is_repor
             return (md["spec"]["template"]["spec"]["version"] == V2
                     and tpl["spec"]["template"]["spec"]["version"] == V2)
 
-        await _wait(caught_up, 60, "the held cluster written once set back")
+        await wait_for("the held cluster written once set back", caught_up, timeout=60)
 
 
 async def test_a_worker_template_two_mds_share_is_left_alone_with_the_reason(
@@ -310,10 +310,10 @@ async def test_a_worker_template_two_mds_share_is_left_alone_with_the_reason(
         obj["spec"]["template"]["spec"]["bootstrap"]["configRef"]["name"] = shared
         await mgmt.replace(res, obj)
     await apply_upgrade(mgmt, namespace=namespace, name="all", version=V2, selector=None)
-    cfg = config(namespace)
+    cfg = intent_config(namespace)
     cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
         update={"max_concurrent_clusters": 2})})
-    async with controller(mgmt, cfg):
+    async with policy_controller(mgmt, cfg):
         seen: dict[str, Any] = {}
 
         async def both_written() -> bool:
@@ -330,10 +330,10 @@ async def test_a_worker_template_two_mds_share_is_left_alone_with_the_reason(
             return True
 
         try:
-            await _wait(both_written, 90, "both MDs written, the shared template named")
-        except TimeoutError:
-            raise AssertionError(f"both MDs written, the shared template named: {seen}"
-                                 ) from None
+            await wait_for("both MDs written, the shared template named", both_written,
+                           timeout=90)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the MDs: {seen}") from None
     tpl = await mgmt.get(K0S_WORKER_CONFIG_TEMPLATES, shared, namespace)
     assert tpl["spec"]["template"]["spec"]["version"] == V1
     assert ANN_WRITTEN_VERSION not in _ann(tpl)
