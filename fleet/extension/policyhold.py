@@ -15,11 +15,18 @@ from typing import Any
 
 from fleet.config import FleetConfig
 from fleet.kube import KubeClient
-from fleet.kube.resources import CLUSTERS, CONFIGMAPS, MACHINE_DEPLOYMENTS
+from fleet.kube.resources import (
+    CLUSTERS,
+    CONFIGMAPS,
+    K0S_WORKER_CONFIG_TEMPLATES,
+    MACHINE_DEPLOYMENTS,
+)
+from fleet.model import deployment_from
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP, STATE_KEY
 from fleet.rollout.gate import FleetControls
 from fleet.rollout.hookgate import HookSubject, hook_hold
 from fleet.rollout.state import RolloutState
+from fleet.snapshot import template_key
 
 # (Machine as stored, namespace, cluster name) -> why not now, or None
 PolicyHold = Callable[[Mapping[str, Any], str, str], Awaitable["str | None"]]
@@ -44,6 +51,12 @@ def policy_hold_from_config(config: FleetConfig, mgmt: KubeClient, *,
         labels = (machine.get("metadata") or {}).get("labels") or {}
         md_name = labels.get(LABEL_DEPLOYMENT_NAME)
         md = await mgmt.get_or_none(MACHINE_DEPLOYMENTS, md_name, namespace) if md_name else None
+        # its K0sWorkerConfigTemplate (None where there is none, or its CRD is not served)
+        tkey = template_key(deployment_from(md)) if md else None
+        tpl = await mgmt.get_or_none(K0S_WORKER_CONFIG_TEMPLATES, tkey[1], tkey[0]) \
+            if tkey else None
+        tversion = ((((tpl or {}).get("spec") or {}).get("template") or {}).get("spec")
+                    or {}).get("version")
         subject = HookSubject(
             namespace=namespace, cluster=cluster,
             cluster_labels=meta.get("labels") or {},
@@ -53,7 +66,10 @@ def policy_hold_from_config(config: FleetConfig, mgmt: KubeClient, *,
             owner_name=md_name or "",
             owner_annotations=((md or {}).get("metadata") or {}).get("annotations") or {},
             owner_version=(((md or {}).get("spec") or {}).get("template") or {}).get(
-                "spec", {}).get("version"))
+                "spec", {}).get("version"),
+            template_name=tkey[1] if tkey else "",
+            template_version=str(tversion) if tversion else None,
+            template_annotations=((tpl or {}).get("metadata") or {}).get("annotations") or {})
         return hook_hold(config, controls, state, subject, clock())
 
     return hold

@@ -43,6 +43,11 @@ class HookSubject:
     owner_annotations: Mapping[str, str] = field(default_factory=dict)
     # the MachineDeployment's spec.template.spec.version (None: the MD was not read)
     owner_version: str | None = None
+    # its worker bootstrap template (K0sWorkerConfigTemplate): name, version and
+    # annotations (version None: no such template, none set, or not read)
+    template_name: str = ""
+    template_version: str | None = None
+    template_annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 def hook_hold(config: FleetConfig, controls: FleetControls, state: RolloutState,
@@ -91,6 +96,16 @@ def _writer_hold(subject: HookSubject) -> str | None:
         return (f"MachineDeployment {subject.owner_name}: spec.template.spec.version was "
                 f"changed to {subject.owner_version} by someone else (k0s-fleet wrote "
                 f"{written}); k0s-fleet writes versions itself")
+    # The template k0s-fleet keeps in step with the MD (it recorded a version there): a
+    # version someone else wrote into it holds the MD's nodes, as the controller does
+    # (what k0s-fleet would have written itself, the MD's version, is no conflict).
+    tv = subject.template_version
+    t_written = subject.template_annotations.get(ANN_WRITTEN_VERSION)
+    if tv is not None and t_written and not same_version(tv, t_written) \
+            and not same_version(tv, written):
+        return (f"K0sWorkerConfigTemplate {subject.template_name}: spec.template.spec.version "
+                f"was changed to {tv} by someone else (k0s-fleet wrote {t_written}); "
+                f"k0s-fleet writes versions itself")
     return None
 
 

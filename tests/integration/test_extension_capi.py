@@ -44,8 +44,17 @@ from fleet.extension.progress import RETRY_AFTER_SECONDS, UNOBSERVABLE_RETRY_SEC
 from fleet.extension.selfsigned import make_cert_pair
 from fleet.extension.wire import Hook
 from fleet.kube import KubeClient, NotFoundError, UnreachableError
-from fleet.kube.resources import CLUSTERS, CONFIGMAPS, MACHINES, NODE_PLANS, NODES, SECRETS
-from fleet.model import NODEPLAN_FINALIZER
+from fleet.kube.resources import (
+    CLUSTERS,
+    CONFIGMAPS,
+    K0S_WORKER_CONFIG_TEMPLATES,
+    MACHINE_DEPLOYMENTS,
+    MACHINES,
+    NODE_PLANS,
+    NODES,
+    SECRETS,
+)
+from fleet.model import ANN_WRITTEN_VERSION, NODEPLAN_FINALIZER
 from fleet.nodeplan import (
     LABEL_MACHINE,
     TRACEPARENT_ANNOTATION,
@@ -537,5 +546,64 @@ async def test_update_machine_answers_not_yet_while_the_rollout_policy_holds(
     finally:
         await server.close()
     assert cm["metadata"]["name"] == ROLLOUT_CONFIGMAP
+    assert [p["metadata"]["name"] for p in await plans_for(mgmt, namespace, name)] == [
+        nodeplan_name(name, NEW)]
+
+
+async def test_update_machine_holds_while_the_worker_template_was_changed_by_someone_else(
+        mgmt: KubeClient, wl1: KubeClient, namespace: str, tmp_path: Path) -> None:
+    """The MD's K0sWorkerConfigTemplate, kept in step by k0s-fleet (its record on it), has
+    a version someone else wrote: UpdateMachine answers "not yet" naming the template, as
+    the controller holds the MD's own nodes; set back to what k0s-fleet wrote, it goes."""
+    await mgmt.create(CLUSTERS, {"metadata": {"name": "c1", "namespace": namespace},
+                                 "spec": {"paused": False}})
+    await mgmt.create(CONFIGMAPS, {
+        "metadata": {"name": ROLLOUT_CONFIGMAP, "namespace": namespace},
+        "data": {STATE_KEY: RolloutState(admitted={f"{namespace}/c1": "x"}).to_json()}},
+        namespace)
+    written = {"annotations": {ANN_WRITTEN_VERSION: NEW}}
+    await mgmt.create(K0S_WORKER_CONFIG_TEMPLATES, {
+        "metadata": {"name": "md-0-w", "namespace": namespace, **written},
+        "spec": {"template": {"spec": {"version": "v1.33.0+k0s.0"}}}}, namespace)
+    labels = {"cluster.x-k8s.io/deployment-name": "md-0"}
+    await mgmt.create(MACHINE_DEPLOYMENTS, {
+        "metadata": {"name": "md-0", "namespace": namespace, **written},
+        "spec": {"clusterName": "c1", "replicas": 1, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": {
+                     "clusterName": "c1", "version": NEW,
+                     "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io",
+                                                 "kind": "K0sWorkerConfigTemplate",
+                                                 "name": "md-0-w"}},
+                     "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                           "kind": "DockerMachineTemplate",
+                                           "name": "md-0"}}}}}, namespace)
+    cert, key, ca = make_cert_pair(["localhost"]).write(tmp_path / "tls")
+
+    async def workload(namespace: str, cluster: str) -> KubeClient:
+        return wl1
+
+    config = FleetConfig.model_validate({"management": {"namespace": namespace},
+                                         "download": {"digests": {NEW: {"amd64": DIGEST}}}})
+    handlers = handlers_from_config(config, mgmt=mgmt, workload_client=workload)
+    server = await start_extension_server(handlers, cert_file=str(cert), key_file=str(key),
+                                          host="127.0.0.1", port=0)
+    try:
+        ext = Extension(server, ssl.create_default_context(cafile=str(ca)),
+                        UpdateMachineService(mgmt=mgmt))
+        driver = CapiDriver(ext, mgmt)
+        machine, _ = await make_machine(mgmt, wl1, namespace)
+        name = machine["metadata"]["name"]
+        await driver.start_in_place(machine, NEW)
+        call = await driver.update_machine_once(name, namespace)
+        assert call.status == "Success" and call.retry_after > 0, call
+        assert "not yet: K0sWorkerConfigTemplate md-0-w" in call.message, call
+        assert "changed to v1.33.0+k0s.0 by someone else" in call.message, call
+        assert await plans_for(mgmt, namespace, name) == []
+        await mgmt.patch(K0S_WORKER_CONFIG_TEMPLATES, "md-0-w", {"spec": {"template": {
+            "spec": {"version": NEW}}}}, namespace)
+        call = await driver.update_machine_once(name, namespace)
+        assert "not yet" not in call.message, call
+    finally:
+        await server.close()
     assert [p["metadata"]["name"] for p in await plans_for(mgmt, namespace, name)] == [
         nodeplan_name(name, NEW)]

@@ -13,7 +13,7 @@ from fleet.rollout.state import RolloutState, Transition
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)  # a Monday, noon UTC
 ADMITTED = RolloutState(admitted={"ns/c1": "fp"})
-V1, V2 = "v1.31.2+k0s.0", "v1.31.3+k0s.0"
+V1, V2, V3 = "v1.31.2+k0s.0", "v1.31.3+k0s.0", "v1.32.0+k0s.0"
 WRITTEN = {"fleet.k0s-fleet.io/version": V2}
 SUBJECT = HookSubject("ns", "c1", owner_kind="MachineDeployment", owner_name="md",
                       owner_annotations=WRITTEN, owner_version=V2)
@@ -25,6 +25,20 @@ def cfg(**rollout: object) -> FleetConfig:
 
 def test_an_admitted_cluster_in_its_window_goes() -> None:
     assert hook_hold(cfg(), FleetControls(), ADMITTED, SUBJECT, NOW) is None
+
+
+@pytest.mark.parametrize(("version", "annotations"), [
+    (V1, {"fleet.k0s-fleet.io/version": V1}),  # k0s-fleet writes it after the MD's
+    (V2, {"fleet.k0s-fleet.io/version": V1}),  # what k0s-fleet would write: adopted
+    (V3, {}),  # never recorded (out of step, or shared): left alone
+    (None, {}),  # no version in it
+])
+def test_a_worker_template_k0s_fleet_did_not_see_changed_by_others_does_not_hold(
+        version: str | None, annotations: dict[str, str]) -> None:
+    subject = HookSubject("ns", "c1", owner_kind="MachineDeployment", owner_name="md",
+                          owner_annotations=WRITTEN, owner_version=V2, template_name="md-w",
+                          template_version=version, template_annotations=annotations)
+    assert hook_hold(cfg(), FleetControls(), ADMITTED, subject, NOW) is None
 
 
 @pytest.mark.parametrize(("config", "controls", "state", "subject", "expect"), [
@@ -50,6 +64,13 @@ def test_an_admitted_cluster_in_its_window_goes() -> None:
      HookSubject("ns", "c1", owner_kind="MachineDeployment", owner_name="md",
                  owner_annotations={"fleet.k0s-fleet.io/version": V1}, owner_version=V2),
      "changed to v1.31.3+k0s.0 by someone else (k0s-fleet wrote v1.31.2+k0s.0)"),
+    # ... or into the worker bootstrap template k0s-fleet keeps in step with the MD
+    (cfg(), FleetControls(), ADMITTED,
+     HookSubject("ns", "c1", owner_kind="MachineDeployment", owner_name="md",
+                 owner_annotations=WRITTEN, owner_version=V2, template_name="md-w",
+                 template_version=V3, template_annotations=WRITTEN),
+     "K0sWorkerConfigTemplate md-w: spec.template.spec.version was changed to "
+     "v1.32.0+k0s.0 by someone else (k0s-fleet wrote v1.31.3+k0s.0)"),
     (cfg(), FleetControls(), ADMITTED,
      HookSubject("ns", "c1", owner_kind="MachineDeployment", owner_name="md",
                  owner_version=V2), "not adopted"),
