@@ -83,7 +83,8 @@ def fleet_upgrade_from(obj: Mapping[str, Any]) -> FleetUpgradeInfo:
         created=parse_time(meta.get("creationTimestamp")) or _EPOCH,
         generation=int(meta.get("generation") or 0),
         problem="; ".join(problems) or None, deleting=bool(meta.get("deletionTimestamp")),
-        status=dict(obj.get("status") or {}))
+        status=dict(obj.get("status") or {}),
+        resource_version=str(meta.get("resourceVersion") or ""))
 
 
 def _matches(u: FleetUpgradeInfo, cluster: ClusterInfo) -> bool:

@@ -159,6 +159,7 @@ class FleetUpgradeInfo:
     problem: str | None = None  # why it cannot be used (bad version, bad selector)
     deleting: bool = False
     status: Mapping[str, Any] = field(default_factory=dict)
+    resource_version: str = ""  # of the object ``status`` was read from (a patch's base)
 
 
 @dataclass(frozen=True, slots=True)

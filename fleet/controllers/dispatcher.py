@@ -432,13 +432,10 @@ class Dispatcher:
         obj = await self._patch(self.mgmt, NODE_PLANS, a.plan.name, a.plan.namespace, mutate,
                                 subresource="status")
         if obj is not None and a.phase == NodePlanPhase.COMPLETED:
+            # No Event: the Completed status (phase, message, startedAt, completedAt) is
+            # the record of a node's success; an Event would repeat it (one more request
+            # per node upgrade). Failures still get their Warning Event.
             self._trace_result(obj, "Completed", "")
-            p = nodeplan_from(obj)
-            took = ""
-            if p.started_at and p.completed_at:
-                took = f" in {(p.completed_at - p.started_at).total_seconds():.1f}s"
-            await self.event(obj, "NodeUpgraded", f"node {p.node} runs {p.version}{took}",
-                             related=p.owner_ref, action="Complete", key=_attempt_key(p))
 
     async def _do_MarkNodePlanFailed(self, a: MarkNodePlanFailed) -> None:
         now = self.clock()

@@ -7,13 +7,15 @@ subresource. Conditions keep their lastTransitionTime while their status stays.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from fleet.intent import ClusterStanding, WaveStanding, status_changed, upgrade_status
-from fleet.kube import KubeClient, KubeError, patch_with_retry
+from fleet.kube import KubeClient, KubeError, KubeObject, NotFoundError, patch_with_retry
+from fleet.kube.cache import newer_or_same
 from fleet.kube.resources import FLEET_UPGRADES
 from fleet.model import ClusterKey, FleetUpgradeInfo, IntentTarget, format_time
 from fleet.rollout.gate import ClusterPhase, GateDecision
@@ -61,35 +63,146 @@ def _with_times(new: Mapping[str, Any], old: Mapping[str, Any], now: datetime
     return {**new, "conditions": conds}
 
 
+def _gist(u: FleetUpgradeInfo, intents: Mapping[ClusterKey, IntentTarget],
+          stand: Sequence[ClusterStanding], waves: Sequence[WaveStanding],
+          hold: str | None) -> dict[str, Any]:
+    """The status without its node counts: what changes when a cluster's phase, a wave, a
+    condition or a hold changes, and not when one more node is done."""
+    blind = [dataclasses.replace(s, nodes_done=0) for s in stand]
+    return upgrade_status(u, intents, blind, waves, fleet_hold=hold)
+
+
+def _base(u: FleetUpgradeInfo) -> KubeObject:
+    """The FleetUpgrade as the cache last saw it: enough for a patch's precondition."""
+    return {"metadata": {"namespace": u.ref.namespace, "name": u.ref.name,
+                         "resourceVersion": u.resource_version},
+            "status": dict(u.status)}
+
+
+class UpgradeStatusWriter:
+    """Writes every FleetUpgrade's status that says something new, from the cached object
+    (no GET before a patch: its resourceVersion is the precondition, a real 409 re-reads).
+
+    * What this writer last wrote is remembered until the watch delivers it (or something
+      newer), so a pass in between neither writes it again nor patches from a stale base.
+    * A change of node counts alone (one more node done, nothing else) is written at most
+      once per ``settle``: a later pass or :attr:`due` (a wake-up the policy schedules)
+      writes the latest counts. A change of anything else (a cluster's or a wave's phase,
+      a condition, a hold) is written at once, with the counts of that moment.
+    """
+
+    def __init__(self, client: KubeClient, *, clock: Callable[[], datetime],
+                 settle: timedelta = timedelta(seconds=5)) -> None:
+        self.client = client
+        self.clock = clock
+        self.settle = settle
+        self._written: dict[tuple[str, str], KubeObject] = {}
+        # per FleetUpgrade: the gist last written and when (count-only changes wait).
+        self._last: dict[tuple[str, str], tuple[dict[str, Any], datetime]] = {}
+        self._due: dict[tuple[str, str], datetime] = {}
+        self.writes = 0
+        self.deferred = 0
+
+    def forget(self) -> None:
+        """Drop what is remembered (another replica writes the status now)."""
+        self._written.clear()
+        self._last.clear()
+        self._due.clear()
+
+    @property
+    def due(self) -> datetime | None:
+        """When a deferred count-only change is to be written (None: nothing waits)."""
+        return min(self._due.values(), default=None)
+
+    def _current(self, u: FleetUpgradeInfo) -> KubeObject:
+        key = (u.ref.namespace, u.ref.name)
+        base = _base(u)
+        mine = self._written.get(key)
+        if mine is not None and (mine.get("metadata") or {}).get("uid") in (None, u.ref.uid) \
+                and newer_or_same(mine, base) and _rv_of(mine) != u.resource_version:
+            return mine  # the watch has not delivered our last write yet
+        self._written.pop(key, None)
+        return base
+
+    async def write(self, upgrades: Mapping[Any, FleetUpgradeInfo],
+                    intents: Mapping[ClusterKey, IntentTarget], decision: GateDecision,
+                    clusters: Sequence[ClusterProgress], *, defer: bool = True) -> int:
+        """Write every FleetUpgrade's status that changed; returns how many were written.
+        ``defer=False``: count-only changes too are written at once (nobody would come
+        back for them: the caller schedules no wake-up at :attr:`due`)."""
+        if not upgrades:
+            self.forget()
+            return 0
+        stand, waves = standings(decision, clusters)
+        hold = fleet_hold(decision)
+        now = self.clock()
+        live = {(u.ref.namespace, u.ref.name) for u in upgrades.values()}
+        for gone in [k for k in self._last if k not in live]:
+            self._last.pop(gone, None)
+            self._due.pop(gone, None)
+            self._written.pop(gone, None)
+        written = 0
+        for u in sorted(upgrades.values(), key=lambda u: u.ref):
+            key = (u.ref.namespace, u.ref.name)
+            if u.deleting:
+                self._due.pop(key, None)
+                continue
+            current = self._current(u)
+            old = current.get("status") or {}
+            new = upgrade_status(u, intents, stand, waves, fleet_hold=hold)
+            if not status_changed(old, new):
+                self._due.pop(key, None)
+                continue
+            gist = _gist(u, intents, stand, waves, hold)
+            last = self._last.get(key)
+            if defer and last is not None and last[0] == gist and now < last[1] + self.settle:
+                self._due[key] = last[1] + self.settle  # counts only: wait, then write
+                self.deferred += 1
+                continue
+            if await self._patch(u, current, new):
+                written += 1
+                self._last[key] = (gist, now)
+            self._due.pop(key, None)
+        self.writes += written
+        return written
+
+    async def _patch(self, u: FleetUpgradeInfo, current: KubeObject,
+                     new: Mapping[str, Any]) -> bool:
+        key = (u.ref.namespace, u.ref.name)
+
+        def mutate(obj: KubeObject) -> dict[str, Any] | None:
+            status = obj.get("status") or {}
+            if not status_changed(status, new):
+                return None
+            return {"status": _with_times(new, status, self.clock())}
+
+        try:
+            obj = await patch_with_retry(
+                self.client, FLEET_UPGRADES, u.ref.name, mutate, u.ref.namespace,
+                subresource="status",
+                current=current if _rv_of(current) else None)
+        except NotFoundError:
+            self._written.pop(key, None)
+            return False
+        except KubeError as e:
+            log.warning("could not write the status of FleetUpgrade %s/%s: %s",
+                        u.ref.namespace, u.ref.name, e)
+            return False
+        if obj is None:
+            return False
+        self._written[key] = obj
+        return True
+
+
+def _rv_of(obj: KubeObject) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
 async def write_upgrade_status(client: KubeClient, upgrades: Mapping[Any, FleetUpgradeInfo],
                                intents: Mapping[ClusterKey, IntentTarget],
                                decision: GateDecision, clusters: Sequence[ClusterProgress],
                                *, clock: Callable[[], datetime]) -> int:
-    """Write every FleetUpgrade's status that changed; returns how many were written."""
-    if not upgrades:
-        return 0
-    stand, waves = standings(decision, clusters)
-    hold = fleet_hold(decision)
-    written = 0
-    for u in sorted(upgrades.values(), key=lambda u: u.ref):
-        if u.deleting:
-            continue
-        new = upgrade_status(u, intents, stand, waves, fleet_hold=hold)
-        if not status_changed(u.status, new):
-            continue
-        body = _with_times(new, u.status, clock())
-
-        def mutate(obj: dict[str, Any], body: dict[str, Any] = body) -> dict[str, Any] | None:
-            current = obj.get("status") or {}
-            if not status_changed(current, body):
-                return None
-            return {"status": _with_times(body, current, clock())}
-
-        try:
-            await patch_with_retry(client, FLEET_UPGRADES, u.ref.name, mutate, u.ref.namespace,
-                                   subresource="status")
-            written += 1
-        except KubeError as e:
-            log.warning("could not write the status of FleetUpgrade %s/%s: %s",
-                        u.ref.namespace, u.ref.name, e)
-    return written
+    """Write every FleetUpgrade's status that changed, at once (no memory across calls,
+    no deferral: :class:`UpgradeStatusWriter` is what the controller uses)."""
+    writer = UpgradeStatusWriter(client, clock=clock, settle=timedelta(0))
+    return await writer.write(upgrades, intents, decision, clusters)

@@ -31,7 +31,7 @@ from fleet.planner.actions import PlanResult
 from fleet.planner.policy import Hold
 from fleet.rollout.coordinator import RolloutCoordinator
 from fleet.rollout.gate import GateDecision
-from fleet.rollout.intents import write_upgrade_status
+from fleet.rollout.intents import UpgradeStatusWriter
 from fleet.rollout.progress import ClusterProgress, ProgressMemo
 
 log = logging.getLogger(__name__)
@@ -64,22 +64,34 @@ class RolloutPolicy:
         self.decision: GateDecision | None = None
         self._wakeup_changed = anyio.Event()
         self.progress = ProgressMemo()
+        # FleetUpgrade status: from the cached objects, count-only changes coalesced.
+        self.upgrade_status = UpgradeStatusWriter(mgmt, clock=self.clock)
+        # Count-only changes wait only while :meth:`wakeups` runs (it writes them later).
+        self._waking = False
 
     async def __call__(self, snapshot: Snapshot) -> Hold:
         clusters = self.progress.clusters(snapshot)
         writer = self.fleet_writer is None or self.fleet_writer()
         decision = await self.coordinator.decide(clusters, snapshot.now, fleet_writer=writer)
-        previous = self.decision.next_wakeup if self.decision is not None else None
+        previous = self._next_wakeup()
         self.decision = decision
         if self.board is not None:
             self.board.publish(decision, clusters)
         # The upgrade intents' status: per wave and per cluster, from this very decision.
         if writer:
-            await write_upgrade_status(self.mgmt, snapshot.upgrades, snapshot.intents,
-                                       decision, clusters, clock=self.clock)
-        if decision.next_wakeup != previous:
+            await self.upgrade_status.write(snapshot.upgrades, snapshot.intents, decision,
+                                            clusters, defer=self._waking)
+        else:
+            self.upgrade_status.forget()  # the fleet writer (another replica) writes it
+        if self._next_wakeup() != previous:
             self._wakeup_changed.set()
         return decision.hold
+
+    def _next_wakeup(self) -> datetime | None:
+        """The gate's next wake-up, or a deferred FleetUpgrade status write's, if sooner."""
+        times = [t for t in (self.decision.next_wakeup if self.decision is not None else None,
+                             self.upgrade_status.due) if t is not None]
+        return min(times, default=None)
 
     @property
     def stopped(self) -> bool:
@@ -99,10 +111,18 @@ class RolloutPolicy:
             await self.coordinator.watch(poke)
 
     async def wakeups(self, poke: Callable[[], None], clock: Callable[[], datetime]) -> None:
-        """Poke the controller when the gate's next wake-up time comes (until cancelled)."""
+        """Poke the controller when the gate's next wake-up time comes, or a deferred
+        FleetUpgrade status write is due (until cancelled)."""
+        self._waking = True
+        try:
+            await self._wakeups(poke, clock)
+        finally:
+            self._waking = False
+
+    async def _wakeups(self, poke: Callable[[], None], clock: Callable[[], datetime]) -> None:
         while True:
             self._wakeup_changed = anyio.Event()
-            at = self.decision.next_wakeup if self.decision is not None else None
+            at = self._next_wakeup()
             delay = math.inf if at is None else max(0.0, (at - clock()).total_seconds())
             with anyio.move_on_after(delay):
                 await self._wakeup_changed.wait()
