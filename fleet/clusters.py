@@ -185,6 +185,10 @@ class WatchHealth:
         self.failing_since, self.failing_since_wall, self.last_error = None, None, None
 
 
+# Seconds a workload watch asks the server to keep it open (less up to half, at random).
+WORKLOAD_WATCH_TIMEOUT = 1800
+
+
 class ClusterRegistry:
     """Workload cluster clients keyed by CAPI Cluster, following their kubeconfig Secrets."""
 
@@ -196,7 +200,8 @@ class ClusterRegistry:
     def __init__(self, secrets: ObjectCache, *, on_change: Callable[[], None],
                  on_cluster: Callable[[ClusterKey], None] | None = None,
                  client_factory: ClientFactory = _default_factory,
-                 watch_timeout: int = 120, unreachable_after: float = 30.0) -> None:
+                 watch_timeout: int = WORKLOAD_WATCH_TIMEOUT, idle_timeout: float = 150.0,
+                 unreachable_after: float = 30.0) -> None:
         self.secrets = secrets
         # A cluster whose watches have failed this long is unreachable: its last cache
         # is not decided on, nothing new starts there (docs/controller.md).
@@ -206,7 +211,14 @@ class ClusterRegistry:
         # before ``on_change``: the controller re-plans just that cluster.
         self.on_cluster = on_cluster
         self.client_factory = client_factory
+        # Workload watches (a few per cluster, thousands of clusters) are long: the server
+        # ends each after watch_timeout less up to half of it (at random, so that a fleet
+        # started at once does not re-open at once), and it resumes from the last
+        # resourceVersion or bookmark: one request per watch per ~20 min, never a list.
+        # idle_timeout bounds how long a dead connection goes unnoticed (bookmarks arrive
+        # about every minute; a watch silent past it is resumed, see Reflector).
         self.watch_timeout = watch_timeout
+        self.idle_timeout = idle_timeout
         self.clusters: dict[ClusterKey, WorkloadCluster] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self.rebuilds = 0
@@ -324,7 +336,8 @@ class ClusterRegistry:
         assert wc.client is not None
         cache = wc.nodes
         reflector = Reflector(wc.client, NODES, listener=cache.on_event,
-                              watch_timeout=self.watch_timeout,
+                              watch_timeout=self.watch_timeout, spread=0.5,
+                              idle_timeout=self.idle_timeout,
                               backoff=Backoff(initial=0.1, maximum=5.0),
                               on_health=functools.partial(self.changed, wc.key),
                               keep_objects=False, relist_limiter=self._relists)
@@ -349,7 +362,8 @@ class ClusterRegistry:
         while True:
             await self._until_served(wc, resource, store)
             reflector = Reflector(wc.client, resource, listener=store.on_event,
-                                  watch_timeout=self.watch_timeout, keep_objects=False,
+                                  watch_timeout=self.watch_timeout, spread=0.5,
+                                  idle_timeout=self.idle_timeout, keep_objects=False,
                                   relist_limiter=self._relists, stop_when_absent=True,
                                   backoff=Backoff(initial=0.1, maximum=5.0),
                                   on_health=functools.partial(self.changed, wc.key))
@@ -399,7 +413,8 @@ class ClusterRegistry:
                     return
                 try:
                     established = await crd_established(wc.client, crd,
-                                                         timeout_seconds=self.watch_timeout)
+                                                         timeout_seconds=self.watch_timeout,
+                                                         idle_timeout=self.idle_timeout)
                 except KubeError as e:
                     established = False
                     log.debug("workload cluster %s: cannot watch CRD %s (%s); asking again "

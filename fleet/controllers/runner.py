@@ -23,7 +23,7 @@ import anyio
 import anyio.abc
 from opentelemetry import trace
 
-from fleet.clusters import ClientFactory, ClusterRegistry
+from fleet.clusters import WORKLOAD_WATCH_TIMEOUT, ClientFactory, ClusterRegistry
 from fleet.config import FleetConfig
 from fleet.controllers.dispatcher import Dispatcher, action_target
 from fleet.controllers.heap import HeapTrimmer
@@ -154,7 +154,9 @@ class FleetController:
                                    on_object=self.parts.listener)
         self.registry = ClusterRegistry(
             self.view[SECRETS], on_change=self.trigger.poke, on_cluster=self.parts.touch,
-            watch_timeout=watch_timeout,
+            # long workload watches; a silent one is resumed as soon as before (the
+            # management watches' timeout + 30 s, at most 150 s)
+            watch_timeout=WORKLOAD_WATCH_TIMEOUT, idle_timeout=min(150.0, watch_timeout + 30.0),
             unreachable_after=(config.clusters.unreachable_after.total_seconds()
                                if unreachable_after is None else unreachable_after),
             **({"client_factory": client_factory} if client_factory else {}))

@@ -22,6 +22,12 @@ class UnreachableError(KubeError):
     """No answer: connection refused, reset, timed out."""
 
 
+class WatchIdleError(UnreachableError):
+    """A watch said nothing, not even a bookmark, for its idle bound: the connection may be
+    dead (the peer gone without a word), or the resource merely quiet. Resuming the watch
+    from its last resourceVersion tells which (a new request fails if the server is gone)."""
+
+
 class BadRequestError(KubeError):
     status = 400
 

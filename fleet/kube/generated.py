@@ -10,7 +10,7 @@ from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from fleet.kube.errors import UnreachableError, from_status
+from fleet.kube.errors import UnreachableError, WatchIdleError, from_status
 
 _RESPONSE_TYPES = {code: "object" for code in (200, 201, 202)}
 
@@ -23,7 +23,9 @@ class _Lines:
     async def readline(self) -> bytes:
         try:
             return await self._resp.content.readline()
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+        except TimeoutError as e:  # aiohttp's read timeouts are TimeoutErrors too
+            raise WatchIdleError(f"{self._what}: nothing read: {e!r}") from e
+        except (aiohttp.ClientError, OSError) as e:
             raise UnreachableError(f"{self._what}: {e!r}") from e
 
     def release(self) -> None:

@@ -25,7 +25,7 @@ from urllib.parse import urlencode
 
 import anyio
 
-from fleet.kube.errors import KubeError, UnreachableError, from_status
+from fleet.kube.errors import KubeError, UnreachableError, WatchIdleError, from_status
 from fleet.kube.http import HttpClient, HttpError, Response
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -224,7 +224,9 @@ class _Lines:
     async def readline(self) -> bytes:
         try:
             return await self._resp.readline()
-        except (HttpError, TimeoutError) as e:
+        except TimeoutError as e:
+            raise WatchIdleError(f"{self._what}: nothing read: {e!r}") from e
+        except HttpError as e:
             raise UnreachableError(f"{self._what}: {e!r}") from e
 
     def release(self) -> None:

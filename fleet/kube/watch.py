@@ -25,7 +25,7 @@ import anyio
 
 from fleet.kube.backoff import Backoff
 from fleet.kube.client import KubeClient, KubeObject
-from fleet.kube.errors import GoneError, KubeError, NotFoundError, from_status
+from fleet.kube.errors import GoneError, KubeError, NotFoundError, WatchIdleError, from_status
 from fleet.kube.resources import CRDS, Resource
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,8 @@ def _established(crd: KubeObject) -> bool:
                if isinstance(c, dict))
 
 
-async def crd_established(client: KubeClient, name: str, *, timeout_seconds: int = 120) -> bool:
+async def crd_established(client: KubeClient, name: str, *, timeout_seconds: int = 120,
+                          idle_timeout: float | None = None) -> bool:
     """Whether the CRD ``name`` (``<plural>.<group>``) is established, waiting for it on
     one watch of that CRD alone (up to ``timeout_seconds``) rather than polling: True as
     soon as it is, False when the watch ended without it."""
@@ -84,7 +85,8 @@ async def crd_established(client: KubeClient, name: str, *, timeout_seconds: int
     if any(_established(o) for o in listed.items):
         return True
     async for item in watch_once(client, CRDS, listed.resource_version,
-                                 field_selector=selector, timeout_seconds=timeout_seconds):
+                                 field_selector=selector, timeout_seconds=timeout_seconds,
+                                 read_timeout=idle_timeout):
         if isinstance(item, WatchEvent) and item.type != "DELETED" and \
                 _established(item.object):
             return True
@@ -104,7 +106,15 @@ class Reflector:
                  on_health: Callable[[], None] | None = None,
                  keep_objects: bool = True,
                  relist_limiter: anyio.CapacityLimiter | None = None,
-                 stop_when_absent: bool = False) -> None:
+                 stop_when_absent: bool = False, spread: float = 0.2,
+                 idle_timeout: float | None = None) -> None:
+        """``watch_timeout``: each watch request asks the server to end it after that
+        many seconds, less a random part of up to ``spread`` of it (so that many watches
+        opened at once do not re-open at once); the watch then resumes from the last
+        resourceVersion it saw (events and bookmarks), one request, no list.
+        ``idle_timeout``: how long a watch may say nothing at all (the API server sends a
+        bookmark about every minute on a watch that allows them) before it is resumed as
+        if the connection were dead; None: the watch's own timeout plus 30 s."""
         self.client = client
         self.res = res
         self.namespace = namespace
@@ -112,6 +122,8 @@ class Reflector:
         self.field_selector = field_selector
         self.listener = listener
         self.watch_timeout = watch_timeout
+        self.spread = spread
+        self.idle_timeout = idle_timeout
         self.backoff = backoff or Backoff(initial=0.2, maximum=10.0)
         self.store: dict[ObjectKey, KubeObject] = {}
         self.keep_objects = keep_objects
@@ -127,6 +139,8 @@ class Reflector:
         self.resource_version = ""
         self.relists = 0
         self.reconnects = 0
+        self.watches = 0  # watch requests opened
+        self.idle_resumes = 0  # watches resumed after saying nothing for idle_timeout
         # Health, for "is this API server answering?" and "is this task still turning?".
         self.last_activity = time.monotonic()  # last success *or* failure
         self.failing_since: float | None = None  # monotonic; None while requests succeed
@@ -248,11 +262,13 @@ class Reflector:
                 if need_list:
                     await self.relist()
                     need_list = False
-                timeout = int(self.watch_timeout * random.uniform(0.8, 1.0))
+                timeout = max(1, int(self.watch_timeout
+                                     * random.uniform(1.0 - self.spread, 1.0)))
+                self.watches += 1
                 async for item in watch_once(
                     self.client, self.res, self.resource_version, namespace=self.namespace,
                     label_selector=self.label_selector, field_selector=self.field_selector,
-                    timeout_seconds=timeout,
+                    timeout_seconds=timeout, read_timeout=self.idle_timeout,
                 ):
                     if isinstance(item, str):
                         self.resource_version = item
@@ -264,6 +280,11 @@ class Reflector:
             except GoneError:
                 log.info("%s: %s watch expired (410); re-listing", self.client.name, self.res)
                 need_list = True
+            except WatchIdleError as e:
+                # Silent past its bound: resume from the last resourceVersion (if the
+                # server is gone, that request fails and the failure path below runs).
+                self.idle_resumes += 1
+                log.debug("%s: %s watch idle (%s); resuming", self.client.name, self.res, e)
             except NotFoundError as e:
                 # The resource type is not served (its CRD is not installed): there are
                 # no such objects, which is a synced, empty store - not a reason to wait

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,7 +32,7 @@ from fleet.model import (
     Snapshot,
 )
 from fleet.nodeplan import NodePlanPhase
-from fleet.planner.conditions import HALTED
+from fleet.planner.conditions import HALTED, UP_TO_DATE
 from fleet.reported import running_version
 from fleet.rollout.annotations import ANN_PAUSED, switch
 from fleet.versions import same_version, valid_version
@@ -220,6 +221,59 @@ def _node_progress(m: MachineInfo, target: str | None, nodes: Mapping[str, NodeI
                         message=eligibility.reason)
 
 
+_HOLDER_REPORTS = "up to date, as the replica holding its cluster reports"
+# What the management objects alone cannot tell apart from "up to date" (no NodePlan of
+# the target says otherwise): the holder's count may settle it.
+_UNDECIDED = (NodeState.WAITING, NodeState.NOT_READY, NodeState.MISSING)
+
+
+def _as_its_holder_reports(obj: MachineDeploymentInfo | ControlPlaneInfo, target: str | None,
+                           progress: list[NodeProgress]) -> list[NodeProgress]:
+    """Another replica's object (sharding): how many of its nodes are up to date is what
+    the replica holding its cluster, which sees the Nodes, last wrote into the object's
+    status (``status.k0sFleet.updated`` for this very target), where the management
+    objects say less. Without that a node never upgraded by k0s-fleet (a cluster created
+    at the target, a scale-up) has no record on its Machine: it would count as not done
+    here and as done once this replica holds the cluster, and the FleetUpgrade status
+    (and the waves) would change only because the cluster changed hands. A NodePlan of
+    the target (upgrading, failed) still decides its node."""
+    updated = _holder_updated(obj, target)
+    if updated is None:
+        return progress
+    extra = updated - sum(1 for n in progress if n.state is NodeState.UP_TO_DATE)
+    out: list[NodeProgress] = []
+    for n in progress:
+        if extra > 0 and n.state in _UNDECIDED:
+            out.append(NodeProgress(n.machine, n.node, NodeState.UP_TO_DATE, n.version,
+                                    message=_HOLDER_REPORTS))
+            extra -= 1
+        else:
+            out.append(n)
+    return out
+
+
+# The K0sFleetUpToDate message the planner writes: "<updated>/<total> machines on <target>"
+_SUMMARY = re.compile(r"^(\d+)/(\d+) machines on (\S+)")
+
+
+def _holder_updated(obj: MachineDeploymentInfo | ControlPlaneInfo, target: str | None
+                    ) -> int | None:
+    """How many of ``obj``'s machines its writer last recorded up to date on ``target``:
+    ``status.k0sFleet`` where the CRD keeps it, else the K0sFleetUpToDate condition's
+    summary (Cluster API's CRDs prune unknown status fields). None: nothing for ``target``."""
+    if target is None:
+        return None
+    counts = obj.status.counts
+    updated = counts.get("updated")
+    if isinstance(updated, int) and not isinstance(updated, bool):
+        return updated if same_version(counts.get("targetVersion"), target) else None
+    cond = obj.status.condition(UP_TO_DATE)
+    m = _SUMMARY.match(cond.message) if cond is not None else None
+    if m is None or not same_version(m.group(3), target):
+        return None
+    return int(m.group(1))
+
+
 def clusters_from_snapshot(snapshot: Snapshot) -> list[ClusterProgress]:
     """Progress of every cluster in ``snapshot`` (labels and annotations from its CAPI
     Cluster object). Whether a node is upgradable in place is the controller's own rule
@@ -313,6 +367,8 @@ def _object_progress(
                 elig = control_plane_eligibility(m, obj)
         progress.append(_node_progress(m, target, nodes, by_machine.get(m.ref.name), elig,
                                        foreign=foreign))
+    if foreign:
+        progress = _as_its_holder_reports(obj, target, progress)
     halted = any(c.type == HALTED and c.status == "True" for c in obj.status.conditions)
     return ObjectProgress(ref=ref, target=target, replicas=obj.replicas, nodes=tuple(progress),
                           started=bool(for_target), halted=halted,

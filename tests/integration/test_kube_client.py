@@ -213,6 +213,42 @@ async def test_reflector_tracks_changes_and_deletions(kube: KubeClient, namespac
     assert refl.get("r1", namespace) is None
 
 
+async def _watch_until(refl: Reflector, kube: KubeClient, namespace: str,
+                       reopened: Callable[[], bool]) -> None:
+    """Run ``refl`` until ``reopened()``, then check a change made after is still seen."""
+    name = unique("after")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(refl.run)
+        with anyio.fail_after(60):
+            await refl.synced.wait()
+        await _wait_for(reopened, timeout=60)
+        await kube.create(CONFIGMAPS, {"metadata": {"name": name, "namespace": namespace}})
+        await _wait_for(lambda: refl.get(name, namespace) is not None)
+        tg.cancel_scope.cancel()
+
+
+async def test_watch_ended_by_the_server_resumes_without_a_relist(
+        kube: KubeClient, namespace: str) -> None:
+    # timeoutSeconds=2: the server ends every watch after 2 s; each is resumed from the
+    # last resourceVersion (one watch request), never a list, and misses nothing.
+    refl = Reflector(kube, CONFIGMAPS, namespace=namespace, watch_timeout=2, spread=0.0)
+    await _watch_until(refl, kube, namespace, lambda: refl.watches >= 3)
+    assert refl.relists == 1
+    assert refl.reconnects == 0 and refl.idle_resumes == 0
+
+
+async def test_silent_watch_is_resumed_without_a_relist(kube: KubeClient,
+                                                        namespace: str) -> None:
+    # A watch that says nothing (not even a bookmark) for its idle bound is resumed from
+    # its resourceVersion, as if its connection were dead: no list, no failure recorded.
+    refl = Reflector(kube, CONFIGMAPS, namespace=namespace, watch_timeout=600,
+                     idle_timeout=1.0)
+    await _watch_until(refl, kube, namespace, lambda: refl.idle_resumes >= 2)
+    assert refl.relists == 1
+    assert refl.reconnects == 0 and refl.failing_for() == 0
+    assert refl.watches >= 3
+
+
 # -- destructive tests on a private API server --------------------------------------
 
 
