@@ -39,6 +39,7 @@ from fleet.controllers.runner import FleetController
 from fleet.events import EventRecorder
 from fleet.kube import KubeClient
 from fleet.kube.resources import (
+    FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
     MACHINES,
@@ -70,6 +71,8 @@ class UpgradeCost:
     nodes: int
     seconds: float
     requests: dict[str, list[AuditedRequest]] = field(default_factory=dict)
+    # the FleetUpgrade's status at the end of the window (what `kubectl get` then shows)
+    upgrade_status: dict[str, Any] = field(default_factory=dict)
 
     def of(self, user: str, server: str | None = None) -> list[AuditedRequest]:
         return [r for s, reqs in sorted(self.requests.items()) if server in (None, s)
@@ -224,8 +227,21 @@ async def _measure(root: Path, *, control_planes: int, workers: int, max_unavail
                 await _wait(lambda: _settled(admin, fc, V2, plans=True), timeout,
                             "rolled out to V2")
                 seconds = time.monotonic() - t0
+
+                async def upgrade_status() -> dict[str, Any]:
+                    fu = await admin.get(FLEET_UPGRADES, f"to-{fc.name}", ns)
+                    return dict(fu.get("status") or {})
+
+                if policy:  # the FleetUpgrade's status says so too (the policy writes it)
+                    await _wait(lambda: _complete(upgrade_status), timeout,
+                                "the FleetUpgrade Complete")
                 await _quiet(logs, since, quiet, timeout)
                 until = {s: log.mark() for s, log in logs.items()}
+                final = await upgrade_status()
                 tg.cancel_scope.cancel()
     return UpgradeCost(nodes=len(fc.machines), seconds=seconds, requests={
-        s: log.requests(since[s], until[s]) for s, log in logs.items()})
+        s: log.requests(since[s], until[s]) for s, log in logs.items()}, upgrade_status=final)
+
+
+async def _complete(status: Any) -> bool:
+    return bool((await status()).get("phase") == "Complete")

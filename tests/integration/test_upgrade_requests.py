@@ -39,6 +39,16 @@ async def test_controller_requests_per_node_upgrade_bounded() -> None:
     record_reads = [r for r in cost.of(CONTROLLER_USER, "mgmt")
                     if r.resource == "configmaps" and r.verb == "get"]
     assert len(record_reads) <= 1, "the rollout record is read from its watch, not per pass"
+    # the FleetUpgrade's status is patched from the cached object (a GET only after a 409)
+    upgrade_reads = [r for r in cost.of(CONTROLLER_USER, "mgmt")
+                     if r.resource.startswith("fleetupgrades") and r.verb == "get"]
+    conflicts = [r for r in cost.of(CONTROLLER_USER, "mgmt")
+                 if r.resource == "fleetupgrades/status" and r.code == 409]
+    assert len(upgrade_reads) <= len(conflicts), upgrade_reads
+    # ... and, its count-only changes coalesced, still says where the rollout stands
+    status = cost.upgrade_status
+    assert status["phase"] == "Complete" and status["nodesUpToDate"] == cost.nodes, status
+    assert status["clusters"][0]["nodes"] == f"{cost.nodes}/{cost.nodes}", status
     # 16, not 11: under #11's one writer the rollout is asked for with a FleetUpgrade and
     # k0s-fleet writes the versions itself (see the module docstring).
     assert cost.per_node(CONTROLLER_USER) <= 16, cost.breakdown(CONTROLLER_USER)

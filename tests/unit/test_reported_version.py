@@ -8,11 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 
-from fleet.model import ANN_MACHINE_RUNNING_VERSION, KIND_CONTROL_NODE, NodeInfo, node_from
+from fleet.model import (
+    ANN_MACHINE_RUNNING_VERSION,
+    KIND_CONTROL_NODE,
+    Condition,
+    NodeInfo,
+    RolloutStatus,
+    node_from,
+)
+from fleet.planner.conditions import UP_TO_DATE
 from fleet.planner.simulate import SimFleet, add_cluster, bump
 from fleet.reported import running_version
 from fleet.rollout.gate import FleetView, RolloutGate
-from fleet.rollout.progress import NodeState, clusters_from_snapshot
+from fleet.rollout.progress import ClusterProgress, NodeState, clusters_from_snapshot
 from fleet.versions import kubernetes_release
 from tests.helpers.gate import T0, config
 
@@ -95,3 +103,38 @@ def test_exact_reports_win_and_pure_controllers_use_their_controlnode() -> None:
     cn = NodeInfo("c-cp-0", kind=KIND_CONTROL_NODE, k0s_version=V2)
     assert running_version(cp, cn) == V2
     assert running_version(w, NodeInfo("c-md-0")) is None  # a worker that reports nothing
+
+
+def test_another_replicas_never_upgraded_cluster_counts_as_its_holder_wrote() -> None:
+    """Sharding: a cluster another replica holds is judged without its Nodes. A cluster
+    created at the target has no k0s-fleet record on its worker Machines; the count its
+    holder wrote into the MD/KCP (K0sFleetUpToDate summary; Cluster API's CRDs prune
+    status.k0sFleet) decides, so the judgement does not change when the cluster changes
+    hands. A NodePlan of the target still decides its node."""
+    sim = SimFleet(now=T0)
+    key = add_cluster(sim, "fresh", namespace="fleet", control_planes=1, workers=3, version=V2)
+    [observed] = clusters_from_snapshot(sim.snapshot())
+    assert observed.complete and observed.nodes_done == 4
+
+    def foreign() -> ClusterProgress:
+        # as a replica holding other clusters sees it: no Nodes of it, only its objects
+        snap = sim.snapshot()
+        [p] = clusters_from_snapshot(dataclasses.replace(
+            snap, foreign=frozenset({key}),
+            nodes={k: v for k, v in snap.nodes.items() if k != key}))
+        return p
+
+    assert foreign().nodes_done < 4  # the Machines alone: the workers have no record
+    for k, md in list(sim.deployments.items()):
+        sim.deployments[k] = dataclasses.replace(md, status=RolloutStatus(conditions=(
+            Condition(UP_TO_DATE, "True", "UpToDate", f"3/3 machines on {V2}"),)))
+    for k, kcp in list(sim.control_planes.items()):
+        sim.control_planes[k] = dataclasses.replace(kcp, status=RolloutStatus(conditions=(
+            Condition(UP_TO_DATE, "True", "UpToDate", f"1/1 machines on {V2}"),)))
+    held = foreign()
+    assert held.complete and held.nodes_done == observed.nodes_done == 4
+    # a summary for another version says nothing about this target
+    for k, md in list(sim.deployments.items()):
+        sim.deployments[k] = dataclasses.replace(md, status=RolloutStatus(conditions=(
+            Condition(UP_TO_DATE, "True", "UpToDate", f"3/3 machines on {V1}"),)))
+    assert not foreign().complete
