@@ -197,12 +197,3 @@ class UpgradeStatusWriter:
 def _rv_of(obj: KubeObject) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
-
-async def write_upgrade_status(client: KubeClient, upgrades: Mapping[Any, FleetUpgradeInfo],
-                               intents: Mapping[ClusterKey, IntentTarget],
-                               decision: GateDecision, clusters: Sequence[ClusterProgress],
-                               *, clock: Callable[[], datetime]) -> int:
-    """Write every FleetUpgrade's status that changed, at once (no memory across calls,
-    no deferral: :class:`UpgradeStatusWriter` is what the controller uses)."""
-    writer = UpgradeStatusWriter(client, clock=clock, settle=timedelta(0))
-    return await writer.write(upgrades, intents, decision, clusters)
