@@ -58,7 +58,7 @@ def main() -> None:
     with world:
         result = anyio.run(measure, world, args.minutes)
     for name, row in result.items():
-        print(f"{name:24} {json.dumps(row)}")
+        print(f"{name:34} {json.dumps(row)}")
 
 
 if __name__ == "__main__":
