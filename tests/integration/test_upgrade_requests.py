@@ -8,8 +8,9 @@ the agents is counted (tests/helpers/upgradecost.py). Issue #13's target is at m
 requests of the controller per node upgrade: with a hand-edited bump (before #11) it
 measured 9.57-9.86 (bench/README.md, `requests.py`), bound 11 then, since a node step
 that lasts longer than status_settle on a loaded machine costs one more NodePlan status
-write (up to +0.7 per node seen). With the record read by a GET per pass instead of the watch the same rollout
-cost 19.7-21.7, so the rollout ConfigMap is also asserted to be read from the watch.
+write (up to +0.7 per node seen). With the record read by a GET per pass instead of the
+watch the same rollout cost 19.7-21.7, so the rollout ConfigMap is also asserted to be
+read from the watch.
 
 With #11's one writer of versions the bump is a FleetUpgrade (a hand edit is reported,
 never rolled) and the controller writes the versions itself: 15.0-15.7 per node measured
