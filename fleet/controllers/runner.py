@@ -43,7 +43,7 @@ from fleet.planner.actions import (
     SignalNode,
     StartNodePlan,
 )
-from fleet.planner.incremental import IncrementalPlanner, merge
+from fleet.planner.incremental import IncrementalPlanner, Merger, merge
 from fleet.signal import SignalState
 from fleet.snapshot import custom_kubeconfig_secrets, watched_namespaces
 from fleet.telemetry import get_tracer, link_from_traceparent
@@ -162,6 +162,7 @@ class FleetController:
             **({"client_factory": client_factory} if client_factory else {}))
         self.parts.attach(self.view.caches, self.registry)
         self.planner = IncrementalPlanner(self.settings)
+        self.merger = Merger()  # the fleet's snapshot from the parts, re-merging what moved
         # The first pass waits for every workload cluster's first answer, at most this long.
         self.settle_bound = (settle_bound if settle_bound is not None
                              else self.registry.unreachable_after + 30)
@@ -341,7 +342,7 @@ class FleetController:
         # The fleet rollout looks at every cluster; with several replicas those another one
         # acts on (or this one has not heard from yet) are judged from the management
         # objects only (Snapshot.foreign), and only this replica's are planned.
-        fleet = merge(parts.parts, now)
+        fleet = self.merger.merge(parts.parts, now)
         planned = parts.parts if acting.issuperset(parts.parts) else {
             k: v for k, v in parts.parts.items() if k in acting}
         snapshot = fleet if planned is parts.parts else merge(planned, now)

@@ -129,6 +129,55 @@ def merge(parts: Mapping[ClusterKey, Snapshot], now: datetime) -> Snapshot:
                     **fields)  # type: ignore[arg-type]
 
 
+_MERGED = ("clusters", "deployments", "machine_sets", "control_planes", "machines",
+           "nodeplans", "nodes", "intents", "autopilot_plans")
+
+
+class Merger:
+    """:func:`merge`, remembering the last result: the parts that are the same objects as
+    last time are not merged again. The previous snapshot's mappings are copied (a C-level
+    copy, far cheaper than re-merging a thousand parts) and only the changed parts' entries
+    are taken out and put back. Equal to :func:`merge` as mappings (the order of their
+    entries may differ)."""
+
+    def __init__(self) -> None:
+        self._parts: dict[ClusterKey, Snapshot] = {}
+        self._fields: dict[str, dict[object, object]] = {name: {} for name in _MERGED}
+        self._foreign: set[ClusterKey] = set()
+
+    def merge(self, parts: Mapping[ClusterKey, Snapshot], now: datetime) -> Snapshot:
+        old = self._parts
+        changed = [k for k, p in parts.items() if old.get(k) is not p]
+        gone = [k for k in old if k not in parts]
+        fields, foreign = self._fields, self._foreign
+        if len(changed) + len(gone) > len(parts) // 2:  # most moved: start afresh
+            for into in fields.values():
+                into.clear()
+            foreign.clear()
+            changed, gone, old = list(parts), [], {}
+        for key in (*gone, *changed):
+            before = old.get(key)
+            if before is None:
+                continue
+            foreign -= before.foreign
+            for name, into in fields.items():
+                for k in getattr(before, name):
+                    into.pop(k, None)
+        for key in changed:
+            part = parts[key]
+            foreign |= part.foreign
+            for name, into in fields.items():
+                into.update(getattr(part, name))
+        self._parts = dict(parts)
+        upgrades: Mapping[tuple[str, str], object] = {}
+        for part in parts.values():  # as merge(): every part holds the fleet's upgrades
+            upgrades = part.upgrades
+        # The snapshot gets copies: the mappings kept here change with the next merge.
+        return Snapshot(now=now, upgrades=upgrades,  # type: ignore[arg-type]
+                        foreign=frozenset(foreign), parts=self._parts,
+                        **{name: dict(into) for name, into in fields.items()})  # type: ignore[arg-type]
+
+
 @dataclass(slots=True)
 class _Memo:
     part: Snapshot

@@ -117,10 +117,12 @@ class ClusterProgress:
     # Another controller replica acts on it (sharding): its nodes are judged from the
     # management objects (NodePlans, the versions recorded on Machines), not watched here.
     foreign: bool = False
+    # (namespace, name), made once: the wave gate asks for it many times per cluster and
+    # pass, over the whole fleet.
+    key: ClusterKey = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> ClusterKey:
-        return (self.namespace, self.name)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (self.namespace, self.name))
 
     @property
     def not_observed_reason(self) -> str:

@@ -22,7 +22,13 @@ from fleet.controllers.dispatcher import action_target
 from fleet.model import ANN_RETRY, KIND_MD, ClusterKey, ObjectRef, Snapshot
 from fleet.planner import PlannerSettings, PlanResult, plan
 from fleet.planner.actions import Action, ClearSignal, UncordonNode
-from fleet.planner.incremental import IncrementalPlanner, IncrementalResult, merge, split
+from fleet.planner.incremental import (
+    IncrementalPlanner,
+    IncrementalResult,
+    Merger,
+    merge,
+    split,
+)
 from fleet.planner.simulate import SimFleet, add_cluster, bump
 from fleet.signal import SignalState
 from tests.unit.test_planner_properties import T0, V2, V3, _nodes, fleets
@@ -249,3 +255,36 @@ def test_a_part_leaves_another_clusters_request_alone_on_a_shared_node_list() ->
     assert not [x for x in inc.result.actions if isinstance(x, ClearSignal | UncordonNode)]
     blind = dataclasses.replace(parts[a], other_nodeplans=frozenset())
     assert [x for x in plan(blind, PlannerSettings()).actions if isinstance(x, ClearSignal)]
+
+
+def test_the_merger_equals_merge_while_parts_move_come_and_go() -> None:
+    """Merger.merge (re-merging only the parts that are new objects) equals merge()
+    through a rollout in some clusters, a cluster leaving and one coming back."""
+    sim = SimFleet(now=T0)
+    keys = [add_cluster(sim, f"c{i}", namespace=f"ns{i % 2}", control_planes=1, workers=2)
+            for i in range(6)]
+    cfg = PlannerSettings(default_deadline=timedelta(hours=1))
+    merger = Merger()
+    parts = split(sim.snapshot())
+    assert merger.merge(parts, sim.now) == merge(parts, sim.now)
+    bump(sim, keys[1], V2)
+    bump(sim, keys[4], V2, control_plane=False, workers=True)
+    for step in range(40):
+        sim.apply_all(plan(sim.snapshot(), cfg).actions)
+        for active in sim.active_requests()[:1]:
+            sim.step_node(*active)
+        sim.advance(1)
+        fresh = split(sim.snapshot())
+        # Only the clusters that moved get new part objects, as in the controller.
+        parts = {k: parts[k] if k in parts and parts[k] == p else p
+                 for k, p in fresh.items()}
+        if step == 10:
+            parts.pop(keys[2])  # a cluster leaves the fleet
+        elif step > 20:
+            parts[keys[2]] = fresh[keys[2]]
+        if step == 15:
+            parts = {k: dataclasses.replace(p, foreign=frozenset({k}))
+                     for k, p in parts.items()}  # every part moved at once
+        merged = merger.merge(parts, sim.now)
+        assert merged == merge(parts, sim.now)
+        assert merged.parts == parts
