@@ -84,6 +84,11 @@ class _Writer(Protocol):
     async def wait_closed(self) -> None: ...
 
 
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class _TlsProtocol(asyncio.Protocol):
     """A TLS client connection over memory BIOs, decrypted data fed to a StreamReader
     (whose flow control pauses the socket when the reader falls behind)."""
@@ -95,6 +100,10 @@ class _TlsProtocol(asyncio.Protocol):
         self._reader = reader
         self._transport: asyncio.Transport | None = None
         self.handshake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # A connect abandoned mid-handshake (its timeout, cancelled) closes the transport,
+        # which fails this future with nobody awaiting it: mark its error as seen, or
+        # asyncio logs "Future exception was never retrieved" for every such connect.
+        self.handshake.add_done_callback(_retrieve)
         self._writable = asyncio.Event()
         self._writable.set()
         self._eof = False

@@ -306,6 +306,36 @@ async def test_a_handshake_that_never_finishes_is_the_connect_timeout(
         await c.close()
 
 
+async def test_a_handshake_nobody_awaits_leaves_no_unretrieved_error() -> None:
+    """A connect cancelled between the TCP connect and the wait for the handshake (its
+    timeout under load) closes the transport: the handshake then fails with nobody
+    awaiting it, and asyncio must not report "Future exception was never retrieved"
+    (seen once per such connect in a 1000-cluster controller)."""
+    import gc  # noqa: PLC0415
+
+    from fleet.kube.http import _TlsProtocol  # noqa: PLC0415
+
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    try:
+        proto = _TlsProtocol(ssl.create_default_context(), "localhost",
+                             asyncio.StreamReader())
+        proto.connection_lost(None)  # closed before the handshake was awaited
+        assert isinstance(proto.handshake.exception(), ConnectionResetError)
+        proto = _TlsProtocol(ssl.create_default_context(), "localhost",
+                             asyncio.StreamReader())
+        proto.connection_lost(None)
+        await asyncio.sleep(0)  # the done callbacks run
+        del proto
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+    assert not [c for c in reported if "never retrieved" in str(c.get("message"))], reported
+
+
 async def test_an_untrusted_server_fails_the_handshake_with_the_reason(
         server: TlsServer) -> None:
     c = HttpClient(f"https://127.0.0.1:{server.port}",
