@@ -29,6 +29,7 @@ T = TypeVar("T")
 V = TypeVar("V")
 
 Listener = Callable[[], None]
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 # Told which object changed (None: possibly all of them: synced, or cleared).
 ObjectListener = Callable[[KubeObject | None], None]
 
@@ -166,12 +167,17 @@ class ObjectCache(_Cache[KubeObject]):
     def observe(self, obj: KubeObject | None) -> None:
         """An object as the API server returned it (watch event, or our own write).
         Its ``metadata.managedFields`` (server-side apply bookkeeping, often a third of an
-        object, read by nothing here) is dropped, from ``obj`` itself."""
+        object) and kubectl's last-applied-configuration annotation (a second copy of the
+        object as applied), read by nothing here, are dropped, from ``obj`` itself. A merge
+        patch computed against the cached copy leaves them as they are on the server."""
         if not obj:
             return
         meta = obj.get("metadata")
         if isinstance(meta, dict):
             meta.pop("managedFields", None)
+            annotations = meta.get("annotations")
+            if isinstance(annotations, dict):
+                annotations.pop(LAST_APPLIED, None)
         key = object_key(obj)
         if self._buried(key, _rv(obj)):
             return

@@ -295,13 +295,15 @@ def test_the_caches_never_hold_the_json() -> None:
     assert cache.object("w-1") != base and node == before
 
 
-def test_object_caches_drop_managed_fields() -> None:
-    from fleet.kube.cache import ObjectCache  # noqa: PLC0415
+def test_object_caches_drop_managed_fields_and_last_applied() -> None:
+    from fleet.kube.cache import LAST_APPLIED, ObjectCache  # noqa: PLC0415
 
     cache = ObjectCache("Machine")
     cache.observe({"metadata": {"name": "m", "namespace": "ns", "resourceVersion": "1",
-                                "managedFields": [{"manager": "capi"}]},
+                                "managedFields": [{"manager": "capi"}],
+                                "annotations": {LAST_APPLIED: "{...}", "keep": "me"}},
                    "spec": {"version": "v1.31.2+k0s.0"}})
     m = cache.get("m", "ns")
     assert m is not None and "managedFields" not in m["metadata"]
+    assert m["metadata"]["annotations"] == {"keep": "me"}
     assert m["spec"] == {"version": "v1.31.2+k0s.0"}
