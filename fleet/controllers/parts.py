@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from fleet.clusters import ClusterRegistry
 from fleet.config import FleetConfig
+from fleet.intent import fleet_upgrade_from
 from fleet.kube import KubeObject
 from fleet.kube.cache import ObjectCache
 from fleet.kube.resources import (
@@ -39,6 +40,7 @@ from fleet.kube.watch import ObjectKey, object_key
 from fleet.model import (
     ClusterInfo,
     ClusterKey,
+    FleetUpgradeInfo,
     InfraMachineInfo,
     MachineInfo,
     Snapshot,
@@ -58,6 +60,7 @@ from fleet.snapshot import (
     control_planes_needing_infra,
     fleet_cluster,
     template_key,
+    readable,
 )
 
 T = TypeVar("T")
@@ -113,6 +116,12 @@ class FleetParts:
         # MDs reference it and how many MDs (a template's change dirties those clusters)
         self._md_template: dict[ObjectKey, tuple[ObjectKey, ClusterKey]] = {}
         self._template_users: dict[ObjectKey, dict[ClusterKey, int]] = {}
+        # The FleetUpgrades as last read, and what of them the planner reads (all but
+        # their status, which the rollout policy writes: a status write must not rebuild
+        # and re-plan the whole fleet).
+        self.upgrades: dict[tuple[str, str], FleetUpgradeInfo] = {}
+        self.upgrades_moved = True
+        self._planned_upgrades: list[FleetUpgradeInfo] | None = None
 
     def attach(self, caches: Mapping[Resource, ObjectCache], registry: ClusterRegistry) -> None:
         self.caches, self.registry = caches, registry
@@ -129,8 +138,13 @@ class FleetParts:
         return lambda obj: self.object_changed(res, obj)
 
     def object_changed(self, res: Resource, obj: KubeObject | None) -> None:
-        if obj is None or res is FLEET_UPGRADES:
+        if obj is None:
             self.everything = self.membership_changed = True
+            if res is FLEET_UPGRADES:
+                self.upgrades_moved = True
+            return
+        if res is FLEET_UPGRADES:
+            self.upgrades_moved = True  # every part, if more than its status moved
             return
         meta = obj.get("metadata") or {}
         namespace = str(meta.get("namespace") or "")
@@ -199,6 +213,7 @@ class FleetParts:
     # -- the parts ----------------------------------------------------------------------
     def refresh_members(self) -> dict[ClusterKey, ClusterInfo]:
         """The fleet's clusters (re-read only when Clusters or Secrets moved)."""
+        self.refresh_upgrades()
         if self.membership_changed:
             members: dict[ClusterKey, ClusterInfo] = {}
             for obj in self.caches[CLUSTERS]:
@@ -208,6 +223,22 @@ class FleetParts:
             self.members = members
             self.membership_changed = False
         return self.members
+
+    def refresh_upgrades(self) -> None:
+        """Re-read the FleetUpgrades after one moved; every part is rebuilt only when more
+        than their status changed (version, selector, generation, deletion, ...)."""
+        if not self.upgrades_moved:
+            return
+        self.upgrades_moved = False
+        source = self.caches[FLEET_UPGRADES]
+        infos = [u for u in (readable(source, o, fleet_upgrade_from) for o in source)
+                 if u is not None]
+        self.upgrades = {(u.ref.namespace, u.ref.name): u for u in infos}
+        planned = sorted((dataclasses.replace(u, status={}) for u in infos),
+                         key=lambda u: (u.ref.namespace, u.ref.name))
+        if planned != self._planned_upgrades:
+            self._planned_upgrades = planned
+            self.everything = self.membership_changed = True
 
     def take_dirty(self) -> set[ClusterKey]:
         """The member clusters to rebuild now (and forget the rest of the dirty set)."""

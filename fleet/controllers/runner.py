@@ -10,6 +10,7 @@ honoured by sleeping until the planner's ``wake_at``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -342,10 +343,13 @@ class FleetController:
         # The fleet rollout looks at every cluster; with several replicas those another one
         # acts on (or this one has not heard from yet) are judged from the management
         # objects only (Snapshot.foreign), and only this replica's are planned.
-        fleet = self.merger.merge(parts.parts, now)
+        # The FleetUpgrades as they are now: a part keeps those of when it was built (a
+        # status write rebuilds no part), the fleet-wide status writer needs the latest.
+        fleet = dataclasses.replace(self.merger.merge(parts.parts, now), upgrades=parts.upgrades)
         planned = parts.parts if acting.issuperset(parts.parts) else {
             k: v for k, v in parts.parts.items() if k in acting}
-        snapshot = fleet if planned is parts.parts else merge(planned, now)
+        snapshot = fleet if planned is parts.parts else dataclasses.replace(
+            merge(planned, now), upgrades=parts.upgrades)
         hold = await self.policy(fleet) if self.policy is not None else None
         stopped = self.config.rollout.emergency_stop or (
             self.policy is not None and self.policy.stopped)
