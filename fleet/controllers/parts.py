@@ -59,8 +59,8 @@ from fleet.snapshot import (
     cluster_nodes,
     control_planes_needing_infra,
     fleet_cluster,
-    template_key,
     readable,
+    template_key,
 )
 
 T = TypeVar("T")
