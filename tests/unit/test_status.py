@@ -166,3 +166,23 @@ async def test_http_endpoints() -> None:
                 assert 'k0s_fleet_nodes{state="UpToDate"} 1.0' in text
                 assert r.headers["Content-Type"].startswith("text/plain")
         tg.cancel_scope.cancel()
+
+
+def test_status_body_is_encoded_once_per_decision() -> None:
+    """/status sends the document encoded once per decision (a 1000-cluster document
+    costs a share of a second to encode on the controller's loop); a new decision is
+    encoded anew."""
+    import json  # noqa: PLC0415
+
+    cs = [cluster("can", "ug", labels=CANARY), cluster("p1", "ww", labels=PROD)]
+    board = StatusBoard(CollectorRegistry())
+    assert board.status_body is None
+    board.publish(evaluate(waves_config(), cs), cs)
+    body = board.status_body
+    assert body is not None and json.loads(body) == board.status
+    assert board.status_body is body  # the same bytes: not encoded again
+    more = [*cs, cluster("p2", "uu", labels=PROD)]
+    board.publish(evaluate(waves_config(), more), more)
+    again = board.status_body
+    assert again is not body and again is not None
+    assert len(json.loads(again)["waves"][1]["clusters"]) == 2
