@@ -234,7 +234,7 @@ class FleetParts:
         infos = [u for u in (readable(source, o, fleet_upgrade_from) for o in source)
                  if u is not None]
         self.upgrades = {(u.ref.namespace, u.ref.name): u for u in infos}
-        planned = sorted((dataclasses.replace(u, status={}) for u in infos),
+        planned = sorted((dataclasses.replace(u, status={}, resource_version="") for u in infos),
                          key=lambda u: (u.ref.namespace, u.ref.name))
         if planned != self._planned_upgrades:
             self._planned_upgrades = planned
