@@ -82,6 +82,20 @@ def _at_least(least: timedelta, why: str) -> AfterValidator:
     return AfterValidator(check)
 
 
+def _url(what: str, *schemes: str, why: str = "") -> AfterValidator:
+    """A URL with one of ``schemes`` and a host; the error says ``what`` and ``why``."""
+    def check(v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in schemes or not parts.hostname:
+            raise ValueError(f"must be an {what} URL (got {v!r})" + (f": {why}" if why else ""))
+        return v
+    return AfterValidator(check)
+
+
+CollectorUrl = Annotated[str, _url("http(s)", "http", "https")]
+HooksUrl = Annotated[str, _url("https", "https", why="the hooks are served over TLS")]
+
+
 # ---------------------------------------------------------------------------------------
 # Models
 
@@ -460,7 +474,7 @@ class NodePolicySettings(ConfigModel):
 class TelemetrySettings(ConfigModel):
     """Traces of every rollout step."""
 
-    otlp_endpoint: str | None = Field(
+    otlp_endpoint: CollectorUrl | None = Field(
         None,
         description="OTLP/HTTP collector, e.g. http://otel-collector:4318 (/v1/traces is "
         "appended when no path is given); unset = OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, "
@@ -479,16 +493,6 @@ class TelemetrySettings(ConfigModel):
         None, description="Append finished spans as JSON lines to this file."
     )
 
-    @field_validator("otlp_endpoint")
-    @classmethod
-    def _endpoint(cls, v: str | None) -> str | None:
-        if v is None:
-            return None
-        parts = urlsplit(v)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"must be an http(s) URL (got {v!r})")
-        return v
-
 
 class ExtensionSettings(ConfigModel):
     """The Cluster API runtime extension serving the in-place update hooks."""
@@ -504,7 +508,7 @@ class ExtensionSettings(ConfigModel):
         "extension registers the same hook names.")
     service_namespace: DnsLabel | None = Field(
         None, description="Namespace of that Service (the chart sets it).")
-    url: str | None = Field(
+    url: HooksUrl | None = Field(
         None, description="The URL ExtensionConfigs use to reach this extension, when "
         "they name a URL rather than a Service.")
     mode: ExtensionMode = Field(
@@ -513,16 +517,6 @@ class ExtensionSettings(ConfigModel):
         "through CAPI's hooks; 'never' = only k0s-fleet's own waves; 'auto' = the hooks "
         "for objects CAPI updates in place, the waves for the rest.",
     )
-
-    @field_validator("url")
-    @classmethod
-    def _https_url(cls, v: str | None) -> str | None:
-        if v is None:
-            return None
-        parts = urlsplit(v)
-        if parts.scheme != "https" or not parts.hostname:
-            raise ValueError(f"must be an https URL (got {v!r}): the hooks are served over TLS")
-        return v
 
     @model_validator(mode="after")
     def _tls(self) -> Self:

@@ -756,3 +756,21 @@ def test_fault_detection_bounds(write: Write) -> None:
     assert lines[0].startswith("clusters.unreachableAfter: "), lines
     assert "soon" in lines[0], lines
     assert lines[1].startswith("status.wedgedAfter: "), lines
+
+
+def test_url_keys_need_their_scheme_and_a_host() -> None:
+    """telemetry.otlpEndpoint (http or https) and extension.url (https only), one rule."""
+    assert problems(None, {"K0S_FLEET_TELEMETRY__OTLP_ENDPOINT": "ftp://c:4318",
+                           "K0S_FLEET_EXTENSION__URL": "http://ext:9443/hooks"}) == [
+        "telemetry.otlpEndpoint: must be an http(s) URL (got 'ftp://c:4318') "
+        "(from K0S_FLEET_TELEMETRY__OTLP_ENDPOINT)",
+        "extension.url: must be an https URL (got 'http://ext:9443/hooks'): the hooks are "
+        "served over TLS (from K0S_FLEET_EXTENSION__URL)",
+    ]
+    assert problems(None, {"K0S_FLEET_TELEMETRY__OTLP_ENDPOINT": "http://:4318"}) == [
+        "telemetry.otlpEndpoint: must be an http(s) URL (got 'http://:4318') "
+        "(from K0S_FLEET_TELEMETRY__OTLP_ENDPOINT)"]
+    cfg = load_config(None, env={"K0S_FLEET_TELEMETRY__OTLP_ENDPOINT": "https://c",
+                                 "K0S_FLEET_EXTENSION__URL": "https://ext:9443/hooks"})
+    assert (cfg.telemetry.otlp_endpoint, cfg.extension.url) == ("https://c",
+                                                               "https://ext:9443/hooks")
