@@ -350,6 +350,12 @@ class RolloutGate:
                 if cid in admitted and admitted[cid] != cfp:
                     del admitted[cid]  # admitted for targets that are no longer wanted
 
+            # The slots go to the clusters admitted in the record first; a cluster that is
+            # only started (NodePlans for its targets, no admission: its admission ended
+            # when it was complete and it has work again, or the record was lost) comes
+            # after them, and goes through the record when it may dispatch again.
+            active.sort(key=lambda c: (admitted.get(_cluster_id(c.key))
+                                       != self.facts(c).fingerprint, c.key))
             newly: set[ClusterKey] = set()
             for i, c in enumerate(active):
                 if c.foreign:
@@ -357,11 +363,16 @@ class RolloutGate:
                     continue
                 hold = fleet_hold or self._cluster_hold(c, now, wakeups)
                 if hold is None and i >= limit:
-                    # Only after a failed cluster was retried while others took its slot.
+                    # A failed cluster retried, or a started one with work again, while
+                    # others took the slots.
                     hold = (f"wave {w.name}: {len(active)} clusters upgrading exceed "
                             f"maxConcurrentClusters {limit}; waiting for one to finish")
                 if hold is None:
                     allowed.add(c.key)
+                    cid, cfp = _cluster_id(c.key), self.facts(c).fingerprint
+                    if admitted.get(cid) != cfp and self.facts(c).needs_dispatch:
+                        admitted[cid] = cfp
+                        newly.add(c.key)
                 else:
                     reasons[c.key] = hold
             slots = limit - len(active)

@@ -80,6 +80,33 @@ def test_started_clusters_hold_slots_even_without_a_record() -> None:
     assert d.clusters[("fleet", "c2")].phase is ClusterPhase.QUEUED
 
 
+def test_a_cluster_started_again_after_its_admission_ended_waits_behind_admitted_ones() -> None:
+    """#12 verification: a complete cluster's admission is dropped from the record; if it
+    gets work again while its NodePlans for the target are still there (an unrecorded
+    completion re-upgraded: one node's NodePlan deleted before its Machine recorded it),
+    it counts as started. It must not take a slot from the clusters admitted in the
+    record: sorted by name it came first and was allowed, holding the last admitted one
+    whose nodes were still in flight (three clusters upgrading, maxConcurrentClusters 2).
+    It waits for a slot and then goes through the record like any admission."""
+    cfg = config(maxConcurrentClusters=2)
+    d = evaluate(cfg, [cluster("a", "uu"), cluster("b"), cluster("c")])
+    assert d.allowed_clusters == {("fleet", "b"), ("fleet", "c")}
+    assert "fleet/a" not in d.state.admitted
+    # b and c upgrading; a's node to do again, its other node's NodePlan still there.
+    again = [cluster("a", "uw", started=True), cluster("b", "gw"), cluster("c", "gw")]
+    d2 = evaluate(cfg, again, T0 + timedelta(seconds=1), state=d.state)
+    assert d2.allowed_clusters == {("fleet", "b"), ("fleet", "c")}, d2.reasons
+    assert "exceed maxConcurrentClusters 2" in d2.reasons[("fleet", "a")]
+    assert "fleet/a" not in d2.state.admitted
+    # b completes: a takes the slot, recorded before anything is dispatched there.
+    again[1] = cluster("b", "uu")
+    d3 = evaluate(cfg, again, T0 + timedelta(seconds=2), state=d2.state)
+    assert d3.allowed_clusters == {("fleet", "a"), ("fleet", "c")}
+    assert d3.admitted_now == {("fleet", "a")} and "fleet/a" in d3.state.admitted
+    # Not recorded (another replica moved the record first): not allowed either.
+    assert ("fleet", "a") not in d3.without_new_admissions().allowed_clusters
+
+
 def test_soak_is_measured_from_the_recorded_completion_and_survives_a_restart() -> None:
     cfg = waves_config()
     cs = [cluster("can", "uu", labels=CANARY), cluster("p1", labels=PROD)]
@@ -307,7 +334,8 @@ def test_unobserved_clusters_are_not_admitted() -> None:
 
 
 def test_without_new_admissions_withdraws_unrecorded_admissions() -> None:
-    d = evaluate(config(maxConcurrentClusters=2), [cluster("a", "gw"), cluster("b")])
+    # a: started, nothing more to dispatch (its nodes in flight): allowed without a record
+    d = evaluate(config(maxConcurrentClusters=2), [cluster("a", "gg"), cluster("b")])
     w = d.without_new_admissions()
     assert w.allowed_clusters == {("fleet", "a")}
     assert w.state == d.previous
