@@ -35,6 +35,7 @@ from fleet.kube import (
     UnreachableError,
 )
 from fleet.kube.cache import ObjectCache, RecordCache
+from fleet.kube.errors import ServerError
 from fleet.kube.patch import patch_with_retry
 from fleet.kube.resources import (
     CLUSTERS,
@@ -167,7 +168,8 @@ class Dispatcher:
         self.background: anyio.abc.TaskGroup | None = None
 
     async def settle_unsure(self) -> bool:
-        """Learn the fate of creates that got no answer. False while that is unknown."""
+        """Learn the fate of creates that got no answer (or a 5xx). False while that is
+        unknown."""
         for key in sorted(self.unsure):
             try:
                 obj = await self.mgmt.get_or_none(NODE_PLANS, key[1], key[0])
@@ -287,9 +289,11 @@ class Dispatcher:
             cache.observe(provisional)
         try:
             outcome = await create_or_adopt_nodeplan(self.mgmt, body)
-        except UnreachableError:
-            # The create may have landed without us hearing back: until we know, no pass
-            # may count this node as not dispatched (it would spend its budget twice).
+        except (UnreachableError, ServerError):
+            # The create may have landed without us hearing back (no answer, or a 5xx
+            # such as the API server's 504 while etcd still commits the write): until we
+            # know, no pass may count this node as not dispatched (it would spend its
+            # budget twice). A 429 is never committed: it is forgotten below.
             self.unsure.add(key)
             raise
         except KubeError:
