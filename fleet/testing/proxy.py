@@ -13,7 +13,10 @@ from anyio.abc import SocketStream, TaskGroup
 
 
 class StallingProxy:
-    """Forwards 127.0.0.1:<port> to ``upstream_port``; ``stall()`` / ``resume()``."""
+    """Forwards 127.0.0.1:<port> to ``upstream_port``; ``stall()`` / ``resume()``.
+
+    ``stall(replies_only=True)`` holds only what flows back from upstream: requests still
+    arrive (and are acted on), their answers do not (a write committed unheard)."""
 
     def __init__(self, upstream_port: int, host: str = "127.0.0.1") -> None:
         self.upstream_port = upstream_port
@@ -21,6 +24,8 @@ class StallingProxy:
         self.port = 0
         self._flowing = anyio.Event()
         self._flowing.set()
+        self._replies = anyio.Event()  # upstream -> client
+        self._replies.set()
         self._tg: TaskGroup | None = None
         self.connections = 0  # accepted in total
         self.open = 0  # open right now
@@ -30,14 +35,20 @@ class StallingProxy:
 
     @property
     def stalled(self) -> bool:
-        return not self._flowing.is_set()
+        return not (self._flowing.is_set() and self._replies.is_set())
 
-    def stall(self) -> None:
-        if self._flowing.is_set():
+    def stall(self, *, replies_only: bool = False) -> None:
+        if not replies_only and self._flowing.is_set():
             self._flowing = anyio.Event()
+        if self._replies.is_set():
+            self._replies = anyio.Event()
 
     def resume(self) -> None:
         self._flowing.set()
+        self._replies.set()
+
+    async def _wait_flowing(self, replies: bool) -> None:
+        await (self._replies if replies else self._flowing).wait()
 
     async def __aenter__(self) -> StallingProxy:
         listener = await anyio.create_tcp_listener(local_host=self.host, local_port=0)
@@ -59,13 +70,13 @@ class StallingProxy:
         self._tg.cancel_scope.cancel()
         await self._tg.__aexit__(et, e, tb)
 
-    async def _pump(self, src: SocketStream, dst: SocketStream) -> None:
+    async def _pump(self, src: SocketStream, dst: SocketStream, *, replies: bool) -> None:
         with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError,
                                  anyio.ClosedResourceError, OSError):
             while True:
-                await self._flowing.wait()
+                await self._wait_flowing(replies)
                 data = await src.receive()
-                await self._flowing.wait()  # stalled meanwhile: hold what was read
+                await self._wait_flowing(replies)  # stalled meanwhile: hold what was read
                 await dst.send(data)
         with contextlib.suppress(Exception):
             await dst.send_eof()
@@ -82,8 +93,8 @@ class StallingProxy:
                 await client.aclose()
                 return
             async with client, upstream, anyio.create_task_group() as tg:
-                tg.start_soon(self._pump, client, upstream)
-                tg.start_soon(self._pump, upstream, client)
+                tg.start_soon(lambda: self._pump(client, upstream, replies=False))
+                tg.start_soon(lambda: self._pump(upstream, client, replies=True))
         finally:
             self.open -= 1
 

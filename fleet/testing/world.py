@@ -141,6 +141,7 @@ class ApiServer:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     startup_seconds: float = 0.0
+    etcd_url: str | None = None  # etcd reached another way (e.g. through a proxy)
 
     @property
     def url(self) -> str:
@@ -173,7 +174,7 @@ class ApiServer:
         w = self.workdir
         return [
             str(binary("kube-apiserver")),
-            f"--etcd-servers={self.etcd.url}",
+            f"--etcd-servers={self.etcd_url or self.etcd.url}",
             f"--etcd-prefix=/registry-{self.name}",
             "--bind-address=127.0.0.1",
             f"--secure-port={self.port}",
@@ -353,14 +354,17 @@ class World:
             raise
         return self
 
-    def add_server(self, name: str) -> ApiServer:
+    def add_server(self, name: str, *, extra_args: list[str] | None = None,
+                   etcd_url: str | None = None) -> ApiServer:
         """Start one more kube-apiserver on this world's etcd (e.g. one a test may stop
-        and restart without disturbing the servers other tests share)."""
+        and restart without disturbing the servers other tests share); ``etcd_url``
+        reaches that etcd another way (a proxy in between)."""
         if name in self.servers:
             raise ValueError(f"test world already has a server named {name!r}")
         token = next(iter(self.servers.values())).admin_token if self.servers else \
             secrets.token_hex(16)
-        server = ApiServer(name, self.workdir / name, self.etcd, token)
+        server = ApiServer(name, self.workdir / name, self.etcd, token, list(extra_args or []),
+                           etcd_url=etcd_url)
         self.servers[name] = server
         server.start()
         return server
