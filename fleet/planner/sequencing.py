@@ -286,7 +286,8 @@ class Sequencing(PassState):
         self.emit(*step.actions)
         step = _with_template(step, tstep)
         self._finish_paused_deployment(md, target, live, sets, elig,
-                                       in_flight=bool(in_flight) or missing > 0)
+                                       in_flight=bool(in_flight) or missing > 0,
+                                       own_executor=not capi_drives and not on_delete)
         # Where Cluster API drives the workers through our extension, its MachineSets and
         # in-place annotations are the intended driver, not another one.
         driver = None if capi_drives else other_driver(
@@ -333,21 +334,38 @@ class Sequencing(PassState):
 
     def _finish_paused_deployment(self, md: MachineDeploymentInfo, target: str,
                                   live: list[MachineInfo], sets: list[MachineSetInfo],
-                                  elig: dict[str, Eligibility], *, in_flight: bool) -> None:
+                                  elig: dict[str, Eligibility], *, in_flight: bool,
+                                  own_executor: bool = True) -> None:
         """The end of the paused in-place sequence of an MD, once every node runs the
         target: pause the Machines' MachineSet (its controller would re-apply the old
         Machine versions from a reconcile in flight), move the MachineSet's template and
         the Machines' versions to the target, then release both pauses; each step waits
-        until the previous one is observed."""
-        if md.paused_for is None or not md.capi_paused or in_flight \
-                or not same_version(md.object_version, target):
+        until the previous one is observed.
+
+        After the release the same steps repair a Machine whose ``spec.version`` went back
+        to the old version although k0s-fleet upgraded its node (running-version
+        annotation) and the MD is ours at the target: CAPI's MachineSet controller
+        force-applies each Machine's version from its cache (no resourceVersion), so a
+        reconcile that read the Machine before our write (in flight when the MachineSet
+        was paused, or on a cache that lags after the unpause) writes the old one back."""
+        if in_flight or not same_version(md.object_version, target):
+            return
+        paused_by_us = md.paused_for is not None and md.capi_paused
+        released = (own_executor and not md.capi_paused and md.paused_for is None
+                    and same_version(md.written_version, target))
+        if not paused_by_us and not released:
             return
         if not all(elig[m.ref.name].up_to_date for m in live):
             return
         owning = {m.machine_set for m in live}
         mine = [ms for ms in sets if ms.ref.name in owning]
         behind = [m for m in live if not same_version(m.version, target)]
+        if released:
+            # only what k0s-fleet itself upgraded in place: its completion is recorded
+            behind = [m for m in behind if same_version(m.running_version_annotation, target)]
         sets_behind = [ms for ms in mine if not same_version(ms.version, target)]
+        if released and sets_behind:
+            return  # a MachineSet not on the released target is Cluster API's rollout
         if behind or sets_behind:
             unpaused = [ms for ms in mine if not ms.capi_paused]
             if unpaused:

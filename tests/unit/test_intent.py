@@ -20,6 +20,7 @@ from fleet.intent import (
 )
 from fleet.model import (
     ANN_CAPI_PAUSED,
+    ANN_MACHINE_RUNNING_VERSION,
     ANN_PAUSED_FOR,
     ANN_WRITTEN_VERSION,
     KIND_KCP,
@@ -38,6 +39,7 @@ from fleet.planner.actions import (
     CreateNodePlan,
     PatchMachineSetVersion,
     PatchMachineVersion,
+    PauseObject,
     RecordWrittenVersion,
     ReleasePause,
     ReportOtherDriver,
@@ -198,6 +200,45 @@ def test_an_upgrade_intent_rolls_a_cluster_through_the_one_writer() -> None:
     assert len(cp_plans) == 3 and all(a.owner.kind == KIND_KCP for a in cp_plans)
     assert [r.owner.kind for r in of(actions, ReleasePause)] == [
         KIND_KCP, "MachineSet", KIND_MD]
+
+
+def test_a_machine_version_cluster_api_writes_back_after_the_release_is_moved_again() -> None:
+    """Cluster API v1.12's MachineSet controller force-applies each Machine's spec.version
+    from its cache: a reconcile that read a Machine before k0s-fleet moved it (in flight
+    when the MachineSet was paused, or on a lagging cache after the unpause) puts the old
+    version back after the release (seen once in test_capi_workers at v1.12.1). The
+    executor moves it again the same way: MachineSet paused, the Machine's version, the
+    pause released; a Machine whose node k0s-fleet did not upgrade is left alone."""
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c1", control_planes=0, workers=3, max_unavailable=1)
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+    drive(sim)
+    md_key, ms_key = ("default", "c1-md"), ("default", "c1-md-ms")
+    assert ANN_CAPI_PAUSED not in sim.deployments[md_key].annotations
+    assert {m.version for m in sim.machines.values()} == {V2}
+    # what CAPI did after the release
+    key = ("default", "c1-md-1")
+    sim.machines[key] = dataclasses.replace(sim.machines[key], version=V1)
+    actions = drive(sim)  # drive() asserts a worker Machine is moved only under a paused MS
+    assert [type(a).__name__ for a in actions if isinstance(
+        a, PauseObject | PatchMachineVersion | ReleasePause)] == [
+        "PauseObject", "PatchMachineVersion", "ReleasePause"]
+    assert [a.machine.name for a in of(actions, PatchMachineVersion)] == ["c1-md-1"]
+    assert {m.version for m in sim.machines.values()} == {V2}
+    ms = sim.machine_sets[ms_key]
+    assert ANN_CAPI_PAUSED not in ms.annotations and ANN_PAUSED_FOR not in ms.annotations
+    assert ANN_CAPI_PAUSED not in sim.deployments[md_key].annotations
+    assert of(actions, WriteVersion) == [] and of(actions, CreateNodePlan) == []
+    # nothing more to do
+    again = plan(sim.snapshot(), SETTINGS).actions
+    assert not of(again, PauseObject | PatchMachineVersion | ReleasePause), again
+    # a Machine at the old version whose node k0s-fleet never upgraded is not k0s-fleet's
+    sim.machines[key] = dataclasses.replace(
+        sim.machines[key], version=V1,
+        annotations={k: v for k, v in sim.machines[key].annotations.items()
+                     if k != ANN_MACHINE_RUNNING_VERSION})
+    result = plan(sim.snapshot(), SETTINGS)
+    assert not of(result.actions, PauseObject) and not of(result.actions, PatchMachineVersion)
 
 
 def test_nothing_is_written_while_the_policy_holds_the_cluster() -> None:
