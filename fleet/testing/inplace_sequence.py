@@ -16,7 +16,8 @@ test_capi_rollouts.py, docs/capi.md). Nothing here runs in production:
    Machine's ``spec.version``, then lift both pauses. CAPI now finds the MachineSet up
    to date: no MachineSet is created and no Machine deleted. (Without the MachineSet's
    pause, a MachineSet reconcile already running with its cached Machines re-applies the
-   old ``spec.version``: CAPI v1.12 was seen doing so.)
+   old ``spec.version``: CAPI v1.12 was seen doing so; the Machines are written once CAPI
+   reports the MachineSet ``Paused``, i.e. no reconcile begun before the pause runs.)
 
 :func:`plan_version_move` is the pure decision (or the reason to refuse);
 :func:`apply_version_move` does one step's writes, each safe to repeat.
@@ -27,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+import anyio
 
 from fleet.kube import KubeClient, patch_with_retry
 from fleet.kube.resources import MACHINE_DEPLOYMENTS, MACHINE_SETS, MACHINES, Resource
@@ -116,7 +119,12 @@ async def apply_version_move(client: KubeClient, move: InPlaceVersionMove, *,
     # The MachineSet controller re-applies each Machine's spec.version from its cache
     # (server-side apply, forced): a reconcile in flight with the old version would undo
     # the writes below. Paused, it does not run; the pause is lifted once they are done.
+    # A reconcile that began before the pause still runs to its end (CAPI v1.12.1 wrote
+    # the old version 0.8 s after the pause in an audit log), so the writes wait until
+    # CAPI reports the MachineSet Paused: the reconcile that wrote that began after the
+    # pause, and controller-runtime runs one reconcile of an object at a time.
     await _pause(client, MACHINE_SETS, move.machine_set, ns)
+    await _paused_observed(client, MACHINE_SETS, move.machine_set, ns)
     await patch_with_retry(client, MACHINE_SETS, move.machine_set, lambda o: _version_patch(
         o, move.target, template=True), ns)
     for machine in move.machines:
@@ -133,6 +141,20 @@ async def _pause(client: KubeClient, res: Resource, name: str, namespace: str) -
             "metadata": {"annotations": {PAUSED_ANNOTATION: PAUSED_BY_US}}}
 
     await patch_with_retry(client, res, name, pause, namespace)
+
+
+async def _paused_observed(client: KubeClient, res: Resource, name: str, namespace: str,
+                           *, timeout: float = 180.0) -> None:
+    """Wait until Cluster API's controller sets the object's ``Paused`` condition True."""
+    with anyio.move_on_after(timeout):
+        while True:
+            obj = await client.get(res, name, namespace)
+            if any(c.get("type") == "Paused" and c.get("status") == "True"
+                   for c in (obj.get("status") or {}).get("conditions") or []):
+                return
+            await anyio.sleep(0.2)
+    raise TimeoutError(f"{res.kind} {namespace}/{name}: Cluster API did not report it "
+                       f"Paused within {timeout:.0f}s")
 
 
 async def _unpause(client: KubeClient, res: Resource, name: str, namespace: str) -> None:
