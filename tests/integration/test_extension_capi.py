@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -99,6 +100,26 @@ async def extension(mgmt: KubeClient, wl1: KubeClient,
                                           host="127.0.0.1", port=0)
     try:
         yield Extension(server, ssl.create_default_context(cafile=str(ca)), service)
+    finally:
+        await server.close()
+
+
+@asynccontextmanager
+async def config_driver(config: FleetConfig, mgmt: KubeClient, wl1: KubeClient,
+                        tls_dir: Path) -> AsyncIterator[CapiDriver]:
+    """The extension as ``handlers_from_config`` builds it from ``config`` (every workload
+    cluster is ``wl1``), served with TLS, and a driver calling it as CAPI does."""
+    cert, key, ca = make_cert_pair(["localhost"]).write(tls_dir)
+
+    async def workload(_namespace: str, _cluster: str) -> KubeClient:
+        return wl1
+
+    handlers = handlers_from_config(config, mgmt=mgmt, workload_client=workload)
+    server = await start_extension_server(handlers, cert_file=str(cert), key_file=str(key),
+                                          host="127.0.0.1", port=0)
+    try:
+        yield CapiDriver(Extension(server, ssl.create_default_context(cafile=str(ca)),
+                                   UpdateMachineService(mgmt=mgmt)), mgmt)
     finally:
         await server.close()
 
@@ -372,28 +393,15 @@ async def test_fleet_config_executor_and_pause_apply(
     await mgmt.create(CLUSTERS, {"metadata": {"name": "c1", "namespace": namespace,
                                               "labels": {"tier": "prod"}},
                                  "spec": {"paused": False}})
-    cert, key, ca = make_cert_pair(["localhost"]).write(tmp_path / "tls")
-
-    async def workload(namespace: str, cluster: str) -> KubeClient:
-        return wl1
-
     digests = {"download": {"digests": {NEW: {"amd64": DIGEST}}}}
     for raw, expect_plan in (({**digests, "rollout": {"paused": True}}, False),
                              ({**digests, "executor": "autopilot"}, True)):
         config = FleetConfig.model_validate(raw)
         machine, _ = await make_machine(mgmt, wl1, namespace)
         name = machine["metadata"]["name"]
-        handlers = handlers_from_config(config, mgmt=mgmt, workload_client=workload)
-        server = await start_extension_server(handlers, cert_file=str(cert), key_file=str(key),
-                                              host="127.0.0.1", port=0)
-        try:
-            ext = Extension(server, ssl.create_default_context(cafile=str(ca)),
-                            UpdateMachineService(mgmt=mgmt))
-            driver = CapiDriver(ext, mgmt)
+        async with config_driver(config, mgmt, wl1, tmp_path / "tls") as driver:
             await driver.start_in_place(machine, NEW)
             call = await driver.update_machine_once(name, namespace)
-        finally:
-            await server.close()
         plans = await plans_for(mgmt, namespace, name)
         assert call.status == "Success" and call.retry_after > 0, call
         if expect_plan:
@@ -406,29 +414,17 @@ async def test_fleet_config_digest_manifest_is_honoured(
         mgmt: KubeClient, wl1: KubeClient, namespace: str, tmp_path: Path) -> None:
     """handlers_from_config: no pinned digest, only download.digestManifestUrl: the
     extension fetches the manifest and the NodePlan carries the digest it lists."""
-    cert, key, ca = make_cert_pair(["localhost"]).write(tmp_path / "tls")
     listed = "d" * 64
     (tmp_path / NEW).mkdir()
     (tmp_path / NEW / "sha256sums.txt").write_text(f"{listed}  k0s-{NEW}-amd64\n")
     config = FleetConfig.model_validate({"download": {
         "digestManifestUrl": f"file://{tmp_path}/{{version}}/sha256sums.txt"}})
 
-    async def workload(namespace: str, cluster: str) -> KubeClient:
-        return wl1
-
     machine, _ = await make_machine(mgmt, wl1, namespace)
     name = machine["metadata"]["name"]
-    handlers = handlers_from_config(config, mgmt=mgmt, workload_client=workload)
-    server = await start_extension_server(handlers, cert_file=str(cert), key_file=str(key),
-                                          host="127.0.0.1", port=0)
-    try:
-        ext = Extension(server, ssl.create_default_context(cafile=str(ca)),
-                        UpdateMachineService(mgmt=mgmt))
-        driver = CapiDriver(ext, mgmt)
+    async with config_driver(config, mgmt, wl1, tmp_path / "tls") as driver:
         await driver.start_in_place(machine, NEW)
         call = await driver.update_machine_once(name, namespace)
-    finally:
-        await server.close()
     assert call.status == "Success" and call.retry_after > 0, call
     (plan,) = await plans_for(mgmt, namespace, name)
     assert plan["spec"]["sha256"] == listed and plan["spec"]["allowUnverified"] is False
@@ -507,24 +503,13 @@ async def test_update_machine_answers_not_yet_while_the_rollout_policy_holds(
     the controller's record of admitted clusters) holds UpdateMachine before any dispatch."""
     await mgmt.create(CLUSTERS, {"metadata": {"name": "c1", "namespace": namespace},
                                  "spec": {"paused": False}})
-    cert, key, ca = make_cert_pair(["localhost"]).write(tmp_path / "tls")
-
-    async def workload(namespace: str, cluster: str) -> KubeClient:
-        return wl1
-
     config = FleetConfig.model_validate({"management": {"namespace": namespace},
                                          "download": {"digests": {NEW: {"amd64": DIGEST}}}})
     cm = await mgmt.create(CONFIGMAPS, {
         "metadata": {"name": ROLLOUT_CONFIGMAP, "namespace": namespace,
                      "annotations": {ANN_EMERGENCY_STOP: "bad release"}},
         "data": {STATE_KEY: RolloutState().to_json()}}, namespace)
-    handlers = handlers_from_config(config, mgmt=mgmt, workload_client=workload)
-    server = await start_extension_server(handlers, cert_file=str(cert), key_file=str(key),
-                                          host="127.0.0.1", port=0)
-    try:
-        ext = Extension(server, ssl.create_default_context(cafile=str(ca)),
-                        UpdateMachineService(mgmt=mgmt))
-        driver = CapiDriver(ext, mgmt)
+    async with config_driver(config, mgmt, wl1, tmp_path / "tls") as driver:
         machine, _ = await make_machine(mgmt, wl1, namespace)
         name = machine["metadata"]["name"]
         await driver.start_in_place(machine, NEW)
@@ -543,8 +528,6 @@ async def test_update_machine_answers_not_yet_while_the_rollout_policy_holds(
                          namespace)
         call = await driver.update_machine_once(name, namespace)
         assert "not yet" not in call.message, call
-    finally:
-        await server.close()
     assert cm["metadata"]["name"] == ROLLOUT_CONFIGMAP
     assert [p["metadata"]["name"] for p in await plans_for(mgmt, namespace, name)] == [
         nodeplan_name(name, NEW)]
@@ -577,20 +560,9 @@ async def test_update_machine_holds_while_the_worker_template_was_changed_by_som
                      "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
                                            "kind": "DockerMachineTemplate",
                                            "name": "md-0"}}}}}, namespace)
-    cert, key, ca = make_cert_pair(["localhost"]).write(tmp_path / "tls")
-
-    async def workload(namespace: str, cluster: str) -> KubeClient:
-        return wl1
-
     config = FleetConfig.model_validate({"management": {"namespace": namespace},
                                          "download": {"digests": {NEW: {"amd64": DIGEST}}}})
-    handlers = handlers_from_config(config, mgmt=mgmt, workload_client=workload)
-    server = await start_extension_server(handlers, cert_file=str(cert), key_file=str(key),
-                                          host="127.0.0.1", port=0)
-    try:
-        ext = Extension(server, ssl.create_default_context(cafile=str(ca)),
-                        UpdateMachineService(mgmt=mgmt))
-        driver = CapiDriver(ext, mgmt)
+    async with config_driver(config, mgmt, wl1, tmp_path / "tls") as driver:
         machine, _ = await make_machine(mgmt, wl1, namespace)
         name = machine["metadata"]["name"]
         await driver.start_in_place(machine, NEW)
@@ -603,7 +575,5 @@ async def test_update_machine_holds_while_the_worker_template_was_changed_by_som
             "spec": {"version": NEW}}}}, namespace)
         call = await driver.update_machine_once(name, namespace)
         assert "not yet" not in call.message, call
-    finally:
-        await server.close()
     assert [p["metadata"]["name"] for p in await plans_for(mgmt, namespace, name)] == [
         nodeplan_name(name, NEW)]
