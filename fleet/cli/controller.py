@@ -75,7 +75,13 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
             mgmt, namespace=config.management.namespace, identity=args.identity,
             shards=args.shards, lease_seconds=args.lease_seconds,
             on_change=trigger.poke) if args.shards else None
-        controller = FleetController(mgmt, config, identity=args.identity, recorder=recorder,
+        # With one leader, its writes are fenced by its Lease: a leader resumed after a stop
+        # past its renew deadline sends nothing before its renewal task has noticed.
+        elector = LeaderElector(mgmt, namespace=config.management.namespace,
+                                identity=args.identity, lease_seconds=args.lease_seconds
+                                ) if args.leader_elect and membership is None else None
+        writes = mgmt.fenced(elector.holds) if elector is not None else mgmt
+        controller = FleetController(writes, config, identity=args.identity, recorder=recorder,
                                      trigger=trigger, policy=exclusion,
                                      tracer=get_tracer("fleet.controller", provider),
                                      shard=membership)
@@ -117,10 +123,7 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
                                          rollout=rollout, lead=lead):
                         tg.cancel_scope.cancel()  # the endpoints too: exit, to be restarted
                         return common.Exit.LOST_LEADERSHIP
-                elif args.leader_elect:
-                    elector = LeaderElector(mgmt, namespace=config.management.namespace,
-                                            identity=args.identity,
-                                            lease_seconds=args.lease_seconds)
+                elif elector is not None:
                     await elector.run(lead)
                 else:
                     await lead()

@@ -71,6 +71,13 @@ class LeaderElector:
         self._observed_at = 0.0
         self.leading = False
         self.transitions = 0
+        self._held_until = float("-inf")  # monotonic: last good renewal + renew_deadline
+
+    def holds(self) -> bool:
+        """Leading, with the last renewal recent enough on this process's own clock: a
+        process resumed after a stop past its renew deadline does not write on (its
+        renewal task may not have run yet)."""
+        return self.leading and self.monotonic() < self._held_until
 
     def _body(self, lease: dict[str, Any] | None, *, take: bool) -> dict[str, Any]:
         spec = dict((lease or {}).get("spec") or {})
@@ -149,6 +156,7 @@ class LeaderElector:
                 break
             await anyio.sleep(self.retry_every)
         last_ok = started
+        self._held_until = started + self.renew_deadline
         self.leading = True
         self.transitions += 1
         log.info("%s leads (lease %s/%s)", self.identity, self.namespace, self.name)
@@ -168,6 +176,7 @@ class LeaderElector:
                         left = last_ok + self.renew_deadline - started
                         if left > 0 and await self._attempt(left):
                             last_ok = started
+                            self._held_until = started + self.renew_deadline
                         elif self.monotonic() - last_ok >= self.renew_deadline:
                             # Stop before another candidate may take over.
                             log.warning("%s: lease %s/%s not renewed within %.1fs; stopping",
@@ -181,6 +190,7 @@ class LeaderElector:
                 tg.start_soon(renew)
         finally:
             self.leading = False
+            self._held_until = float("-inf")
             if not lost:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(self.renew_deadline):
                     await self.release()

@@ -9,6 +9,7 @@ from fleet.kube.client import KubeClient, KubeObject, ObjectList
 from fleet.kube.errors import (
     AlreadyExistsError,
     ConflictError,
+    FencedError,
     ForbiddenError,
     GoneError,
     InvalidError,
@@ -24,6 +25,7 @@ from fleet.kube.resources import Resource
 __all__ = [
     "AlreadyExistsError",
     "ConflictError",
+    "FencedError",
     "ForbiddenError",
     "GoneError",
     "InvalidError",

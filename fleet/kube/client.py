@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import yaml
 
-from fleet.kube.errors import KubeError, NotFoundError, UnreachableError
+from fleet.kube.errors import FencedError, KubeError, NotFoundError, UnreachableError
 from fleet.kube.resources import Resource
 from fleet.kube.transport import LineStream, Transport, TransportName
 
@@ -39,9 +39,17 @@ class KubeClient:
     kubernetes-asyncio's global default configuration.
     """
 
-    def __init__(self, api: Transport, *, name: str = "cluster") -> None:
+    def __init__(self, api: Transport, *, name: str = "cluster",
+                 write_fence: Callable[[], bool] | None = None) -> None:
         self._api = api
         self.name = name
+        self._write_fence = write_fence
+
+    def fenced(self, holds: Callable[[], bool]) -> KubeClient:
+        """This client's connection, sending no write while ``holds()`` is false (a
+        replica's writes under its Lease). Reads and watches are not fenced. Close the
+        client it came from, not this one."""
+        return KubeClient(self._api, name=self.name, write_fence=holds)
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -120,6 +128,9 @@ class KubeClient:
     async def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
                       body: Any = None, content_type: str = "application/json",
                       timeout: float | None = 30.0) -> Any:
+        if self._write_fence is not None and method != "GET" and not self._write_fence():
+            raise FencedError(f"{self.name}: {method} {path} not sent: this replica's Lease "
+                              "is not known to be held any more")
         query_params = [(k, _query_value(v)) for k, v in (query or {}).items() if v is not None]
         return await self._api.call(method, path, query=query_params, body=body,
                                     content_type=content_type, timeout=timeout)

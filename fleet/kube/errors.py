@@ -28,6 +28,12 @@ class WatchIdleError(UnreachableError):
     from its last resourceVersion tells which (a new request fails if the server is gone)."""
 
 
+class FencedError(KubeError):
+    """A write this process did not send: the Lease it writes under is not known to be
+    held any more (its renewal is overdue on this process's own clock, e.g. after the
+    process was stopped); another replica may lead already."""
+
+
 class BadRequestError(KubeError):
     status = 400
 
