@@ -299,6 +299,12 @@ class FleetController:
                     return False
         return True
 
+    def settled(self) -> bool:
+        """True when no pass runs, no poke waits to be served and no action is in flight:
+        the last pass decided on what the caches hold now (for tests and benchmarks)."""
+        return (not self._inflight and self._pass_started is None
+                and self.trigger.first_poke is None)
+
     async def idle(self) -> None:
         """Wait until no action is in flight (for tests and benchmarks)."""
         while self._inflight:

@@ -21,6 +21,7 @@ from fleet.kube.resources import (
     MACHINES,
     NODE_PLANS,
     NODES,
+    Resource,
 )
 from fleet.kube.watch import Reflector, WatchEvent
 from fleet.planner import conditions as C
@@ -158,6 +159,25 @@ async def running_controller(mgmt: KubeClient, config: FleetConfig, **kw: Any
             yield controller
         finally:
             tg.cancel_scope.cancel()
+
+
+async def acted_on_current_state(controller: FleetController, mgmt: KubeClient,
+                                 namespace: str, resources: list[Resource]) -> bool:
+    """True when the controller's caches hold every object of ``resources`` in
+    ``namespace`` at the server's resourceVersion and the controller has settled (its
+    last pass decided on them, nothing in flight): stopping it now cuts no sequence it
+    began on what it saw (a pause it wrote and has not yet released)."""
+    if not controller.settled():
+        return False
+    for res in resources:
+        cache = controller.view[res]
+        for obj in (await mgmt.list(res, namespace)).items:
+            meta = obj["metadata"]
+            cached = cache.object(meta["name"], namespace)
+            if cached is None or cached["metadata"].get("resourceVersion") \
+                    != meta.get("resourceVersion"):
+                return False
+    return controller.settled()
 
 
 @contextlib.asynccontextmanager

@@ -44,7 +44,7 @@ from fleet.testing.providers import K0S_WORKER_CONFIGS, ProviderPlayer
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.world import World
 from tests.helpers.capienv import capi_namespace, playing, provisioned, wait_for
-from tests.helpers.controller import running_controller
+from tests.helpers.controller import acted_on_current_state, running_controller
 from tests.helpers.names import unique
 
 pytestmark = pytest.mark.anyio
@@ -122,7 +122,7 @@ async def test_the_paused_md_executor_upgrades_in_place_next_to_the_real_capi(
             before = {m["metadata"]["name"]: m["metadata"]["uid"] for m in machines}
             sets_before = {s["metadata"]["name"]
                            for s in (await mgmt.list(MACHINE_SETS, ns)).items}
-            async with running_controller(mgmt, config):
+            async with running_controller(mgmt, config) as controller:
                 await apply_upgrade(mgmt, namespace=ns, name="to-v2", version=V2,
                                     selector=None)
 
@@ -154,7 +154,15 @@ async def test_the_paused_md_executor_upgrades_in_place_next_to_the_real_capi(
                     return (all((o.get("status") or {}).get("observedGeneration")
                                 == o["metadata"]["generation"]
                                 and ANN_CAPI_PAUSED not in anns(o) for o in [md, *sets])
-                            and {m["spec"]["version"] for m in machines} == {V2})
+                            and {m["spec"]["version"] for m in machines} == {V2}
+                            # CAPI may move a written-back Machine itself (its MachineSet's
+                            # template is at the target) while the controller, having seen
+                            # the old version, pauses the MachineSet to repair it: done
+                            # once the controller has decided on what is there now (its
+                            # pause released; CI once stopped it in between).
+                            and await acted_on_current_state(
+                                controller, mgmt, ns,
+                                [MACHINE_DEPLOYMENTS, MACHINE_SETS, MACHINES]))
 
                 try:
                     await wait_for("CAPI to observe the unpaused objects, every Machine "
