@@ -201,8 +201,11 @@ class ClusterRegistry:
                  on_cluster: Callable[[ClusterKey], None] | None = None,
                  client_factory: ClientFactory = _default_factory,
                  watch_timeout: int = WORKLOAD_WATCH_TIMEOUT, idle_timeout: float = 150.0,
-                 unreachable_after: float = 30.0) -> None:
+                 unreachable_after: float = 30.0,
+                 write_fence: Callable[[], bool] | None = None) -> None:
         self.secrets = secrets
+        # The controller's Lease fence (KubeClient.fenced) for its workload writes too.
+        self.write_fence = write_fence
         # A cluster whose watches have failed this long is unreachable: its last cache
         # is not decided on, nothing new starts there (docs/controller.md).
         self.unreachable_after = unreachable_after
@@ -317,7 +320,9 @@ class ClusterRegistry:
             try:
                 try:
                     kubeconfig = kubeconfig_from_secret(secret)
-                    wc.client = await self.client_factory(kubeconfig, f"workload:{wc.name}")
+                    client = await self.client_factory(kubeconfig, f"workload:{wc.name}")
+                    wc.client = client if self.write_fence is None else \
+                        client.fenced(self.write_fence)
                 except (KubeconfigSecretError, KubeError, ValueError, OSError) as e:
                     wc.error = str(e)
                     log.warning("workload cluster %s: %s", wc.name, e)

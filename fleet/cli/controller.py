@@ -32,7 +32,6 @@ from fleet.controllers.shard import LostMembershipError, ShardMembership
 from fleet.events import EventRecorder
 from fleet.extension.exclusion import ExtensionExclusion
 from fleet.extension.server import serve_configured_extension
-from fleet.kube import KubeClient
 from fleet.rollout.policy import RolloutPolicy
 from fleet.status.server import StatusBoard, make_app, serve
 from fleet.telemetry import get_tracer, setup_tracing
@@ -63,28 +62,41 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
         "service.instance.id": args.identity})
     try:
         trigger = Trigger()
-        recorder = EventRecorder(mgmt, instance=args.identity,
-                                 default_namespace=config.management.namespace)
-        # Fleet rollout policy (waves, windows, pauses), publishing to /status, /metrics.
-        board = StatusBoard()
-        rollout = RolloutPolicy(mgmt, config, recorder=recorder, board=board)
-        # Clusters whose in-place updates CAPI drives through our runtime extension are
-        # left to it by the standalone sequencer (extension.mode; docs/runtime-extension.md).
-        exclusion = ExtensionExclusion(mgmt, config, rollout, on_change=trigger.poke)
         membership = ShardMembership(
             mgmt, namespace=config.management.namespace, identity=args.identity,
             shards=args.shards, lease_seconds=args.lease_seconds,
             on_change=trigger.poke) if args.shards else None
-        # With one leader, its writes are fenced by its Lease: a leader resumed after a stop
-        # past its renew deadline sends nothing before its renewal task has noticed.
-        elector = LeaderElector(mgmt, namespace=config.management.namespace,
-                                identity=args.identity, lease_seconds=args.lease_seconds
-                                ) if args.leader_elect and membership is None else None
-        writes = mgmt.fenced(elector.holds) if elector is not None else mgmt
-        controller = FleetController(writes, config, identity=args.identity, recorder=recorder,
+        # Every write of the controller, its Event recorder and the rollout policy is
+        # fenced by the Lease(s) it is made under (fleet.fence): with one leader, the
+        # leader Lease; sharded, the member Lease and the cluster's shard claim, and for
+        # the fleet-wide writes the writer Lease. A replica resumed after a stop past its
+        # renew deadline sends nothing before its renewal task has noticed.
+        elector = writer = None
+        if membership is not None:
+            writer = LeaderElector(mgmt, namespace=config.management.namespace,
+                                   identity=args.identity, name=f"{membership.group}-writer",
+                                   lease_seconds=args.lease_seconds)
+            fence: Callable[[], bool] | None = membership.write_fence(writer.holds)
+        elif args.leader_elect:
+            elector = LeaderElector(mgmt, namespace=config.management.namespace,
+                                    identity=args.identity, lease_seconds=args.lease_seconds)
+            fence = elector.holds
+        else:
+            fence = None  # --no-leader-elect: the only instance
+        writes = mgmt if fence is None else mgmt.fenced(fence)
+        recorder = EventRecorder(writes, instance=args.identity,
+                                 default_namespace=config.management.namespace)
+        # Fleet rollout policy (waves, windows, pauses), publishing to /status, /metrics.
+        board = StatusBoard()
+        rollout = RolloutPolicy(writes, config, recorder=recorder, board=board,
+                                fleet_writer=writer.holds if writer is not None else None)
+        # Clusters whose in-place updates CAPI drives through our runtime extension are
+        # left to it by the standalone sequencer (extension.mode; docs/runtime-extension.md).
+        exclusion = ExtensionExclusion(mgmt, config, rollout, on_change=trigger.poke)
+        controller = FleetController(mgmt, config, identity=args.identity, recorder=recorder,
                                      trigger=trigger, policy=exclusion,
                                      tracer=get_tracer("fleet.controller", provider),
-                                     shard=membership)
+                                     shard=membership, write_fence=fence)
         if membership is not None:
             membership.busy = controller.busy_clusters
             membership.warm = controller.caches_hold_every_nodeplan
@@ -118,9 +130,8 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
                 tracer=get_tracer("fleet.extension", provider),
                 on_serving=health.extension_serving))
             try:
-                if membership is not None:
-                    if not await _sharded(args, config, mgmt, membership=membership,
-                                         rollout=rollout, lead=lead):
+                if membership is not None and writer is not None:
+                    if not await _sharded(membership=membership, writer=writer, lead=lead):
                         tg.cancel_scope.cancel()  # the endpoints too: exit, to be restarted
                         return common.Exit.LOST_LEADERSHIP
                 elif elector is not None:
@@ -139,15 +150,11 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
             provider.shutdown()
 
 
-async def _sharded(args: argparse.Namespace, config: FleetConfig, mgmt: KubeClient, *,
-                   membership: ShardMembership, rollout: RolloutPolicy,
+async def _sharded(*, membership: ShardMembership, writer: LeaderElector,
                    lead: Callable[[], Awaitable[None]]) -> bool:
     """Run the controller on this replica's shards until cancelled; False when the member
-    Lease was lost (everything stopped before another replica may take the shards)."""
-    writer = LeaderElector(mgmt, namespace=config.management.namespace,
-                           identity=args.identity, name=f"{membership.group}-writer",
-                           lease_seconds=args.lease_seconds)
-    rollout.fleet_writer = lambda: writer.leading
+    Lease was lost (everything stopped before another replica may take the shards).
+    ``writer``: the Lease electing the replica that does the fleet-wide writes."""
     lost = False
     try:
         async with anyio.create_task_group() as tg:

@@ -32,6 +32,7 @@ from fleet.controllers.infra import InfraMachines
 from fleet.controllers.observe import ManagementView, kubeconfig_secrets
 from fleet.controllers.parts import FleetParts
 from fleet.events import EventRecorder
+from fleet.fence import writes_for
 from fleet.kube import KubeClient, KubeError
 from fleet.kube.backoff import Backoff
 from fleet.kube.resources import NODE_PLANS, SECRETS
@@ -131,12 +132,18 @@ class FleetController:
                  concurrency: int = 16, cluster_concurrency: int = 4,
                  watch_timeout: int = 120, unreachable_after: float | None = None,
                  wedged_after: float | None = None, settle_bound: float | None = None,
-                 shard: Shard | None = None) -> None:
+                 shard: Shard | None = None,
+                 write_fence: Callable[[], bool] | None = None) -> None:
         """``unreachable_after`` / ``wedged_after`` (seconds) override the fleet config's
         ``clusters.unreachableAfter`` / ``status.wedgedAfter`` (tests use short ones);
         ``settle_bound``: how long a workload cluster's first answer is waited for before
         it is planned on (default: the unreachable bound + 30 s); ``shard``: act only on
-        the clusters it names (several active replicas)."""
+        the clusters it names (several active replicas); ``write_fence``: every write of
+        this controller (management and workload clusters, Events) is sent only while it
+        answers True (:meth:`fleet.kube.KubeClient.fenced`; each action's writes are marked
+        as its cluster's, :func:`fleet.fence.writes_for`)."""
+        if write_fence is not None:
+            mgmt = mgmt.fenced(write_fence)
         self.mgmt = mgmt
         self.config = config
         self.clock = clock
@@ -160,6 +167,7 @@ class FleetController:
             watch_timeout=WORKLOAD_WATCH_TIMEOUT, idle_timeout=min(150.0, watch_timeout + 30.0),
             unreachable_after=(config.clusters.unreachable_after.total_seconds()
                                if unreachable_after is None else unreachable_after),
+            write_fence=write_fence,
             **({"client_factory": client_factory} if client_factory else {}))
         self.parts.attach(self.view.caches, self.registry)
         self.planner = IncrementalPlanner(self.settings)
@@ -512,6 +520,10 @@ class FleetController:
                 if per_cluster is not None:
                     await stack.enter_async_context(per_cluster)
                 await stack.enter_async_context(self.limiter)
+                # Every write below (and the Events it emits in the background) is this
+                # cluster's: a sharded replica's fence lets it through only while the
+                # cluster's shard is held.
+                stack.enter_context(writes_for(cluster))
                 for a in group:
                     if self.shard is not None and cluster is not None and \
                             not self.shard.acts_on(cluster):

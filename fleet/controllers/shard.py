@@ -40,6 +40,7 @@ import anyio
 import anyio.abc
 
 from fleet.controllers.leader import lease_timings
+from fleet.fence import fleet_wide, write_cluster
 from fleet.kube import AlreadyExistsError, ConflictError, KubeClient, KubeError, NotFoundError
 from fleet.kube.resources import LEASES
 from fleet.model import ClusterKey, format_time
@@ -171,6 +172,34 @@ class ShardMembership:
 
     def acting_shards(self) -> set[int]:
         return (self.held - self.releasing - self.warming) if self.active else set()
+
+    # -- the write fence (fleet.kube.KubeClient.fenced) ----------------------------------
+    def holds(self) -> bool:
+        """The member Lease's last good renewal started less than the renew deadline ago
+        on this process's own clock. Unlike ``active`` (cleared by the renewal task), this
+        turns false the moment the clock says so: a replica resumed after a stop past its
+        deadline writes nothing before its renewal task has run again."""
+        return self.active and self.renewed_at is not None and \
+            self.monotonic() < self.renewed_at + self.renew_deadline
+
+    def holds_cluster(self, cluster: ClusterKey) -> bool:
+        """:meth:`holds`, and the cluster's shard claim is this replica's in its last look
+        at the claims (a shard being given back still counts: its actions in flight end
+        before it is given back; one taken by another replica does not)."""
+        return self.holds() and shard_of(cluster, self.shards) in self.held
+
+    def write_fence(self, fleet_writer: Callable[[], bool]) -> Callable[[], bool]:
+        """The fence of this replica's writes (:meth:`fleet.kube.KubeClient.fenced`): a
+        write for a cluster (:func:`fleet.fence.writes_for`) needs :meth:`holds_cluster`,
+        any other :meth:`holds`; a fleet-wide one (:func:`fleet.fence.fleet_wide_writes`)
+        also ``fleet_writer()`` (the writer Lease's own fence)."""
+        def holds() -> bool:
+            cluster = write_cluster()
+            if not (self.holds() if cluster is None else self.holds_cluster(cluster)):
+                return False
+            return not fleet_wide() or fleet_writer()
+
+        return holds
 
     # -- the member Lease ----------------------------------------------------------------
     def _labels(self, role: str) -> dict[str, str]:

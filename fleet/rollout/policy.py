@@ -25,6 +25,7 @@ import anyio
 
 from fleet.config import FleetConfig
 from fleet.events import EventRecorder
+from fleet.fence import fleet_wide_writes
 from fleet.kube import KubeClient
 from fleet.model import Snapshot
 from fleet.planner.actions import PlanResult
@@ -72,17 +73,22 @@ class RolloutPolicy:
     async def __call__(self, snapshot: Snapshot) -> Hold:
         clusters = self.progress.clusters(snapshot)
         writer = self.fleet_writer is None or self.fleet_writer()
-        decision = await self.coordinator.decide(clusters, snapshot.now, fleet_writer=writer)
-        previous = self._next_wakeup()
-        self.decision = decision
-        if self.board is not None:
-            self.board.publish(decision, clusters)
-        # The upgrade intents' status: per wave and per cluster, from this very decision.
-        if writer:
-            await self.upgrade_status.write(snapshot.upgrades, snapshot.intents, decision,
-                                            clusters, defer=self._waking)
-        else:
-            self.upgrade_status.forget()  # the fleet writer (another replica) writes it
+        # Decided as the fleet-wide writer: its writes (the record with wave times, the
+        # FleetUpgrade status, their Events) are sent only while the writer Lease is held
+        # (the sharded replicas' fence, fleet.controllers.shard.ShardMembership.write_fence).
+        with fleet_wide_writes(writer):
+            decision = await self.coordinator.decide(clusters, snapshot.now,
+                                                     fleet_writer=writer)
+            previous = self._next_wakeup()
+            self.decision = decision
+            if self.board is not None:
+                self.board.publish(decision, clusters)
+            # The upgrade intents' status: per wave and per cluster, from this decision.
+            if writer:
+                await self.upgrade_status.write(snapshot.upgrades, snapshot.intents, decision,
+                                                clusters, defer=self._waking)
+            else:
+                self.upgrade_status.forget()  # the fleet writer (another replica) writes it
         if self._next_wakeup() != previous:
             self._wakeup_changed.set()
         return decision.hold
