@@ -259,6 +259,11 @@ class MachineSetInfo(_VersionOwner):
     version: str | None = None
     annotations: Mapping[str, str] = field(default_factory=dict)
     spec_version: str | None = None  # MachineSets have no intent: ``version`` is theirs
+    # Cluster API's ``Paused`` condition (v1beta2 ``status.conditions``; read as v1beta1,
+    # ``status.v1beta2.conditions``): True once a reconcile that began after the pause
+    # annotation ran, False while it has not; None when CAPI writes no such condition
+    # (nothing reconciles the object, or a CAPI that does not report it).
+    paused_reported: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -539,7 +544,23 @@ def machine_set_from(obj: Mapping[str, Any]) -> MachineSetInfo:
         created=parse_time(_meta(obj).get("creationTimestamp")),
         version=tspec.get("version"),
         annotations=_annotations(obj),
+        paused_reported=capi_paused_condition(obj),
     )
+
+
+def capi_paused_condition(obj: Mapping[str, Any]) -> bool | None:
+    """Whether Cluster API reports the object paused: its ``Paused`` condition, in the
+    v1beta2 form (``status.conditions`` of a v1beta2 object; ``status.v1beta2.conditions``
+    of one read as v1beta1). CAPI v1.12.1 and v1.14.2 both write it (True with reason
+    ``Paused`` once a reconcile saw the annotation, False ``NotPaused`` otherwise); neither
+    has a Paused condition in the v1beta1 form (``status.deprecated.v1beta1.conditions``).
+    None when there is no such condition."""
+    status = obj.get("status") or {}
+    for raw in (status.get("conditions"), (status.get("v1beta2") or {}).get("conditions")):
+        for c in raw or []:
+            if isinstance(c, dict) and c.get("type") == "Paused":
+                return c.get("status") == "True"
+    return None
 
 
 def comparable_k0s_config(spec: Any) -> dict[str, Any]:

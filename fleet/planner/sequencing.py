@@ -340,7 +340,8 @@ class Sequencing(PassState):
         target: pause the Machines' MachineSet (its controller would re-apply the old
         Machine versions from a reconcile in flight), move the MachineSet's template and
         the Machines' versions to the target, then release both pauses; each step waits
-        until the previous one is observed.
+        until the previous one is observed (the MachineSet's pause until Cluster API
+        reports it, ``MachineSetInfo.paused_reported``).
 
         After the release the same steps repair a Machine whose ``spec.version`` went back
         to the old version although k0s-fleet upgraded its node (running-version
@@ -373,6 +374,13 @@ class Sequencing(PassState):
                 return
             if any(ms.paused_for is None for ms in mine):
                 return  # a MachineSet paused by someone else: not ours to move
+            if any(ms.paused_reported is False for ms in mine):
+                # Not before Cluster API reports the pause: a MachineSet reconcile begun
+                # before it still runs, and would force-apply the Machines' old version
+                # after our writes (CAPI v1.12.1 did, 0.8 s after the pause). Its Paused
+                # condition turns True in the first reconcile begun after the pause, and
+                # controller-runtime runs one reconcile of an object at a time.
+                return
             for m in behind:
                 self.emit(PatchMachineVersion(m.ref, target))
             for ms in sets_behind:

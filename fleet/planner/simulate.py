@@ -181,7 +181,11 @@ class SimFleet:
             elif isinstance(a, ReleasePause) and ANN_PAUSED_FOR in anns:
                 anns.pop(ANN_PAUSED_FOR)
                 anns.pop(ANN_CAPI_PAUSED, None)
-            self.machine_sets[key] = dataclasses.replace(ms, annotations=anns)
+            # Cluster API's next reconcile reports the pause (its Paused condition), as
+            # soon as the simulated world moves: in the same step.
+            self.machine_sets[key] = dataclasses.replace(
+                ms, annotations=anns, paused_reported=(
+                    ANN_CAPI_PAUSED in anns if ms.paused_reported is not None else None))
         elif isinstance(a, RecordWrittenVersion | WriteVersion | ReleasePause):
             self._write_version(a)
         elif isinstance(a, PatchMachineSetVersion):
@@ -385,7 +389,8 @@ def add_cluster(
         sim.deployments[(namespace, md.ref.name)] = md
         ms = MachineSetInfo(ref=ObjectRef("MachineSet", namespace, f"{name}-md-ms"),
                             cluster=name, deployment=md.ref.name, bootstrap=boot,
-                            infrastructure=infra, replicas=workers, version=version)
+                            infrastructure=infra, replicas=workers, version=version,
+                            paused_reported=False)  # as Cluster API reports it
         sim.machine_sets[(namespace, ms.ref.name)] = ms
         for i in range(workers):
             mname = f"{name}-md-{i}"

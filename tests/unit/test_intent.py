@@ -241,6 +241,52 @@ def test_a_machine_version_cluster_api_writes_back_after_the_release_is_moved_ag
     assert not of(result.actions, PauseObject) and not of(result.actions, PatchMachineVersion)
 
 
+@pytest.mark.parametrize("reported", [False, None])
+def test_the_machines_are_written_once_cluster_api_reports_the_machine_set_paused(
+        reported: bool | None) -> None:
+    """Every node upgraded, the executor pauses the MachineSet; it writes the Machines and
+    the MachineSet's template only once Cluster API reports the MachineSet Paused (its
+    v1beta2 Paused condition True: no reconcile begun before the pause is still running).
+    A MachineSet with no Paused condition at all (nothing reconciles it, or a Cluster API
+    that does not report it) is written at once, as before."""
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c1", control_planes=0, workers=2, max_unavailable=1)
+    ms_key = ("default", "c1-md-ms")
+    sim.machine_sets[ms_key] = dataclasses.replace(sim.machine_sets[ms_key],
+                                                   paused_reported=reported)
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+    moved: list[Action] = []
+    waited = 0
+    for _ in range(400):
+        actions = plan(sim.snapshot(), SETTINGS).actions
+        ms = sim.machine_sets[ms_key]
+        writes = [a for a in actions if isinstance(a, PatchMachineVersion | PatchMachineSetVersion)]
+        if writes:
+            assert ms.paused_for is not None and ms.paused_reported is not False, ms
+            moved += writes
+        elif ms.paused_for is not None and ms.paused_reported is False:
+            waited += 1
+            if waited == 3:  # CAPI's reconcile after the pause comes round
+                sim.machine_sets[ms_key] = dataclasses.replace(ms, paused_reported=True)
+        sim.apply_all(actions)
+        if of(actions, PauseObject) and reported is False:
+            # the simulated CAPI reports at once: here its reconcile has not run yet
+            sim.machine_sets[ms_key] = dataclasses.replace(sim.machine_sets[ms_key],
+                                                           paused_reported=False)
+        for ckey, name in sim.active_requests():
+            sim.step_node(ckey, name)
+        sim.advance(1)
+        if not actions and not sim.active_requests() and all(
+                p.terminal for p in sim.nodeplans.values()) and \
+                sim.machine_sets[ms_key].paused_for is None:
+            break
+    assert waited == (3 if reported is False else 0)
+    assert sorted(type(a).__name__ for a in moved) == [
+        "PatchMachineSetVersion", "PatchMachineVersion", "PatchMachineVersion"]
+    assert {m.version for m in sim.machines.values()} == {V2}
+    assert ANN_CAPI_PAUSED not in sim.machine_sets[ms_key].annotations
+
+
 def test_nothing_is_written_while_the_policy_holds_the_cluster() -> None:
     sim = SimFleet(now=T0)
     add_cluster(sim, "c1", control_planes=1, workers=2)
