@@ -23,6 +23,12 @@ two ways only:
 A newly taken shard is not acted on until the replica's management caches hold every
 NodePlan a fresh list shows (``warm``): what the previous holder dispatched is counted
 before this one plans.
+
+Stopping "first" is the renewal task's doing; a replica stopped past its deadline and then
+resumed may run other tasks before that one. So its writes are fenced one by one
+(:meth:`ShardMembership.write_fence`, given to :meth:`fleet.kube.KubeClient.fenced`): none
+is sent once the last good renewal started more than the renew deadline ago on its own
+clock, nor one for a cluster whose shard it no longer holds (docs/controller.md).
 """
 
 from __future__ import annotations
