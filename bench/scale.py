@@ -720,6 +720,7 @@ async def kill_mid_rollout(r: Run, clusters: set[str]) -> dict[str, Any]:
     args = r.args
     nodes_per = CONTROL_PLANES + WORKERS
     while True:
+        t_poll = time.monotonic()
         report = await r.sim.admin(r.session, "/kubesim/standin")
         asked = Counter(row[0] for row in report["seen"] if row[0] in clusters)
         done = Counter(row[0] for row in report["completed"] if row[0] in clusters)
@@ -749,7 +750,7 @@ async def kill_mid_rollout(r: Run, clusters: set[str]) -> dict[str, Any]:
                         "victim_clusters": [c for c in clusters
                                             if owner[c] == victim.identity],
                         "shards_taken_s": round(time.time() - killed_at, 2)}
-        await asyncio.sleep(5.0)
+        await asyncio.sleep(max(1.0, 4 * (time.monotonic() - t_poll)))
 
 
 def main(argv: list[str] | None = None) -> int:
