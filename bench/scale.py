@@ -497,9 +497,11 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             connector = aiohttp.TCPConnector(ssl=False, limit=8)
             async with aiohttp.ClientSession(connector=connector) as session:
                 sim_before = await sim.admin(session, "/kubesim/stats")
-                controllers.extend(await asyncio.to_thread(
-                    lambda: [start_controller(f"bench-{r}", workdir, kubeconfig, args)
-                             for r in range(args.replicas)]))
+                for i in range(args.replicas):
+                    if i and args.stagger_seconds:
+                        await asyncio.sleep(args.stagger_seconds)
+                    controllers.append(await asyncio.to_thread(
+                        start_controller, f"bench-{i}", workdir, kubeconfig, args))
                 r = Run(args, session, mgmt, sim, controllers, audit)
                 result.update(await steady(r, n))
                 sim_after = await sim.admin(session, "/kubesim/stats")
@@ -770,6 +772,8 @@ def main(argv: list[str] | None = None) -> int:
                    "holding the most clusters mid-rollout, once --kill-after of them are done")
     p.add_argument("--kill-after", type=float, default=0.3,
                    help="fraction of the clusters rolled before --kill-one kills")
+    p.add_argument("--stagger-seconds", type=float, default=0.0,
+                   help="start the replicas this far apart (default: all at once)")
     p.add_argument("--create-concurrency", type=int, default=8,
                    help="clusters written to the management cluster at once")
     p.add_argument("--rollout", action="store_true",
