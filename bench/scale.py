@@ -173,20 +173,30 @@ class Controller:
     status_port: int
     started_wall: float
     started: float = field(default_factory=time.monotonic)
+    last: dict[str, float] = field(default_factory=lambda: {
+        "cpu_s": 0.0, "rss_mib": math.nan, "peak_rss_mib": math.nan})
 
     def usage(self) -> dict[str, float]:
-        """CPU seconds, RSS and peak RSS (MiB) of the process, from /proc."""
-        stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        """CPU seconds, RSS and peak RSS (MiB) of the process, from /proc (the last
+        reading once the process is gone)."""
+        try:
+            stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            return dict(self.last)
         fields = stat[stat.rindex(")") + 2:].split()
         ticks = os.sysconf("SC_CLK_TCK")
         cpu = (int(fields[11]) + int(fields[12])) / ticks
         mem = {}
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+        for line in status.splitlines():
             key, _, value = line.partition(":")
             if key in ("VmRSS", "VmHWM"):
                 mem[key] = int(value.split()[0]) / 1024
-        return {"cpu_s": cpu, "rss_mib": mem.get("VmRSS", math.nan),
-                "peak_rss_mib": mem.get("VmHWM", math.nan)}
+        if "VmRSS" not in mem:  # a zombie: no memory left to read
+            return dict(self.last)
+        self.last = {"cpu_s": cpu, "rss_mib": mem.get("VmRSS", math.nan),
+                     "peak_rss_mib": mem.get("VmHWM", math.nan)}
+        return dict(self.last)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -215,7 +225,7 @@ def start_controller(identity: str, workdir: Path, kubeconfig: Path,
     }
     cfg = workdir / f"fleet-{identity}.yaml"
     cfg.write_text(yaml.safe_dump(config))
-    log = (workdir / f"controller-{identity}.log").open("wb")
+    log = (workdir / f"controller-{identity}.log").open("ab")  # a restarted replica appends
     started_wall = time.time()
     # One replica runs without a Lease: on this shared machine a renewal can miss its
     # 10 s deadline and the controller then exits by design (docs/controller.md).
@@ -418,17 +428,20 @@ async def wait_rolled(r: Run, clusters: set[str]) -> float:
 
 
 def check_exits(r: Run) -> None:
-    """A replica the harness did not kill that exited is recorded (with one replica, or
-    none left, the run stops): a sharded replica exits by design when its member Lease
-    was not renewed in time (on this shared machine: a starved process), and its shards
-    then go to the others, as when a Pod dies."""
-    for c in r.controllers:
-        if c.identity not in r.killed and c.identity not in r.exited and not c.alive():
-            r.exited[c.identity] = {"code": c.proc.returncode,
-                                    "after_start_s": round(time.monotonic() - c.started, 1)}
-    if (len(r.controllers) == 1 and r.exited) or \
-            not any(c.alive() for c in r.controllers):
-        raise RuntimeError(f"controller(s) exited: {r.exited}; see the logs in the workdir")
+    """A replica of several that exited without the harness killing it is recorded and
+    started again under the same identity, as Kubernetes restarts a Pod (a sharded
+    replica exits by design when its member Lease was not renewed in time: on this
+    shared machine, a starved process); with one replica the run stops."""
+    for i, c in enumerate(r.controllers):
+        if c.identity in r.killed or c.alive():
+            continue
+        if len(r.controllers) == 1:
+            raise RuntimeError(f"the controller exited with {c.proc.returncode}; see its "
+                               "log in the workdir")
+        r.exited.append({"identity": c.identity, "code": c.proc.returncode,
+                         "after_start_s": round(time.monotonic() - c.started, 1),
+                         "cpu_s": round(c.usage()["cpu_s"], 2)})
+        r.controllers[i] = start_controller(c.identity, r.workdir, r.kubeconfig, r.args)
 
 
 def cluster_done(doc: dict[str, Any], name: str) -> bool:
@@ -457,8 +470,10 @@ class Run:
     sim: Sim
     controllers: list[Controller]
     audit: AuditReader
+    workdir: Path = Path()
+    kubeconfig: Path = Path()
     killed: set[str] = field(default_factory=set)  # identities the harness SIGKILLed
-    exited: dict[str, dict[str, Any]] = field(default_factory=dict)  # exited on their own
+    exited: list[dict[str, Any]] = field(default_factory=list)  # exits on their own
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -502,7 +517,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                         await asyncio.sleep(args.stagger_seconds)
                     controllers.append(await asyncio.to_thread(
                         start_controller, f"bench-{i}", workdir, kubeconfig, args))
-                r = Run(args, session, mgmt, sim, controllers, audit)
+                r = Run(args, session, mgmt, sim, controllers, audit, workdir=workdir,
+                        kubeconfig=kubeconfig)
                 result.update(await steady(r, n))
                 sim_after = await sim.admin(session, "/kubesim/stats")
                 result["steady"]["workload_requests_until_idle_end"] = dict(
