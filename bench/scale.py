@@ -27,7 +27,16 @@ Measured (controller process from /proc; API requests counted at the servers):
   -> the next request in that cluster (its median, p99, max), API requests per node
   upgrade (management audit log + kubesim's request log for that cluster), the time to
   roll it; with ``--rollout-all`` every other cluster is bumped next: the time to roll
-  all (``--max-concurrent-clusters``, the fleet's ``rollout.maxConcurrentClusters``).
+  all (``--max-concurrent-clusters``, the fleet's ``rollout.maxConcurrentClusters``),
+  asked for by one fleet-wide FleetUpgrade, and checked from the node side's record
+  (:mod:`fleet.testing.rollcheck`: one request per node, maxUnavailable, one control
+  plane at a time, maxConcurrentClusters per wave, wave order);
+* ``--replicas R`` (R > 1): R sharded replicas (``--shards``, default 8 per replica;
+  ``--shards 0``: one leader); ``--waves``: waves canary / early / default;
+  ``--kill-one``: SIGKILL the replica holding the most clusters mid-rollout and measure
+  how long its clusters waited for their next request (hand-off) against the lease.
+  A replica that exits on its own is started again (as Kubernetes restarts a Pod) and
+  listed in ``replicas_exited_on_their_own``.
 """
 
 from __future__ import annotations
