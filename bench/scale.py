@@ -27,7 +27,16 @@ Measured (controller process from /proc; API requests counted at the servers):
   -> the next request in that cluster (its median, p99, max), API requests per node
   upgrade (management audit log + kubesim's request log for that cluster), the time to
   roll it; with ``--rollout-all`` every other cluster is bumped next: the time to roll
-  all (``--max-concurrent-clusters``, the fleet's ``rollout.maxConcurrentClusters``).
+  all (``--max-concurrent-clusters``, the fleet's ``rollout.maxConcurrentClusters``),
+  asked for by one fleet-wide FleetUpgrade, and checked from the node side's record
+  (:mod:`fleet.testing.rollcheck`: one request per node, maxUnavailable, one control
+  plane at a time, maxConcurrentClusters per wave, wave order);
+* ``--replicas R`` (R > 1): R sharded replicas (``--shards``, default 8 per replica;
+  ``--shards 0``: one leader); ``--waves``: waves canary / early / default;
+  ``--kill-one``: SIGKILL the replica holding the most clusters mid-rollout and measure
+  how long its clusters waited for their next request (hand-off) against the lease.
+  A replica that exits on its own is started again (as Kubernetes restarts a Pod) and
+  listed in ``replicas_exited_on_their_own``.
 """
 
 from __future__ import annotations
@@ -57,16 +66,20 @@ import aiohttp  # noqa: E402
 import yaml  # noqa: E402
 
 from bench.stats import percentile  # noqa: E402
+from fleet.controllers.shard import GROUP_LABEL, shard_lease_name, shard_of  # noqa: E402
 from fleet.kube import KubeClient, UnreachableError  # noqa: E402
 from fleet.kube.errors import ServerError  # noqa: E402
-from fleet.kube.resources import NAMESPACES  # noqa: E402
+from fleet.kube.resources import CLUSTERS, FLEET_UPGRADES, LEASES, NAMESPACES  # noqa: E402
 from fleet.testing.capi import FleetCluster, bump, create_cluster  # noqa: E402
+from fleet.testing.rollcheck import NodeRun, Topology, check, handoffs  # noqa: E402
 from fleet.testing.world import World, free_port, kill_group  # noqa: E402
 
 V1, V2 = "v1.31.2+k0s.0", "v1.31.3+k0s.0"
 NAMESPACE = "bench"
 CONTROLLER_USER = "k0s-fleet-controller"
 CONTROL_PLANES, WORKERS = 3, 7
+LEASE_GROUP = "k0s-fleet-controller"  # ShardMembership's default group
+WAVE_LABEL = "bench.k0s-fleet.io/wave"
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 
 AUDIT_POLICY = {
@@ -78,6 +91,21 @@ AUDIT_POLICY = {
 
 def cluster_name(i: int) -> str:
     return f"bench-{i:05d}"
+
+
+def wave_of(i: int, n: int) -> str:
+    """With --waves: the first 1 % of the clusters (at least one) form wave ``canary``,
+    the next 9 % (at least one) ``early``, the rest the final ``default`` wave."""
+    canary = max(1, n // 100)
+    early = canary + max(1, n // 10 - canary)
+    return "canary" if i < canary else "early" if i < early else "default"
+
+
+def waves_config(args: argparse.Namespace) -> list[dict[str, Any]]:
+    if not args.waves:
+        return []
+    return [{"name": w, "clusterSelector": {"matchLabels": {WAVE_LABEL: w}}}
+            for w in ("canary", "early")]
 
 
 def node_names(cluster: str) -> list[tuple[str, bool]]:
@@ -154,20 +182,30 @@ class Controller:
     status_port: int
     started_wall: float
     started: float = field(default_factory=time.monotonic)
+    last: dict[str, float] = field(default_factory=lambda: {
+        "cpu_s": 0.0, "rss_mib": math.nan, "peak_rss_mib": math.nan})
 
     def usage(self) -> dict[str, float]:
-        """CPU seconds, RSS and peak RSS (MiB) of the process, from /proc."""
-        stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        """CPU seconds, RSS and peak RSS (MiB) of the process, from /proc (the last
+        reading once the process is gone)."""
+        try:
+            stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            return dict(self.last)
         fields = stat[stat.rindex(")") + 2:].split()
         ticks = os.sysconf("SC_CLK_TCK")
         cpu = (int(fields[11]) + int(fields[12])) / ticks
         mem = {}
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+        for line in status.splitlines():
             key, _, value = line.partition(":")
             if key in ("VmRSS", "VmHWM"):
                 mem[key] = int(value.split()[0]) / 1024
-        return {"cpu_s": cpu, "rss_mib": mem.get("VmRSS", math.nan),
-                "peak_rss_mib": mem.get("VmHWM", math.nan)}
+        if "VmRSS" not in mem:  # a zombie: no memory left to read
+            return dict(self.last)
+        self.last = {"cpu_s": cpu, "rss_mib": mem.get("VmRSS", math.nan),
+                     "peak_rss_mib": mem.get("VmHWM", math.nan)}
+        return dict(self.last)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -190,17 +228,20 @@ def start_controller(identity: str, workdir: Path, kubeconfig: Path,
                      "allowUnverified": True},
         "agent": {"drainTimeout": "30s", "verifyTimeout": "30s"},
         "rollout": {"progressDeadlines": deadlines,
-                    "maxConcurrentClusters": args.max_concurrent_clusters},
+                    "maxConcurrentClusters": args.max_concurrent_clusters,
+                    "waves": waves_config(args)},
         "status": {"port": port},
     }
     cfg = workdir / f"fleet-{identity}.yaml"
     cfg.write_text(yaml.safe_dump(config))
-    log = (workdir / f"controller-{identity}.log").open("wb")
+    log = (workdir / f"controller-{identity}.log").open("ab")  # a restarted replica appends
     started_wall = time.time()
     # One replica runs without a Lease: on this shared machine a renewal can miss its
     # 10 s deadline and the controller then exits by design (docs/controller.md).
+    # Several: sharded (every replica acts on its share) unless --shards 0 (one leads).
     election = ["--no-leader-elect"] if args.replicas == 1 else \
-        ["--lease-seconds", str(args.lease_seconds)]
+        ["--lease-seconds", str(args.lease_seconds)] + \
+        (["--shards", str(args.shards)] if args.shards else [])
     proc = subprocess.Popen(
         [*controller_command(), "controller", "--config", str(cfg), "--kubeconfig",
          str(kubeconfig), "--identity", identity, "--log-level", "WARNING", *election],
@@ -277,26 +318,31 @@ def sim_requests(stats: dict[str, Any], cluster: str | None = None) -> Counter[s
 # -- the run ----------------------------------------------------------------------------
 
 async def create_fleet(mgmt: KubeClient, sim: Sim, clusters: list[str],
-                       concurrency: int = 8) -> list[FleetCluster]:
+                       concurrency: int = 8, waves: bool = False) -> list[FleetCluster]:
     sem = asyncio.Semaphore(concurrency)
 
-    async def one(name: str) -> FleetCluster:
+    async def one(i: int, name: str) -> FleetCluster:
         async with sem:
             for attempt in range(1, 6):
                 try:
                     # No Nodes written through the client: kubesim was seeded with them.
                     # Safe to repeat: what exists already is read back, not re-created.
-                    return await create_cluster(
+                    fc = await create_cluster(
                         mgmt, mgmt, sim.kubeconfig(name), namespace=NAMESPACE, name=name,
                         version=V1, control_planes=CONTROL_PLANES, workers=WORKERS,
                         max_unavailable=1, create_nodes=False)
+                    wave = wave_of(i, len(clusters))
+                    if waves and wave != "default":
+                        await mgmt.patch(CLUSTERS, name, {"metadata": {"labels": {
+                            WAVE_LABEL: wave}}}, NAMESPACE)
+                    return fc
                 except (UnreachableError, ServerError):
                     if attempt == 5:
                         raise
                     await asyncio.sleep(2.0 * attempt)
             raise AssertionError("unreachable")
 
-    return list(await asyncio.gather(*(one(c) for c in clusters)))
+    return list(await asyncio.gather(*(one(i, c) for i, c in enumerate(clusters))))
 
 
 async def get_status(session: aiohttp.ClientSession, c: Controller) -> dict[str, Any] | None:
@@ -375,17 +421,36 @@ async def wait_rolled(r: Run, clusters: set[str]) -> float:
     t0 = time.monotonic()
     nodes_per = CONTROL_PLANES + WORKERS
     while time.monotonic() - t0 < r.args.timeout:
+        t_poll = time.monotonic()
         report = await r.sim.admin(r.session, "/kubesim/standin")
         done = Counter(row[0] for row in report["completed"] if row[0] in clusters)
         if len(done) == len(clusters) and all(v >= nodes_per for v in done.values()):
             _, doc = await leader_status(r.session, r.controllers)
             if doc is not None and all(cluster_done(doc, c) for c in clusters):
                 return time.monotonic() - t0
-        if not all(c.alive() for c in r.controllers):
-            raise RuntimeError("a controller exited; see its log in the workdir")
-        await asyncio.sleep(0.5)
+        check_exits(r)
+        # The stand-in's report is served by kubesim's one loop: poll at most a fifth of
+        # the time (at 10 000 nodes it is a few MB of JSON).
+        await asyncio.sleep(max(0.5, 4 * (time.monotonic() - t_poll)))
     raise TimeoutError(f"rollout of {len(clusters)} cluster(s) not done within "
                        f"{r.args.timeout:.0f} s")
+
+
+def check_exits(r: Run) -> None:
+    """A replica of several that exited without the harness killing it is recorded and
+    started again under the same identity, as Kubernetes restarts a Pod (a sharded
+    replica exits by design when its member Lease was not renewed in time: on this
+    shared machine, a starved process); with one replica the run stops."""
+    for i, c in enumerate(r.controllers):
+        if c.identity in r.killed or c.alive():
+            continue
+        if len(r.controllers) == 1:
+            raise RuntimeError(f"the controller exited with {c.proc.returncode}; see its "
+                               "log in the workdir")
+        r.exited.append({"identity": c.identity, "code": c.proc.returncode,
+                         "after_start_s": round(time.monotonic() - c.started, 1),
+                         "cpu_s": round(c.usage()["cpu_s"], 2)})
+        r.controllers[i] = start_controller(c.identity, r.workdir, r.kubeconfig, r.args)
 
 
 def cluster_done(doc: dict[str, Any], name: str) -> bool:
@@ -414,6 +479,10 @@ class Run:
     sim: Sim
     controllers: list[Controller]
     audit: AuditReader
+    workdir: Path = Path()
+    kubeconfig: Path = Path()
+    killed: set[str] = field(default_factory=set)  # identities the harness SIGKILLed
+    exited: list[dict[str, Any]] = field(default_factory=list)  # exits on their own
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -441,7 +510,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         sim = await asyncio.to_thread(start_sim, workdir, names, args.step_seconds)
         async with await world["mgmt"].client() as mgmt:
             await mgmt.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
-            fleet = await create_fleet(mgmt, sim, names)
+            fleet = await create_fleet(mgmt, sim, names, concurrency=args.create_concurrency,
+                                       waves=args.waves)
             result["setup_s"] = round(time.monotonic() - t_setup, 1)
             kubeconfig = workdir / "controller-kubeconfig.yaml"
             await asyncio.to_thread(kubeconfig.write_text, yaml.safe_dump(
@@ -451,19 +521,24 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             connector = aiohttp.TCPConnector(ssl=False, limit=8)
             async with aiohttp.ClientSession(connector=connector) as session:
                 sim_before = await sim.admin(session, "/kubesim/stats")
-                controllers.extend(await asyncio.to_thread(
-                    lambda: [start_controller(f"bench-{r}", workdir, kubeconfig, args)
-                             for r in range(args.replicas)]))
-                r = Run(args, session, mgmt, sim, controllers, audit)
+                for i in range(args.replicas):
+                    if i and args.stagger_seconds:
+                        await asyncio.sleep(args.stagger_seconds)
+                    controllers.append(await asyncio.to_thread(
+                        start_controller, f"bench-{i}", workdir, kubeconfig, args))
+                r = Run(args, session, mgmt, sim, controllers, audit, workdir=workdir,
+                        kubeconfig=kubeconfig)
                 result.update(await steady(r, n))
                 sim_after = await sim.admin(session, "/kubesim/stats")
                 result["steady"]["workload_requests_until_idle_end"] = dict(
                     sim_requests(sim_after) - sim_requests(sim_before))
                 if args.rollout:
                     result["rollout"] = await rollout(r, fleet)
+                result["replicas_exited_on_their_own"] = r.exited
                 for c in controllers:
-                    result.setdefault("processes", {})[c.identity] = {
-                        k: round(v, 2) for k, v in c.usage().items()}
+                    if c.alive():
+                        result.setdefault("processes", {})[c.identity] = {
+                            k: round(v, 2) for k, v in c.usage().items()}
     finally:
         for c in controllers:
             kill_group(c.proc)
@@ -484,8 +559,7 @@ async def steady(r: Run, n: int) -> dict[str, Any]:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no complete status within {args.timeout} s: "
                                f"{(doc or {}).get('summary')}")
-        if not all(c.alive() for c in controllers):
-            raise RuntimeError("a controller exited; see its log in the workdir")
+        check_exits(r)
         t0 = time.monotonic()
         leader, doc = await leader_status(session, controllers)
         # Poll at most a fifth of the time: /status is served by the controller's loop.
@@ -493,6 +567,20 @@ async def steady(r: Run, n: int) -> dict[str, Any]:
     assert leader is not None
     first_complete = time.monotonic() - leader.started
     at_first = leader.usage()
+    claimed: float | None = None
+    if args.replicas > 1 and args.shards:
+        # Sharded: every shard claimed by a live replica before anything is measured
+        # (a newcomer waits one lease for the shards nobody held before).
+        while True:
+            check_exits(r)
+            holders = await shard_holders(r.mgmt, args.shards)
+            alive = {c.identity for c in controllers if c.alive()}
+            if len(holders) == args.shards and set(holders.values()) <= alive:
+                claimed = time.monotonic() - min(c.started for c in controllers)
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"shards not all claimed within {args.timeout} s")
+            await asyncio.sleep(1.0)
     events: list[dict[str, Any]] = []
     last_write = await wait_quiet(audit, events, args.quiet_seconds, deadline)
     settled = leader.usage()
@@ -502,12 +590,15 @@ async def steady(r: Run, n: int) -> dict[str, Any]:
     window = time.monotonic() - t0
     u1 = leader.usage()
     events.extend(audit.read())
+    replicas = {c.identity: {k: round(v, 2) for k, v in c.usage().items()}
+                for c in controllers} if len(controllers) > 1 else None
     writes = [e for e in events if is_write(e)]
     idle_writes = [e for e in writes if audit_time(e) >= time.time() - window]
     return {
         "leader": leader.identity,
         "steady": {
             "start_to_first_complete_status_s": round(first_complete, 2),
+            **({"start_to_every_shard_claimed_s": round(claimed, 1)} if claimed else {}),
             "quiet_after_s": round(last_write - leader.started_wall, 1)
             if last_write else None,
             "writes_after_start": len(writes),
@@ -524,6 +615,7 @@ async def steady(r: Run, n: int) -> dict[str, Any]:
             "rss_mib": round(u1["rss_mib"], 1),
             "peak_rss_mib": round(u1["peak_rss_mib"], 1),
             "healthz_round_trip_idle": ms(latencies),
+            **({"replicas_at_idle_end": replicas} if replicas else {}),
         },
     }
 
@@ -533,7 +625,6 @@ async def rollout(r: Run, fleet: list[FleetCluster]) -> dict[str, Any]:
     controllers, audit = r.controllers, r.audit
     out: dict[str, Any] = {"step_seconds": args.step_seconds}
     one = fleet[0]
-    nodes_per = CONTROL_PLANES + WORKERS
     audit.read()
     before = await sim.admin(session, "/kubesim/stats")
     u0 = {c.identity: c.usage()["cpu_s"] for c in controllers}
@@ -565,15 +656,128 @@ async def rollout(r: Run, fleet: list[FleetCluster]) -> dict[str, Any]:
                              for c in controllers},
     }
     if args.rollout_all and len(fleet) > 1:
-        t0 = time.monotonic()
-        for fc in fleet[1:]:
-            await bump(mgmt, fc, V2)
-        took_all = await wait_rolled(r, {fc.name for fc in fleet[1:]})
-        out["all_clusters"] = {"clusters": len(fleet) - 1, "nodes": (len(fleet) - 1) * nodes_per,
-                               "max_concurrent_clusters": args.max_concurrent_clusters,
-                               "roll_all_s": round(time.monotonic() - t0, 1),
-                               "roll_after_bumps_s": round(took_all, 1)}
+        out["all_clusters"] = await rollout_all(r, fleet)
     return out
+
+
+async def rollout_all(r: Run, fleet: list[FleetCluster]) -> dict[str, Any]:
+    """Every other cluster to V2 by one fleet-wide FleetUpgrade (no selector), as an
+    operator asks for it; with --kill-one a replica is SIGKILLed mid-rollout. Then the
+    node side's record is checked (fleet.testing.rollcheck) for double dispatch and
+    budget, quorum, concurrency and wave-order breaches."""
+    args = r.args
+    nodes_per = CONTROL_PLANES + WORKERS
+    rest = {fc.name for fc in fleet[1:]}
+    u0 = {c.identity: c.usage()["cpu_s"] for c in r.controllers}
+    t0 = time.monotonic()
+    bump_wall = time.time()
+    await r.mgmt.create(FLEET_UPGRADES, {
+        "apiVersion": FLEET_UPGRADES.api_version, "kind": FLEET_UPGRADES.kind,
+        "metadata": {"name": "to-all", "namespace": NAMESPACE},
+        "spec": {"version": V2}}, NAMESPACE)
+    killer = asyncio.create_task(kill_mid_rollout(r, rest)) if args.kill_one else None
+    try:
+        took_all = await wait_rolled(r, rest)
+    finally:
+        if killer is not None and not killer.done():
+            killer.cancel()
+    out: dict[str, Any] = {
+        "clusters": len(rest), "nodes": len(rest) * nodes_per,
+        "max_concurrent_clusters": args.max_concurrent_clusters,
+        "waves": [w["name"] for w in waves_config(args)] + ["default"],
+        "roll_all_s": round(time.monotonic() - t0, 1),
+        "roll_after_bumps_s": round(took_all, 1),
+        "controller_cpu_s": {c.identity: round(c.usage()["cpu_s"] - u0[c.identity], 2)
+                             for c in r.controllers if c.alive()},
+        "rss_mib_at_end": {c.identity: round(c.usage()["rss_mib"], 1)
+                           for c in r.controllers if c.alive()},
+    }
+    report = await r.sim.admin(r.session, "/kubesim/standin")
+    runs = node_runs(report, rest, since=bump_wall)
+    n = len(fleet)
+    topo = Topology(
+        waves=[*(w["name"] for w in waves_config(args)), "default"],
+        wave_of={fc.name: wave_of(i, n) if args.waves else "default"
+                 for i, fc in enumerate(fleet) if fc.name in rest},
+        nodes={c: node_names(c) for c in rest}, max_unavailable=1,
+        max_concurrent=dict.fromkeys(("canary", "early", "default"),
+                                     args.max_concurrent_clusters))
+    signals = {(c, node): count for c, node, count in report.get("multi_signal") or []}
+    verdict = check(runs, signals, topo)
+    out["check"] = verdict.summary()
+    out["check"]["requests_seen"] = len(runs)
+    out["check"]["standin_failures"] = report.get("failures")
+    if killer is not None:
+        kill = killer.result() if killer.done() and not killer.cancelled() else None
+        if kill is None:
+            out["kill"] = {"killed": None, "why": "no replica held a cluster mid-rollout "
+                           "before the rollout ended"}
+        else:
+            waits = handoffs(runs, kill.pop("victim_clusters"), kill["killed_at"])
+            kill["resumed_clusters"] = len(waits)
+            kill["handoff_s"] = {
+                "min": min((h.waited_s for h in waits), default=None),
+                "median": round(percentile([h.waited_s for h in waits], 0.5), 2)
+                if waits else None,
+                "max": max((h.waited_s for h in waits), default=None)}
+            kill["lease_seconds"] = args.lease_seconds
+            out["kill"] = kill
+    return out
+
+
+def node_runs(report: dict[str, Any], clusters: set[str], since: float) -> list[NodeRun]:
+    """The stand-in's record of the requests seen after ``since`` in ``clusters``."""
+    completed = {(c, n, p): t for c, n, p, t in report["completed"]}
+    return [NodeRun(c, n, p, t, completed.get((c, n, p)))
+            for c, n, p, t in report["seen"] if c in clusters and t >= since]
+
+
+async def shard_holders(mgmt: KubeClient, shards: int) -> dict[int, str]:
+    leases = (await mgmt.list(LEASES, NAMESPACE,
+                              label_selector=f"{GROUP_LABEL}={LEASE_GROUP}")).items
+    names = {shard_lease_name(LEASE_GROUP, s): s for s in range(shards)}
+    return {names[x["metadata"]["name"]]: x["spec"].get("holderIdentity") or ""
+            for x in leases if x["metadata"]["name"] in names}
+
+
+async def kill_mid_rollout(r: Run, clusters: set[str]) -> dict[str, Any]:
+    """Once ``--kill-after`` of ``clusters`` are done: SIGKILL the replica holding the
+    most clusters that are mid-rollout (a node asked, another not yet), nothing released.
+    Then wait until none of its shards is held by it any more."""
+    args = r.args
+    nodes_per = CONTROL_PLANES + WORKERS
+    while True:
+        t_poll = time.monotonic()
+        report = await r.sim.admin(r.session, "/kubesim/standin")
+        asked = Counter(row[0] for row in report["seen"] if row[0] in clusters)
+        done = Counter(row[0] for row in report["completed"] if row[0] in clusters)
+        finished = sum(1 for v in done.values() if v >= nodes_per)
+        mid = {c for c, k in asked.items() if 0 < k < nodes_per}
+        if finished >= args.kill_after * len(clusters) and mid:
+            holders = await shard_holders(r.mgmt, args.shards)
+            owner = {c: holders.get(shard_of((NAMESPACE, c), args.shards), "")
+                     for c in clusters}
+            alive = {c.identity: c for c in r.controllers if c.alive()}
+            votes = Counter(owner[c] for c in mid if owner[c] in alive)
+            if votes:
+                victim = alive[votes.most_common(1)[0][0]]
+                os.killpg(victim.proc.pid, signal.SIGKILL)  # nothing released
+                killed_at = time.time()
+                r.killed.add(victim.identity)
+                victim.proc.wait()
+                theirs = [s for s, h in holders.items() if h == victim.identity]
+                while True:  # its shard claims taken by the others
+                    now = await shard_holders(r.mgmt, args.shards)
+                    if all(now.get(s, "") not in ("", victim.identity) for s in theirs):
+                        break
+                    await asyncio.sleep(0.5)
+                return {"killed": victim.identity, "killed_at": killed_at,
+                        "at_clusters_done": finished, "mid_rollout_at_kill": votes[
+                            victim.identity], "shards": len(theirs),
+                        "victim_clusters": [c for c in clusters
+                                            if owner[c] == victim.identity],
+                        "shards_taken_s": round(time.time() - killed_at, 2)}
+        await asyncio.sleep(max(1.0, 4 * (time.monotonic() - t_poll)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -583,6 +787,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="controller processes (1: no leader election; more: with Leases)")
     p.add_argument("--lease-seconds", type=int, default=15,
                    help="with --replicas > 1: the controllers' Lease duration")
+    p.add_argument("--shards", type=int, default=None,
+                   help="with --replicas > 1: shards of the fleet (default 8 per replica; "
+                   "0: one leader, the others stand by)")
+    p.add_argument("--waves", action="store_true",
+                   help="waves canary (1 %% of the clusters), early (9 %%), default (rest)")
+    p.add_argument("--kill-one", action="store_true",
+                   help="with --rollout-all and sharded replicas: SIGKILL the replica "
+                   "holding the most clusters mid-rollout, once --kill-after of them are done")
+    p.add_argument("--kill-after", type=float, default=0.3,
+                   help="fraction of the clusters rolled before --kill-one kills")
+    p.add_argument("--stagger-seconds", type=float, default=0.0,
+                   help="start the replicas this far apart (default: all at once)")
+    p.add_argument("--create-concurrency", type=int, default=8,
+                   help="clusters written to the management cluster at once")
     p.add_argument("--rollout", action="store_true",
                    help="also roll one cluster to a new version while the others idle")
     p.add_argument("--rollout-all", action="store_true",
@@ -601,6 +819,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.clusters < 1 or args.replicas < 1:
         p.error("--clusters and --replicas must be at least 1")
+    if args.shards is None:
+        args.shards = 8 * args.replicas if args.replicas > 1 else 0
+    if args.kill_one and not (args.rollout_all and args.replicas > 1 and args.shards):
+        p.error("--kill-one needs --rollout --rollout-all and sharded replicas (--replicas > 1)")
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="k0s-fleet-scale-"))
     # SIGTERM as Ctrl-C: the run is cancelled and its finally stops the controllers,
     # kubesim and the test world (the default action would leave them running).

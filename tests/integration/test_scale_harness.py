@@ -40,3 +40,33 @@ def test_scale_harness_at_two_clusters(tmp_path: Path) -> None:
     assert mg.get("create nodeplans", 0) == 10, {
         k: v for k, v in mg.items() if k.startswith("create nodeplans")}
     assert result["rollout"]["all_clusters"]["nodes"] == 10
+
+
+def test_scale_harness_sharded_with_a_replica_killed(tmp_path: Path) -> None:
+    """Three sharded replicas, waves, one fleet-wide FleetUpgrade; one replica SIGKILLed
+    mid-rollout. The node side's record (fleet.testing.rollcheck) shows every node asked
+    once and no rule broken, and the killed replica's clusters went on."""
+    out = tmp_path / "scale.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "scale.py"), "--clusters", "8", "--replicas",
+         "3", "--rollout", "--rollout-all", "--waves", "--kill-one", "--kill-after", "0.1",
+         "--max-concurrent-clusters", "2", "--idle-seconds", "3", "--quiet-seconds", "3",
+         "--timeout", "600", "--workdir", str(tmp_path / "work"), "--json", str(out)],
+        capture_output=True, text=True, timeout=1200, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["steady"]["start_to_every_shard_claimed_s"] > 0
+    assert set(result["steady"]["replicas_at_idle_end"]) == {"bench-0", "bench-1", "bench-2"}
+    every = result["rollout"]["all_clusters"]
+    assert every["nodes"] == 70
+    check = every["check"]
+    assert check["requests_seen"] == 70, check
+    assert {k: check[k] for k in ("double_dispatch", "budget", "quorum", "concurrency",
+                                  "wave_order", "not_completed")} == dict.fromkeys(
+        ("double_dispatch", "budget", "quorum", "concurrency", "wave_order",
+         "not_completed"), 0), check
+    assert check["max_clusters_at_once"]["default"] <= 2
+    kill = every["kill"]
+    assert kill["killed"] in {"bench-0", "bench-1", "bench-2"}, kill
+    assert kill["resumed_clusters"] >= 1 and kill["handoff_s"]["max"] is not None, kill
+    assert kill["killed"] not in result["processes"]

@@ -50,6 +50,8 @@ class NodeAgentStandIn:
     seen: dict[tuple[str, str, str], float] = field(default_factory=dict)
     # (cluster, node, planId) -> wall time Completed was written
     completed: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    # (cluster, node) -> every distinct request written to it (planId, created, command id)
+    signals: dict[tuple[str, str], set[tuple[str, datetime, int]]] = field(default_factory=dict)
     failures: int = 0
     _busy: dict[tuple[str, str], tuple[str, datetime, int]] = field(default_factory=dict)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -65,6 +67,7 @@ class NodeAgentStandIn:
         if sig is None or (sig.status is not None and sig.status.status.terminal):
             return
         key = (sig.planId, sig.created, sig.command.id)
+        self.signals.setdefault((cluster, obj.name), set()).add(key)
         if self._busy.get((cluster, obj.name)) == key:
             return
         self.seen.setdefault((cluster, obj.name, sig.planId), time.time())
@@ -119,4 +122,7 @@ class NodeAgentStandIn:
     def report(self) -> dict[str, Any]:
         return {"seen": [[*k, t] for k, t in self.seen.items()],
                 "completed": [[*k, t] for k, t in self.completed.items()],
-                "failures": self.failures, "busy": len(self._busy)}
+                "failures": self.failures, "busy": len(self._busy),
+                "signals": len(self.signals),
+                "multi_signal": [[c, n, len(keys)] for (c, n), keys in self.signals.items()
+                                 if len(keys) > 1]}
