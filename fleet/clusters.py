@@ -12,6 +12,7 @@ wanted is closed. Clients are created inside the running event loop and always c
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import hashlib
 import logging
@@ -92,10 +93,16 @@ def kubeconfig_from_secret(secret: KubeObject) -> dict[str, Any]:
 
 
 def secret_digest(secret: KubeObject | None) -> str:
+    """What identifies the kubeconfig a Secret holds: the same whether its value is in
+    ``data`` (base64) or, decoded, in ``stringData`` (as the controller's cache keeps it)."""
     if secret is None:
         return ""
-    value = (secret.get("data") or {}).get(KUBECONFIG_KEY) or (
-        secret.get("stringData") or {}).get(KUBECONFIG_KEY) or ""
+    value = (secret.get("data") or {}).get(KUBECONFIG_KEY)
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):  # (UnicodeDecodeError is a ValueError)
+            value = base64.b64decode(value, validate=True).decode("utf-8")
+    else:
+        value = value or (secret.get("stringData") or {}).get(KUBECONFIG_KEY) or ""
     return hashlib.sha256(str(value).encode()).hexdigest()[:16]
 
 

@@ -24,6 +24,7 @@ read the object from the API server.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
@@ -63,6 +64,24 @@ def project(value: Any, spec: Spec) -> Any:
     return out
 
 
+def _kubeconfig_text(secret: KubeObject) -> KubeObject:
+    """A kubeconfig Secret as its ``value`` decoded (``stringData``, which the reader
+    takes when ``data`` has no ``value``): a quarter smaller than base64. A value that is
+    not base64 UTF-8 text is kept as it is, for the reader to report."""
+    kept: KubeObject = project(secret, {"metadata": _meta("labels"),
+                                        "data": {"value": True},
+                                        "stringData": {"value": True}})
+    data = kept.get("data")
+    if isinstance(data, dict) and isinstance(data.get("value"), str):
+        try:
+            text = base64.b64decode(data["value"], validate=True).decode("utf-8")
+        except (ValueError, UnicodeDecodeError):
+            return kept
+        kept["stringData"] = {"value": text}
+        del kept["data"]
+    return kept
+
+
 def _without_k0s(value: Any) -> Any:
     """k0sConfigSpec less ``k0s`` (dynamic config: read by nothing here)."""
     if not isinstance(value, dict):
@@ -86,9 +105,6 @@ _MACHINE_TEMPLATE_SPEC: Spec = {
 SPECS: dict[Resource, Spec] = {
     CLUSTERS: {**_TYPE, "metadata": _meta("uid", "labels", "annotations"),
                "spec": {"paused": True}},
-    # the kubeconfig (``value``) and the cluster-name label (which cluster it is for)
-    SECRETS: {"metadata": _meta("labels"),
-              "data": {"value": True}, "stringData": {"value": True}},
     MACHINE_DEPLOYMENTS: {
         **_TYPE, "metadata": _meta("uid", "annotations"), "status": _ROLLOUT_STATUS,
         "spec": {"clusterName": True, "replicas": True, "paused": True,
@@ -114,6 +130,9 @@ SPECS: dict[Resource, Spec] = {
 
 def projection(res: Resource) -> Projection | None:
     """What to keep of an object of ``res`` (None: keep it whole)."""
+    if res is SECRETS:
+        # the kubeconfig (``value``) and the cluster-name label (which cluster it is for)
+        return _kubeconfig_text
     spec = SPECS.get(res)
     if spec is None:
         return None

@@ -217,12 +217,15 @@ def test_kept_secret_holds_the_kubeconfig_and_nothing_else() -> None:
     kept = kept_copy(SECRETS, full)
     assert kubeconfig_from_secret(kept) == kubeconfig_from_secret(full) == KUBECONFIG
     assert secret_digest(kept) == secret_digest(full)
-    assert set(kept["data"]) == {"value"}
+    # kept decoded (a quarter smaller than base64), the other keys dropped
+    assert "data" not in kept and set(kept["stringData"]) == {"value"}
+    assert secret_digest(kept) != secret_digest({**full, "data": {"value": "b3RoZXI="}})
     assert "annotations" not in kept["metadata"]
     assert kept["metadata"]["labels"] == full["metadata"]["labels"]  # cluster-name label
     for key in ("stringData",):  # stringData (a kubeconfig written by hand) is read too
         hand = {**full, "data": {}, key: {"value": "apiVersion: v1", "junk": "x"}}
         assert kept_copy(SECRETS, hand)[key] == {"value": "apiVersion: v1"}
+        assert secret_digest(kept_copy(SECRETS, hand)) == secret_digest(hand)
 
 
 def test_dispatcher_readers_get_what_they_read() -> None:
@@ -285,6 +288,12 @@ ODD: list[tuple[Resource, dict[str, Any]]] = [
     (SECRETS, {"metadata": {"name": "s", "namespace": NS}}),
     (SECRETS, {"metadata": {"name": "s", "namespace": NS}, "data": {"value": "!!"}}),
     (SECRETS, {"metadata": {"name": "s", "namespace": NS}, "data": "x"}),
+    (SECRETS, {"metadata": {"name": "s", "namespace": NS}, "data": {"value": 5}}),
+    (SECRETS, {"metadata": {"name": "s", "namespace": NS}, "data": {"value": "/w=="}}),
+    (SECRETS, {"metadata": {"name": "s", "namespace": NS}, "data": {"value": "e30="}}),
+    (SECRETS, {"metadata": {"name": "s", "namespace": NS}, "data": {"value": ""}}),
+    (SECRETS, {"metadata": {"name": "s", "namespace": NS}, "data": None,
+               "stringData": {"value": "clusters: [a]"}}),
 ]
 
 
@@ -308,8 +317,9 @@ def test_project_keeps_what_the_spec_names_and_odd_values_as_they_are() -> None:
 
 
 def test_only_management_kinds_are_projected() -> None:
-    assert set(SPECS) == {CLUSTERS, SECRETS, MACHINE_DEPLOYMENTS, MACHINE_SETS,
+    assert set(SPECS) == {CLUSTERS, MACHINE_DEPLOYMENTS, MACHINE_SETS,
                           K0S_CONTROL_PLANES, MACHINES}
+    assert projection(SECRETS) is not None
     assert projection(NODE_PLANS) is None and projection(FLEET_UPGRADES) is None
 
 
