@@ -12,6 +12,7 @@ wanted is closed. Clients are created inside the running event loop and always c
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import hashlib
 import logging
@@ -92,10 +93,16 @@ def kubeconfig_from_secret(secret: KubeObject) -> dict[str, Any]:
 
 
 def secret_digest(secret: KubeObject | None) -> str:
+    """What identifies the kubeconfig a Secret holds: the same whether its value is in
+    ``data`` (base64) or, decoded, in ``stringData`` (as the controller's cache keeps it)."""
     if secret is None:
         return ""
-    value = (secret.get("data") or {}).get(KUBECONFIG_KEY) or (
-        secret.get("stringData") or {}).get(KUBECONFIG_KEY) or ""
+    value = (secret.get("data") or {}).get(KUBECONFIG_KEY)
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):  # (UnicodeDecodeError is a ValueError)
+            value = base64.b64decode(value, validate=True).decode("utf-8")
+    else:
+        value = value or (secret.get("stringData") or {}).get(KUBECONFIG_KEY) or ""
     return hashlib.sha256(str(value).encode()).hexdigest()[:16]
 
 
@@ -119,6 +126,8 @@ class WorkloadCluster:
     error: str | None = None
     generation: int = 0  # bumped on every rebuild (a rotated Secret)
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    # the resourceVersion of the Secret ``digest`` was taken from (None: not held)
+    secret_rv: str | None = None
     node_reflector: Reflector | None = None
     # ControlNodes and autopilot Plans (where served): kind -> its reflector once the
     # resource was found, and kind -> its failing search for the resource before that.
@@ -283,10 +292,14 @@ class ClusterRegistry:
                 log.info("workload cluster %s/%s no longer wanted; closing", *key)
                 self._drop(key)
         for key, secret_name in wanted.items():
+            wc = self.clusters.get(key)
+            rv = self.secrets.resource_version(secret_name, key[0])
+            if wc is not None and wc.secret_name == secret_name and rv and rv == wc.secret_rv:
+                continue  # the Secret this client was built from (not read again)
             secret = self.secrets.get(secret_name, key[0])
             digest = secret_digest(secret)
-            wc = self.clusters.get(key)
             if wc is not None and wc.digest == digest and wc.secret_name == secret_name:
+                wc.secret_rv = rv
                 continue
             if wc is not None:
                 log.info("kubeconfig Secret %s/%s of cluster %s changed; reconnecting",
@@ -304,6 +317,7 @@ class ClusterRegistry:
         assert self._tg is not None
         moved = functools.partial(self.changed, key)
         wc = WorkloadCluster(key=key, secret_name=secret_name, digest=digest,
+                             secret_rv=self.secrets.resource_version(secret_name, key[0]),
                              nodes=node_cache(moved),
                              control_nodes=control_node_cache(moved),
                              plans=plan_cache(moved))

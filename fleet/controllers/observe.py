@@ -10,6 +10,7 @@ import anyio
 import anyio.abc
 
 from fleet.config import FleetConfig
+from fleet.kept import projection
 from fleet.kube import KubeClient, KubeError, NotFoundError
 from fleet.kube.backoff import Backoff
 from fleet.kube.cache import ObjectCache, ObjectListener
@@ -53,9 +54,12 @@ class ManagementView:
         self.namespaces: list[str | None] = list(namespaces) or [None]
         # FleetUpgrades live in the controller's own namespace (management.namespace).
         self.intent_namespace = intent_namespace
-        # ``on_object(res)``: a listener told which object of ``res`` changed.
+        # ``on_object(res)``: a listener told which object of ``res`` changed. Of the
+        # CAPI objects and kubeconfig Secrets only what the controller reads is kept
+        # (fleet/kept.py); the watches keep no copy of their own (keep_objects=False).
         self.caches = {res: ObjectCache(res.kind, on_change=on_change,
-                                        on_object=on_object(res) if on_object else None)
+                                        on_object=on_object(res) if on_object else None,
+                                        keep=projection(res))
                        for res in (*WATCHED, *OPTIONAL, FLEET_UPGRADES)}
         self.reflectors: list[Reflector] = []
         self.watch_timeout = watch_timeout
@@ -74,20 +78,20 @@ class ManagementView:
                     r = Reflector(
                         self.client, res, namespace=ns, listener=self.caches[res].on_event,
                         field_selector=SECRET_FIELD_SELECTOR if res is SECRETS else None,
-                        watch_timeout=self.watch_timeout)
+                        watch_timeout=self.watch_timeout, keep_objects=False)
                     self.reflectors.append(r)
                     tg.start_soon(r.run)
             if self.intent_namespace is not None:
                 r = Reflector(self.client, FLEET_UPGRADES, namespace=self.intent_namespace,
                               listener=self.caches[FLEET_UPGRADES].on_event,
-                              watch_timeout=self.watch_timeout)
+                              watch_timeout=self.watch_timeout, keep_objects=False)
                 self.reflectors.append(r)
                 tg.start_soon(r.run)
             for ns, name in self.extra_secrets:
                 r = Reflector(self.client, SECRETS, namespace=ns,
                               listener=self.caches[SECRETS].on_event,
                               field_selector=f"metadata.name={name}",
-                              watch_timeout=self.watch_timeout)
+                              watch_timeout=self.watch_timeout, keep_objects=False)
                 self.reflectors.append(r)
                 tg.start_soon(r.run)
             for res in OPTIONAL:
@@ -104,7 +108,7 @@ class ManagementView:
     def _watch(self, tg: anyio.abc.TaskGroup, res: Resource) -> None:
         for ns in self.namespaces:
             r = Reflector(self.client, res, namespace=ns, listener=self.caches[res].on_event,
-                          watch_timeout=self.watch_timeout)
+                          watch_timeout=self.watch_timeout, keep_objects=False)
             self.reflectors.append(r)
             tg.start_soon(r.run)
 

@@ -167,7 +167,7 @@ class FleetParts:
             return
         key = object_key(obj)
         cache = self.caches.get(res)
-        present = cache is not None and cache.get(key[1], key[0]) is not None
+        present = cache is not None and key in cache
         cluster_key: ClusterKey | None = None
         if present and cache is not None:
             try:

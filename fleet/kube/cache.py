@@ -8,7 +8,9 @@ An object only ever moves forward: an event older than what the cache holds (by
 resourceVersion) is ignored.
 
 :class:`ObjectCache` holds the objects as the API server sent them, without
-``metadata.managedFields``. :class:`RecordCache`
+``metadata.managedFields``, or only the JSON subset a projection keeps of them
+(:class:`Kept`: the management objects, of which the controller reads a few fields of
+thousands, :mod:`fleet.kept`). :class:`RecordCache`
 holds compact records instead, converted on ingest by a function the caller gives: for
 objects of which only a few facts are read, at a scale where the full JSON would be most
 of the process's memory (a workload cluster's Nodes).
@@ -16,8 +18,10 @@ of the process's memory (a workload cluster's Nodes).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from fleet.kube import KubeObject
@@ -26,7 +30,8 @@ from fleet.kube.watch import ObjectKey, WatchEvent, object_key
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-V = TypeVar("V")
+E = TypeVar("E")  # what the cache stores per object
+V = TypeVar("V")  # what its readers get
 
 Listener = Callable[[], None]
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
@@ -47,17 +52,18 @@ def newer_or_same(new: KubeObject, old: KubeObject | None) -> bool:
     return a is None or b is None or a >= b
 
 
-class _Cache(Generic[V]):
+class _Cache(Generic[E, V]):
     """What both caches share: entries by object key, tombstones of deleted objects (so a
     late event cannot resurrect them), the change counter and listeners, the watch's
-    events and the synced flag. Subclasses decide what an entry is (:meth:`observe`)."""
+    events and the synced flag. Subclasses decide what an entry is (:meth:`observe`) and
+    what a reader gets of it (:meth:`_out`)."""
 
     def __init__(self, kind: str, *, on_change: Listener | None = None,
                  on_object: ObjectListener | None = None) -> None:
         self.kind = kind
         self.on_change = on_change
         self.on_object = on_object
-        self._entries: dict[ObjectKey, V] = {}
+        self._entries: dict[ObjectKey, E] = {}
         # Deleted objects' last resourceVersion.
         self._tombstones: dict[ObjectKey, int] = {}
         self.synced = False
@@ -67,13 +73,21 @@ class _Cache(Generic[V]):
         return len(self._entries)
 
     def __iter__(self) -> Iterator[V]:
-        return iter(list(self._entries.values()))
+        return iter(self.items())
+
+    def __contains__(self, key: object) -> bool:
+        """Whether the object of ``(namespace, name)`` is held (without reading it)."""
+        return key in self._entries
 
     def get(self, name: str, namespace: str = "") -> V | None:
-        return self._entries.get((namespace, name))
+        entry = self._entries.get((namespace, name))
+        return None if entry is None else self._out(entry)
 
     def items(self) -> list[V]:
-        return list(self._entries.values())
+        return [self._out(e) for e in list(self._entries.values())]
+
+    def _out(self, entry: E) -> V:
+        raise NotImplementedError
 
     def _changed(self, obj: KubeObject | None = None) -> None:
         self.version += 1
@@ -108,7 +122,7 @@ class _Cache(Generic[V]):
         if old is not None:
             self._changed(self._as_changed(old))
 
-    def _as_changed(self, entry: V) -> KubeObject | None:
+    def _as_changed(self, entry: E) -> KubeObject | None:
         """What ``on_object`` is told about a removed entry."""
         return None
 
@@ -132,17 +146,79 @@ class _Cache(Generic[V]):
             self._changed()
 
 
-class ObjectCache(_Cache[KubeObject]):
-    """Latest known version of every object of one resource (one API server)."""
+Projection = Callable[[KubeObject], KubeObject]
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """What an :class:`ObjectCache` with a projection keeps of one object: the projected
+    JSON, compact, as one bytes object (no nested dicts for the garbage collector to
+    walk), without its resourceVersion, which is kept beside it."""
+
+    resource_version: str
+    body: bytes
+
+    @classmethod
+    def of(cls, projected: KubeObject) -> Kept:
+        meta = projected.get("metadata")
+        rv = ""
+        if isinstance(meta, dict) and "resourceVersion" in meta:
+            meta = dict(meta)
+            rv = str(meta.pop("resourceVersion") or "")
+            projected = {**projected, "metadata": meta}
+        return cls(rv, json.dumps(projected, separators=(",", ":"),
+                                  ensure_ascii=False).encode())
+
+    def as_object(self) -> KubeObject:
+        """The kept JSON, with its resourceVersion (a fresh copy each time)."""
+        obj: KubeObject = json.loads(self.body)
+        meta = obj.get("metadata")
+        if self.resource_version and isinstance(meta, dict):
+            meta["resourceVersion"] = self.resource_version
+        return obj
+
+
+def _entry_rv(entry: KubeObject | Kept) -> int | None:
+    raw = entry.resource_version if isinstance(entry, Kept) else str(
+        (entry.get("metadata") or {}).get("resourceVersion") or "")
+    return int(raw) if raw.isdigit() else None
+
+
+class ObjectCache(_Cache[KubeObject | Kept, KubeObject]):
+    """Latest known version of every object of one resource (one API server).
+
+    Without ``keep`` the objects are held as the API server sent them (less what
+    :meth:`observe` drops). With ``keep`` (a projection: the JSON subset of an object that
+    its readers use, never failing on odd input) only that subset is held, as
+    :class:`Kept`; readers get it back as JSON with its resourceVersion, a fresh copy per
+    read, so the merge patch a writer computes against it touches only kept fields and
+    its resourceVersion precondition makes the server refuse it if the object moved on.
+    A newer version with the same kept subset only moves the resourceVersion: nothing
+    read of it changed, so listeners are not told.
+    """
 
     def __init__(self, kind: str, *, on_change: Listener | None = None,
-                 on_object: ObjectListener | None = None) -> None:
+                 on_object: ObjectListener | None = None,
+                 keep: Projection | None = None) -> None:
         super().__init__(kind, on_change=on_change, on_object=on_object)
+        self.keep = keep
         self._memo: dict[tuple[ObjectKey, str], tuple[str, Any]] = {}
+
+    def _out(self, entry: KubeObject | Kept) -> KubeObject:
+        return entry.as_object() if isinstance(entry, Kept) else entry
 
     def object(self, name: str, namespace: str = "") -> KubeObject | None:
         """The object as last seen: the base of a patch (see :class:`RecordCache`)."""
         return self.get(name, namespace)
+
+    def resource_version(self, name: str, namespace: str = "") -> str | None:
+        """The held object's resourceVersion (None: not held), without reading it."""
+        entry = self._entries.get((namespace, name))
+        if entry is None:
+            return None
+        if isinstance(entry, Kept):
+            return entry.resource_version
+        return str((entry.get("metadata") or {}).get("resourceVersion") or "")
 
     def parsed(self, obj: KubeObject, parse: Callable[[KubeObject], T], tag: str = "") -> T:
         """``parse(obj)``, remembered per object version: planning passes re-read
@@ -157,12 +233,12 @@ class ObjectCache(_Cache[KubeObject]):
         value = parse(obj)
         self._memo[key] = (rv, value)
         if len(self._memo) > 4 * len(self._entries) + 1024:
-            live = {object_key(o) for o in self._entries.values()}
+            live = set(self._entries)
             self._memo = {k: v for k, v in self._memo.items() if k[0] in live}
         return value
 
-    def _as_changed(self, entry: KubeObject) -> KubeObject | None:
-        return entry
+    def _as_changed(self, entry: KubeObject | Kept) -> KubeObject | None:
+        return self._out(entry)
 
     def observe(self, obj: KubeObject | None) -> None:
         """An object as the API server returned it (watch event, or our own write).
@@ -179,15 +255,26 @@ class ObjectCache(_Cache[KubeObject]):
             if isinstance(annotations, dict):
                 annotations.pop(LAST_APPLIED, None)
         key = object_key(obj)
-        if self._buried(key, _rv(obj)):
+        rv = _rv(obj)
+        if self._buried(key, rv):
             return
         old = self._entries.get(key)
-        if newer_or_same(obj, old):
-            if old == obj:
-                return
-            self._entries[key] = obj
-            self._tombstones.pop(key, None)
-            self._changed(obj)
+        if self.keep is None:
+            if old is None or isinstance(old, Kept) or newer_or_same(obj, old):
+                if old == obj:
+                    return
+                self._entries[key] = obj
+                self._tombstones.pop(key, None)
+                self._changed(obj)
+            return
+        old_rv = None if old is None else _entry_rv(old)
+        if rv is not None and old_rv is not None and rv < old_rv:
+            return
+        kept = Kept.of(self.keep(obj))
+        self._entries[key] = kept
+        self._tombstones.pop(key, None)
+        if not isinstance(old, Kept) or old.body != kept.body:
+            self._changed(kept.as_object())
 
 
 class Record(Protocol):
@@ -213,7 +300,7 @@ def _record_rv(record: Record) -> int | None:
     return int(raw) if raw.isdigit() else None
 
 
-class RecordCache(_Cache[R]):
+class RecordCache(_Cache[R, R]):
     """Latest known record of every object of one resource (one API server).
 
     ``convert`` makes the record of an object as the API server sent it, or raises
@@ -229,6 +316,9 @@ class RecordCache(_Cache[R]):
         super().__init__(kind, on_change=on_change)
         self.convert = convert
         self.unreadable: dict[ObjectKey, str] = {}
+
+    def _out(self, entry: R) -> R:
+        return entry
 
     def object(self, name: str, namespace: str = "") -> KubeObject | None:
         """The kept subset of the object, as JSON with its resourceVersion: the base of a

@@ -158,6 +158,21 @@ class KubeClient:
                    page_size: int = 500) -> ObjectList:
         """List all pages; the result's resource_version is where a watch continues."""
         items: list[KubeObject] = []
+        rv = ""
+        async for page in self.list_pages(res, namespace, label_selector=label_selector,
+                                          field_selector=field_selector, page_size=page_size):
+            items += page.items
+            rv = page.resource_version or rv
+        return ObjectList(items=items, resource_version=rv)
+
+    async def list_pages(self, res: Resource, namespace: str | None = None, *,
+                         label_selector: str | None = None,
+                         field_selector: str | None = None,
+                         page_size: int = 500) -> AsyncIterator[ObjectList]:
+        """List page by page (``limit=page_size``), each page as it arrives: a caller
+        that converts or drops each page's objects never holds the whole list. Every
+        page is of the same snapshot; the last one's resource_version is where a watch
+        continues."""
         cont: str | None = None
         rv = ""
         while True:
@@ -165,6 +180,7 @@ class KubeClient:
                 "labelSelector": label_selector, "fieldSelector": field_selector,
                 "limit": page_size, "continue": cont,
             })
+            items: list[KubeObject] = []
             for item in page.get("items") or []:
                 # list items omit kind/apiVersion; restore them so objects are self-describing
                 item.setdefault("kind", res.kind)
@@ -173,8 +189,10 @@ class KubeClient:
             meta = page.get("metadata") or {}
             rv = meta.get("resourceVersion") or rv
             cont = meta.get("continue")
+            del page
+            yield ObjectList(items=items, resource_version=rv)
             if not cont:
-                return ObjectList(items=items, resource_version=rv)
+                return
 
     async def create(self, res: Resource, body: KubeObject,
                      namespace: str | None = None) -> KubeObject:

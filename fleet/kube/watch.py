@@ -107,7 +107,7 @@ class Reflector:
                  keep_objects: bool = True,
                  relist_limiter: anyio.CapacityLimiter | None = None,
                  stop_when_absent: bool = False, spread: float = 0.2,
-                 idle_timeout: float | None = None) -> None:
+                 idle_timeout: float | None = None, page_size: int = 500) -> None:
         """``watch_timeout``: each watch request asks the server to end it after that
         many seconds, less a random part of up to ``spread`` of it (so that many watches
         opened at once do not re-open at once); the watch then resumes from the last
@@ -130,6 +130,8 @@ class Reflector:
         # Shared by many reflectors: how many (full) lists are read and handed to the
         # listeners at once, which bounds the memory a start-up of many watches peaks at.
         self.relist_limiter = relist_limiter
+        # objects per list request (keep_objects=False: each page handed on as it comes)
+        self.page_size = page_size
         # Return from run() when the resource type stops being served (its CRD went),
         # after reporting every object deleted, instead of asking again with backoff.
         self.stop_when_absent = stop_when_absent
@@ -198,9 +200,12 @@ class Reflector:
                 await self._relist()
 
     async def _relist(self) -> None:
+        if not self.keep_objects:
+            await self._relist_pages()
+            return
         listed = await self.client.list(
             self.res, self.namespace, label_selector=self.label_selector,
-            field_selector=self.field_selector,
+            field_selector=self.field_selector, page_size=self.page_size,
         )
         fresh = {object_key(o): o for o in listed.items}
         if self.keep_objects:
@@ -224,6 +229,43 @@ class Reflector:
                 await self._emit(WatchEvent("ADDED", obj))
             elif prev != _rv(obj):
                 await self._emit(WatchEvent("MODIFIED", obj))
+        self.synced.set()
+
+    async def _relist_pages(self) -> None:
+        """A re-list that hands each page to the listener as it arrives (ADDED or
+        MODIFIED), then reports what the list no longer holds (DELETED): the listener
+        converts or drops a page's objects before the next is read, so a start-up of
+        thousands of objects never holds all of them as JSON at once. A list that fails
+        part-way has told the listener only of objects as they were at the list's
+        snapshot; the next re-list compares against the versions known before it."""
+        fresh: dict[ObjectKey, str] = {}
+        rv = ""
+        old_versions = self._versions
+        async for page in self.client.list_pages(
+                self.res, self.namespace, label_selector=self.label_selector,
+                field_selector=self.field_selector, page_size=self.page_size):
+            rv = page.resource_version or rv
+            items = page.items
+            del page
+            items.reverse()  # popped from the end: in the server's order, each let go of
+            while items:
+                obj = items.pop()
+                key, version = object_key(obj), _rv(obj)
+                fresh[key] = version
+                prev = old_versions.get(key)
+                if prev is None:
+                    await self._emit(WatchEvent("ADDED", obj))
+                elif prev != version:
+                    await self._emit(WatchEvent("MODIFIED", obj))
+                del obj
+        self._versions = fresh
+        self.resource_version = rv
+        self.relists += 1
+        self.absent = False
+        self._succeeded()
+        for key, version in old_versions.items():
+            if key not in fresh:
+                await self._emit(WatchEvent("DELETED", self._gone(key, version)))
         self.synced.set()
 
     async def _absent(self, error: NotFoundError) -> None:

@@ -156,29 +156,17 @@ async def create_cluster(
     """
     prefix = node_prefix or name
     fc = FleetCluster(namespace, name, version)
-    cluster = await _create(mgmt, CLUSTERS, {
-        "metadata": {"name": name, "namespace": namespace,
-                     "labels": {TEST_CLUSTER_LABEL: name}},
-        "spec": {"controlPlaneRef": {"apiGroup": K0S_CONTROL_PLANES.group,
-                                     "kind": K0S_CONTROL_PLANES.kind, "name": f"{name}-cp"}}})
+    cluster = await _create(mgmt, CLUSTERS, cluster_object(namespace, name))
     await _create(mgmt, SECRETS, kubeconfig_secret(f"{name}-kubeconfig", namespace, name,
                                                     workload_kubeconfig))
     owner = {"apiVersion": CLUSTERS.api_version, "kind": "Cluster", "name": name,
              "uid": cluster["metadata"]["uid"]}
-    labels = {LABEL_CLUSTER_NAME: name}
     width = max(1, len(str(max(control_planes, workers) - 1)))
     async with anyio.create_task_group() as tg:
         if control_planes:
             fc.kcp = f"{name}-cp"
-            kcp = await _create(mgmt, K0S_CONTROL_PLANES, {
-                "metadata": {"name": fc.kcp, "namespace": namespace, "labels": labels,
-                             "ownerReferences": [owner]},
-                "spec": {"version": version, "replicas": control_planes,
-                         "updateStrategy": "InPlace",
-                         "machineTemplate": {"infrastructureRef": {
-                             "apiGroup": INFRA_GROUP, "kind": INFRA_TEMPLATE_KIND,
-                             "name": f"{name}-cp"}},
-                         "k0sConfigSpec": K0S_CONFIG_SPEC}})
+            kcp = await _create(mgmt, K0S_CONTROL_PLANES, control_plane_object(
+                namespace, name, version, control_planes, owner))
             kcp_owner = {"apiVersion": K0S_CONTROL_PLANES.api_version,
                          "kind": K0S_CONTROL_PLANES.kind, "name": fc.kcp,
                          "uid": kcp["metadata"]["uid"], "controller": True}
@@ -190,39 +178,103 @@ async def create_cluster(
         if workers:
             fc.md = f"{name}-md"
             fc.machine_set = f"{name}-md-ms"
-            tspec = {"clusterName": name, "version": version,
-                     "bootstrap": {"configRef": {"apiGroup": BOOTSTRAP_GROUP,
-                                                 "kind": "K0sWorkerConfigTemplate",
-                                                 "name": f"{name}-w"}},
-                     "infrastructureRef": {"apiGroup": INFRA_GROUP, "kind": INFRA_TEMPLATE_KIND,
-                                           "name": f"{name}-w"}}
             if worker_template_version is not None:
                 # k0smotron's worker bootstrap template, its version kept in step
                 await _create(mgmt, K0S_WORKER_CONFIG_TEMPLATES, {
                     "metadata": {"name": f"{name}-w", "namespace": namespace},
                     "spec": {"template": {"spec": {"version": worker_template_version}}}})
-            await _create(mgmt, MACHINE_DEPLOYMENTS, {
-                "metadata": {"name": fc.md, "namespace": namespace, "labels": labels},
-                "spec": {"clusterName": name, "replicas": workers,
-                         "selector": {"matchLabels": {LABEL_DEPLOYMENT_NAME: fc.md}},
-                         "rollout": {"strategy": {"type": "RollingUpdate", "rollingUpdate": {
-                             "maxUnavailable": max_unavailable, "maxSurge": max_surge}}}
-                         if max_unavailable is not None else {},
-                         "template": {"metadata": {"labels": {LABEL_DEPLOYMENT_NAME: fc.md}},
-                                      "spec": tspec}}})
-            await _create(mgmt, MACHINE_SETS, {
-                "metadata": {"name": fc.machine_set, "namespace": namespace,
-                             "labels": {**labels, LABEL_DEPLOYMENT_NAME: fc.md}},
-                "spec": {"clusterName": name, "replicas": workers,
-                         "selector": {"matchLabels": {LABEL_DEPLOYMENT_NAME: fc.md}},
-                         "template": {"metadata": {"labels": {LABEL_DEPLOYMENT_NAME: fc.md}},
-                                      "spec": tspec}}})
+            await _create(mgmt, MACHINE_DEPLOYMENTS, deployment_object(
+                namespace, name, version, workers, max_unavailable=max_unavailable,
+                max_surge=max_surge))
+            await _create(mgmt, MACHINE_SETS, machine_set_object(namespace, name, version,
+                                                                 workers))
             for i in range(workers):
                 mname = f"{prefix}-md-{i:0{width}d}"
                 fc.workers.append(mname)
                 tg.start_soon(_worker_machine, mgmt, workload, namespace, name, mname, version,
                               fc.md, fc.machine_set, create_nodes)
     return fc
+
+
+def cluster_object(namespace: str, name: str) -> KubeObject:
+    """The CAPI Cluster ``create_cluster`` writes."""
+    return {
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {TEST_CLUSTER_LABEL: name}},
+        "spec": {"controlPlaneRef": {"apiGroup": K0S_CONTROL_PLANES.group,
+                                     "kind": K0S_CONTROL_PLANES.kind, "name": f"{name}-cp"}}}
+
+
+def control_plane_object(namespace: str, cluster: str, version: str, replicas: int,
+                         owner: dict[str, Any]) -> KubeObject:
+    """The K0sControlPlane ``<cluster>-cp`` ``create_cluster`` writes (``owner``: its
+    Cluster's owner reference)."""
+    return {
+        "metadata": {"name": f"{cluster}-cp", "namespace": namespace,
+                     "labels": {LABEL_CLUSTER_NAME: cluster}, "ownerReferences": [owner]},
+        "spec": {"version": version, "replicas": replicas, "updateStrategy": "InPlace",
+                 "machineTemplate": {"infrastructureRef": {
+                     "apiGroup": INFRA_GROUP, "kind": INFRA_TEMPLATE_KIND,
+                     "name": f"{cluster}-cp"}},
+                 "k0sConfigSpec": K0S_CONFIG_SPEC}}
+
+
+def _worker_template_spec(cluster: str, version: str) -> dict[str, Any]:
+    return {"clusterName": cluster, "version": version,
+            "bootstrap": {"configRef": {"apiGroup": BOOTSTRAP_GROUP,
+                                        "kind": "K0sWorkerConfigTemplate",
+                                        "name": f"{cluster}-w"}},
+            "infrastructureRef": {"apiGroup": INFRA_GROUP, "kind": INFRA_TEMPLATE_KIND,
+                                  "name": f"{cluster}-w"}}
+
+
+def deployment_object(namespace: str, cluster: str, version: str, replicas: int, *,
+                      max_unavailable: int | str | None = 2,
+                      max_surge: int | str = 0) -> KubeObject:
+    """The MachineDeployment ``<cluster>-md`` ``create_cluster`` writes."""
+    md = f"{cluster}-md"
+    return {
+        "metadata": {"name": md, "namespace": namespace,
+                     "labels": {LABEL_CLUSTER_NAME: cluster}},
+        "spec": {"clusterName": cluster, "replicas": replicas,
+                 "selector": {"matchLabels": {LABEL_DEPLOYMENT_NAME: md}},
+                 "rollout": {"strategy": {"type": "RollingUpdate", "rollingUpdate": {
+                     "maxUnavailable": max_unavailable, "maxSurge": max_surge}}}
+                 if max_unavailable is not None else {},
+                 "template": {"metadata": {"labels": {LABEL_DEPLOYMENT_NAME: md}},
+                              "spec": _worker_template_spec(cluster, version)}}}
+
+
+def machine_set_object(namespace: str, cluster: str, version: str, replicas: int
+                       ) -> KubeObject:
+    """The MachineSet ``<cluster>-md-ms`` (of ``<cluster>-md``) ``create_cluster`` writes."""
+    md = f"{cluster}-md"
+    return {
+        "metadata": {"name": f"{md}-ms", "namespace": namespace,
+                     "labels": {LABEL_CLUSTER_NAME: cluster, LABEL_DEPLOYMENT_NAME: md}},
+        "spec": {"clusterName": cluster, "replicas": replicas,
+                 "selector": {"matchLabels": {LABEL_DEPLOYMENT_NAME: md}},
+                 "template": {"metadata": {"labels": {LABEL_DEPLOYMENT_NAME: md}},
+                              "spec": _worker_template_spec(cluster, version)}}}
+
+
+def control_plane_machine_object(namespace: str, cluster: str, name: str, version: str,
+                                 kcp_owner: dict[str, Any]) -> KubeObject:
+    """A control-plane Machine as ``create_cluster`` writes it (k0smotron's k0s-config
+    annotation, owned by the K0sControlPlane of ``kcp_owner``)."""
+    config = json.loads(json.dumps(K0S_CONFIG_SPEC))
+    config["k0s"]["spec"]["storage"] = {"etcd": {"extraArgs": {"name": name}}}
+    return _machine_object(
+        namespace, cluster, name, version, bootstrap_kind="K0sControllerConfig",
+        labels={LABEL_CONTROL_PLANE: "true", LABEL_CONTROL_PLANE_NAME: kcp_owner["name"]},
+        annotations={ANN_K0S_CONFIG: json.dumps(config)}, ownerReferences=[kcp_owner])
+
+
+def worker_machine_object(namespace: str, cluster: str, name: str, version: str, *,
+                          md: str, ms: str) -> KubeObject:
+    """A worker Machine of MachineDeployment ``md`` / MachineSet ``ms``."""
+    return _machine_object(namespace, cluster, name, version, bootstrap_kind="K0sWorkerConfig",
+                           labels={LABEL_DEPLOYMENT_NAME: md, LABEL_SET_NAME: ms})
 
 
 async def _machine(mgmt: KubeClient, body: KubeObject, node: str) -> None:
@@ -269,12 +321,8 @@ async def _control_plane_machine(  # noqa: PLR0917 - started with start_soon
             ANN_CLONED_FROM_NAME: f"{cluster}-cp",
             ANN_CLONED_FROM_GROUPKIND: f"{INFRA_TEMPLATE_KIND}.{INFRA_GROUP}"}},
         "spec": {}})
-    config = json.loads(json.dumps(K0S_CONFIG_SPEC))
-    config["k0s"]["spec"]["storage"] = {"etcd": {"extraArgs": {"name": name}}}
-    await _machine(mgmt, _machine_object(
-        namespace, cluster, name, version, bootstrap_kind="K0sControllerConfig",
-        labels={LABEL_CONTROL_PLANE: "true", LABEL_CONTROL_PLANE_NAME: kcp_owner["name"]},
-        annotations={ANN_K0S_CONFIG: json.dumps(config)}, ownerReferences=[kcp_owner]), name)
+    await _machine(mgmt, control_plane_machine_object(namespace, cluster, name, version,
+                                                      kcp_owner), name)
     if create_nodes:
         await create_node(workload, name, version, control_plane=True)
 
@@ -283,9 +331,8 @@ async def _worker_machine(  # noqa: PLR0917 - started with start_soon
         mgmt: KubeClient, workload: KubeClient, namespace: str,
                           cluster: str, name: str, version: str, md: str, ms: str,
                           create_nodes: bool) -> None:
-    await _machine(mgmt, _machine_object(
-        namespace, cluster, name, version, bootstrap_kind="K0sWorkerConfig",
-        labels={LABEL_DEPLOYMENT_NAME: md, LABEL_SET_NAME: ms}), name)
+    await _machine(mgmt, worker_machine_object(namespace, cluster, name, version, md=md, ms=ms),
+                   name)
     if create_nodes:
         await create_node(workload, name, version)
 

@@ -20,6 +20,7 @@ import anyio
 import pytest
 
 from fleet.clusters import node_cache
+from fleet.kept import project
 from fleet.kube import (
     AlreadyExistsError,
     ConflictError,
@@ -30,6 +31,7 @@ from fleet.kube import (
     UnreachableError,
     patch_with_retry,
 )
+from fleet.kube.cache import ObjectCache
 from fleet.kube.errors import ServerError
 from fleet.kube.resources import CONFIGMAPS, NAMESPACES, NODES
 from fleet.kube.transport import TRANSPORTS, TransportName
@@ -453,3 +455,67 @@ async def test_records_only_relist_deletions_and_patch_preconditions(
     rec = cache.get(a)
     assert rec is not None and rec.annotations == ((SIGNAL_VERSION_KEY, "v2"),)
     assert rec.resource_version == patched["metadata"]["resourceVersion"]
+
+
+async def test_projected_cache_from_paged_relists_and_patch_preconditions(
+    scratch: Backend, scratch_client: KubeClient
+) -> None:
+    """The management caches' set-up (fleet/kept.py): a Reflector that keeps only
+    resourceVersions and lists page by page (here 2 objects a page) feeds an ObjectCache
+    that keeps a projection of each object. Every object arrives, only the projection is
+    held, a deletion missed while the watch was down comes out of a paged re-list, and a
+    patch computed on the projection is refused (a real 409) once a field the projection
+    dropped moved on the server, then re-decided on a fresh read, leaving that field
+    as the other writer left it."""
+    mark = unique("kept")
+    names = [f"{mark}-{i}" for i in range(5)]
+    cache = ObjectCache("Node", keep=lambda o: project(o, {
+        "metadata": {"name": True, "resourceVersion": True, "labels": True},
+        "spec": {"unschedulable": True}}))
+    refl = Reflector(scratch_client, NODES, label_selector=f"mark={mark}",
+                     listener=cache.on_event, keep_objects=False, page_size=2)
+    for name in names:
+        await scratch_client.create(NODES, {
+            "metadata": {"name": name, "labels": {"mark": mark},
+                         "annotations": {"dropped": "x"}},
+            "spec": {"podCIDR": "10.0.0.0/24"}})
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(refl.run)
+        await _wait_for(lambda: refl.synced.is_set() and len(cache) == 5)
+        tg.cancel_scope.cancel()
+    assert refl.store == {} and refl.relists == 1
+    got = cache.get(names[0])
+    assert got is not None and "annotations" not in got["metadata"] and "spec" in got
+    assert got["spec"] == {} and got["metadata"]["labels"] == {"mark": mark}
+    # two go while nobody watches, and the revision the watch would resume from expires
+    for name in names[3:]:
+        await scratch_client.delete(NODES, name)
+    await anyio.to_thread.run_sync(scratch.expire_history)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(refl.run)
+        await _wait_for(lambda: refl.relists >= 2 and len(cache) == 3)
+        tg.cancel_scope.cancel()
+    assert sorted(o["metadata"]["name"] for o in cache) == names[:3]
+    # someone else writes a dropped field of names[0]; our patch starts from the kept copy
+    base = cache.object(names[0])
+    assert base is not None
+    await scratch_client.patch(NODES, names[0], {"metadata": {"annotations": {"dropped": "y"}}})
+    seen: list[str] = []
+
+    def mutate(obj: dict[str, Any]) -> dict[str, Any] | None:
+        seen.append(obj["metadata"]["resourceVersion"])
+        if (obj.get("spec") or {}).get("unschedulable"):
+            return None
+        return {"spec": {"unschedulable": True}}
+
+    patched = await patch_with_retry(scratch_client, NODES, names[0], mutate, current=base)
+    assert patched is not None
+    assert len(seen) == 2 and seen[0] == base["metadata"]["resourceVersion"]  # a 409 first
+    assert patched["metadata"]["annotations"]["dropped"] == "y"
+    cache.observe(patched)  # the write-through keeps only the projection
+    got = cache.get(names[0])
+    assert got == {"metadata": {"name": names[0], "labels": {"mark": mark},
+                                "resourceVersion": patched["metadata"]["resourceVersion"]},
+                   "spec": {"unschedulable": True}}
+    for name in names[:3]:
+        await scratch_client.delete(NODES, name)

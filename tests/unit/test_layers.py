@@ -28,7 +28,7 @@ LAYERS = [
     "dispatch",                                       # create-or-adopt a NodePlan
     "artifacts | clusters | events | telemetry",      # shared I/O services
     "planner | snapshot",                             # pure decisions
-    "records",                                        # compact workload records
+    "records | kept",                                 # compact workload / management records
     "eligibility | budget | executors | intent | reported | fence",
     "model",
     "nodeplan",
@@ -44,7 +44,7 @@ FLOOR = {unit.strip(): n for n, floor in enumerate(LAYERS) for unit in floor.spl
 
 PURE = [
     "versions.py", "signal.py", "nodeplan.py", "model.py", "eligibility.py", "budget.py",
-    "executors.py", "records.py",
+    "executors.py", "records.py", "kept.py",
     "schedule.py", "config.py", "config_types.py", "config_errors.py", "config_loader.py",
     "selectors.py", "downloads.py", "snapshot.py", "planner", "agents/state.py", "rollout/gate.py",
     "rollout/state.py", "rollout/progress.py", "extension/canupdate.py",

@@ -284,7 +284,8 @@ class ClusterStore:
                 list_rv, after = int(token["rv"]), (str(token["ns"]), str(token["name"]))
             except (ValueError, KeyError, TypeError):
                 raise ApiError(400, "BadRequest", "continue key is not valid") from None
-            if list_rv < self.oldest:
+            # (as a watch: the revision compacted to is still there, older ones are not)
+            if list_rv < self.oldest - 1:
                 raise ApiError(410, "Expired", "The provided continue parameter is too old "
                                "to display a consistent list result. You can start a new "
                                "list without the continue parameter.")

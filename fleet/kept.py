@@ -1,0 +1,147 @@
+"""What the controller keeps of each management object (projections for
+:class:`fleet.kube.cache.ObjectCache`'s ``keep``).
+
+At a thousand clusters the management objects as the API server sends them (Machines,
+K0sControlPlanes, MachineDeployments, MachineSets, Clusters, kubeconfig Secrets) were the
+largest item of the controller's memory. Of each, only what a reader uses is kept:
+
+* the snapshot's parsers (:mod:`fleet.model`: ``cluster_from``, ``deployment_from``,
+  ``machine_set_from``, ``control_plane_from``, ``machine_from``), whose result on the
+  kept subset equals their result on the whole object (tests/unit/test_kept.py);
+* the dispatcher's writes, whose mutations read versions and annotations and whose
+  rollout-status write merges its conditions into ``status.conditions`` (kept whole, with
+  ``status.k0sFleet``, for every kind that carries a rollout status);
+* NodePlan bodies (a Machine's name, namespace, uid, cluster) and Events (kind,
+  apiVersion, name, namespace, uid);
+* the workload-cluster registry (a kubeconfig Secret's ``value``, nothing else of it).
+
+A value of an unexpected type where a mapping is expected is kept as it is, so a parser
+fails on the kept subset exactly as it would on the whole object. What is not listed
+here (status of Machines beyond ``nodeRef``, bootstrap references, selectors, templates'
+metadata, other Secret keys, ...) is dropped on ingest; a reader that needs more must
+read the object from the API server.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Mapping
+from typing import Any, TypeAlias
+
+from fleet.kube.resources import (
+    CLUSTERS,
+    K0S_CONTROL_PLANES,
+    MACHINE_DEPLOYMENTS,
+    MACHINE_SETS,
+    MACHINES,
+    SECRETS,
+    Resource,
+)
+
+KubeObject = dict[str, Any]
+Projection = Callable[[KubeObject], KubeObject]
+
+# A projection spec: per key, True (keep the value whole), a nested spec (keep that
+# subset of a mapping), or a function of the value.
+Spec: TypeAlias = "Mapping[str, bool | Spec | Callable[[Any], Any]]"
+
+
+def project(value: Any, spec: Spec) -> Any:
+    """The subset of ``value`` that ``spec`` names (``value`` itself if not a mapping)."""
+    if not isinstance(value, dict):
+        return value
+    out: dict[str, Any] = {}
+    for key, sub in spec.items():
+        if key not in value:
+            continue
+        v = value[key]
+        if sub is True:
+            out[key] = v
+        elif isinstance(sub, Mapping):
+            out[key] = project(v, sub)
+        elif callable(sub):
+            out[key] = sub(v)
+    return out
+
+
+def _kubeconfig_text(secret: KubeObject) -> KubeObject:
+    """A kubeconfig Secret as its ``value`` decoded (``stringData``, which the reader
+    takes when ``data`` has no ``value``): a quarter smaller than base64. A value that is
+    not base64 UTF-8 text is kept as it is, for the reader to report."""
+    kept: KubeObject = project(secret, {"metadata": _meta("labels"),
+                                        "data": {"value": True},
+                                        "stringData": {"value": True}})
+    data = kept.get("data")
+    if isinstance(data, dict) and isinstance(data.get("value"), str):
+        try:
+            text = base64.b64decode(data["value"], validate=True).decode("utf-8")
+        except (ValueError, UnicodeDecodeError):
+            return kept
+        kept["stringData"] = {"value": text}
+        del kept["data"]
+    return kept
+
+
+def _without_k0s(value: Any) -> Any:
+    """k0sConfigSpec less ``k0s`` (dynamic config: read by nothing here)."""
+    if not isinstance(value, dict):
+        return value
+    return {k: v for k, v in value.items() if k != "k0s"}
+
+
+def _meta(*keys: str) -> Spec:
+    """metadata: identity and resourceVersion, and ``keys``."""
+    return {k: True for k in ("name", "namespace", "resourceVersion", *keys)}
+
+
+_TYPE: Spec = {"apiVersion": True, "kind": True}  # Events name their object by them
+# status written by the controller (SetRolloutStatus merges into the conditions)
+_ROLLOUT_STATUS: Spec = {"conditions": True, "k0sFleet": True}
+_MACHINE_TEMPLATE_SPEC: Spec = {
+    "clusterName": True, "version": True, "bootstrap": {"configRef": True},
+    "infrastructureRef": True, "failureDomain": True,
+}
+
+SPECS: dict[Resource, Spec] = {
+    CLUSTERS: {**_TYPE, "metadata": _meta("uid", "labels", "annotations"),
+               "spec": {"paused": True}},
+    MACHINE_DEPLOYMENTS: {
+        **_TYPE, "metadata": _meta("uid", "annotations"), "status": _ROLLOUT_STATUS,
+        "spec": {"clusterName": True, "replicas": True, "paused": True,
+                 "rollout": {"strategy": True}, "strategy": True,
+                 "template": {"spec": _MACHINE_TEMPLATE_SPEC}}},
+    MACHINE_SETS: {
+        **_TYPE, "metadata": _meta("uid", "labels", "annotations", "creationTimestamp"),
+        "status": _ROLLOUT_STATUS,
+        "spec": {"clusterName": True, "replicas": True, "template": {"spec": {
+            k: v for k, v in _MACHINE_TEMPLATE_SPEC.items() if k != "clusterName"}}}},
+    K0S_CONTROL_PLANES: {
+        **_TYPE, "metadata": _meta("uid", "labels", "annotations"), "status": _ROLLOUT_STATUS,
+        "spec": {"replicas": True, "version": True, "updateStrategy": True,
+                 "machineTemplate": {"infrastructureRef": True},
+                 "k0sConfigSpec": _without_k0s}},
+    MACHINES: {
+        **_TYPE, "metadata": _meta("uid", "labels", "annotations", "creationTimestamp",
+                                   "deletionTimestamp", "ownerReferences"),
+        "spec": {"clusterName": True, "version": True, "infrastructureRef": True},
+        "status": {"nodeRef": {"name": True}}},
+}
+
+
+def projection(res: Resource) -> Projection | None:
+    """What to keep of an object of ``res`` (None: keep it whole)."""
+    if res is SECRETS:
+        # the kubeconfig (``value``) and the cluster-name label (which cluster it is for)
+        return _kubeconfig_text
+    spec = SPECS.get(res)
+    if spec is None:
+        return None
+
+    def keep(obj: KubeObject) -> KubeObject:
+        kept: KubeObject = project(obj, spec)
+        return kept
+
+    return keep
+
+
+__all__ = ["SPECS", "Spec", "project", "projection"]
