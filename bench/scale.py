@@ -244,7 +244,8 @@ def start_controller(identity: str, workdir: Path, kubeconfig: Path,
         (["--shards", str(args.shards)] if args.shards else [])
     proc = subprocess.Popen(
         [*controller_command(), "controller", "--config", str(cfg), "--kubeconfig",
-         str(kubeconfig), "--identity", identity, "--log-level", "WARNING", *election],
+         str(kubeconfig), "--identity", identity, "--log-level", args.controller_log_level,
+         *election],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=str(REPO))
     log.close()
     return Controller(identity, proc, port, started_wall)
@@ -816,6 +817,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1800.0, help="deadline for each phase")
     p.add_argument("--workdir", help="keep logs here (default: a new temporary directory)")
     p.add_argument("--json", help="write the result here")
+    p.add_argument("--controller-log-level", default="WARNING",
+                   help="the controllers' --log-level (DEBUG logs every pass: perturbs)")
     args = p.parse_args(argv)
     if args.clusters < 1 or args.replicas < 1:
         p.error("--clusters and --replicas must be at least 1")

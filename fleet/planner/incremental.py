@@ -30,7 +30,7 @@ from typing import Protocol, TypeVar
 from fleet.model import ClusterKey, ObjectRef, Snapshot
 from fleet.planner.actions import Action, Decision, PlanResult
 from fleet.planner.core import plan
-from fleet.planner.policy import Hold
+from fleet.planner.policy import Hold, VerdictHold
 from fleet.planner.settings import PlannerSettings
 
 T = TypeVar("T")
@@ -183,6 +183,7 @@ class _Memo:
     part: Snapshot
     result: PlanResult
     holds: HoldAnswers
+    verdict: object = None  # the VerdictHold's verdict the answers were last checked with
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,18 +233,26 @@ class IncrementalPlanner:
         force = set(dirty)
         for gone in set(self._memo) - set(parts):
             del self._memo[gone]
+        verdict = hold.verdict if isinstance(hold, VerdictHold) else None
         replanned: list[ClusterKey] = []
         for ckey in sorted(parts):
             part = parts[ckey]
             memo = self._memo.get(ckey)
             if memo is not None and memo.part is part and ckey not in force \
-                    and not _due(memo.result, now) and _same_holds(memo.holds, hold):
-                continue
+                    and not _due(memo.result, now):
+                # The hold's answers for it: the same when its verdict is (no need to ask).
+                now_verdict = verdict(ckey) if verdict is not None else None
+                if now_verdict is not None and memo.verdict == now_verdict:
+                    continue
+                if _same_holds(memo.holds, hold):
+                    memo.verdict = now_verdict
+                    continue
             answers: HoldAnswers = {}
             if part.now != now:
                 part = dataclasses.replace(part, now=now)
             result = plan(part, self.settings, hold=_recording(hold or _no_hold, answers))
-            self._memo[ckey] = _Memo(parts[ckey], result, answers)
+            self._memo[ckey] = _Memo(parts[ckey], result, answers,
+                                     verdict(ckey) if verdict is not None else None)
             replanned.append(ckey)
         self.replanned_total += len(replanned)
         fresh = {k: self._memo[k].result for k in replanned}

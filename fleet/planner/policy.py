@@ -5,7 +5,7 @@ exclusion, which wraps it). Given to the controller when it is built."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from fleet.model import ClusterKey, ObjectRef, Snapshot
 from fleet.planner.actions import PlanResult
@@ -13,6 +13,18 @@ from fleet.planner.actions import PlanResult
 # hold(cluster, owner): a reason to start no new node upgrade for that object now (waves,
 # windows, pauses, another path driving the cluster), or None.
 Hold = Callable[[ClusterKey, ObjectRef], "str | None"]
+
+
+@runtime_checkable
+class VerdictHold(Protocol):
+    """A hold that can say cheaply whether its answers for a cluster moved: two verdicts
+    of a cluster that compare equal (from this hold or an earlier one of the same kind)
+    mean the same answer for every owner in that cluster. The incremental planner then
+    asks again only the clusters whose verdict changed."""
+
+    def __call__(self, cluster: ClusterKey, owner: ObjectRef) -> str | None: ...
+
+    def verdict(self, cluster: ClusterKey) -> object: ...
 
 
 class FleetPolicy(Protocol):

@@ -238,7 +238,11 @@ class RolloutCoordinator:
                                  f"every node runs its target version and is Ready "
                                  f"(wave {done.wave})", key=fp)
         last = self.last
-        for key, g in sorted(d.clusters.items()):
+        # A cluster whose verdict is the very object of the last decision (the gate keeps a
+        # settled cluster's) has no pause news: only the others are looked at.
+        moved = d.clusters.items() if last is None else [
+            (k, g) for k, g in d.clusters.items() if last.clusters.get(k) is not g]
+        for key, g in sorted(moved):
             if g.foreign:
                 continue  # its own replica reports it
             paused = g.paused

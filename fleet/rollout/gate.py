@@ -156,6 +156,22 @@ class GateDecision:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class DecisionHold:
+    """A decision as the planner's hold (a :class:`~fleet.planner.policy.VerdictHold`): a
+    cluster's answers are its verdict (admitted or why not) and the held objects, so a
+    cluster whose verdict is the same as when the planner last asked needs no asking."""
+
+    decision: GateDecision
+
+    def __call__(self, cluster: ClusterKey, owner: ObjectRef) -> str | None:
+        return self.decision.hold(cluster, owner)
+
+    def verdict(self, cluster: ClusterKey) -> object:
+        d = self.decision
+        return (d.clusters.get(cluster), d.held_objects)
+
+
 FOREIGN = "acted on by another controller replica"
 
 
@@ -183,13 +199,103 @@ class _Facts:
     pause: str | None
 
 
+@dataclass(slots=True, eq=False)
+class _Member:
+    """One cluster as the gate last judged it: what of its verdict depends on nothing but
+    its own progress and its admission in the record (kept until either moves)."""
+
+    progress: ClusterProgress
+    facts: _Facts
+    wave: str
+    cid: str
+    admitted: str | None  # its admission in the record it was judged with
+    phase: ClusterPhase  # before this evaluation's admissions
+    held: tuple[tuple[ObjectRef, str], ...]  # its paused objects (not when foreign)
+
+
+class _WaveIndex:
+    """A wave's members and the aggregates the gate reads every evaluation, kept up to
+    date member by member: counts per phase, who fails, who upgrades, who queues."""
+
+    __slots__ = ("active", "counts", "failed", "fp", "keys", "members", "queued")
+
+    def __init__(self) -> None:
+        self.members: dict[ClusterKey, _Member] = {}
+        self.counts: dict[ClusterPhase, int] = dict.fromkeys(ClusterPhase, 0)
+        self.failed: set[ClusterKey] = set()  # a failed node upgrade (facts.failed)
+        self.active: set[ClusterKey] = set()  # UPGRADING: holds a slot
+        self.queued: set[ClusterKey] = set()  # QUEUED: wants a slot
+        self.keys: tuple[ClusterKey, ...] | None = ()  # sorted members; None: to sort
+        self.fp: str | None = fingerprint([])  # None: to hash
+
+    def add(self, m: _Member) -> None:
+        key = m.progress.key
+        self.members[key] = m
+        self.counts[m.phase] += 1
+        if m.facts.failed:
+            self.failed.add(key)
+        if m.phase is ClusterPhase.UPGRADING:
+            self.active.add(key)
+        elif m.phase is ClusterPhase.QUEUED:
+            self.queued.add(key)
+
+    def remove(self, key: ClusterKey) -> _Member:
+        m = self.members.pop(key)
+        self.counts[m.phase] -= 1
+        self.failed.discard(key)
+        self.active.discard(key)
+        self.queued.discard(key)
+        return m
+
+    def sorted_keys(self) -> tuple[ClusterKey, ...]:
+        if self.keys is None:
+            self.keys = tuple(sorted(self.members))
+        return self.keys
+
+    def fingerprint(self) -> str:
+        """``fingerprint`` of the members, hashed again only after a member joined, left
+        or changed its targets."""
+        if self.fp is None:
+            self.fp = fingerprint([self.members[k].progress for k in self.sorted_keys()])
+        return self.fp
+
+
+def _phase(f: _Facts, c: ClusterProgress, admitted: str | None) -> ClusterPhase:
+    if f.complete:
+        return ClusterPhase.COMPLETE
+    if f.failed:
+        return ClusterPhase.FAILED
+    if f.started or admitted == f.fingerprint:
+        return ClusterPhase.UPGRADING
+    if f.needs_dispatch and c.observed:
+        return ClusterPhase.QUEUED
+    return ClusterPhase.WAITING
+
+
+def _settled_reason(m: _Member) -> str:
+    """Why a cluster that neither upgrades nor queues may not start anything."""
+    c = m.progress
+    if m.phase is ClusterPhase.COMPLETE:
+        return "up to date"
+    if m.phase is ClusterPhase.FAILED:
+        return (f"{c.failed} failed node upgrade(s); retry (annotation "
+                "fleet.k0s-fleet.io/retry) or clear them to continue")
+    if not c.observed:
+        return c.not_observed_reason
+    return "nothing to upgrade in place (left to Cluster API, or nodes not Ready)"
+
+
 class RolloutGate:
     """The pure wave engine. One instance per fleet configuration.
 
-    Evaluating it is linear in the fleet, but what it derives per cluster (fingerprint,
-    completeness, settings, pause) is remembered per :class:`ClusterProgress` object, and
-    a wave's fingerprint per list of its members' targets: a pass in which one cluster
-    moved recomputes that cluster's facts only."""
+    Incremental: the gate keeps an index of the fleet (per wave: members, counts per
+    phase, failing, upgrading and queued clusters) and updates it for the clusters whose
+    progress is a new object (the controller keeps it per cluster until it moves) or
+    whose admission in the record changed. An evaluation then costs the clusters that
+    moved, plus those upgrading or queued (their verdict depends on the fleet: slots,
+    holds, earlier waves); a settled cluster's verdict (up to date, failed, nothing to do
+    in place) is kept, as its :class:`ClusterGate` object. Equal to walking the whole
+    fleet (tests/unit/test_incremental_gate.py holds it to that reference)."""
 
     def __init__(self, config: FleetConfig) -> None:
         self.config = config
@@ -198,7 +304,15 @@ class RolloutGate:
         self._windows_at: datetime | None = None
         self._entries = {(e.namespace, e.name): e for e in config.clusters.entries}
         self._facts: dict[ClusterKey, _Facts] = {}
-        self._wave_fps: dict[str, tuple[tuple[object, ...], str]] = {}
+        # The index: every cluster of the last view, per wave, and the verdicts kept.
+        self._members: dict[ClusterKey, _Member] = {}
+        self._by_cid: dict[str, ClusterKey] = {}
+        self._waves: dict[str, _WaveIndex] = {}
+        self._record: dict[str, str] = {}  # the record's admissions the index was built on
+        self._reasons: dict[ClusterKey, str] = {}
+        self._gates: dict[ClusterKey, ClusterGate] = {}
+        self._held: dict[ObjectRef, str] = {}
+        self.judged = 0  # clusters whose verdict was recomputed (metrics, tests)
 
     def facts(self, c: ClusterProgress) -> _Facts:
         found = self._facts.get(c.key)
@@ -209,14 +323,6 @@ class RolloutGate:
                 failed=c.failed, started=c.started, needs_dispatch=c.needs_dispatch,
                 settings=self.settings(c), pause=self.cluster_pause(c))
         return found
-
-    def _wave_fingerprint(self, wave: str, cs: Sequence[ClusterProgress]) -> str:
-        """``fingerprint(cs)``, remembered while the members and their targets stay."""
-        body = tuple(self.facts(c).body for c in cs)
-        found = self._wave_fps.get(wave)
-        if found is None or found[0] != body:
-            found = self._wave_fps[wave] = (body, fingerprint(cs))
-        return found[1]
 
     def settings(self, c: ClusterProgress) -> ClusterSettings:
         """The cluster's effective settings (cached: the config never changes)."""
@@ -270,21 +376,101 @@ class RolloutGate:
                 f"; next opens {_when(nxt)}" if nxt is not None else "; no window opens again")
         return None
 
+    # -- the index -----------------------------------------------------------------------
+    def _wave(self, name: str) -> _WaveIndex:
+        found = self._waves.get(name)
+        if found is None:
+            found = self._waves[name] = _WaveIndex()
+        return found
+
+    def _forget(self, key: ClusterKey) -> None:
+        m = self._members.pop(key)
+        index = self._waves[m.wave]
+        index.remove(key)
+        index.keys = index.fp = None
+        self._by_cid.pop(m.cid, None)
+        self._facts.pop(key, None)
+        self._reasons.pop(key, None)
+        self._gates.pop(key, None)
+        for ref, _ in m.held:
+            self._held.pop(ref, None)
+
+    def _judge(self, c: ClusterProgress, admitted: str | None) -> None:
+        """(Re)index one cluster: its phase, its wave's aggregates, its settled verdict."""
+        self.judged += 1
+        key = c.key
+        f = self.facts(c)
+        old = self._members.get(key)
+        wave = f.settings.wave.name
+        index = self._wave(wave)
+        if old is not None:
+            before = self._waves[old.wave]
+            before.remove(key)
+            if old.wave != wave:
+                before.keys = before.fp = None
+                index.keys = index.fp = None
+            elif old.facts.body != f.body:
+                index.fp = None
+            for ref, _ in old.held:
+                self._held.pop(ref, None)
+        else:
+            index.keys = index.fp = None
+        held = () if c.foreign else tuple(
+            (o.ref, f"paused by annotation {ANN_PAUSED} on {o.ref.kind}"
+                    + (f": {o.paused}" if o.paused else ""))
+            for o in c.objects if o.paused is not None)
+        cid = _cluster_id(key)
+        m = _Member(progress=c, facts=f, wave=wave, cid=cid, admitted=admitted,
+                    phase=_phase(f, c, admitted), held=held)
+        self._members[key] = m
+        self._by_cid[cid] = key
+        index.add(m)
+        self._held.update(held)
+        if m.phase not in (ClusterPhase.UPGRADING, ClusterPhase.QUEUED):
+            reason = _settled_reason(m)
+            self._reasons[key] = reason
+            gate = ClusterGate(key, wave, m.phase, False, reason, paused=f.pause,
+                               foreign=c.foreign)
+            if self._gates.get(key) != gate:
+                self._gates[key] = gate
+
+    def _update(self, view: FleetView) -> None:
+        """Bring the index to ``view``: clusters gone, new or moved (a new progress object,
+        or another admission in the record)."""
+        members = self._members
+        present: set[ClusterKey] = set()
+        moved: list[ClusterProgress] = []
+        new = 0
+        for c in view.clusters:
+            present.add(c.key)
+            m = members.get(c.key)
+            if m is None:
+                new += 1
+                moved.append(c)
+            elif m.progress is not c:
+                moved.append(c)
+        if len(present) < len(view.clusters):
+            raise ValueError("the rollout gate was given a cluster twice")
+        if len(members) + new > len(present):  # some left
+            for gone in [k for k in members if k not in present]:
+                self._forget(gone)
+        record = view.state.admitted
+        for c in moved:
+            self._judge(c, record.get(_cluster_id(c.key)))
+        if record != self._record:
+            for cid in record.keys() | self._record.keys():
+                key = self._by_cid.get(cid)
+                if key is not None and members[key].admitted != record.get(cid):
+                    self._judge(members[key].progress, record.get(cid))
+            self._record = dict(record)
+
     # -- the evaluation ------------------------------------------------------------------
     def evaluate(self, view: FleetView, now: datetime) -> GateDecision:
         rollout = self.config.rollout
         waves = rollout.effective_waves
-        members: dict[str, list[ClusterProgress]] = {w.name: [] for w in waves}
-        for c in view.clusters:
-            wave = self.facts(c).settings.wave
-            members[wave.name].append(c)
-        if len(self._facts) > len(view.clusters):
-            keys = {c.key for c in view.clusters}
-            self._facts = {k: f for k, f in self._facts.items() if k in keys}
-        for cs in members.values():
-            cs.sort(key=lambda c: c.key)
+        self._update(view)
+        members = self._members
         state = view.state
-        known = {_cluster_id(c.key) for c in view.clusters}
 
         # Fleet-wide stops.
         stop = "emergencyStop in the fleet config" if rollout.emergency_stop else None
@@ -297,10 +483,11 @@ class RolloutGate:
                 f": {view.controls.paused}" if view.controls.paused else "")
         over_budget: dict[str, str] = {}
         for w in waves:
-            failed = [c for c in members[w.name] if self.facts(c).failed]
-            tolerated = w.tolerated_failures(len(members[w.name]))
-            if len(failed) > tolerated:
-                names = ", ".join(_cluster_id(c.key) for c in failed[:5])
+            index = self._wave(w.name)
+            tolerated = w.tolerated_failures(len(index.members))
+            if len(index.failed) > tolerated:
+                failed = sorted(index.failed)
+                names = ", ".join(_cluster_id(k) for k in failed[:5])
                 more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
                 over_budget[w.name] = (
                     f"wave {w.name}: {len(failed)} failed cluster(s) ({names}{more}) exceed "
@@ -312,54 +499,43 @@ class RolloutGate:
                       else f"rollout paused ({pause})" if pause is not None else None)
 
         allowed: set[ClusterKey] = set()
-        reasons: dict[ClusterKey, str] = {}
-        gates: dict[ClusterKey, ClusterGate] = {}
-        held: dict[ObjectRef, str] = {}
+        reasons = self._reasons
+        gates = self._gates
         wakeups: list[datetime] = []
-        admitted = {k: v for k, v in state.admitted.items() if k in known}
+        # The record's admissions of clusters in view, less those of complete clusters and
+        # those for targets that are no longer wanted.
+        admitted: dict[str, str] = {}
+        for cid, fp in state.admitted.items():
+            key = self._by_cid.get(cid)
+            if key is not None:
+                m = members[key]
+                if m.phase is not ClusterPhase.COMPLETE and m.facts.fingerprint == fp:
+                    admitted[cid] = fp
         records = dict(state.waves)
         statuses: list[WaveStatus] = []
         blocker: str | None = None  # why clusters of later waves may not be admitted
 
-        for index, w in enumerate(waves):
-            cs = members[w.name]
-            wave_fp = self._wave_fingerprint(w.name, cs)
+        for index_no, w in enumerate(waves):
+            wi = self._wave(w.name)
+            wave_fp = wi.fingerprint()
             record = records.get(w.name)
             if record is not None and record.fingerprint != wave_fp:
                 record = None
             limit = rollout.concurrency(w)
-            phases: dict[ClusterKey, ClusterPhase] = {}
-            active: list[ClusterProgress] = []
-            queued: list[ClusterProgress] = []
-            for c in cs:
-                f = self.facts(c)
-                cid, cfp = _cluster_id(c.key), f.fingerprint
-                if f.complete:
-                    phases[c.key] = ClusterPhase.COMPLETE
-                    admitted.pop(cid, None)
-                elif f.failed:
-                    phases[c.key] = ClusterPhase.FAILED
-                elif f.started or admitted.get(cid) == cfp:
-                    phases[c.key] = ClusterPhase.UPGRADING
-                    active.append(c)
-                elif f.needs_dispatch and c.observed:
-                    phases[c.key] = ClusterPhase.QUEUED
-                    queued.append(c)
-                else:
-                    phases[c.key] = ClusterPhase.WAITING
-                if cid in admitted and admitted[cid] != cfp:
-                    del admitted[cid]  # admitted for targets that are no longer wanted
-
+            active = [members[k] for k in wi.active]
+            queued = [members[k] for k in sorted(wi.queued)]
             # The slots go to the clusters admitted in the record first; a cluster that is
             # only started (NodePlans for its targets, no admission: its admission ended
             # when it was complete and it has work again, or the record was lost) comes
             # after them, and goes through the record when it may dispatch again.
-            active.sort(key=lambda c: (admitted.get(_cluster_id(c.key))
-                                       != self.facts(c).fingerprint, c.key))
+            active.sort(key=lambda m: (admitted.get(m.cid) != m.facts.fingerprint,
+                                       m.progress.key))
             newly: set[ClusterKey] = set()
-            for i, c in enumerate(active):
+            verdicts: dict[ClusterKey, tuple[ClusterPhase, str]] = {}
+            for i, m in enumerate(active):
+                c = m.progress
                 if c.foreign:
-                    reasons[c.key] = FOREIGN  # counted against the limit, acted on elsewhere
+                    verdicts[c.key] = (m.phase, FOREIGN)  # counted against the limit
                     continue
                 hold = fleet_hold or self._cluster_hold(c, now, wakeups)
                 if hold is None and i >= limit:
@@ -369,62 +545,55 @@ class RolloutGate:
                             f"maxConcurrentClusters {limit}; waiting for one to finish")
                 if hold is None:
                     allowed.add(c.key)
-                    cid, cfp = _cluster_id(c.key), self.facts(c).fingerprint
-                    if admitted.get(cid) != cfp and self.facts(c).needs_dispatch:
-                        admitted[cid] = cfp
+                    verdicts[c.key] = (m.phase, "")
+                    if admitted.get(m.cid) != m.facts.fingerprint and m.facts.needs_dispatch:
+                        admitted[m.cid] = m.facts.fingerprint
                         newly.add(c.key)
                 else:
-                    reasons[c.key] = hold
+                    verdicts[c.key] = (m.phase, hold)
             slots = limit - len(active)
-            for c in queued:
+            for m in queued:
+                c = m.progress
                 if c.foreign:
-                    reasons[c.key] = FOREIGN  # only the replica acting on it admits it
+                    verdicts[c.key] = (m.phase, FOREIGN)  # only its own replica admits it
                 elif fleet_hold is not None:
-                    reasons[c.key] = fleet_hold
+                    verdicts[c.key] = (m.phase, fleet_hold)
                 elif blocker is not None:
-                    reasons[c.key] = blocker
+                    verdicts[c.key] = (m.phase, blocker)
                 elif slots <= 0:
-                    reasons[c.key] = (f"wave {w.name}: {limit - slots} of "
-                                      f"maxConcurrentClusters {limit} clusters upgrading")
+                    verdicts[c.key] = (m.phase, f"wave {w.name}: {limit - slots} of "
+                                                f"maxConcurrentClusters {limit} clusters "
+                                                "upgrading")
                 elif (hold := self._cluster_hold(c, now, wakeups)) is not None:
-                    reasons[c.key] = hold
+                    verdicts[c.key] = (m.phase, hold)
                 else:
                     allowed.add(c.key)
                     newly.add(c.key)
-                    admitted[_cluster_id(c.key)] = self.facts(c).fingerprint
-                    phases[c.key] = ClusterPhase.UPGRADING
+                    admitted[m.cid] = m.facts.fingerprint
+                    verdicts[c.key] = (ClusterPhase.UPGRADING, "")
                     slots -= 1
-            for c in cs:
-                if c.key in reasons or c.key in allowed:
-                    continue
-                if phases[c.key] is ClusterPhase.COMPLETE:
-                    reasons[c.key] = "up to date"
-                elif phases[c.key] is ClusterPhase.FAILED:
-                    reasons[c.key] = (f"{c.failed} failed node upgrade(s); retry (annotation "
-                                      "fleet.k0s-fleet.io/retry) or clear them to continue")
-                elif not c.observed:
-                    reasons[c.key] = c.not_observed_reason
+            for key, (verdict, reason) in verdicts.items():
+                m = members[key]
+                if reason:
+                    reasons[key] = reason
                 else:
-                    reasons[c.key] = "nothing to upgrade in place (left to Cluster API, or " \
-                                     "nodes not Ready)"
-            for c in cs:
-                for o in c.objects:
-                    if o.paused is not None and not c.foreign:
-                        held[o.ref] = f"paused by annotation {ANN_PAUSED} on {o.ref.kind}" + (
-                            f": {o.paused}" if o.paused else "")
-                gates[c.key] = ClusterGate(c.key, w.name, phases[c.key], c.key in allowed,
-                                           "" if c.key in allowed else reasons[c.key],
-                                           admitted_now=c.key in newly,
-                                           paused=self.facts(c).pause, foreign=c.foreign)
+                    reasons.pop(key, None)
+                gate = ClusterGate(key, w.name, verdict, not reason, reason,
+                                   admitted_now=key in newly, paused=m.facts.pause,
+                                   foreign=m.progress.foreign)
+                if gates.get(key) != gate:
+                    gates[key] = gate
 
             # The wave's own record and phase.
-            upgrading = sum(1 for p in phases.values() if p is ClusterPhase.UPGRADING)
-            failed_n = sum(1 for p in phases.values() if p is ClusterPhase.FAILED)
-            done_n = sum(1 for p in phases.values() if p is ClusterPhase.COMPLETE)
-            complete = done_n == len(cs)
-            if not cs:
+            n = len(wi.members)
+            upgrading = wi.counts[ClusterPhase.UPGRADING] + sum(
+                1 for k in newly if members[k].phase is ClusterPhase.QUEUED)
+            failed_n = wi.counts[ClusterPhase.FAILED]
+            done_n = wi.counts[ClusterPhase.COMPLETE]
+            complete = done_n == n
+            if not n:
                 statuses.append(WaveStatus(
-                    name=w.name, index=index, canary=w.canary, phase=WavePhase.COMPLETE,
+                    name=w.name, index=index_no, canary=w.canary, phase=WavePhase.COMPLETE,
                     clusters=(), complete=0, upgrading=0, failed=0, tolerated_failures=0,
                     max_concurrent=limit, soak=w.soak, message="no clusters"))
                 continue
@@ -465,23 +634,23 @@ class RolloutGate:
                     phase, message = WavePhase.PENDING, blocker
                 else:
                     phase = WavePhase.PROGRESSING
-                    message = f"{done_n}/{len(cs)} clusters complete"
+                    message = f"{done_n}/{n} clusters complete"
                 if blocker is None:
-                    blocker = (f"waiting for wave {w.name} to complete "
-                               f"({done_n}/{len(cs)} clusters)")
+                    blocker = f"waiting for wave {w.name} to complete ({done_n}/{n} clusters)"
             if record is not None:
                 records[w.name] = record
             statuses.append(WaveStatus(
-                name=w.name, index=index, canary=w.canary, phase=phase,
-                clusters=tuple(c.key for c in cs), complete=done_n, upgrading=upgrading,
-                failed=failed_n, tolerated_failures=w.tolerated_failures(len(cs)),
+                name=w.name, index=index_no, canary=w.canary, phase=phase,
+                clusters=wi.sorted_keys(), complete=done_n, upgrading=upgrading,
+                failed=failed_n, tolerated_failures=w.tolerated_failures(n),
                 max_concurrent=limit, soak=w.soak,
                 started_at=record.started_at if record else None,
                 completed_at=record.completed_at if record else None,
                 soak_until=soak_until, message=message))
 
+        wave_names = {w.name for w in waves}
         new_state = RolloutState(
-            waves={n: r for n, r in records.items() if n in members},
+            waves={n: r for n, r in records.items() if n in wave_names},
             paused=_transition(state.paused, pause, now),
             halted=_transition(state.halted, halted, now),
             stopped=_transition(state.stopped, stop, now),
@@ -489,9 +658,10 @@ class RolloutGate:
         ) if view.fleet_writer else replace(state, admitted=admitted)
         future = [t for t in wakeups if t > now]
         return GateDecision(
-            now=now, allowed_clusters=frozenset(allowed), reasons=reasons, held_objects=held,
-            next_wakeup=min(future, default=None), waves=tuple(statuses), clusters=gates,
-            state=new_state, previous=state, halted=halted, paused=pause, emergency_stop=stop)
+            now=now, allowed_clusters=frozenset(allowed), reasons=dict(reasons),
+            held_objects=dict(self._held), next_wakeup=min(future, default=None),
+            waves=tuple(statuses), clusters=dict(gates), state=new_state, previous=state,
+            halted=halted, paused=pause, emergency_stop=stop)
 
 
 def _transition(old: Transition | None, reason: str | None, now: datetime) -> Transition | None:
@@ -505,6 +675,7 @@ def _transition(old: Transition | None, reason: str | None, now: datetime) -> Tr
 __all__ = [
     "ClusterGate",
     "ClusterPhase",
+    "DecisionHold",
     "FleetControls",
     "FleetView",
     "GateDecision",

@@ -18,27 +18,20 @@ from fleet.kube import KubeClient, KubeError, KubeObject, NotFoundError, patch_w
 from fleet.kube.cache import newer_or_same
 from fleet.kube.resources import FLEET_UPGRADES
 from fleet.model import ClusterKey, FleetUpgradeInfo, IntentTarget, format_time
-from fleet.rollout.gate import ClusterPhase, GateDecision
+from fleet.rollout.gate import ClusterGate, ClusterPhase, GateDecision
 from fleet.rollout.progress import ClusterProgress
 
 log = logging.getLogger(__name__)
 
 
-def standings(decision: GateDecision, clusters: Sequence[ClusterProgress]
-              ) -> tuple[list[ClusterStanding], list[WaveStanding]]:
-    out: list[ClusterStanding] = []
-    for c in clusters:
-        gate = decision.clusters.get(c.key)
-        if gate is None:
-            continue
-        complete = gate.phase is ClusterPhase.COMPLETE
-        message = "up to date" if complete else (gate.reason or "upgrading")
-        out.append(ClusterStanding(
-            key=c.key, wave=gate.wave, phase=gate.phase.value, nodes_done=c.nodes_done,
-            nodes_total=c.nodes_total, message=message, complete=complete,
-            failed=gate.phase is ClusterPhase.FAILED))
-    waves = [WaveStanding(w.name, w.phase.value, w.message) for w in decision.waves]
-    return out, waves
+def standing(c: ClusterProgress, gate: ClusterGate) -> ClusterStanding:
+    """Where one cluster stands, as a FleetUpgrade's status shows it."""
+    complete = gate.phase is ClusterPhase.COMPLETE
+    message = "up to date" if complete else (gate.reason or "upgrading")
+    return ClusterStanding(
+        key=c.key, wave=gate.wave, phase=gate.phase.value, nodes_done=c.nodes_done,
+        nodes_total=c.nodes_total, message=message, complete=complete,
+        failed=gate.phase is ClusterPhase.FAILED)
 
 
 def fleet_hold(decision: GateDecision) -> str | None:
@@ -100,6 +93,12 @@ class UpgradeStatusWriter:
         # per FleetUpgrade: the gist last written and when (count-only changes wait).
         self._last: dict[tuple[str, str], tuple[dict[str, Any], datetime]] = {}
         self._due: dict[tuple[str, str], datetime] = {}
+        # per cluster a FleetUpgrade decides: its standing, and the progress and gate
+        # verdict it was made from (made again only when either is a new object)
+        self._standings: dict[ClusterKey, tuple[ClusterProgress, ClusterGate,
+                                                ClusterStanding]] = {}
+        # per FleetUpgrade: its status as last computed, and from what
+        self._computed: dict[tuple[str, str], tuple[tuple[object, ...], dict[str, Any]]] = {}
         self.writes = 0
         self.deferred = 0
 
@@ -108,6 +107,8 @@ class UpgradeStatusWriter:
         self._written.clear()
         self._last.clear()
         self._due.clear()
+        self._standings.clear()
+        self._computed.clear()
 
     @property
     def due(self) -> datetime | None:
@@ -124,6 +125,37 @@ class UpgradeStatusWriter:
         self._written.pop(key, None)
         return base
 
+    def standings(self, decision: GateDecision, clusters: Sequence[ClusterProgress],
+                  intents: Mapping[ClusterKey, IntentTarget]) -> list[ClusterStanding]:
+        """The standings of the clusters some FleetUpgrade decides (those of the others are
+        in no status), in the order of ``clusters``; a cluster's is made again only when
+        its progress or its verdict is a new object (the rollout keeps both while the
+        cluster does not move)."""
+        memo = self._standings
+        out: list[ClusterStanding] = []
+        for c in clusters:
+            if c.key not in intents or (gate := decision.clusters.get(c.key)) is None:
+                continue
+            hit = memo.get(c.key)
+            if hit is None or hit[0] is not c or hit[1] is not gate:
+                hit = memo[c.key] = (c, gate, standing(c, gate))
+            out.append(hit[2])
+        if len(memo) > 2 * len(out) + 64:
+            self._standings = {s.key: memo[s.key] for s in out}
+        return out
+
+    def status(self, u: FleetUpgradeInfo, intents: Mapping[ClusterKey, IntentTarget],
+               stand: Sequence[ClusterStanding], waves: Sequence[WaveStanding],
+               hold: str | None) -> dict[str, Any]:
+        """``upgrade_status``, computed again only when something it reads moved."""
+        key = (u.ref.namespace, u.ref.name)
+        inputs = (u, hold, tuple(waves), tuple(stand), tuple(intents[s.key] for s in stand))
+        hit = self._computed.get(key)
+        if hit is None or hit[0] != inputs:
+            hit = self._computed[key] = (inputs, upgrade_status(u, intents, stand, waves,
+                                                                fleet_hold=hold))
+        return hit[1]
+
     async def write(self, upgrades: Mapping[Any, FleetUpgradeInfo],
                     intents: Mapping[ClusterKey, IntentTarget], decision: GateDecision,
                     clusters: Sequence[ClusterProgress], *, defer: bool = True) -> int:
@@ -133,11 +165,13 @@ class UpgradeStatusWriter:
         if not upgrades:
             self.forget()
             return 0
-        stand, waves = standings(decision, clusters)
+        stand = self.standings(decision, clusters, intents)
+        waves = [WaveStanding(w.name, w.phase.value, w.message) for w in decision.waves]
         hold = fleet_hold(decision)
         now = self.clock()
         live = {(u.ref.namespace, u.ref.name) for u in upgrades.values()}
-        for gone in [k for k in self._last if k not in live]:
+        for gone in [k for k in self._last.keys() | self._computed.keys() if k not in live]:
+            self._computed.pop(gone, None)
             self._last.pop(gone, None)
             self._due.pop(gone, None)
             self._written.pop(gone, None)
@@ -149,7 +183,7 @@ class UpgradeStatusWriter:
                 continue
             current = self._current(u)
             old = current.get("status") or {}
-            new = upgrade_status(u, intents, stand, waves, fleet_hold=hold)
+            new = self.status(u, intents, stand, waves, hold)
             if not status_changed(old, new):
                 self._due.pop(key, None)
                 continue

@@ -4,7 +4,7 @@
 
 * before each planning pass it turns the snapshot into cluster progress, asks the
   :class:`~fleet.rollout.coordinator.RolloutCoordinator` (the gate + its durable record
-  + Events) and hands the planner ``decision.hold``;
+  + Events) and hands the planner the decision as its hold (:class:`DecisionHold`);
 * it publishes every decision to a :class:`DecisionBoard` (the status endpoint's board)
   and tells it of every pass (metrics);
 * :meth:`RolloutPolicy.run` keeps the rollout ConfigMap from a watch (no GET per pass;
@@ -31,7 +31,7 @@ from fleet.model import Snapshot
 from fleet.planner.actions import PlanResult
 from fleet.planner.policy import Hold
 from fleet.rollout.coordinator import RolloutCoordinator
-from fleet.rollout.gate import GateDecision
+from fleet.rollout.gate import DecisionHold, GateDecision
 from fleet.rollout.intents import UpgradeStatusWriter
 from fleet.rollout.progress import ClusterProgress, ProgressMemo
 
@@ -91,7 +91,7 @@ class RolloutPolicy:
                 self.upgrade_status.forget()  # the fleet writer (another replica) writes it
         if self._next_wakeup() != previous:
             self._wakeup_changed.set()
-        return decision.hold
+        return DecisionHold(decision)
 
     def _next_wakeup(self) -> datetime | None:
         """The gate's next wake-up, or a deferred FleetUpgrade status write's, if sooner."""

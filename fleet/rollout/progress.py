@@ -317,29 +317,50 @@ def clusters_from_snapshot(snapshot: Snapshot) -> list[ClusterProgress]:
 class ProgressMemo:
     """Cluster progress remembered per cluster, keyed by the cluster's snapshot part (the
     same object means nothing it is derived from changed): a pass in which one cluster
-    moved recomputes that cluster's progress, not the fleet's."""
+    moved recomputes that cluster's progress, not the fleet's, and puts it in place in the
+    fleet's list (sorted once, again only when clusters join or leave)."""
 
     def __init__(self) -> None:
         self._memo: dict[ClusterKey, tuple[Snapshot, list[ClusterProgress]]] = {}
+        self._flat: list[ClusterProgress] = []  # every part's progress, by cluster key
+        self._at: dict[ClusterKey, int] = {}  # where a part's one progress is in _flat
         self.computed = 0  # clusters whose progress was computed (metrics, tests)
 
     def clusters(self, snapshot: Snapshot) -> list[ClusterProgress]:
         """As :func:`clusters_from_snapshot` (equal result), from the remembered parts."""
         parts = snapshot.parts
+        memo = self._memo
         if parts is None:
-            self._memo.clear()
+            memo.clear()
+            self._flat, self._at = [], {}
             return clusters_from_snapshot(snapshot)
-        for gone in set(self._memo) - set(parts):
-            del self._memo[gone]
-        out: list[ClusterProgress] = []
-        for key in sorted(parts):
+        moved = [k for k, p in parts.items() if (hit := memo.get(k)) is None or hit[0] is not p]
+        new = sum(1 for k in moved if k not in memo)
+        reshape = len(memo) + new != len(parts)  # some left
+        if reshape:
+            for gone in [k for k in memo if k not in parts]:
+                del memo[gone]
+        for key in moved:
             part = parts[key]
-            hit = self._memo.get(key)
-            if hit is None or hit[0] is not part:
-                hit = self._memo[key] = (part, clusters_from_snapshot(part))
-                self.computed += 1
-            out.extend(hit[1])
-        return out
+            progress = clusters_from_snapshot(part)
+            self.computed += 1
+            old = memo.get(key)
+            memo[key] = (part, progress)
+            at = self._at.get(key)
+            if old is None or at is None or len(progress) != 1:
+                reshape = True
+            elif not reshape:
+                self._flat[at] = progress[0]
+        if reshape:
+            flat: list[ClusterProgress] = []
+            at_of: dict[ClusterKey, int] = {}
+            for key in sorted(memo):
+                progress = memo[key][1]
+                if len(progress) == 1:
+                    at_of[key] = len(flat)
+                flat.extend(progress)
+            self._flat, self._at = flat, at_of
+        return list(self._flat)
 
 
 def _object_progress(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import timedelta
 
 from hypothesis import HealthCheck, given, settings
@@ -29,6 +30,7 @@ from fleet.planner.incremental import (
     merge,
     split,
 )
+from fleet.planner.policy import Hold
 from fleet.planner.simulate import SimFleet, add_cluster, bump
 from fleet.signal import SignalState
 from tests.unit.test_planner_properties import T0, V2, V3, _nodes, fleets
@@ -51,8 +53,11 @@ def assert_same(inc: PlanResult, full: PlanResult) -> None:
 class Controller:
     """What the controller does around the planner, on a simulated world."""
 
-    def __init__(self, sim: SimFleet, cfg: PlannerSettings) -> None:
+    def __init__(self, sim: SimFleet, cfg: PlannerSettings, *, verdicts: bool = False) -> None:
         self.sim, self.cfg = sim, cfg
+        # The hold as a VerdictHold (as the rollout policy's is): the planner asks only the
+        # clusters whose verdict moved.
+        self.verdicts = verdicts
         self.planner = IncrementalPlanner(cfg)
         self.parts: dict[ClusterKey, Snapshot] = {}
         self.dirty: set[ClusterKey] = set()
@@ -67,6 +72,10 @@ class Controller:
             return "cluster held"
         return "object held" if owner in self.held else None
 
+    @property
+    def the_hold(self) -> Hold:
+        return _Verdicts(frozenset(self.held)) if self.verdicts else self.hold
+
     def refresh(self) -> None:
         fresh = split(self.sim.snapshot())
         for ckey in set(self.parts) - set(fresh):
@@ -79,7 +88,7 @@ class Controller:
 
     def run_pass(self, crash_after: int | None = None) -> IncrementalResult:
         self.refresh()
-        inc = self.planner.plan(self.parts, self.sim.now, hold=self.hold)
+        inc = self.planner.plan(self.parts, self.sim.now, hold=self.the_hold)
         assert_same(inc.result, plan(self.sim.snapshot(), self.cfg, hold=self.hold))
         done = 0
         for ckey, result in inc.fresh_by_cluster.items():
@@ -94,6 +103,22 @@ class Controller:
         return inc
 
 
+@dataclass(frozen=True)
+class _Verdicts:
+    """``Controller.hold`` as a VerdictHold: a cluster's verdict is whether it is held and
+    which objects are (any cluster's: coarse, but equal verdicts mean equal answers)."""
+
+    held: frozenset[object]
+
+    def __call__(self, cluster: ClusterKey, owner: ObjectRef) -> str | None:
+        if cluster in self.held:
+            return "cluster held"
+        return "object held" if owner in self.held else None
+
+    def verdict(self, cluster: ClusterKey) -> object:
+        return (cluster in self.held, frozenset(h for h in self.held if isinstance(h, ObjectRef)))
+
+
 EVENTS = ["plan", "plan", "plan", "crash", "node", "node", "node", "fail", "ready", "time",
           "time", "retry", "delete", "bump", "hold", "hold"]
 
@@ -103,7 +128,7 @@ EVENTS = ["plan", "plan", "plan", "crash", "node", "node", "node", "fail", "read
 def test_incremental_equals_full_replan(fleet: tuple[SimFleet, PlannerSettings],
                                         data: st.DataObject) -> None:
     sim, cfg = fleet
-    ctl = Controller(sim, cfg)
+    ctl = Controller(sim, cfg, verdicts=data.draw(st.booleans(), label="verdicts"))
     for _ in range(data.draw(st.integers(10, 80), label="steps")):
         event = data.draw(st.sampled_from(EVENTS), label="event")
         if event == "plan":
