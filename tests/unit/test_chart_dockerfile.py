@@ -82,7 +82,7 @@ def test_image_reference_labels_and_docs_agree() -> None:
         repos.add(yaml.safe_load((chart / "values.yaml").read_text())["image"]["repository"])
         meta = yaml.safe_load((chart / "Chart.yaml").read_text())
         assert meta["appVersion"] == version, chart  # the default tag
-        assert meta["annotations"]["artifacthub.io/license"] == project["license"]["text"]
+        assert meta["annotations"]["artifacthub.io/license"] == project["license"]
     (repo,) = repos
     assert repo.startswith("ghcr.io/")
     args = dict(rest.split("=", 1) for op, rest in instructions() if op == "ARG" and "=" in rest)
@@ -95,7 +95,7 @@ def test_image_reference_labels_and_docs_agree() -> None:
         "org.opencontainers.image.version": "${VERSION}",
         # ghcr.io links a package to the repository its source label names
         "org.opencontainers.image.source": f"https://github.com/{repo.removeprefix('ghcr.io/')}",
-        "org.opencontainers.image.licenses": project["license"]["text"],
+        "org.opencontainers.image.licenses": project["license"],
     }
     ops = (REPO_ROOT / "docs" / "operations.md").read_text()
     section = ops[ops.index("## Build the image"):]
