@@ -51,8 +51,10 @@ from fleet.kube.resources import (
 )
 from fleet.model import (
     ANN_CAPI_PAUSED,
+    ANN_DISPATCH_REASON,
     ANN_MACHINE_RUNNING_VERSION,
     ANN_PAUSED_FOR,
+    ANN_REQUESTED_AT,
     ANN_WRITTEN_VERSION,
     KIND_CONTROL_NODE,
     KIND_KCP,
@@ -281,9 +283,18 @@ class Dispatcher:
             node_policy=self.config.agent.node_policy())
         key = (a.machine.namespace, body["metadata"]["name"])
         # Cached before it is sent: a pass planned while this request is on the wire must
-        # count the node as dispatched already.
+        # count the node as dispatched already. That copy is not started (no request
+        # identity), so no pass signals the node before the NodePlan exists.
         provisional = {**body, "metadata": {**body["metadata"],
                                             "creationTimestamp": format_time(self.clock())}}
+        # Created started: the request's identity (attempt 1, created = started_at) is in
+        # the object the create writes, so no status write has to record it before the
+        # node is signalled (one request per node upgrade saved); a restart re-sends this
+        # same request. The CRD defaults status.phase to Pending for `kubectl get`.
+        started_at = self.clock()
+        body["metadata"]["annotations"] = {
+            **body["metadata"].get("annotations", {}),
+            ANN_REQUESTED_AT: format_time(started_at), ANN_DISPATCH_REASON: a.reason}
         cache = self.view[NODE_PLANS]
         if cache.get(key[1], key[0]) is None:
             cache.observe(provisional)
@@ -315,31 +326,21 @@ class Dispatcher:
         self._remember(NODE_PLANS, created)
         plan = nodeplan_from(created)
         # No Event for the dispatch (one request per node saved): the NodePlan is its
-        # record, and its status message says why it was dispatched.
-        # Start and signal at once (the next pass would do the same, a round trip later),
-        # and concurrently: should the status write fail after the signal landed, the
-        # next pass starts the plan afresh and its new request replaces this one.
-        started_at = self.clock()
-        signal = SignalNode(
+        # record (created started, its annotations say when and why).
+        # Signal at once (the next pass would do the same, a round trip later).
+        assert plan.started_at is not None
+        await self._do_SignalNode(SignalNode(
             plan=plan.ref, cluster=a.cluster, node=a.node, node_kind=a.node_kind,
             executor=plan.executor, request=request_for(
-                plan, created=started_at, attempt=1, traceparent=traceparent or ""))
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._start_quietly, plan.ref, started_at, a.reason)
-            tg.start_soon(self._do_SignalNode, signal)
-
-    async def _start_quietly(self, ref: ObjectRef, started_at: datetime, why: str) -> None:
-        try:
-            await self._start(ref, attempts=1, started_at=started_at, why=why)
-        except KubeError as e:
-            log.warning("starting %s: %s (the next pass retries)", ref, e)
+                plan, created=plan.started_at, attempt=max(1, plan.attempts),
+                traceparent=traceparent or "")))
 
     async def _start(self, ref: ObjectRef, *, attempts: int, started_at: datetime,
-                     retry: bool = False, why: str = "") -> KubeObject | None:
+                     retry: bool = False) -> KubeObject | None:
         def mutate(obj: KubeObject) -> dict[str, Any] | None:
             status = obj.get("status") or {}
-            if not retry and status.get("startedAt"):
-                return None  # started already
+            if not retry and nodeplan_from(obj).started:
+                return None  # started already (by its status, or created started)
             if retry and status.get("phase") != NodePlanPhase.FAILED:
                 return None  # nothing to retry (any more)
             traceparent = ((obj.get("metadata") or {}).get("annotations") or {}).get(
@@ -349,8 +350,7 @@ class Dispatcher:
                      Condition(C.NP_FAILED, "False", C.R_IN_PROGRESS, ""))
             return {"status": {
                 "phase": NodePlanPhase.PENDING, "nodeState": "", "attempts": attempts,
-                "message": "retry requested" if retry else (
-                    f"dispatched: {why}" if why else "dispatched"),
+                "message": "retry requested" if retry else "dispatched",
                 "startedAt": format_time(started_at), "phaseSince": format_time(started_at),
                 "completedAt": None, "nodeStateAt": None, "traceparent": traceparent,
                 "observedGeneration": (obj.get("metadata") or {}).get("generation"),
