@@ -546,9 +546,14 @@ class Dispatcher:
     # -- Machines and owners ------------------------------------------------------------------
     async def _do_PatchMachineVersion(self, a: PatchMachineVersion) -> None:
         def mutate(obj: KubeObject) -> dict[str, Any] | None:
-            if (obj.get("spec") or {}).get("version") == a.version:
+            ann = (obj.get("metadata") or {}).get("annotations") or {}
+            record = a.record_running and ann.get(ANN_MACHINE_RUNNING_VERSION) != a.version
+            if (obj.get("spec") or {}).get("version") == a.version and not record:
                 return None
-            return {"spec": {"version": a.version}}
+            patch: dict[str, Any] = {"spec": {"version": a.version}}
+            if record:
+                patch["metadata"] = {"annotations": {ANN_MACHINE_RUNNING_VERSION: a.version}}
+            return patch
 
         await self._patch(self.mgmt, MACHINES, a.machine.name, a.machine.namespace, mutate)
 
@@ -656,7 +661,11 @@ class Dispatcher:
             ann = (obj.get("metadata") or {}).get("annotations") or {}
             if ANN_CAPI_PAUSED in ann:
                 return None  # paused already (by us, or by someone else: then left alone)
-            return {"metadata": {"annotations": {ANN_CAPI_PAUSED: "", ANN_PAUSED_FOR: a.version}}}
+            patch: dict[str, Any] = {"metadata": {"annotations": {ANN_CAPI_PAUSED: "",
+                                                                  ANN_PAUSED_FOR: a.version}}}
+            if a.template_version and _object_version(a.owner.kind, obj) != a.version:
+                patch["spec"] = _version_patch(a.owner.kind, a.version)
+            return patch
 
         await self._patch(self.mgmt, res, a.owner.name, a.owner.namespace, mutate)
 
@@ -671,11 +680,10 @@ class Dispatcher:
                 return None
             return {"metadata": {"annotations": {ANN_CAPI_PAUSED: None, ANN_PAUSED_FOR: None}}}
 
-        obj = await self._patch(self.mgmt, res, a.owner.name, a.owner.namespace, mutate)
-        if obj is not None and a.owner.kind != "MachineSet":
-            await self.event(obj, "PauseReleased",
-                             f"every Machine runs {a.version}: reconciliation resumed",
-                             action="WriteVersion")
+        # No Event (one request per object and rollout): VersionWritten said the pause
+        # lasts until every Machine is on the version, and K0sFleetUpToDate turning True
+        # (and, under a FleetUpgrade, UpgradeCompleted) says that moment.
+        await self._patch(self.mgmt, res, a.owner.name, a.owner.namespace, mutate)
 
     async def _do_PatchMachineSetVersion(self, a: PatchMachineSetVersion) -> None:
         def mutate(obj: KubeObject) -> dict[str, Any] | None:
@@ -706,7 +714,7 @@ def _object_version(kind: str, obj: KubeObject) -> str | None:
 
 
 def _version_patch(kind: str, version: str) -> dict[str, Any]:
-    if kind in (KIND_MD, KIND_WORKER_TEMPLATE):
+    if kind in (KIND_MD, "MachineSet", KIND_WORKER_TEMPLATE):
         return {"template": {"spec": {"version": version}}}
     return {"version": version}
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from fleet.budget import UnavailabilityBudget
 from fleet.eligibility import (
     Eligibility,
+    as_recorded,
     control_plane_eligibility,
     kubelet_form,
     machine_deployment_eligibility,
@@ -244,8 +245,10 @@ class Sequencing(PassState):
 
     def _deployment(self, md: MachineDeploymentInfo) -> None:
         # A worker is judged by what its node reports too (never by spec.version alone).
+        # A worker's Completed NodePlan is its record until the paused sequence ends.
         st = self._owner_state(md, lambda m: machine_deployment_eligibility(
-            m, md, self.s.machine_sets.get((md.ref.namespace, m.machine_set or "")),
+            as_recorded(m, md, self.completed.get((m.ref.namespace, m.ref.name))), md,
+            self.s.machine_sets.get((md.ref.namespace, m.machine_set or "")),
             self.node((md.ref.namespace, md.cluster), m.node_name)))
         if st is None:
             return
@@ -368,13 +371,14 @@ class Sequencing(PassState):
             return  # a MachineSet not on the released target is Cluster API's rollout
         if behind or sets_behind:
             unpaused = [ms for ms in mine if not ms.capi_paused]
-            if unpaused:
-                self.emit(*(PauseObject(ms.ref, target) for ms in unpaused))
+            if unpaused:  # paused, and its template's version moved, in one write
+                self.emit(*(PauseObject(ms.ref, target, template_version=ms in sets_behind)
+                            for ms in unpaused))
                 return
             if any(ms.paused_for is None for ms in mine):
                 return  # a MachineSet paused by someone else: not ours to move
-            for m in behind:
-                self.emit(PatchMachineVersion(m.ref, target))
+            for m in behind:  # with its running-version record (completion_deferred)
+                self.emit(PatchMachineVersion(m.ref, target, record_running=True))
             for ms in sets_behind:
                 self.emit(PatchMachineSetVersion(ms.ref, target))
             return
