@@ -23,7 +23,7 @@ from fleet.artifacts import ArtifactResolver
 from fleet.clusters import ClusterRegistry
 from fleet.config import FleetConfig
 from fleet.controllers.observe import ManagementView
-from fleet.dispatch import create_or_adopt_nodeplan, nodeplan_to_dispatch
+from fleet.dispatch import create_or_adopt_nodeplan, created_started, nodeplan_to_dispatch
 from fleet.downloads import DownloadResolutionError
 from fleet.events import NORMAL, WARNING, EventRecorder
 from fleet.executors import executor, request_for
@@ -51,10 +51,8 @@ from fleet.kube.resources import (
 )
 from fleet.model import (
     ANN_CAPI_PAUSED,
-    ANN_DISPATCH_REASON,
     ANN_MACHINE_RUNNING_VERSION,
     ANN_PAUSED_FOR,
-    ANN_REQUESTED_AT,
     ANN_WRITTEN_VERSION,
     KIND_CONTROL_NODE,
     KIND_KCP,
@@ -291,10 +289,7 @@ class Dispatcher:
         # the object the create writes, so no status write has to record it before the
         # node is signalled (one request per node upgrade saved); a restart re-sends this
         # same request. The CRD defaults status.phase to Pending for `kubectl get`.
-        started_at = self.clock()
-        body["metadata"]["annotations"] = {
-            **body["metadata"].get("annotations", {}),
-            ANN_REQUESTED_AT: format_time(started_at), ANN_DISPATCH_REASON: a.reason}
+        body = created_started(body, at=self.clock(), reason=a.reason)
         cache = self.view[NODE_PLANS]
         if cache.get(key[1], key[0]) is None:
             cache.observe(provisional)
@@ -431,7 +426,7 @@ class Dispatcher:
             patch["nodeStateAt"] = format_time(a.node_state_at) if a.node_state_at else None
             if a.running_version is not None:
                 patch["runningVersion"] = a.running_version
-            return {"status": patch}
+            return {"status": patch | _identity(obj)}
 
         obj = await self._patch(self.mgmt, NODE_PLANS, a.plan.name, a.plan.namespace, mutate,
                                 subresource="status")
@@ -452,7 +447,8 @@ class Dispatcher:
                 "phase": NodePlanPhase.FAILED, "nodeState": a.node_state, "message": a.message,
                 "phaseSince": format_time(now),
                 "conditions": _condition_list(status.get("conditions") or [],
-                                              _failed_conditions(a.reason, a.message), now)}}
+                                              _failed_conditions(a.reason, a.message), now),
+            } | _identity(obj)}
 
         obj = await self._patch(self.mgmt, NODE_PLANS, a.plan.name, a.plan.namespace, mutate,
                                 subresource="status")
@@ -731,6 +727,18 @@ def action_target(action: Action) -> tuple[str, ...]:
     if isinstance(action, SignalNode | ClearSignal | UncordonNode):
         return ("Node", *action.cluster, action.node)
     return ("other",)
+
+
+def _identity(obj: KubeObject) -> dict[str, Any]:
+    """A NodePlan created started (its request's identity in its annotations) gets that
+    identity into its status with its first status write (no request of its own), so
+    ``status.startedAt`` and ``status.attempts`` say it from then on."""
+    if ((obj.get("status") or {}).get("startedAt")):
+        return {}
+    p = nodeplan_from(obj)
+    if p.started_at is None:
+        return {}
+    return {"startedAt": format_time(p.started_at), "attempts": max(1, p.attempts)}
 
 
 def _attempt_key(p: NodePlanInfo) -> str:
