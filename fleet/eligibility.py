@@ -129,6 +129,21 @@ def as_recorded(machine: MachineInfo, md: MachineDeploymentInfo,
         **machine.annotations, ANN_MACHINE_RUNNING_VERSION: plan.version})
 
 
+def as_recorded_control_plane(machine: MachineInfo, kcp: ControlPlaneInfo,
+                              plan: NodePlanInfo | None) -> MachineInfo:
+    """A control-plane ``machine`` whose Completed NodePlan (the controller's) is on
+    ``kcp``'s target, with the ``spec.version`` the completion's own patch writes: the
+    pass after the completion, that write may still be on its way (it is retried each
+    pass until it lands), and the object's status would say "0/1" for that round trip
+    only to be written again (one request per control-plane upgrade)."""
+    if plan is None or plan.phase != NodePlanPhase.COMPLETED or plan.deleting \
+            or plan.source != "controller" or plan.machine != machine.ref.name \
+            or not same_version(plan.version, kcp.version) \
+            or same_version(machine.version, plan.version):
+        return machine
+    return dataclasses.replace(machine, version=plan.version)
+
+
 def machine_deployment_eligibility(machine: MachineInfo, md: MachineDeploymentInfo,
                                    machine_set: MachineSetInfo | None,
                                    node: NodeInfo | None = None) -> Eligibility:

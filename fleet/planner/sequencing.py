@@ -12,6 +12,7 @@ from fleet.budget import UnavailabilityBudget
 from fleet.eligibility import (
     Eligibility,
     as_recorded,
+    as_recorded_control_plane,
     control_plane_eligibility,
     kubelet_form,
     machine_deployment_eligibility,
@@ -170,7 +171,10 @@ class Sequencing(PassState):
                                        waiting))
 
     def _control_plane(self, kcp: ControlPlaneInfo) -> None:
-        st = self._owner_state(kcp, lambda m: control_plane_eligibility(m, kcp))
+        # A Completed NodePlan counts while its Machine's spec.version write lands.
+        st = self._owner_state(kcp, lambda m: control_plane_eligibility(
+            as_recorded_control_plane(m, kcp, self.completed.get((m.ref.namespace,
+                                                                  m.ref.name))), kcp))
         if st is None:
             return
         (ns, ckey, cluster, nodes, target, live, elig, unavailable, missing, halted, in_flight) = (

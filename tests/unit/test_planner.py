@@ -712,3 +712,29 @@ def test_an_upgrading_node_of_a_cluster_not_listed_yet_is_left_as_it_stands() ->
     sim.clusters[ck] = dataclasses.replace(sim.clusters[ck], acting_since=sim.now)
     assert not [a for a in plan(sim.snapshot(), SETTINGS).actions
                 if getattr(a, "plan", None) == p.ref or getattr(a, "ref", None) == p.ref]
+
+
+def test_a_control_plane_completion_counts_while_its_machine_write_lands() -> None:
+    """The pass after a control plane's completion may run before the patch of its
+    Machine's spec.version (emitted with the completion, retried every pass until it
+    lands) is seen: its Completed NodePlan counts it, so the KCP's status says 1/1 once
+    instead of 0/1 and then 1/1 (one status write per control-plane upgrade)."""
+    sim, ck = fleet(control_planes=1, workers=0)
+    bump(sim, ck, V2)
+    key = ("default", nodeplan_name("c1-cp-0", V2))
+    for _ in range(20):
+        actions = plan(sim.snapshot(), SETTINGS).actions
+        sim.apply_all([a for a in actions if not isinstance(a, PatchMachineVersion)])
+        if key in sim.nodeplans and sim.nodeplans[key].phase == NodePlanPhase.COMPLETED:
+            break
+        for ckey, node in sim.active_requests():
+            sim.finish_node(ckey, node)
+        sim.advance(1)
+    else:
+        raise AssertionError("the control plane never completed")
+    assert sim.machines[("default", "c1-cp-0")].version == V1  # its record not landed yet
+    actions = plan(sim.snapshot(), SETTINGS).actions
+    assert [a.machine.name for a in of(actions, PatchMachineVersion)] == ["c1-cp-0"]
+    [status] = of(actions, SetRolloutStatus)
+    assert status.counts.as_status()["summary"] == "1/1"
+    assert status.conditions[0].status == "True"  # K0sFleetUpToDate
