@@ -738,7 +738,8 @@ def _identity(obj: KubeObject) -> dict[str, Any]:
     p = nodeplan_from(obj)
     if p.started_at is None:
         return {}
-    return {"startedAt": format_time(p.started_at), "attempts": max(1, p.attempts)}
+    return {"startedAt": format_time(p.started_at), "attempts": max(1, p.attempts),
+            "traceparent": p.traceparent or p.annotations.get(TRACEPARENT_ANNOTATION, "")}
 
 
 def _attempt_key(p: NodePlanInfo) -> str:
