@@ -181,6 +181,16 @@ class Dispatcher:
                 if stale is not None and not (stale.get("metadata") or {}).get("uid"):
                     self.view[NODE_PLANS].forget(stale)  # our provisional copy: never made
             self._remember(NODE_PLANS, obj)
+            if obj is not None and not (obj.get("status") or {}).get("startedAt"):
+                # Created started, never signalled (the create's answer was lost): its
+                # request starts now, so its pending deadline does not count the time
+                # its fate was unknown (as a create answered at once starts it).
+                try:
+                    await self._start(nodeplan_from(obj).ref, attempts=1,
+                                      started_at=self.clock(), unsent=True)
+                except KubeError as e:
+                    log.warning("starting NodePlan %s/%s: %s", *key, e)
+                    return False
             self.unsure.discard(key)
         return True
 
@@ -331,10 +341,14 @@ class Dispatcher:
                 traceparent=traceparent or "")))
 
     async def _start(self, ref: ObjectRef, *, attempts: int, started_at: datetime,
-                     retry: bool = False) -> KubeObject | None:
+                     retry: bool = False, unsent: bool = False) -> KubeObject | None:
+        """``unsent``: a NodePlan created started whose request was never sent (its create
+        unanswered) gets a fresh start written, unless its status has one already."""
         def mutate(obj: KubeObject) -> dict[str, Any] | None:
             status = obj.get("status") or {}
-            if not retry and nodeplan_from(obj).started:
+            if unsent and status.get("startedAt"):
+                return None
+            if not retry and not unsent and nodeplan_from(obj).started:
                 return None  # started already (by its status, or created started)
             if retry and status.get("phase") != NodePlanPhase.FAILED:
                 return None  # nothing to retry (any more)
