@@ -11,13 +11,14 @@ fleet's node policy only for executor ``agent`` (autopilot has no such field).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from fleet.artifacts import Artifact
 from fleet.executors import executor as executor_named
 from fleet.kube import AlreadyExistsError, KubeClient, KubeObject
 from fleet.kube.resources import NODE_PLANS
-from fleet.model import NODEPLAN_FINALIZER
+from fleet.model import ANN_DISPATCH_REASON, ANN_REQUESTED_AT, NODEPLAN_FINALIZER, format_time
 from fleet.nodeplan import build_nodeplan
 from fleet.signal import NodePolicy
 
@@ -35,6 +36,17 @@ def nodeplan_to_dispatch(*, machine: dict[str, Any], node_name: str, role: str, 
         node_policy=node_policy if executor_named(executor).carries_policy else None)
     body["metadata"]["finalizers"] = [NODEPLAN_FINALIZER]
     return body
+
+
+def created_started(body: KubeObject, *, at: datetime, reason: str) -> KubeObject:
+    """``body`` to be created started: the first request's identity (attempt 1, its
+    ``created`` = ``at``) and why it was dispatched in its annotations, so the node can be
+    signalled without a status write first (``fleet.model.nodeplan_from`` reads them;
+    the CRD defaults ``status.phase`` to Pending until the first status write)."""
+    meta = body["metadata"]
+    return {**body, "metadata": {**meta, "annotations": {
+        **(meta.get("annotations") or {}),
+        ANN_REQUESTED_AT: format_time(at), ANN_DISPATCH_REASON: reason}}}
 
 
 @dataclass(frozen=True, slots=True)

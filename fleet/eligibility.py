@@ -6,6 +6,7 @@ leaves it alone and says why. Every comparison of versions goes through fleet.ve
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -15,13 +16,16 @@ from typing import Any
 
 from fleet.model import (
     ANN_K0S_CONFIG,
+    ANN_MACHINE_RUNNING_VERSION,
     ControlPlaneInfo,
     MachineDeploymentInfo,
     MachineInfo,
     MachineSetInfo,
     NodeInfo,
+    NodePlanInfo,
     comparable_k0s_config,
 )
+from fleet.nodeplan import NodePlanPhase
 from fleet.versions import InvalidVersionError, K0sVersion
 from fleet.versions import same_version as _same_version
 
@@ -98,6 +102,46 @@ def worker_is_up_to_date(machine: MachineInfo, target: str | None,
     recorded = same_version(machine.version, target) or same_version(
         machine.running_version_annotation, target)
     return recorded and node_reports(node, target) is not False
+
+
+def completion_deferred(md: MachineDeploymentInfo, version: str) -> bool:
+    """k0s-fleet's paused in-place sequence of ``md`` runs for ``version``: a worker's
+    completion is recorded on its Machine (the running-version annotation, in the same
+    request as its ``spec.version``) at the end of that sequence, and until then its
+    Completed NodePlan is the record (one Machine write per worker instead of two)."""
+    return md.capi_paused and same_version(md.paused_for, version) \
+        and same_version(md.object_version, version)
+
+
+def as_recorded(machine: MachineInfo, md: MachineDeploymentInfo,
+                plan: NodePlanInfo | None) -> MachineInfo:
+    """``machine`` with its in-place completion recorded as it will be: a Completed
+    NodePlan of the controller whose record waits for the end of the paused sequence
+    (:func:`completion_deferred`) counts as the running-version annotation. A NodePlan
+    deleted before that end takes the record with it: the node is upgraded again (a
+    no-op for a node that runs the version) and recorded then."""
+    if plan is None or plan.phase != NodePlanPhase.COMPLETED or plan.deleting \
+            or plan.source != "controller" or plan.machine != machine.ref.name \
+            or same_version(machine.running_version_annotation, plan.version) \
+            or not completion_deferred(md, plan.version):
+        return machine
+    return dataclasses.replace(machine, annotations={
+        **machine.annotations, ANN_MACHINE_RUNNING_VERSION: plan.version})
+
+
+def as_recorded_control_plane(machine: MachineInfo, kcp: ControlPlaneInfo,
+                              plan: NodePlanInfo | None) -> MachineInfo:
+    """A control-plane ``machine`` whose Completed NodePlan (the controller's) is on
+    ``kcp``'s target, with the ``spec.version`` the completion's own patch writes: the
+    pass after the completion, that write may still be on its way (it is retried each
+    pass until it lands), and the object's status would say "0/1" for that round trip
+    only to be written again (one request per control-plane upgrade)."""
+    if plan is None or plan.phase != NodePlanPhase.COMPLETED or plan.deleting \
+            or plan.source != "controller" or plan.machine != machine.ref.name \
+            or not same_version(plan.version, kcp.version) \
+            or same_version(machine.version, plan.version):
+        return machine
+    return dataclasses.replace(machine, version=plan.version)
 
 
 def machine_deployment_eligibility(machine: MachineInfo, md: MachineDeploymentInfo,

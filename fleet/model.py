@@ -60,6 +60,13 @@ ANN_RETRY = f"{DOMAIN}/retry"
 # The worker Machine annotation carrying the k0s version its node runs (set on completion).
 ANN_MACHINE_RUNNING_VERSION = RUNNING_VERSION_KEY
 NODEPLAN_FINALIZER = f"{DOMAIN}/node-signal"
+# A NodePlan the controller dispatches is created started: this annotation carries the
+# first request's identity (``created`` in the signal; attempt 1) and why it was
+# dispatched, so no status write is needed before the node is signalled. A NodePlan
+# without it (the runtime extension's) is started by a status write (status.startedAt);
+# status.startedAt, once written (a retry), wins.
+ANN_REQUESTED_AT = f"{DOMAIN}/requested-at"
+ANN_DISPATCH_REASON = f"{DOMAIN}/dispatch-reason"
 # The one writer of versions (docs/operations.md "Roll a version"): the version k0s-fleet
 # last wrote (or adopted) into an MD/KCP; a spec version that differs was written by
 # someone else.
@@ -679,6 +686,11 @@ def nodeplan_from(obj: Mapping[str, Any]) -> NodePlanInfo:
     m = _meta(obj)
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
+    annotations = _annotations(obj)
+    started_at = parse_time(status.get("startedAt"))
+    attempts = int(status.get("attempts") or 0)
+    if started_at is None and (requested := parse_time(annotations.get(ANN_REQUESTED_AT))):
+        started_at, attempts = requested, max(1, attempts)  # created started (attempt 1)
     return NodePlanInfo(
         ref=_ref(KIND_NODEPLAN, obj),
         cluster=str(spec.get("clusterName") or ""),
@@ -698,14 +710,14 @@ def nodeplan_from(obj: Mapping[str, Any]) -> NodePlanInfo:
         created=parse_time(m.get("creationTimestamp")),
         deleting=bool(m.get("deletionTimestamp")),
         finalizers=tuple(m.get("finalizers") or ()),
-        annotations=_annotations(obj),
+        annotations=annotations,
         phase=str(status.get("phase") or NodePlanPhase.PENDING),
         node_state=str(status.get("nodeState") or ""),
         message=str(status.get("message") or ""),
         reason=next((c.get("reason") or "" for c in status.get("conditions") or []
                      if c.get("type") == "Failed" and c.get("status") == "True"), ""),
-        attempts=int(status.get("attempts") or 0),
-        started_at=parse_time(status.get("startedAt")),
+        attempts=attempts,
+        started_at=started_at,
         phase_since=parse_time(status.get("phaseSince")),
         node_state_at=parse_time(status.get("nodeStateAt")),
         completed_at=parse_time(status.get("completedAt")),

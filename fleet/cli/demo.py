@@ -134,9 +134,12 @@ class Board:
                     m.ref.name, target))) if target else None
                 # ... and its NodePlan (if any) recorded Completed: the node-upgrade span is
                 # written with that status, and the demo prints those traces when done.
+                # (A worker's Completed NodePlan is its record until the paused sequence
+                # ends: fleet.eligibility.as_recorded.)
+                completed = plan is not None and plan.phase == NodePlanPhase.COMPLETED
                 up = same_version(target, TO) and (same_version(m.version, target) or same_version(
-                    m.running_version_annotation, target)) and (
-                    plan is None or plan.phase == NodePlanPhase.COMPLETED)
+                    m.running_version_annotation, target) or completed) and (
+                    plan is None or completed)
                 if plan is not None and plan.phase == NodePlanPhase.FAILED:
                     state = "Failed"
                     failed += 1

@@ -23,7 +23,7 @@ from fleet.artifacts import ArtifactResolver
 from fleet.clusters import ClusterRegistry
 from fleet.config import FleetConfig
 from fleet.controllers.observe import ManagementView
-from fleet.dispatch import create_or_adopt_nodeplan, nodeplan_to_dispatch
+from fleet.dispatch import create_or_adopt_nodeplan, created_started, nodeplan_to_dispatch
 from fleet.downloads import DownloadResolutionError
 from fleet.events import NORMAL, WARNING, EventRecorder
 from fleet.executors import executor, request_for
@@ -181,6 +181,16 @@ class Dispatcher:
                 if stale is not None and not (stale.get("metadata") or {}).get("uid"):
                     self.view[NODE_PLANS].forget(stale)  # our provisional copy: never made
             self._remember(NODE_PLANS, obj)
+            if obj is not None and not (obj.get("status") or {}).get("startedAt"):
+                # Created started, never signalled (the create's answer was lost): its
+                # request starts now, so its pending deadline does not count the time
+                # its fate was unknown (as a create answered at once starts it).
+                try:
+                    await self._start(nodeplan_from(obj).ref, attempts=1,
+                                      started_at=self.clock(), unsent=True)
+                except KubeError as e:
+                    log.warning("starting NodePlan %s/%s: %s", *key, e)
+                    return False
             self.unsure.discard(key)
         return True
 
@@ -281,9 +291,15 @@ class Dispatcher:
             node_policy=self.config.agent.node_policy())
         key = (a.machine.namespace, body["metadata"]["name"])
         # Cached before it is sent: a pass planned while this request is on the wire must
-        # count the node as dispatched already.
+        # count the node as dispatched already. That copy is not started (no request
+        # identity), so no pass signals the node before the NodePlan exists.
         provisional = {**body, "metadata": {**body["metadata"],
                                             "creationTimestamp": format_time(self.clock())}}
+        # Created started: the request's identity (attempt 1, created = started_at) is in
+        # the object the create writes, so no status write has to record it before the
+        # node is signalled (one request per node upgrade saved); a restart re-sends this
+        # same request. The CRD defaults status.phase to Pending for `kubectl get`.
+        body = created_started(body, at=self.clock(), reason=a.reason)
         cache = self.view[NODE_PLANS]
         if cache.get(key[1], key[0]) is None:
             cache.observe(provisional)
@@ -315,31 +331,25 @@ class Dispatcher:
         self._remember(NODE_PLANS, created)
         plan = nodeplan_from(created)
         # No Event for the dispatch (one request per node saved): the NodePlan is its
-        # record, and its status message says why it was dispatched.
-        # Start and signal at once (the next pass would do the same, a round trip later),
-        # and concurrently: should the status write fail after the signal landed, the
-        # next pass starts the plan afresh and its new request replaces this one.
-        started_at = self.clock()
-        signal = SignalNode(
+        # record (created started, its annotations say when and why).
+        # Signal at once (the next pass would do the same, a round trip later).
+        assert plan.started_at is not None
+        await self._do_SignalNode(SignalNode(
             plan=plan.ref, cluster=a.cluster, node=a.node, node_kind=a.node_kind,
             executor=plan.executor, request=request_for(
-                plan, created=started_at, attempt=1, traceparent=traceparent or ""))
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._start_quietly, plan.ref, started_at, a.reason)
-            tg.start_soon(self._do_SignalNode, signal)
-
-    async def _start_quietly(self, ref: ObjectRef, started_at: datetime, why: str) -> None:
-        try:
-            await self._start(ref, attempts=1, started_at=started_at, why=why)
-        except KubeError as e:
-            log.warning("starting %s: %s (the next pass retries)", ref, e)
+                plan, created=plan.started_at, attempt=max(1, plan.attempts),
+                traceparent=traceparent or "")))
 
     async def _start(self, ref: ObjectRef, *, attempts: int, started_at: datetime,
-                     retry: bool = False, why: str = "") -> KubeObject | None:
+                     retry: bool = False, unsent: bool = False) -> KubeObject | None:
+        """``unsent``: a NodePlan created started whose request was never sent (its create
+        unanswered) gets a fresh start written, unless its status has one already."""
         def mutate(obj: KubeObject) -> dict[str, Any] | None:
             status = obj.get("status") or {}
-            if not retry and status.get("startedAt"):
-                return None  # started already
+            if unsent and status.get("startedAt"):
+                return None
+            if not retry and not unsent and nodeplan_from(obj).started:
+                return None  # started already (by its status, or created started)
             if retry and status.get("phase") != NodePlanPhase.FAILED:
                 return None  # nothing to retry (any more)
             traceparent = ((obj.get("metadata") or {}).get("annotations") or {}).get(
@@ -349,8 +359,7 @@ class Dispatcher:
                      Condition(C.NP_FAILED, "False", C.R_IN_PROGRESS, ""))
             return {"status": {
                 "phase": NodePlanPhase.PENDING, "nodeState": "", "attempts": attempts,
-                "message": "retry requested" if retry else (
-                    f"dispatched: {why}" if why else "dispatched"),
+                "message": "retry requested" if retry else "dispatched",
                 "startedAt": format_time(started_at), "phaseSince": format_time(started_at),
                 "completedAt": None, "nodeStateAt": None, "traceparent": traceparent,
                 "observedGeneration": (obj.get("metadata") or {}).get("generation"),
@@ -431,7 +440,7 @@ class Dispatcher:
             patch["nodeStateAt"] = format_time(a.node_state_at) if a.node_state_at else None
             if a.running_version is not None:
                 patch["runningVersion"] = a.running_version
-            return {"status": patch}
+            return {"status": patch | _identity(obj)}
 
         obj = await self._patch(self.mgmt, NODE_PLANS, a.plan.name, a.plan.namespace, mutate,
                                 subresource="status")
@@ -452,7 +461,8 @@ class Dispatcher:
                 "phase": NodePlanPhase.FAILED, "nodeState": a.node_state, "message": a.message,
                 "phaseSince": format_time(now),
                 "conditions": _condition_list(status.get("conditions") or [],
-                                              _failed_conditions(a.reason, a.message), now)}}
+                                              _failed_conditions(a.reason, a.message), now),
+            } | _identity(obj)}
 
         obj = await self._patch(self.mgmt, NODE_PLANS, a.plan.name, a.plan.namespace, mutate,
                                 subresource="status")
@@ -546,9 +556,14 @@ class Dispatcher:
     # -- Machines and owners ------------------------------------------------------------------
     async def _do_PatchMachineVersion(self, a: PatchMachineVersion) -> None:
         def mutate(obj: KubeObject) -> dict[str, Any] | None:
-            if (obj.get("spec") or {}).get("version") == a.version:
+            ann = (obj.get("metadata") or {}).get("annotations") or {}
+            record = a.record_running and ann.get(ANN_MACHINE_RUNNING_VERSION) != a.version
+            if (obj.get("spec") or {}).get("version") == a.version and not record:
                 return None
-            return {"spec": {"version": a.version}}
+            patch: dict[str, Any] = {"spec": {"version": a.version}}
+            if record:
+                patch["metadata"] = {"annotations": {ANN_MACHINE_RUNNING_VERSION: a.version}}
+            return patch
 
         await self._patch(self.mgmt, MACHINES, a.machine.name, a.machine.namespace, mutate)
 
@@ -656,7 +671,11 @@ class Dispatcher:
             ann = (obj.get("metadata") or {}).get("annotations") or {}
             if ANN_CAPI_PAUSED in ann:
                 return None  # paused already (by us, or by someone else: then left alone)
-            return {"metadata": {"annotations": {ANN_CAPI_PAUSED: "", ANN_PAUSED_FOR: a.version}}}
+            patch: dict[str, Any] = {"metadata": {"annotations": {ANN_CAPI_PAUSED: "",
+                                                                  ANN_PAUSED_FOR: a.version}}}
+            if a.template_version and _object_version(a.owner.kind, obj) != a.version:
+                patch["spec"] = _version_patch(a.owner.kind, a.version)
+            return patch
 
         await self._patch(self.mgmt, res, a.owner.name, a.owner.namespace, mutate)
 
@@ -671,11 +690,10 @@ class Dispatcher:
                 return None
             return {"metadata": {"annotations": {ANN_CAPI_PAUSED: None, ANN_PAUSED_FOR: None}}}
 
-        obj = await self._patch(self.mgmt, res, a.owner.name, a.owner.namespace, mutate)
-        if obj is not None and a.owner.kind != "MachineSet":
-            await self.event(obj, "PauseReleased",
-                             f"every Machine runs {a.version}: reconciliation resumed",
-                             action="WriteVersion")
+        # No Event (one request per object and rollout): VersionWritten said the pause
+        # lasts until every Machine is on the version, and K0sFleetUpToDate turning True
+        # (and, under a FleetUpgrade, UpgradeCompleted) says that moment.
+        await self._patch(self.mgmt, res, a.owner.name, a.owner.namespace, mutate)
 
     async def _do_PatchMachineSetVersion(self, a: PatchMachineSetVersion) -> None:
         def mutate(obj: KubeObject) -> dict[str, Any] | None:
@@ -706,7 +724,7 @@ def _object_version(kind: str, obj: KubeObject) -> str | None:
 
 
 def _version_patch(kind: str, version: str) -> dict[str, Any]:
-    if kind in (KIND_MD, KIND_WORKER_TEMPLATE):
+    if kind in (KIND_MD, "MachineSet", KIND_WORKER_TEMPLATE):
         return {"template": {"spec": {"version": version}}}
     return {"version": version}
 
@@ -723,6 +741,19 @@ def action_target(action: Action) -> tuple[str, ...]:
     if isinstance(action, SignalNode | ClearSignal | UncordonNode):
         return ("Node", *action.cluster, action.node)
     return ("other",)
+
+
+def _identity(obj: KubeObject) -> dict[str, Any]:
+    """A NodePlan created started (its request's identity in its annotations) gets that
+    identity into its status with its first status write (no request of its own), so
+    ``status.startedAt`` and ``status.attempts`` say it from then on."""
+    if ((obj.get("status") or {}).get("startedAt")):
+        return {}
+    p = nodeplan_from(obj)
+    if p.started_at is None:
+        return {}
+    return {"startedAt": format_time(p.started_at), "attempts": max(1, p.attempts),
+            "traceparent": p.traceparent or p.annotations.get(TRACEPARENT_ANNOTATION, "")}
 
 
 def _attempt_key(p: NodePlanInfo) -> str:

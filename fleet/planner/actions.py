@@ -116,10 +116,13 @@ class ReleaseNodePlan:
 
 @dataclass(frozen=True, slots=True)
 class PatchMachineVersion:
-    """Control plane done: Machine.spec.version = what now runs (as k0smotron does)."""
+    """Control plane done: Machine.spec.version = what now runs (as k0smotron does).
+    ``record_running`` (a worker at the end of the paused sequence): the running-version
+    annotation is written in the same request (fleet.eligibility.completion_deferred)."""
 
     machine: ObjectRef
     version: str
+    record_running: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,10 +161,14 @@ class WriteVersion:
 class PauseObject:
     """Set cluster.x-k8s.io/paused (and k0s-fleet's record of it) on an object that is not
     paused yet: a MachineSet before its and its Machines' versions move (its controller
-    would otherwise re-apply the old Machine versions from a reconcile in flight)."""
+    would otherwise re-apply the old Machine versions from a reconcile in flight).
+    ``template_version`` (a MachineSet behind the target): the same patch moves its
+    ``spec.template.spec.version`` (a paused MachineSet's controller reads no template;
+    its Machines are written only once the pause is observed, a pass later)."""
 
     owner: ObjectRef
     version: str
+    template_version: bool = False
 
 
 @dataclass(frozen=True, slots=True)

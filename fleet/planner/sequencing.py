@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from fleet.budget import UnavailabilityBudget
 from fleet.eligibility import (
     Eligibility,
+    as_recorded,
+    as_recorded_control_plane,
     control_plane_eligibility,
     kubelet_form,
     machine_deployment_eligibility,
@@ -169,7 +171,10 @@ class Sequencing(PassState):
                                        waiting))
 
     def _control_plane(self, kcp: ControlPlaneInfo) -> None:
-        st = self._owner_state(kcp, lambda m: control_plane_eligibility(m, kcp))
+        # A Completed NodePlan counts while its Machine's spec.version write lands.
+        st = self._owner_state(kcp, lambda m: control_plane_eligibility(
+            as_recorded_control_plane(m, kcp, self.completed.get((m.ref.namespace,
+                                                                  m.ref.name))), kcp))
         if st is None:
             return
         (ns, ckey, cluster, nodes, target, live, elig, unavailable, missing, halted, in_flight) = (
@@ -244,8 +249,10 @@ class Sequencing(PassState):
 
     def _deployment(self, md: MachineDeploymentInfo) -> None:
         # A worker is judged by what its node reports too (never by spec.version alone).
+        # A worker's Completed NodePlan is its record until the paused sequence ends.
         st = self._owner_state(md, lambda m: machine_deployment_eligibility(
-            m, md, self.s.machine_sets.get((md.ref.namespace, m.machine_set or "")),
+            as_recorded(m, md, self.completed.get((m.ref.namespace, m.ref.name))), md,
+            self.s.machine_sets.get((md.ref.namespace, m.machine_set or "")),
             self.node((md.ref.namespace, md.cluster), m.node_name)))
         if st is None:
             return
@@ -369,8 +376,9 @@ class Sequencing(PassState):
             return  # a MachineSet not on the released target is Cluster API's rollout
         if behind or sets_behind:
             unpaused = [ms for ms in mine if not ms.capi_paused]
-            if unpaused:
-                self.emit(*(PauseObject(ms.ref, target) for ms in unpaused))
+            if unpaused:  # paused, and its template's version moved, in one write
+                self.emit(*(PauseObject(ms.ref, target, template_version=ms in sets_behind)
+                            for ms in unpaused))
                 return
             if any(ms.paused_for is None for ms in mine):
                 return  # a MachineSet paused by someone else: not ours to move
@@ -381,8 +389,8 @@ class Sequencing(PassState):
                 # condition turns True in the first reconcile begun after the pause, and
                 # controller-runtime runs one reconcile of an object at a time.
                 return
-            for m in behind:
-                self.emit(PatchMachineVersion(m.ref, target))
+            for m in behind:  # with its running-version record (completion_deferred)
+                self.emit(PatchMachineVersion(m.ref, target, record_running=True))
             for ms in sets_behind:
                 self.emit(PatchMachineSetVersion(ms.ref, target))
             return

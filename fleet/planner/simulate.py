@@ -171,13 +171,17 @@ class SimFleet:
         elif isinstance(a, PatchMachineVersion):
             m = self.machines[(a.machine.namespace, a.machine.name)]
             self.machines[(a.machine.namespace, a.machine.name)] = dataclasses.replace(
-                m, version=a.version)
+                m, version=a.version, annotations={
+                    **m.annotations,
+                    **({ANN_MACHINE_RUNNING_VERSION: a.version} if a.record_running else {})})
         elif isinstance(a, PauseObject | ReleasePause) and a.owner.kind == "MachineSet":
             key = (a.owner.namespace, a.owner.name)
             ms = self.machine_sets[key]
             anns = dict(ms.annotations)
             if isinstance(a, PauseObject) and ANN_CAPI_PAUSED not in anns:
                 anns |= {ANN_CAPI_PAUSED: "", ANN_PAUSED_FOR: a.version}
+                if a.template_version:
+                    ms = dataclasses.replace(ms, version=a.version)
             elif isinstance(a, ReleasePause) and ANN_PAUSED_FOR in anns:
                 anns.pop(ANN_PAUSED_FOR)
                 anns.pop(ANN_CAPI_PAUSED, None)

@@ -9,6 +9,7 @@ import dataclasses
 from datetime import datetime, timedelta
 
 from fleet.eligibility import (
+    completion_deferred,
     same_version,
 )
 from fleet.executors import EXECUTORS, executor, request_for
@@ -415,6 +416,10 @@ class NodePlanUpkeep(PassState):
                 self.emit(PatchMachineVersion(m.ref, p.version))
         elif not same_version(m.running_version_annotation, p.version) and not same_version(
                 m.version, p.version):
+            md = self.s.deployments.get((p.ref.namespace, p.owner_name)) \
+                if p.owner_kind == KIND_MD else None
+            if md is not None and completion_deferred(md, p.version):
+                return  # recorded with its spec.version at the end of the paused sequence
             self.emit(AnnotateWorkerVersion(m.ref, p.version))
 
     def _deleting(self, p: NodePlanInfo, ckey: ClusterKey, node: NodeInfo | None) -> None:

@@ -18,6 +18,7 @@ from enum import StrEnum
 
 from fleet.eligibility import (
     Eligibility,
+    as_recorded,
     control_plane_eligibility,
     machine_deployment_eligibility,
 )
@@ -379,7 +380,10 @@ def _object_progress(
                   if target is not None and same_version(p.version, target)]
     by_machine = {p.machine: p for p in for_target}
     progress: list[NodeProgress] = []
-    for m in mine:
+    for machine in mine:
+        # A worker's Completed NodePlan is its record until the paused sequence ends.
+        m = as_recorded(machine, obj, by_machine.get(machine.ref.name)) \
+            if isinstance(obj, MachineDeploymentInfo) else machine
         elig: Eligibility | None = None
         if target is not None:
             if isinstance(obj, MachineDeploymentInfo):

@@ -258,13 +258,19 @@ async def wait_condition(  # noqa: PLR0917
 
 async def wait_rollout(mgmt: KubeClient, fc: FleetCluster, timeout: float = 90,
                        target: str = V2) -> None:
-    """Every Machine of the cluster's KCP and MD on ``target``, as the controller says."""
+    """Every Machine of the cluster's KCP and MD on ``target``, as the controller says,
+    and recorded so on the Machines (a worker's record is written with its spec.version at
+    the end of the paused sequence, a moment after its MD reads up to date)."""
     if fc.kcp:
         await wait_condition(mgmt, K0S_CONTROL_PLANES, fc.kcp, fc.namespace, C.UP_TO_DATE,
                              timeout=timeout, target=target)
     if fc.md:
         await wait_condition(mgmt, MACHINE_DEPLOYMENTS, fc.md, fc.namespace, C.UP_TO_DATE,
                              timeout=timeout, target=target)
+    with anyio.fail_after(timeout):
+        while not all(same_version(v, target) for name, v in
+                      (await machine_versions(mgmt, fc)).items() if name in fc.machines):
+            await anyio.sleep(0.1)
 
 
 def fleet_config(namespace: str, **rollout: Any) -> FleetConfig:

@@ -16,10 +16,15 @@ With #11's one writer of versions the bump is a FleetUpgrade (a hand edit is rep
 never rolled) and the controller writes the versions itself: 15.0-15.7 per node measured
 before #13 item 5's second round; after it (the FleetUpgrade status patched from the
 cached object, no GET first; its count-only changes coalesced; no per-node success
-Event) 11.9-12.1 (bench/README.md, "Under the FleetUpgrade flow"). The bound asserted is
-13: a node step outlasting status_settle on a loaded machine adds a NodePlan or MD status
-write. #13's target of 10 is not met on this flow (what remains, and why, is in
-bench/README.md).
+Event) 11.9-12.1 (bench/README.md, "Under the FleetUpgrade flow"). After its third round
+(NodePlans created started, no status write before the signal; a worker's completion
+recorded on its Machine with its spec.version at the end of the paused sequence; the
+MachineSet paused and moved in one write; no PauseReleased Event; a control plane's
+Completed NodePlan counting while its Machine write lands) 9.57-9.71 at load average
+~25 (bench/README.md, "Third round"), against 11.9-12.0 before it: the bound asserted is
+#13's target, 10. What still varies with the machine's load: a node step outlasting
+status_settle adds a NodePlan status write, and a slow rollout more coalesced
+FleetUpgrade count writes (one per 5 s).
 """
 
 from __future__ import annotations
@@ -52,6 +57,15 @@ async def test_controller_requests_per_node_upgrade_bounded() -> None:
     status = cost.upgrade_status
     assert status["phase"] == "Complete" and status["nodesUpToDate"] == cost.nodes, status
     assert status["clusters"][0]["nodes"] == f"{cost.nodes}/{cost.nodes}", status
-    # 13, not 11: under #11's one writer the rollout is asked for with a FleetUpgrade and
-    # k0s-fleet writes the versions itself (see the module docstring).
-    assert cost.per_node(CONTROLLER_USER) <= 13, cost.breakdown(CONTROLLER_USER)
+    # no status write between a NodePlan's create and its signal (created started): at
+    # most the node's first answer and the completion, plus what a step outlasting
+    # status_settle adds on a loaded machine (one more per node at the very most)
+    plan_status = [r for r in cost.of(CONTROLLER_USER, "mgmt")
+                   if r.resource == "nodeplans/status"]
+    assert len(plan_status) <= 3 * cost.nodes, plan_status
+    # a worker's Machine is written once (spec.version and the record of its completion)
+    machine_writes = [r for r in cost.of(CONTROLLER_USER, "mgmt")
+                      if r.resource == "machines" and r.write and r.code < 300]
+    assert len(machine_writes) == cost.nodes, machine_writes
+    # #13's target (see the module docstring)
+    assert cost.per_node(CONTROLLER_USER) <= 10, cost.breakdown(CONTROLLER_USER)

@@ -36,6 +36,7 @@ from fleet.planner import PENDING, PlannerSettings, plan
 from fleet.planner import conditions as C
 from fleet.planner.actions import (
     Action,
+    AnnotateWorkerVersion,
     CreateNodePlan,
     PatchMachineSetVersion,
     PatchMachineVersion,
@@ -200,6 +201,14 @@ def test_an_upgrade_intent_rolls_a_cluster_through_the_one_writer() -> None:
     assert len(cp_plans) == 3 and all(a.owner.kind == KIND_KCP for a in cp_plans)
     assert [r.owner.kind for r in of(actions, ReleasePause)] == [
         KIND_KCP, "MachineSet", KIND_MD]
+    # The MachineSet's template version moves in the write that pauses it (one request),
+    # its Machines a pass later (drive() asserts they move only under its pause), each
+    # with its running-version record (none written per completion).
+    [pause] = [p for p in of(actions, PauseObject) if p.owner.kind == "MachineSet"]
+    assert pause.template_version and not of(actions, PatchMachineSetVersion)
+    assert not of(actions, AnnotateWorkerVersion)
+    assert {m.running_version_annotation for m in sim.machines.values()
+            if m.role == "worker"} == {V2}
 
 
 def test_a_machine_version_cluster_api_writes_back_after_the_release_is_moved_again() -> None:

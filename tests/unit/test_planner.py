@@ -10,6 +10,8 @@ import pytest
 
 from fleet.executors import request_for
 from fleet.model import (
+    ANN_CAPI_PAUSED,
+    ANN_PAUSED_FOR,
     ANN_RETRY,
     KIND_KCP,
     KIND_MD,
@@ -108,6 +110,12 @@ class TestWorkers:
         assert cond(sim, KIND_MD, C.UP_TO_DATE)[0] == "True"
         assert md_of(sim).status.counts["summary"] == "5/5"
         assert all(m.running_version_annotation == V2 for m in sim.machines.values())
+        # recorded once per worker, with its spec.version at the end of the paused
+        # sequence (one Machine write each), never by a separate annotation write
+        assert not of(sim.log, AnnotateWorkerVersion)
+        recorded = [a.machine.name for a in of(sim.log, PatchMachineVersion)
+                    if a.record_running]
+        assert sorted(recorded) == [f"c1-md-{i}" for i in range(5)]
 
     @pytest.mark.parametrize("value", [0, "0%", None, "20%"])
     def test_zero_max_unavailable_is_reported_and_nothing_happens(self, value: object) -> None:
@@ -352,12 +360,15 @@ class TestNodePlanLifecycle:
         assert sim.nodeplans[key].phase == NodePlanPhase.IN_PROGRESS
         nodes["c1-md-0"] = dataclasses.replace(nodes["c1-md-0"], running_version=V2)
         actions = step(sim)
-        assert of(actions, AnnotateWorkerVersion)
+        # Its MD is in k0s-fleet's paused sequence for V2: the Completed NodePlan is the
+        # record until the sequence ends (no Machine write per completion).
+        assert not of(actions, AnnotateWorkerVersion)
         # The next node starts once the Completed status is recorded (the next pass), so
         # the NodePlans never show more in flight than maxUnavailable.
         assert creates(actions) == []
         assert sim.nodeplans[key].phase == NodePlanPhase.COMPLETED
         assert creates(step(sim)) == ["c1-md-1"]
+        assert md_of(sim).status.counts["updated"] == 1  # counted from its NodePlan
 
     def test_control_plane_completion_patches_machine_version(self) -> None:
         sim, ck = fleet(control_planes=1, workers=0)
@@ -516,6 +527,21 @@ class TestNodePlanLifecycle:
         sim.advance(SETTINGS.status_settle.total_seconds())  # written once it lasts
         assert not [s for s in of(step(sim), SignalNode) if s.plan.name == "other"]
         assert "busy" in sim.nodeplans[("default", "other")].message
+
+    def test_completion_recorded_at_once_outside_the_paused_sequence(self) -> None:
+        """The record waits for the end of k0s-fleet's paused sequence only while that
+        sequence runs for the plan's version: with the pause gone (released, or removed
+        by someone), the completion is written on the Machine at once."""
+        sim, ck, key = self._dispatched()
+        settle(sim)
+        md = md_of(sim)
+        sim.deployments[(md.ref.namespace, md.ref.name)] = dataclasses.replace(
+            md, annotations={k: v for k, v in md.annotations.items()
+                             if k not in (ANN_CAPI_PAUSED, ANN_PAUSED_FOR)})
+        sim.finish_node(ck, "c1-md-0")
+        actions = step(sim)
+        assert sim.nodeplans[key].phase == NodePlanPhase.COMPLETED
+        assert [a.machine.name for a in of(actions, AnnotateWorkerVersion)] == ["c1-md-0"]
 
     def test_version_change_mid_rollout_keeps_in_flight_in_the_budget(self) -> None:
         sim, ck = fleet(control_planes=0, workers=4, max_unavailable=2)
@@ -686,3 +712,29 @@ def test_an_upgrading_node_of_a_cluster_not_listed_yet_is_left_as_it_stands() ->
     sim.clusters[ck] = dataclasses.replace(sim.clusters[ck], acting_since=sim.now)
     assert not [a for a in plan(sim.snapshot(), SETTINGS).actions
                 if getattr(a, "plan", None) == p.ref or getattr(a, "ref", None) == p.ref]
+
+
+def test_a_control_plane_completion_counts_while_its_machine_write_lands() -> None:
+    """The pass after a control plane's completion may run before the patch of its
+    Machine's spec.version (emitted with the completion, retried every pass until it
+    lands) is seen: its Completed NodePlan counts it, so the KCP's status says 1/1 once
+    instead of 0/1 and then 1/1 (one status write per control-plane upgrade)."""
+    sim, ck = fleet(control_planes=1, workers=0)
+    bump(sim, ck, V2)
+    key = ("default", nodeplan_name("c1-cp-0", V2))
+    for _ in range(20):
+        actions = plan(sim.snapshot(), SETTINGS).actions
+        sim.apply_all([a for a in actions if not isinstance(a, PatchMachineVersion)])
+        if key in sim.nodeplans and sim.nodeplans[key].phase == NodePlanPhase.COMPLETED:
+            break
+        for ckey, node in sim.active_requests():
+            sim.finish_node(ckey, node)
+        sim.advance(1)
+    else:
+        raise AssertionError("the control plane never completed")
+    assert sim.machines[("default", "c1-cp-0")].version == V1  # its record not landed yet
+    actions = plan(sim.snapshot(), SETTINGS).actions
+    assert [a.machine.name for a in of(actions, PatchMachineVersion)] == ["c1-cp-0"]
+    [status] = of(actions, SetRolloutStatus)
+    assert status.counts.as_status()["summary"] == "1/1"
+    assert status.conditions[0].status == "True"  # K0sFleetUpToDate

@@ -319,7 +319,10 @@ def test_worker_rollout_respects_budget_in_any_completion_order(
         sim.advance(1)
     else:
         raise AssertionError("did not settle")
-    upgraded = {m.ref.name for m in sim.machines.values() if m.running_version_annotation}
+    # recorded on the Machine, or (while the paused sequence waits for a NotReady peer)
+    # by its Completed NodePlan (fleet.eligibility.as_recorded)
+    upgraded = {m.ref.name for m in sim.machines.values() if m.running_version_annotation} | {
+        p.machine for p in sim.nodeplans.values() if p.phase == NodePlanPhase.COMPLETED}
     if limit > not_ready:
         # every Ready node is eventually upgraded; NotReady ones are waited for
         assert upgraded == {n for n in nodes if nodes[n].ready}

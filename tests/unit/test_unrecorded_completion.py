@@ -64,5 +64,16 @@ def test_the_rollout_finishes_after_the_control_plane_is_recorded() -> None:
     else:
         raise AssertionError(f"never complete: {progress}")
     assert sim.machines[("fleet", "c-cp-0")].version == V2
+    # The workers' records are their Completed NodePlans until the paused sequence ends,
+    # which writes each Machine's spec.version with the record.
+    for _ in range(20):
+        decision = RolloutGate(config()).evaluate(
+            FleetView(clusters_from_snapshot(sim.snapshot())), sim.now)
+        actions = plan(sim.snapshot(), settings, hold=decision.hold).actions
+        if not actions:
+            break
+        sim.apply_all(actions)
+        sim.advance(1)
     for w in ("c-md-0", "c-md-1"):
         assert sim.machines[("fleet", w)].running_version_annotation == V2
+        assert sim.machines[("fleet", w)].version == V2
