@@ -25,7 +25,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from fleet.kube.http import HttpClient, HttpConnectionError, TruncatedBodyError
+from fleet.kube.http import ConnectSlots, HttpClient, HttpConnectionError, TruncatedBodyError
 from fleet.testing.kubesim.certs import ServingCert, make_serving_cert
 
 pytestmark = pytest.mark.anyio
@@ -304,6 +304,55 @@ async def test_a_handshake_that_never_finishes_is_the_connect_timeout(
         with anyio.fail_after(DEADLINE), pytest.raises(HttpConnectionError, match="no answer"):
             await c.request("GET", "/")
         await c.close()
+
+
+async def test_clients_sharing_connect_slots_open_that_many_connections_at_once(
+        cert: ServingCert) -> None:
+    """Six clients (a controller's workload clusters) sharing two connect slots, against a
+    server that accepts connections and never answers the handshake: at most two are
+    being opened at any time, each still fails on its own connect deadline, and the
+    time spent waiting for a slot is not part of that deadline (every client reaches the
+    server; counted, the later ones would time out before connecting)."""
+    open_now = most = seen = 0
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal open_now, most, seen
+        open_now += 1
+        seen += 1
+        most = max(most, open_now)
+        try:
+            await reader.read()  # until the client gives up and closes
+        finally:
+            open_now -= 1
+            writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    slots = ConnectSlots(2)
+    clients = [HttpClient(f"https://127.0.0.1:{port}", connect_timeout=1.0,
+                          ssl_context=ssl.create_default_context(cafile=str(cert.ca)),
+                          connect_slots=slots) for _ in range(6)]
+    errors: list[str] = []
+
+    async def one(c: HttpClient) -> None:
+        try:
+            await c.request("GET", "/")
+        except HttpConnectionError as e:
+            errors.append(str(e))
+
+    try:
+        with anyio.fail_after(DEADLINE):
+            async with anyio.create_task_group() as tg:
+                for c in clients:
+                    tg.start_soon(one, c)
+    finally:
+        for c in clients:
+            await c.close()
+        server.close()
+        await server.wait_closed()
+    assert len(errors) == 6 and all("no answer within 1s" in e for e in errors), errors
+    assert seen == 6
+    assert most <= 2
 
 
 async def test_a_handshake_nobody_awaits_leaves_no_unretrieved_error() -> None:
