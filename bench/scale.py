@@ -815,6 +815,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-seconds", type=float, default=0.1,
                    help="node agent stand-in: time per protocol step (7 steps)")
     p.add_argument("--timeout", type=float, default=1800.0, help="deadline for each phase")
+    p.add_argument("--controller-log-level", default="WARNING",
+                   help="the controller's --log-level (INFO: its start-up milestones, "
+                        "timestamped, in controller-*.log of the workdir)")
     p.add_argument("--workdir", help="keep logs here (default: a new temporary directory)")
     p.add_argument("--json", help="write the result here")
     p.add_argument("--controller-log-level", default="WARNING",

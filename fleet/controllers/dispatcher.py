@@ -10,7 +10,7 @@ next planning pass sees it even before the watch does.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -166,6 +166,7 @@ class Dispatcher:
         self.stats = DispatchStats()
         self.unsure: set[tuple[str, str]] = set()
         self.background: anyio.abc.TaskGroup | None = None
+        self._events = anyio.CapacityLimiter(8)  # Events being recorded in the background
 
     async def settle_unsure(self) -> bool:
         """Learn the fate of creates that got no answer (or a 5xx). False while that is
@@ -253,8 +254,14 @@ class Dispatcher:
                                      type=type, related=related, key=key)
 
         if self.background is not None:
-            self.background.start_soon(emit)
+            self.background.start_soon(self._bounded, emit)
         else:
+            await emit()
+
+    async def _bounded(self, emit: Callable[[], Awaitable[None]]) -> None:
+        # A fresh fleet's start-up records thousands of Events at once: a few at a time,
+        # each on a kept-alive connection, not one new connection per Event.
+        async with self._events:
             await emit()
 
     # -- NodePlans -------------------------------------------------------------------------

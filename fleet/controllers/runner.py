@@ -179,7 +179,6 @@ class FleetController:
         self._mine: set[ClusterKey] = set()  # the fleet's clusters this replica acts on
         self._acting_set: set[ClusterKey] = set()  # ... and has heard from (planned)
         self._wanted_since: dict[ClusterKey, float] = {}  # monotonic, when it became ours
-        self._run_started: float | None = None
         self._stopped = False
         self.recorder = recorder or EventRecorder(
             mgmt, instance=identity, default_namespace=config.management.namespace)
@@ -218,7 +217,6 @@ class FleetController:
                   ) -> None:
         """Watch, plan and act until cancelled."""
         self.running = True
-        self._run_started = time.monotonic()
         try:
             async with anyio.create_task_group() as tg:
                 self.dispatcher.background = tg
@@ -442,7 +440,10 @@ class FleetController:
         ``settle_bound`` seconds it plans anyway, and says which clusters it could not hear
         from."""
         waiting = sorted(k for k in self._mine if not self.registry.settled(k))
-        started = self._run_started if self._run_started is not None else time.monotonic()
+        # Bounded from when those clusters were asked for (the first pass, once the
+        # management caches synced), not from the start: a slow management list under
+        # load used up the whole bound before one workload cluster was asked.
+        started = min((self._wanted_since[k] for k in waiting), default=time.monotonic())
         if waiting and time.monotonic() - started < self.settle_bound:
             self._retry_at = now + timedelta(seconds=1)
             return False

@@ -13,6 +13,7 @@ import anyio
 import yaml
 
 from fleet.kube.errors import FencedError, KubeError, NotFoundError, UnreachableError
+from fleet.kube.http import ConnectSlots
 from fleet.kube.resources import Resource
 from fleet.kube.transport import LineStream, Transport, TransportName
 
@@ -23,6 +24,12 @@ KubeObject = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+
+# Connections the clients of :meth:`KubeClient.for_many` (a controller's workload
+# clusters) open at once between them: a fleet's start-up opens thousands; enough at once
+# for many WAN round trips in flight, few enough that no handshake starves past its
+# deadline on a busy machine (they all did at 1000 clusters on 2 loaded cores).
+MANY_CLIENTS_CONNECTING = ConnectSlots(100)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +63,8 @@ class KubeClient:
     async def from_kubeconfig(cls, kubeconfig: Mapping[str, Any], *, name: str = "cluster",
                               context: str | None = None,
                               transport: TransportName = "generated",
-                              base_dir: Path | None = None) -> KubeClient:
+                              base_dir: Path | None = None,
+                              connect_slots: ConnectSlots | None = None) -> KubeClient:
         """``transport``: ``generated`` (kubernetes-asyncio, every kubeconfig feature),
         ``light`` (small, for the node agent; see :mod:`fleet.kube.transport`) or ``auto``
         (``light`` unless the kubeconfig needs a feature only ``generated`` has: exec or
@@ -75,7 +83,8 @@ class KubeClient:
                 if transport == "light":
                     raise
             else:
-                return cls(LightTransport(creds, name=name), name=name)
+                return cls(LightTransport(creds, name=name, connect_slots=connect_slots),
+                           name=name)
         from fleet.kube.generated import GeneratedTransport  # noqa: PLC0415
 
         return cls(await GeneratedTransport.from_kubeconfig(kubeconfig, name=name,
@@ -86,10 +95,11 @@ class KubeClient:
                        context: str | None = None) -> KubeClient:
         """A client for one of many clusters (the controller's workload clusters): the
         ``light`` transport, whose connections cost little and whose SSL contexts are
-        shared by clients with the same CA and identity; ``generated`` only for a
-        kubeconfig that needs it (exec or auth-provider credentials, a proxy)."""
+        shared by clients with the same CA and identity, and which open at most
+        :data:`MANY_CLIENTS_CONNECTING` connections at once between them; ``generated``
+        only for a kubeconfig that needs it (exec or auth-provider credentials, a proxy)."""
         return await cls.from_kubeconfig(kubeconfig, name=name, context=context,
-                                         transport="auto")
+                                         transport="auto", connect_slots=MANY_CLIENTS_CONNECTING)
 
     @classmethod
     async def from_kubeconfig_file(cls, path: str, *, name: str = "cluster",

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -48,6 +49,31 @@ class TruncatedBodyError(HttpError):
 
 class HttpProtocolError(HttpError):
     """The server's answer was not HTTP/1.x as we understand it."""
+
+
+class ConnectSlots:
+    """How many connections the clients sharing it may be opening at once (TCP connect
+    and TLS handshake), per event loop.
+
+    A controller that starts with a thousand workload clusters opens about three
+    connections to each at once; unbounded, the handshakes share the CPU (ours and the
+    servers') so thinly that they outlast their connect deadline, fail together, and are
+    retried together. Bounded, each gets through in its turn: time spent waiting for a slot
+    is not part of the connect deadline."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"ConnectSlots needs at least one slot, got {size}")
+        self.size = size
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
+                                                 asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+    def semaphore(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        sem = self._by_loop.get(loop)
+        if sem is None:
+            sem = self._by_loop[loop] = asyncio.Semaphore(self.size)
+        return sem
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +275,8 @@ class Response:
 
     async def _timed(self, aw: Awaitable[_T]) -> _T:
         try:
-            return await asyncio.wait_for(aw, self._read_timeout)
+            async with asyncio.timeout(self._read_timeout):
+                return await aw
         except asyncio.IncompleteReadError as e:
             raise TruncatedBodyError(
                 f"connection closed {len(e.partial)} bytes into a read of {e.expected}") from None
@@ -389,8 +416,16 @@ class HttpClient:
 
     def __init__(self, base_url: str, *, ssl_context: ssl.SSLContext | None = None,
                  server_hostname: str | None = None, connect_timeout: float = 10.0,
-                 pool_size: int = 4, unix_socket: str | None = None) -> None:
-        """``unix_socket``: connect to this socket instead (``base_url`` names the Host)."""
+                 pool_size: int = 32, unix_socket: str | None = None,
+                 connect_slots: ConnectSlots | None = None) -> None:
+        """``pool_size``: idle connections kept for reuse. The pool holds only what
+        concurrent requests once opened (a workload cluster's client seldom more than one
+        or two), but it must hold as many as a busy client keeps in flight: the
+        controller's management client sends 16 writes at once, and with 4 kept the other
+        12 each paid a TLS handshake and a close, per request, through a whole start-up.
+        ``unix_socket``: connect to this socket instead (``base_url`` names the Host);
+        ``connect_slots``: opening a connection waits for one of these (shared by many
+        clients) before its ``connect_timeout`` starts."""
         self.origin = Origin.of(base_url)
         self.unix_socket = unix_socket
         self.base_path = urlsplit(base_url).path.rstrip("/")
@@ -400,8 +435,15 @@ class HttpClient:
         self.server_hostname = server_hostname
         self.connect_timeout = connect_timeout
         self._pool = _Pool(pool_size)
+        self.connect_slots = connect_slots
 
     async def _connect(self) -> _Conn:
+        if self.connect_slots is None:
+            return await self._open()
+        async with self.connect_slots.semaphore():
+            return await self._open()
+
+    async def _open(self) -> _Conn:
         o = self.origin
         try:
             if self.unix_socket is not None:
@@ -472,8 +514,13 @@ class HttpClient:
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         try:
             conn.writer.write(head + (body or b""))
-            await asyncio.wait_for(conn.writer.drain(), read_timeout)  # a server not reading
-            status_line = await asyncio.wait_for(conn.reader.readline(), read_timeout)
+            # Deadlines by asyncio.timeout, not wait_for: wait_for (Python 3.11) runs its
+            # awaitable as a new task, one event-loop turn per header line even when the
+            # line is already buffered; a thousand clusters' start-up is many requests.
+            async with asyncio.timeout(read_timeout):
+                await conn.writer.drain()  # a server not reading
+            async with asyncio.timeout(read_timeout):
+                status_line = await conn.reader.readline()
             if not status_line:
                 raise HttpConnectionError("connection closed before the response")
             parts = status_line.decode("latin-1").rstrip("\r\n").split(" ", 2)
@@ -482,7 +529,8 @@ class HttpClient:
             status = int(parts[1])
             resp_headers: dict[str, str] = {}
             while True:
-                line = await asyncio.wait_for(conn.reader.readline(), read_timeout)
+                async with asyncio.timeout(read_timeout):
+                    line = await conn.reader.readline()
                 if line in (b"\r\n", b"\n"):
                     break
                 if not line:

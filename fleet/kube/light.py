@@ -26,7 +26,7 @@ from urllib.parse import urlencode
 import anyio
 
 from fleet.kube.errors import KubeError, UnreachableError, WatchIdleError, from_status
-from fleet.kube.http import HttpClient, HttpError, Response
+from fleet.kube.http import ConnectSlots, HttpClient, HttpError, Response
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_RECHECK_SECONDS = 10.0
@@ -234,13 +234,17 @@ class _Lines:
 
 
 class LightTransport:
-    def __init__(self, creds: Credentials, *, name: str) -> None:
+    def __init__(self, creds: Credentials, *, name: str,
+                 connect_slots: ConnectSlots | None = None) -> None:
+        """``connect_slots``: shared by many clients (the controller's workload clusters),
+        bounds how many connections they open at once."""
         self.name = name
         self._creds = creds
         self._token = _Token(creds)
         self._http = HttpClient(creds.server, ssl_context=_ssl_context(creds)
                                 if creds.server.startswith("https") else None,
-                                server_hostname=creds.tls_server_name)
+                                server_hostname=creds.tls_server_name,
+                                connect_slots=connect_slots)
         if creds.basic is not None:
             raw = f"{creds.basic[0]}:{creds.basic[1]}".encode()
             self._basic: str | None = f"Basic {base64.b64encode(raw).decode()}"

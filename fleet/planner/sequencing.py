@@ -41,6 +41,7 @@ from fleet.planner.actions import (
     PatchMachineSetVersion,
     PatchMachineVersion,
     PauseObject,
+    RecordWrittenVersion,
     ReleasePause,
     ReportNotInPlace,
     ReportOtherDriver,
@@ -156,6 +157,11 @@ class Sequencing(PassState):
                 budget_problem: tuple[str, str] | None, step: VersionStep,
                 driver: OtherDriver | None, done_note: str = "") -> None:
         """The object's rollout status and this pass' decision for it."""
+        # This pass adopts the object's version (RecordWrittenVersion): its conditions
+        # change again once that lands ("adopting" -> written), a pass later; its status
+        # and the Events that go with a status change are written once, then (a fresh
+        # fleet: one status write per object, not two).
+        adopting = any(isinstance(a, RecordWrittenVersion) for a in step.actions)
         counts = RolloutCounts(
             target_version=st.target, updated=st.updated, total=len(st.live),
             in_flight=len(st.in_flight), failed=len(st.failed),
@@ -164,8 +170,9 @@ class Sequencing(PassState):
         self._rollout_status(owner.ref, owner.status, counts, not_in_place=st.not_in_place,
                              failed=st.failed, waiting=waiting, in_flight=st.in_flight,
                              budget_problem=budget_problem, unreachable=self._unreachable(st.ckey),
-                             extra=self._writer_conditions(owner.ref, owner.status, step, driver),
-                             done_note=done_note)
+                             extra=self._writer_conditions(owner.ref, owner.status, step, driver,
+                                                           report=not adopting),
+                             done_note=done_note, adopting=adopting)
         self.decisions.append(Decision(owner.ref, st.target, st.updated, len(st.live),
                                        counts.unavailable, budget.limit, tuple(dispatched),
                                        waiting))
@@ -402,17 +409,20 @@ class Sequencing(PassState):
             self.emit(release)
 
     def _writer_conditions(self, ref: ObjectRef, status: RolloutStatus, step: VersionStep,
-                           driver: OtherDriver | None) -> tuple[Condition, ...]:
-        """VERSION_WRITER (enrolled objects) and OTHER_DRIVER, with their Events."""
+                           driver: OtherDriver | None, *, report: bool = True
+                           ) -> tuple[Condition, ...]:
+        """VERSION_WRITER (enrolled objects) and OTHER_DRIVER, with their Events (unless
+        ``report`` is False: the status that records them is not written this pass)."""
         out: list[Condition] = []
         if step.writer is not None:
             w = Condition(C.VERSION_WRITER, *step.writer[:2], truncate(step.writer[2]))
-            if w.status == "False" and not w.same_as(status.condition(C.VERSION_WRITER)):
+            if report and w.status == "False" and \
+                    not w.same_as(status.condition(C.VERSION_WRITER)):
                 self.emit(ReportVersionConflict(ref, w.message))
             out.append(w)
         if driver is not None:
             d = Condition(C.OTHER_DRIVER, "True", driver.reason, truncate(driver.message))
-            if not d.same_as(status.condition(C.OTHER_DRIVER)):
+            if report and not d.same_as(status.condition(C.OTHER_DRIVER)):
                 self.emit(ReportOtherDriver(ref, driver.reason, d.message))
             out.append(d)
         elif step.writer is not None or status.condition(C.OTHER_DRIVER) is not None:
@@ -439,7 +449,8 @@ class Sequencing(PassState):
                         waiting: str, in_flight: Iterable[str],
                         budget_problem: tuple[str, str] | None,
                         extra: tuple[Condition, ...] = (),
-                        unreachable: str | None = None, done_note: str = "") -> None:
+                        unreachable: str | None = None, done_note: str = "",
+                        adopting: bool = False) -> None:
         target, done = counts.target_version, counts.updated == counts.total
         waiting = unreachable or waiting
         summary = f"{counts.updated}/{counts.total} machines on {target}"
@@ -487,6 +498,8 @@ class Sequencing(PassState):
         else:
             inplace = Condition(C.IN_PLACE, "True", C.R_IN_PLACE, "")
         conds = (up, prog, halt, inplace, *extra)
+        if adopting:
+            return  # written once the adoption landed (see _report)
         self._set_status(ref, status, conds, counts)
         if halt.status == "True" and not halt.same_as(status.condition(C.HALTED)):
             self.emit(HaltObject(ref, failed=len(failed), budget=self.settings.halt_at_failures,

@@ -188,3 +188,47 @@ async def test_absent_autopilot_crds_are_watched_not_polled(bare: World) -> None
         await admin.create(CONTROL_NODES, {"metadata": {"name": "cp-1"}})
         await wait_for(lambda: wc.control_nodes.get("cp-1") is not None, timeout=60)
         tg.cancel_scope.cancel()
+
+
+class HeldControlNodes(KubeClient):
+    """A real client whose ControlNode requests wait until ``release`` is set."""
+
+    release: anyio.Event
+
+    async def request(self, method: str, path: str, **kw: Any) -> Any:
+        if path.startswith(CONTROL_NODES.path()):
+            await HeldControlNodes.release.wait()
+        return await super().request(method, path, **kw)
+
+
+async def held_factory(kubeconfig: Mapping[str, Any], name: str) -> KubeClient:
+    plain = await KubeClient.for_many(kubeconfig, name=name)
+    return HeldControlNodes(plain._api, name=name)
+
+
+@pytest.mark.anyio
+async def test_a_cluster_is_settled_only_once_its_control_nodes_answered(bare: World) -> None:
+    """Its Nodes listed is not enough: a k0s controller without a kubelet is known only
+    from its ControlNode, and a restarted controller planning before those are listed
+    (or found not served) would count that control plane missing, write so, and write it
+    back a moment later. (Before, ``settled`` looked at the Nodes alone.)"""
+    HeldControlNodes.release = anyio.Event()
+    secrets = ObjectCache("Secret")
+    secrets.observe({**kubeconfig_secret("h-kubeconfig", "ns", "h", bare["bare"].kubeconfig()),
+                     "metadata": {"name": "h-kubeconfig", "namespace": "ns",
+                                  "resourceVersion": "1"}})
+    registry = ClusterRegistry(secrets, on_change=lambda: None, watch_timeout=60,
+                               client_factory=held_factory)
+    key = ("ns", "h")
+    async with anyio.create_task_group() as tg:
+        await tg.start(registry.run)
+        registry.want({key: "h-kubeconfig"})
+        wc = registry.get(key)
+        assert wc is not None
+        await wait_for(lambda: wc.observed and wc.plans.synced, timeout=60)
+        assert not wc.control_nodes.synced
+        assert not registry.settled(key)
+        HeldControlNodes.release.set()
+        await wait_for(lambda: registry.settled(key), timeout=60)
+        assert wc.control_nodes.synced
+        tg.cancel_scope.cancel()

@@ -19,13 +19,14 @@ import ssl
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import anyio
 import anyio.lowlevel
 import pytest
 
-from fleet.kube.http import HttpClient, HttpConnectionError, TruncatedBodyError
+from fleet.kube.http import ConnectSlots, HttpClient, HttpConnectionError, TruncatedBodyError
 from fleet.testing.kubesim.certs import ServingCert, make_serving_cert
 
 pytestmark = pytest.mark.anyio
@@ -304,6 +305,63 @@ async def test_a_handshake_that_never_finishes_is_the_connect_timeout(
         with anyio.fail_after(DEADLINE), pytest.raises(HttpConnectionError, match="no answer"):
             await c.request("GET", "/")
         await c.close()
+
+
+async def test_clients_sharing_connect_slots_open_that_many_connections_at_once(
+        cert: ServingCert) -> None:
+    """Six clients (a controller's workload clusters) sharing two connect slots, against a
+    server that accepts connections and never answers the handshake: at most two are
+    being opened at any time, each still fails on its own connect deadline, and the
+    time spent waiting for a slot is not part of that deadline (every client reaches the
+    server; counted, the later ones would time out before connecting)."""
+    seen = 0
+    opening = most = 0  # connects in progress, counted by the clients
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal seen
+        seen += 1
+        try:
+            await reader.read()  # until the client gives up and closes
+        finally:
+            writer.close()
+
+    class Counting(HttpClient):
+        async def _open(self) -> Any:
+            nonlocal opening, most
+            opening += 1
+            most = max(most, opening)
+            try:
+                return await super()._open()
+            finally:
+                opening -= 1
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    slots = ConnectSlots(2)
+    clients = [Counting(f"https://127.0.0.1:{port}", connect_timeout=1.0,
+                        ssl_context=ssl.create_default_context(cafile=str(cert.ca)),
+                        connect_slots=slots) for _ in range(6)]
+    errors: list[str] = []
+
+    async def one(c: HttpClient) -> None:
+        try:
+            await c.request("GET", "/")
+        except HttpConnectionError as e:
+            errors.append(str(e))
+
+    try:
+        with anyio.fail_after(DEADLINE):
+            async with anyio.create_task_group() as tg:
+                for c in clients:
+                    tg.start_soon(one, c)
+    finally:
+        for c in clients:
+            await c.close()
+        server.close()
+        await server.wait_closed()
+    assert len(errors) == 6 and all("no answer within 1s" in e for e in errors), errors
+    assert most == 2  # (six at once without the slots)
+    assert seen == 6
 
 
 async def test_a_handshake_nobody_awaits_leaves_no_unretrieved_error() -> None:

@@ -402,6 +402,34 @@ def test_a_capi_rollout_of_the_md_holds_it() -> None:
     assert other.status == "True"
 
 
+@pytest.mark.parametrize("with_upgrade", [False, True])
+def test_a_fresh_object_gets_one_status_write_after_its_adoption(with_upgrade: bool) -> None:
+    """A fresh fleet (nothing adopted yet): the pass that adopts an object's version
+    writes no status for it (it would say "adopting", then be written again once the
+    adoption landed); the next pass writes it once, as adopted. Two status writes per
+    object at start-up were a quarter of a 1000-cluster fleet's start-up writes."""
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c1", control_planes=1, workers=2)
+    if with_upgrade:
+        sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V1)
+    first = plan(sim.snapshot(), SETTINGS)
+    assert len(of(first.actions, RecordWrittenVersion)) == 2
+    assert of(first.actions, SetRolloutStatus) == []
+    sim.apply_all(first.actions)
+    writes: list[SetRolloutStatus] = []
+    for _ in range(4):
+        result = plan(sim.snapshot(), SETTINGS)
+        assert of(result.actions, RecordWrittenVersion) == []
+        writes += of(result.actions, SetRolloutStatus)
+        sim.apply_all(result.actions)
+    assert sorted(w.owner.kind for w in writes) == [KIND_KCP, KIND_MD]  # once each
+    for w in writes:
+        writer = next(c for c in w.conditions if c.type == C.VERSION_WRITER)
+        up = next(c for c in w.conditions if c.type == C.UP_TO_DATE)
+        assert (writer.status, writer.reason, up.status) == ("True", C.R_WRITTEN, "True")
+        assert "adopting" not in " ".join(c.message for c in w.conditions)
+
+
 @pytest.mark.parametrize("kind", [KIND_MD, KIND_KCP])
 def test_without_any_fleet_upgrade_objects_are_adopted_and_a_hand_edit_is_not_a_target(
         kind: str) -> None:
