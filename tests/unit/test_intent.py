@@ -253,8 +253,9 @@ def test_a_machine_version_cluster_api_writes_back_after_the_release_is_moved_ag
 @pytest.mark.parametrize("reported", [False, None])
 def test_the_machines_are_written_once_cluster_api_reports_the_machine_set_paused(
         reported: bool | None) -> None:
-    """Every node upgraded, the executor pauses the MachineSet; it writes the Machines and
-    the MachineSet's template only once Cluster API reports the MachineSet Paused (its
+    """Every node upgraded, the executor pauses the MachineSet (moving its template's
+    version in the same write); it writes the Machines only once Cluster API reports the
+    MachineSet Paused (its
     v1beta2 Paused condition True: no reconcile begun before the pause is still running).
     A MachineSet with no Paused condition at all (nothing reconciles it, or a Cluster API
     that does not report it) is written at once, as before."""
@@ -290,9 +291,11 @@ def test_the_machines_are_written_once_cluster_api_reports_the_machine_set_pause
                 sim.machine_sets[ms_key].paused_for is None:
             break
     assert waited == (3 if reported is False else 0)
+    # The MachineSet's template moved in the pause's own write; the Machines after it.
     assert sorted(type(a).__name__ for a in moved) == [
-        "PatchMachineSetVersion", "PatchMachineVersion", "PatchMachineVersion"]
+        "PatchMachineVersion", "PatchMachineVersion"]
     assert {m.version for m in sim.machines.values()} == {V2}
+    assert sim.machine_sets[ms_key].version == V2
     assert ANN_CAPI_PAUSED not in sim.machine_sets[ms_key].annotations
 
 
