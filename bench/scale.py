@@ -816,12 +816,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="node agent stand-in: time per protocol step (7 steps)")
     p.add_argument("--timeout", type=float, default=1800.0, help="deadline for each phase")
     p.add_argument("--controller-log-level", default="WARNING",
-                   help="the controller's --log-level (INFO: its start-up milestones, "
-                        "timestamped, in controller-*.log of the workdir)")
+                   help="the controllers' --log-level (INFO: start-up milestones, "
+                        "timestamped, in controller-*.log of the workdir; DEBUG logs every "
+                        "pass and perturbs)")
     p.add_argument("--workdir", help="keep logs here (default: a new temporary directory)")
     p.add_argument("--json", help="write the result here")
-    p.add_argument("--controller-log-level", default="WARNING",
-                   help="the controllers' --log-level (DEBUG logs every pass: perturbs)")
     args = p.parse_args(argv)
     if args.clusters < 1 or args.replicas < 1:
         p.error("--clusters and --replicas must be at least 1")
