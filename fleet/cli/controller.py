@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -50,6 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="split the fleet's clusters into this many shards shared by every "
                         "replica started with the same value (0: one active replica, the "
                         "Lease holder)")
+    p.add_argument("--stall-seconds", type=float, default=0,
+                   help="stop renewing the Leases (and exit) once the main event loop has "
+                        "shown no sign of life for this long (0: four lease durations)")
     p.add_argument("--log-level", default=os.environ.get("K0S_FLEET_LOG_LEVEL", "INFO"))
 
 
@@ -62,10 +66,15 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
         "service.instance.id": args.identity})
     try:
         trigger = Trigger()
+        # The Leases are renewed on a thread of their own (fleet.controllers.renewal); one
+        # whose main loop stalls past --stall-seconds stops renewing and exits.
+        stall_seconds: float | None = args.stall_seconds or None
+        on_stall = _exit_unless_stopped_within(args.lease_seconds)
         membership = ShardMembership(
             mgmt, namespace=config.management.namespace, identity=args.identity,
             shards=args.shards, lease_seconds=args.lease_seconds,
-            on_change=trigger.poke) if args.shards else None
+            on_change=trigger.poke, stall_seconds=stall_seconds,
+            on_stall=on_stall) if args.shards else None
         # Every write of the controller, its Event recorder and the rollout policy is
         # fenced by the Lease(s) it is made under (fleet.fence): with one leader, the
         # leader Lease; sharded, the member Lease and the cluster's shard claim, and for
@@ -75,11 +84,13 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
         if membership is not None:
             writer = LeaderElector(mgmt, namespace=config.management.namespace,
                                    identity=args.identity, name=f"{membership.group}-writer",
-                                   lease_seconds=args.lease_seconds)
+                                   lease_seconds=args.lease_seconds,
+                                   stall_seconds=stall_seconds, on_stall=on_stall)
             fence: Callable[[], bool] | None = membership.write_fence(writer.holds)
         elif args.leader_elect:
             elector = LeaderElector(mgmt, namespace=config.management.namespace,
-                                    identity=args.identity, lease_seconds=args.lease_seconds)
+                                    identity=args.identity, lease_seconds=args.lease_seconds,
+                                    stall_seconds=stall_seconds, on_stall=on_stall)
             fence = elector.holds
         else:
             fence = None  # --no-leader-elect: the only instance
@@ -101,6 +112,9 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
             membership.busy = controller.busy_clusters
             membership.warm = controller.caches_hold_every_nodeplan
         health = probes(controller, exclusion, config)
+        lease_holder = membership or elector
+        if lease_holder is not None:
+            health.health.live.add("leases", lambda: lease_holder.problem)
 
         async def lead() -> None:
             await controller.run()
@@ -150,6 +164,27 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
             provider.shutdown()
 
 
+def _exit_unless_stopped_within(lease_seconds: float) -> Callable[[str], None]:
+    """What a renewal thread calls once the main loop stalled past its bound: exit the
+    process (to be restarted) unless the main loop comes back and stops in order within
+    a lease (by then the write fence has long closed: it stops writing 2/3 of a lease
+    after its last renewal started)."""
+    def on_stall(why: str) -> None:
+        log.error("%s: exiting in %ds unless the main loop stops first", why, lease_seconds)
+
+        def exit_now() -> None:
+            log.error("main event loop still stalled: exiting")
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            os._exit(common.Exit.LOST_LEADERSHIP)
+
+        timer = threading.Timer(lease_seconds, exit_now)
+        timer.daemon = True
+        timer.start()
+
+    return on_stall
+
+
 async def _sharded(*, membership: ShardMembership, writer: LeaderElector,
                    lead: Callable[[], Awaitable[None]]) -> bool:
     """Run the controller on this replica's shards until cancelled; False when the member
@@ -196,5 +231,11 @@ def run(args: argparse.Namespace) -> int:
               f"number of shards, and needs the Leases (not --no-leader-elect); got "
               f"--shards {args.shards}" + ("" if args.leader_elect else
                                            " with --no-leader-elect"), file=sys.stderr)
+        return common.Exit.BAD_CONFIG
+    if args.stall_seconds < 0 or (args.stall_seconds and
+                                  args.stall_seconds <= args.lease_seconds * 2 / 3):
+        print("k0s-fleet controller: --stall-seconds must be 0 (four lease durations) or "
+              f"longer than the renew deadline (2/3 of --lease-seconds {args.lease_seconds}); "
+              f"got {args.stall_seconds:g}", file=sys.stderr)
         return common.Exit.BAD_CONFIG
     return anyio.run(_main, args, config)

@@ -23,6 +23,7 @@ from typing import Any
 
 import anyio
 
+from fleet.controllers.renewal import Heartbeat, RenewalThread, Wake, stall_bound
 from fleet.kube import AlreadyExistsError, ConflictError, KubeClient, KubeError, NotFoundError
 from fleet.kube.resources import LEASES
 from fleet.model import format_time
@@ -57,6 +58,8 @@ class LeaderElector:
                  name: str = "k0s-fleet-controller", lease_seconds: int = 15,
                  renew_every: float | None = None, retry_every: float | None = None,
                  renew_deadline: float | None = None,
+                 stall_seconds: float | None = None,
+                 on_stall: Callable[[str], None] | None = None,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.client = client
         self.namespace = namespace
@@ -66,6 +69,10 @@ class LeaderElector:
         self.renew_every, self.renew_deadline = lease_timings(
             lease_seconds, renew_every, renew_deadline, what="leader election")
         self.retry_every = retry_every or lease_seconds / 5
+        self.stall_seconds = stall_bound(lease_seconds, stall_seconds, self.renew_deadline,
+                                         what="leader election")
+        self.on_stall = on_stall
+        self.problem: str | None = None  # why renewals stopped (for /healthz)
         self.monotonic = monotonic
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
@@ -94,12 +101,13 @@ class LeaderElector:
         return {"apiVersion": LEASES.api_version, "kind": LEASES.kind, "metadata": meta,
                 "spec": spec}
 
-    async def try_acquire_or_renew(self) -> bool:
+    async def try_acquire_or_renew(self, client: KubeClient | None = None) -> bool:
+        client = client or self.client
         try:
-            lease = await self.client.get(LEASES, self.name, self.namespace)
+            lease = await client.get(LEASES, self.name, self.namespace)
         except NotFoundError:
             try:
-                await self.client.create(LEASES, self._body(None, take=True), self.namespace)
+                await client.create(LEASES, self._body(None, take=True), self.namespace)
             except AlreadyExistsError:
                 return False
             return True
@@ -116,16 +124,16 @@ class LeaderElector:
             log.info("lease %s/%s held by %s expired; taking over", self.namespace, self.name,
                      holder)
         try:
-            await self.client.replace(LEASES, self._body(lease, take=holder != self.identity))
+            await client.replace(LEASES, self._body(lease, take=holder != self.identity))
         except ConflictError:
             return False
         return True
 
-    async def _attempt(self, deadline: float) -> bool:
+    async def _attempt(self, client: KubeClient, deadline: float) -> bool:
         """One acquire-or-renew, abandoned after ``deadline`` seconds (stalled server)."""
         with anyio.move_on_after(deadline) as scope:
             try:
-                return await self.try_acquire_or_renew()
+                return await self.try_acquire_or_renew(client)
             except KubeError as e:
                 log.warning("leader election (%s/%s): %s", self.namespace, self.name, e)
                 return False
@@ -145,55 +153,93 @@ class LeaderElector:
         except KubeError as e:
             log.info("could not release lease: %s", e)
 
+    async def _keep(self, client: KubeClient, wake: Wake, heartbeat: Heartbeat) -> None:
+        """Acquire, then renew, on the renewal thread (``client`` is its own); returns
+        (``leading`` cleared, ``problem`` set, the main loop woken) once a renewal is
+        overdue or the main loop stalled past its bound. No take-over while it is."""
+        try:
+            while True:
+                started = self.monotonic()
+                if heartbeat.stalled() is None and \
+                        await self._attempt(client, self.renew_deadline):
+                    break
+                await anyio.sleep(self.retry_every)
+            last_ok = started
+            self._held_until = started + self.renew_deadline
+            self.leading = True
+            self.transitions += 1
+            wake.set()
+            while True:
+                left = last_ok + self.renew_deadline - self.monotonic()
+                await anyio.sleep(max(0.0, min(self.renew_every, left)))
+                stalled = heartbeat.stalled()
+                if stalled is not None:
+                    self.problem = f"lease {self.namespace}/{self.name} no longer renewed: " \
+                        f"{stalled}"
+                    log.error("%s: %s", self.identity, self.problem)
+                    self.leading = False
+                    wake.set()
+                    if self.on_stall is not None:
+                        self.on_stall(self.problem)
+                    return
+                started = self.monotonic()
+                left = last_ok + self.renew_deadline - started
+                if left > 0 and await self._attempt(client, left):
+                    last_ok = started
+                    self._held_until = started + self.renew_deadline
+                elif self.monotonic() - last_ok >= self.renew_deadline:
+                    # Stop before another candidate may take over.
+                    self.problem = f"lease {self.namespace}/{self.name} not renewed within " \
+                        f"{self.renew_deadline:.1f}s"
+                    log.warning("%s: %s; stopping", self.identity, self.problem)
+                    self.leading = False
+                    wake.set()
+                    return
+        finally:
+            self.leading = False
+
     async def run(self, lead: Callable[[], Awaitable[None]]) -> None:
-        """Wait for the Lease, then run ``lead()`` while holding it.
+        """Wait for the Lease, then run ``lead()`` while holding it (the Lease acquired
+        and renewed on a thread of its own: fleet.controllers.renewal).
 
         Returns when ``lead`` returns; raises LostLeadershipError when renewal failed.
         """
-        while True:
-            started = self.monotonic()
-            if await self._attempt(self.renew_deadline):
-                break
-            await anyio.sleep(self.retry_every)
-        last_ok = started
-        self._held_until = started + self.renew_deadline
-        self.leading = True
-        self.transitions += 1
-        log.info("%s leads (lease %s/%s)", self.identity, self.namespace, self.name)
+        self.problem = None
+        wake = Wake()
+        heartbeat = Heartbeat(self.stall_seconds, monotonic=self.monotonic)
+        thread = RenewalThread(f"lease-{self.name}", self.client)
         lost = False
         try:
             async with anyio.create_task_group() as tg:
-                async def lead_then_stop() -> None:
-                    await lead()
-                    tg.cancel_scope.cancel()
+                tg.start_soon(heartbeat.run)
+                thread.start(lambda client: self._keep(client, wake, heartbeat), wake.set)
+                while not self.leading:
+                    if not thread.running:
+                        lost = True
+                        break
+                    await wake.wait(self.retry_every)
+                else:
+                    log.info("%s leads (lease %s/%s)", self.identity, self.namespace,
+                             self.name)
 
-                async def renew() -> None:
-                    nonlocal lost, last_ok
-                    while True:
-                        left = last_ok + self.renew_deadline - self.monotonic()
-                        await anyio.sleep(max(0.0, min(self.renew_every, left)))
-                        started = self.monotonic()
-                        left = last_ok + self.renew_deadline - started
-                        if left > 0 and await self._attempt(left):
-                            last_ok = started
-                            self._held_until = started + self.renew_deadline
-                        elif self.monotonic() - last_ok >= self.renew_deadline:
-                            # Stop before another candidate may take over.
-                            log.warning("%s: lease %s/%s not renewed within %.1fs; stopping",
-                                        self.identity, self.namespace, self.name,
-                                        self.renew_deadline)
-                            lost = True
-                            tg.cancel_scope.cancel()
-                            return
+                    async def lead_then_stop() -> None:
+                        await lead()
+                        tg.cancel_scope.cancel()
 
-                tg.start_soon(lead_then_stop)
-                tg.start_soon(renew)
+                    tg.start_soon(lead_then_stop)
+                    while self.leading and thread.running:
+                        await wake.wait(self.renew_every)
+                    lost = True  # stop before another candidate may take over
+                tg.cancel_scope.cancel()
         finally:
             self.leading = False
             self._held_until = float("-inf")
+            await thread.stop_and_join(self.renew_deadline)
             if not lost:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(self.renew_deadline):
                     await self.release()
         if lost:
-            raise LostLeadershipError(f"{self.identity}: could not renew lease "
-                                      f"{self.namespace}/{self.name}")
+            raise LostLeadershipError(
+                f"{self.identity}: could not renew lease {self.namespace}/{self.name}"
+                + (f" ({self.problem})" if self.problem else
+                   f" (renewal thread ended: {thread.error!r})" if thread.error else ""))

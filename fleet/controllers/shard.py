@@ -2,7 +2,8 @@
 
 Each replica announces itself with a member Lease (``<group>-replica-<identity>``,
 renewed every ``lease/3``, each renewal cut off at 2/3 of the lease after the *start* of
-the last good one, exactly as :mod:`fleet.controllers.leader`). Clusters are hashed into
+the last good one, exactly as :mod:`fleet.controllers.leader`; renewed from a thread of
+its own, :mod:`fleet.controllers.renewal`, so a busy main loop does not starve it). Clusters are hashed into
 a fixed number of shards; each shard goes to one live replica by rendezvous hashing
 (:func:`rendezvous_owner`), so a replica joining or leaving moves only its own share.
 
@@ -24,8 +25,9 @@ A newly taken shard is not acted on until the replica's management caches hold e
 NodePlan a fresh list shows (``warm``): what the previous holder dispatched is counted
 before this one plans.
 
-Stopping "first" is the renewal task's doing; a replica stopped past its deadline and then
-resumed may run other tasks before that one. So its writes are fenced one by one
+Stopping "first" is the renewal thread's and the main loop's doing (the thread clears
+``active``, the main loop then raises); a replica stopped past its deadline and then
+resumed may run other tasks before noticing. So its writes are fenced one by one
 (:meth:`ShardMembership.write_fence`, given to :meth:`fleet.kube.KubeClient.fenced`): none
 is sent once the last good renewal started more than the renew deadline ago on its own
 clock, nor one for a cluster whose shard it no longer holds (docs/controller.md).
@@ -46,6 +48,7 @@ import anyio
 import anyio.abc
 
 from fleet.controllers.leader import lease_timings
+from fleet.controllers.renewal import Heartbeat, RenewalThread, Wake, stall_bound
 from fleet.fence import fleet_wide, write_cluster
 from fleet.kube import AlreadyExistsError, ConflictError, KubeClient, KubeError, NotFoundError
 from fleet.kube.resources import LEASES
@@ -144,6 +147,8 @@ class ShardMembership:
                  busy: Callable[[], Collection[ClusterKey]] = frozenset,
                  warm: Callable[[], Awaitable[bool]] | None = None,
                  on_change: Callable[[], None] | None = None,
+                 stall_seconds: float | None = None,
+                 on_stall: Callable[[str], None] | None = None,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         if shards < 1:
             raise ValueError(f"shards must be at least 1, not {shards}")
@@ -155,6 +160,9 @@ class ShardMembership:
         self.lease_seconds = lease_seconds
         self.renew_every, self.renew_deadline = lease_timings(
             lease_seconds, renew_every, renew_deadline, what="sharding")
+        self.stall_seconds = stall_bound(lease_seconds, stall_seconds, self.renew_deadline,
+                                         what="sharding")
+        self.on_stall = on_stall
         self.busy = busy
         self.warm = warm
         self.on_change = on_change or (lambda: None)
@@ -164,8 +172,10 @@ class ShardMembership:
         self.releasing: set[int] = set()  # held, no longer ours: drain, then give back
         self.warming: set[int] = set()  # taken, caches not yet confirmed fresh
         self.members: tuple[str, ...] = ()  # live replicas as last seen (sorted)
+        # Set by the renewal thread (fleet.controllers.renewal), read by the main loop:
         self.active = False  # member Lease renewed within the deadline
         self.renewed_at: float | None = None  # monotonic start of the last good renewal
+        self.problem: str | None = None  # why renewals stopped (for /healthz)
         self.handoffs = 0  # claims taken from a replica that stopped renewing
         self._seen: dict[str, _Seen] = {}
         self._member: dict[str, Any] | None = None
@@ -211,11 +221,11 @@ class ShardMembership:
     def _labels(self, role: str) -> dict[str, str]:
         return {GROUP_LABEL: self.group, ROLE_LABEL: role}
 
-    async def _renew(self) -> None:
+    async def _renew(self, client: KubeClient) -> None:
         """Create or renew this replica's member Lease (resourceVersion precondition)."""
         lease = self._member
         if lease is None:
-            lease = await self.client.get_or_none(LEASES, self.member_name, self.namespace)
+            lease = await client.get_or_none(LEASES, self.member_name, self.namespace)
         spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self.lease_seconds,
                 "renewTime": _now()}
         meta: dict[str, Any] = {"name": self.member_name, "namespace": self.namespace,
@@ -224,25 +234,25 @@ class ShardMembership:
         if lease is None:
             spec["acquireTime"] = spec["renewTime"]
             try:
-                self._member = await self.client.create(
+                self._member = await client.create(
                     LEASES, {"apiVersion": LEASES.api_version, "kind": LEASES.kind,
                              "metadata": meta, "spec": spec}, self.namespace)
                 return
             except AlreadyExistsError:
-                lease = await self.client.get(LEASES, self.member_name, self.namespace)
+                lease = await client.get(LEASES, self.member_name, self.namespace)
         meta["resourceVersion"] = lease["metadata"]["resourceVersion"]
         body = {"apiVersion": LEASES.api_version, "kind": LEASES.kind, "metadata": meta,
                 "spec": {**(lease.get("spec") or {}), **spec}}
         try:
-            self._member = await self.client.replace(LEASES, body)
+            self._member = await client.replace(LEASES, body)
         except (ConflictError, NotFoundError):
             self._member = None  # re-read next time (someone edited or deleted it)
             raise
 
-    async def _attempt_renew(self, deadline: float) -> bool:
+    async def _attempt_renew(self, client: KubeClient, deadline: float) -> bool:
         with anyio.move_on_after(deadline) as scope:
             try:
-                await self._renew()
+                await self._renew(client)
                 return True
             except KubeError as e:
                 log.warning("member lease %s/%s: %s", self.namespace, self.member_name, e)
@@ -439,41 +449,94 @@ class ShardMembership:
         except KubeError as e:
             log.info("could not release member lease: %s", e)
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                  ) -> None:
-        """Announce, rebalance every ``renew_every`` until cancelled; raises
-        :class:`LostMembershipError` when the member Lease was not renewed in time."""
-        while True:
-            started = self.monotonic()
-            if await self._attempt_renew(self.renew_deadline):
-                break
-            await anyio.sleep(self.renew_every / 2)
-        last_ok = self.renewed_at = started
-        self.active = True
-        log.info("%s: member of %s (%d shards)", self.identity, self.group, self.shards)
-        task_status.started()
+    async def _keep(self, client: KubeClient, wake: Wake, heartbeat: Heartbeat) -> None:
+        """The member Lease's renewals, on the renewal thread (``client`` is its own):
+        every ``renew_every``, each cut off at the renew deadline after the start of the
+        last good one; past that deadline, or once the main loop stalled past its bound,
+        no more (``active`` cleared, ``problem`` says why, the main loop woken)."""
         try:
             while True:
-                left = last_ok + self.renew_deadline - self.monotonic()
-                with anyio.move_on_after(max(0.0, min(self.renew_every, left))):
-                    try:
-                        await self._rebalance()
-                    except KubeError as e:
-                        log.warning("%s: shard claims: %s", self.identity, e)
-                left = last_ok + self.renew_deadline - self.monotonic()
+                started = self.monotonic()
+                if await self._attempt_renew(client, self.renew_deadline):
+                    break
+                await anyio.sleep(self.renew_every / 2)
+            last_ok = self.renewed_at = started
+            self.active = True
+            wake.set()
+            while True:
                 delay = self.renew_every - (self.monotonic() - last_ok)
                 if delay <= 0:  # the last renewal failed: retry soon, within the deadline
                     delay = self.renew_every / 5
+                left = last_ok + self.renew_deadline - self.monotonic()
                 await anyio.sleep(max(0.0, min(delay, left)))
+                stalled = heartbeat.stalled()
+                if stalled is not None:
+                    self.problem = (f"member lease {self.namespace}/{self.member_name} no "
+                                    f"longer renewed: {stalled}")
+                    log.error("%s: %s", self.identity, self.problem)
+                    self.active = False
+                    wake.set()
+                    if self.on_stall is not None:
+                        self.on_stall(self.problem)
+                    return
                 started = self.monotonic()
                 left = last_ok + self.renew_deadline - started
-                if left > 0 and await self._attempt_renew(left):
+                if left > 0 and await self._attempt_renew(client, left):
                     last_ok = self.renewed_at = started
                 elif self.monotonic() - last_ok >= self.renew_deadline:
+                    self.problem = (f"member lease {self.namespace}/{self.member_name} not "
+                                    f"renewed within {self.renew_deadline:.1f}s")
                     self.active = False
-                    self.on_change()
-                    raise LostMembershipError(
-                        f"{self.identity}: member lease {self.namespace}/{self.member_name} "
-                        f"not renewed within {self.renew_deadline:.1f}s")
+                    wake.set()
+                    return
         finally:
             self.active = False
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Announce (the member Lease renewed on a thread of its own: RenewalThread),
+        rebalance every ``renew_every`` until cancelled; raises
+        :class:`LostMembershipError` when the member Lease was not renewed in time."""
+        self.problem = None
+        wake = Wake()
+        heartbeat = Heartbeat(self.stall_seconds, monotonic=self.monotonic)
+        thread = RenewalThread("member-lease", self.client)
+        lost: LostMembershipError | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(heartbeat.run)
+                thread.start(lambda client: self._keep(client, wake, heartbeat), wake.set)
+                try:
+                    while not self.active:
+                        self._check(thread)
+                        await wake.wait(self.renew_every)
+                    log.info("%s: member of %s (%d shards)", self.identity, self.group,
+                             self.shards)
+                    task_status.started()
+                    while True:
+                        self._check(thread)
+                        with anyio.move_on_after(self.renew_every):
+                            try:
+                                await self._rebalance()
+                            except KubeError as e:
+                                log.warning("%s: shard claims: %s", self.identity, e)
+                        self._check(thread)
+                        await wake.wait(self.renew_every)
+                except LostMembershipError as e:
+                    lost = e  # raised below, not wrapped in the task group's error group
+                tg.cancel_scope.cancel()
+        finally:
+            self.active = False
+            await thread.stop_and_join(self.renew_deadline)
+        if lost is not None:
+            raise lost
+
+    def _check(self, thread: RenewalThread) -> None:
+        """Raise :class:`LostMembershipError` once the renewal thread stopped renewing."""
+        if self.problem is None and (thread.running or self.active):
+            return
+        self.active = False
+        self.on_change()
+        why = self.problem or (f"renewal thread ended: {thread.error!r}"
+                               if thread.error else "renewal thread ended")
+        raise LostMembershipError(f"{self.identity}: {why}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,16 +47,27 @@ class KubeClient:
     """
 
     def __init__(self, api: Transport, *, name: str = "cluster",
-                 write_fence: Callable[[], bool] | None = None) -> None:
+                 write_fence: Callable[[], bool] | None = None,
+                 reopen: Callable[[str], Awaitable[KubeClient]] | None = None) -> None:
         self._api = api
         self.name = name
         self._write_fence = write_fence
+        self._reopen = reopen
 
     def fenced(self, holds: Callable[[], bool]) -> KubeClient:
         """This client's connection, sending no write while ``holds()`` is false (a
         replica's writes under its Lease). Reads and watches are not fenced. Close the
         client it came from, not this one."""
-        return KubeClient(self._api, name=self.name, write_fence=holds)
+        return KubeClient(self._api, name=self.name, write_fence=holds, reopen=self._reopen)
+
+    async def reopen(self, *, name: str | None = None) -> KubeClient:
+        """A new client for the same API server with the same credentials and TLS but
+        connections of its own, built in (and for) the running event loop: the Lease
+        renewals run on a thread of their own (fleet.controllers.renewal). It uses the
+        ``light`` transport unless the credentials need ``generated``. Close it."""
+        if self._reopen is None:
+            raise KubeError(f"{self.name}: built without credentials to reopen with")
+        return await self._reopen(name or self.name)
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -69,6 +80,10 @@ class KubeClient:
         ``light`` (small, for the node agent; see :mod:`fleet.kube.transport`) or ``auto``
         (``light`` unless the kubeconfig needs a feature only ``generated`` has: exec or
         auth-provider credentials, a proxy)."""
+        async def again(other: str) -> KubeClient:  # reopen(): light if it can be
+            return await cls.from_kubeconfig(kubeconfig, name=other, context=context,
+                                             transport="auto", base_dir=base_dir)
+
         if transport in ("light", "auto"):
             from fleet.kube.light import (  # noqa: PLC0415
                 LightTransport,
@@ -84,11 +99,12 @@ class KubeClient:
                     raise
             else:
                 return cls(LightTransport(creds, name=name, connect_slots=connect_slots),
-                           name=name)
+                           name=name, reopen=again)
         from fleet.kube.generated import GeneratedTransport  # noqa: PLC0415
 
         return cls(await GeneratedTransport.from_kubeconfig(kubeconfig, name=name,
-                                                            context=context), name=name)
+                                                            context=context),
+                   name=name, reopen=again)
 
     @classmethod
     async def for_many(cls, kubeconfig: Mapping[str, Any], *, name: str = "cluster",
@@ -113,13 +129,17 @@ class KubeClient:
     @classmethod
     def in_cluster(cls, *, name: str = "management",
                    transport: TransportName = "generated") -> KubeClient:
+        async def again(other: str) -> KubeClient:  # reopen(): light if it can be
+            return cls.in_cluster(name=other, transport="auto")
+
         if transport in ("light", "auto"):
             from fleet.kube.light import LightTransport, in_cluster_credentials  # noqa: PLC0415
 
-            return cls(LightTransport(in_cluster_credentials(), name=name), name=name)
+            return cls(LightTransport(in_cluster_credentials(), name=name), name=name,
+                       reopen=again)
         from fleet.kube.generated import GeneratedTransport  # noqa: PLC0415
 
-        return cls(GeneratedTransport.in_cluster(name=name), name=name)
+        return cls(GeneratedTransport.in_cluster(name=name), name=name, reopen=again)
 
     async def close(self) -> None:
         await self._api.close()

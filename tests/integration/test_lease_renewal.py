@@ -1,0 +1,200 @@
+"""Lease renewals a busy event loop cannot starve (fleet.controllers.renewal), on a real
+kube-apiserver.
+
+A replica's main event loop is blocked synchronously (``time.sleep`` inside a task, as a
+long decode or planning pass on a starved CPU would): for longer than the renew deadline
+it keeps its member Lease (renewed from its own thread), nobody takes its shards, and it
+acts again afterwards; for longer than the liveness bound its renewals stop and it stops.
+The other replica runs on a thread of its own, so the block does not stop it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from typing import Any
+
+import anyio
+import anyio.abc
+import pytest
+
+from fleet.controllers.leader import LeaderElector
+from fleet.controllers.shard import (
+    GROUP_LABEL,
+    LostMembershipError,
+    ShardMembership,
+    assignment,
+    member_lease_name,
+    shard_lease_name,
+)
+from fleet.kube import KubeClient
+from fleet.kube.resources import LEASES
+from tests.helpers.names import unique
+
+pytestmark = pytest.mark.anyio
+
+LEASE = 6  # seconds: renew every 2 s, stop acting 4 s after the last good renewal started
+SHARDS = 4
+
+
+async def _until(what: Any, timeout: float = 60) -> None:
+    with anyio.fail_after(timeout):
+        while not what():
+            await anyio.sleep(0.05)
+
+
+async def _claims(mgmt: KubeClient, namespace: str, group: str) -> dict[int, tuple[str, int]]:
+    leases = (await mgmt.list(LEASES, namespace,
+                              label_selector=f"{GROUP_LABEL}={group}")).items
+    by_name = {x["metadata"]["name"]: x["spec"] for x in leases}
+    return {s: (by_name[n].get("holderIdentity") or "",
+                int(by_name[n].get("leaseTransitions") or 0))
+            for s in range(SHARDS) if (n := shard_lease_name(group, s)) in by_name}
+
+
+class OtherReplica:
+    """A ShardMembership on a thread and event loop of its own (another process, as far
+    as a block of the test's event loop goes)."""
+
+    def __init__(self, origin: KubeClient, namespace: str, identity: str, group: str) -> None:
+        self.origin, self.namespace, self.identity, self.group = \
+            origin, namespace, identity, group
+        self.member: ShardMembership | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._thread = threading.Thread(target=lambda: anyio.run(self._main), daemon=True)
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        async with await self.origin.reopen(name=self.identity) as client:
+            self.member = ShardMembership(client, namespace=self.namespace,
+                                          identity=self.identity, group=self.group,
+                                          shards=SHARDS, lease_seconds=LEASE)
+            with anyio.CancelScope() as self._scope, \
+                    contextlib.suppress(LostMembershipError):
+                await self.member.run()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    async def stop(self) -> None:
+        if self._loop is not None and self._scope is not None:
+            self._loop.call_soon_threadsafe(self._scope.cancel)
+        await anyio.to_thread.run_sync(self._thread.join, 30)
+
+
+def _block(seconds: float) -> float:
+    """Block the calling event loop (no await) for ``seconds``; returns when it began."""
+    began = time.monotonic()
+    time.sleep(seconds)
+    return began
+
+
+async def test_a_replica_blocked_past_its_renew_deadline_keeps_its_lease_and_shards(
+        mgmt: KubeClient, namespace: str) -> None:
+    group = unique("blk")
+    a = ShardMembership(mgmt, namespace=namespace, identity="ctl-a", group=group,
+                        shards=SHARDS, lease_seconds=LEASE, stall_seconds=4 * LEASE)
+    b = OtherReplica(mgmt, namespace, "ctl-b", group)
+    want = assignment(SHARDS, ["ctl-a", "ctl-b"])
+    a_owns = {s for s, who in want.items() if who == "ctl-a"}
+    assert a_owns and a_owns != set(range(SHARDS)), want
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(a.run)
+            b.start()
+            with anyio.fail_after(LEASE + 90):  # both replicas hold their shares
+                while True:
+                    before = await _claims(mgmt, namespace, group)
+                    if {s: who for s, (who, _) in before.items()} == want and \
+                            a.acting_shards() == a_owns and not a.held - a_owns:
+                        break
+                    await anyio.sleep(0.1)
+            # Longer than the renew deadline and than a whole lease: with renewals on the
+            # main loop, ctl-a would stop and ctl-b would take its shards.
+            began = _block(LEASE + 2)
+            ended = time.monotonic()
+            assert a.active and a.problem is None
+            assert a.renewed_at is not None and a.renewed_at > began + a.renew_every, \
+                (a.renewed_at - began)
+            assert a.holds()
+            after = await _claims(mgmt, namespace, group)
+            assert after == before  # no claim moved, none was even written
+            assert b.member is not None and b.member.handoffs == 0
+            # ... and ctl-a acts again: its rebalancing runs, it keeps acting on its shards.
+            await anyio.sleep(2 * a.renew_every)
+            assert a.acting_shards() == a_owns and a.holds()
+            lease = await mgmt.get(LEASES, member_lease_name(group, "ctl-a"), namespace)
+            assert lease["spec"]["holderIdentity"] == "ctl-a"
+            assert time.monotonic() - ended < LEASE  # sanity: the checks themselves ran
+            tg.cancel_scope.cancel()
+    finally:  # outside the cancelled scope (an await in there would raise the
+        await b.stop()  # cancellation, which the task group swallows, and hide a failure)
+
+
+async def test_a_replica_blocked_past_the_liveness_bound_stops_renewing_and_stops(
+        mgmt: KubeClient, namespace: str) -> None:
+    group = unique("blk")
+    stalls: list[tuple[float, str]] = []
+    stall_seconds = 2 * LEASE
+    a = ShardMembership(mgmt, namespace=namespace, identity="ctl-a", group=group,
+                        shards=SHARDS, lease_seconds=LEASE, stall_seconds=stall_seconds,
+                        on_stall=lambda why: stalls.append((time.monotonic(), why)))
+    b = OtherReplica(mgmt, namespace, "ctl-b", group)
+    outcome: list[BaseException] = []
+    async def run_a(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+        try:
+            await a.run(task_status=task_status)
+        except LostMembershipError as e:
+            outcome.append(e)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(run_a)
+            await _until(lambda: a.acting_shards() == set(range(SHARDS)),
+                         timeout=LEASE + 60)
+            b.start()
+            began = _block(stall_seconds + LEASE + 2)
+            # Its renewals stopped once the main loop had been silent for the bound: the
+            # last good one started before then (plus one renewal period of slack).
+            assert stalls, "on_stall was not called"
+            assert stalls[0][0] - began >= stall_seconds - 1.5, stalls[0][0] - began
+            assert "no sign of life" in stalls[0][1], stalls
+            assert a.renewed_at is not None
+            assert a.renewed_at - began < stall_seconds + a.renew_every, a.renewed_at - began
+            assert not a.active and not a.holds()
+            await _until(lambda: bool(outcome), timeout=30)
+            assert "no sign of life" in str(outcome[0]), outcome
+            # ctl-b takes every shard: ctl-a's member Lease stood still.
+            await _until(lambda: b.member is not None and
+                         b.member.acting_shards() == set(range(SHARDS)), timeout=LEASE + 60)
+            tg.cancel_scope.cancel()
+    finally:  # outside the cancelled scope (an await in there would raise the
+        await b.stop()  # cancellation, which the task group swallows, and hide a failure)
+
+
+async def test_a_leader_blocked_past_its_renew_deadline_keeps_leading(
+        mgmt: KubeClient, namespace: str) -> None:
+    name = unique("lease")
+    elector = LeaderElector(mgmt, namespace=namespace, identity="a", name=name,
+                            lease_seconds=LEASE)
+    seen: dict[str, object] = {}
+
+    async def lead() -> None:
+        lease = await mgmt.get(LEASES, name, namespace)
+        began = _block(LEASE + 1)
+        seen["holds after the block"] = elector.holds()
+        seen["leading after the block"] = elector.leading
+        await anyio.sleep(elector.renew_every)  # acts on: nothing cancels it
+        after = await mgmt.get(LEASES, name, namespace)
+        seen["renewed"] = after["spec"]["renewTime"] != lease["spec"]["renewTime"]
+        seen["same holder"] = after["spec"]["holderIdentity"] == "a" and \
+            after["spec"].get("leaseTransitions") == lease["spec"].get("leaseTransitions")
+        seen["blocked"] = time.monotonic() - began >= LEASE + 1
+
+    with anyio.fail_after(90):
+        await elector.run(lead)
+    assert seen == {"holds after the block": True, "leading after the block": True,
+                    "renewed": True, "same holder": True, "blocked": True}
