@@ -3,9 +3,10 @@
 Each replica announces itself with a member Lease (``<group>-replica-<identity>``,
 renewed every ``lease/3``, each renewal cut off at 2/3 of the lease after the *start* of
 the last good one, exactly as :mod:`fleet.controllers.leader`; renewed from a thread of
-its own, :mod:`fleet.controllers.renewal`, so a busy main loop does not starve it). Clusters are hashed into
-a fixed number of shards; each shard goes to one live replica by rendezvous hashing
-(:func:`rendezvous_owner`), so a replica joining or leaving moves only its own share.
+its own, :mod:`fleet.controllers.renewal`, so a busy main loop does not starve it).
+Clusters are hashed into a fixed number of shards; each shard goes to one live replica by
+rendezvous hashing (:func:`rendezvous_owner`), so a replica joining or leaving moves only
+its own share.
 
 Who may act on a shard is not decided by clocks alone: a shard has a claim Lease
 (``<group>-shard-<n>``) whose ``holderIdentity`` is the only replica acting on its
@@ -16,10 +17,36 @@ two ways only:
 * its holder gives it back (it is no longer the shard's rendezvous owner): it stops
   starting anything there first, waits until none of its actions on those clusters is in
   flight, then clears ``holderIdentity``;
-* its holder's member Lease has not moved for a whole lease duration as observed on the
-  taker's own monotonic clock. The holder stops acting 2/3 of a lease after the start of
-  its last good renewal (it cancels everything: :class:`LostMembershipError`), so it has
-  stopped before anyone may take its claims.
+* its holder is gone: its member Lease has not moved for ``expiry = renew_deadline +
+  margin`` since this replica saw its last renewal, on this replica's monotonic clock.
+
+Hand-off after a holder dies, and why it is safe. Every replica watches the Leases of
+its group, so it sees a renewal (at local time ``s``) about when the API server stores
+it, and looks at the claims again at ``s + expiry`` precisely (not at its next periodic
+look). A look starts by noting the time ``n``, then lists the Leases afresh; it takes a
+dead holder's claim only if that list still shows the renewal seen at ``s`` and
+``n >= s + expiry``. The holder's renewal R started at ``t_R <= s`` (it was stored
+before it was seen). The holder stops writing at ``t_R + renew_deadline`` on its own
+clock (the write fence, :meth:`ShardMembership.holds`), and a renewal after R that
+succeeded was stored before that instant too (each attempt is cut off at it), so a list
+sent after ``n`` would show it. Hence when the claim is taken the holder has stopped
+sending, provided its clock did not run slower than the taker's by more than ``margin``
+over ``renew_deadline``: with NTP-disciplined clocks the rate error is at most 500 ppm,
+5 ms over a 10 s deadline. The default margin (``lease/10``: 1.5 s with 15 s Leases)
+covers that many times over, plus the requests the holder sent just before its deadline
+that reach the server a little later. A write sent before the deadline and delayed
+longer than the margin (a new TLS connection, a retransmission) can still arrive after
+the take; it is harmless by construction, not by timing: a NodePlan's name is its
+machine and version (a late create of one the new holder made is 409; one it did not
+make is counted by the new holder's warm-up, which lists the NodePlans before planning,
+and the new holder continues it rather than starting another node), a node signal
+carries the plan's id (the agent acts once per plan id), and the shared records (the
+rollout ConfigMap, claims) are written with resourceVersion preconditions (a late
+write from an older read is 409). So a killed replica's clusters move about
+``expiry`` after its last renewal, at most ``expiry`` + one look after the last one seen
+(under 15 s with 15 s Leases: ``renew_deadline`` 10 s + 1.5 s), not a full lease after the
+next poll. Timings this argument needs are checked (``0 <= margin <= lease -
+renew_deadline``): a taker never moves before the holder must have stopped.
 
 A newly taken shard is not acted on until the replica's management caches hold every
 NodePlan a fresh list shows (``warm``): what the previous holder dispatched is counted
@@ -52,6 +79,7 @@ from fleet.controllers.renewal import Heartbeat, RenewalThread, Wake, stall_boun
 from fleet.fence import fleet_wide, write_cluster
 from fleet.kube import AlreadyExistsError, ConflictError, KubeClient, KubeError, NotFoundError
 from fleet.kube.resources import LEASES
+from fleet.kube.watch import Reflector, WatchEvent
 from fleet.model import ClusterKey, format_time
 
 log = logging.getLogger(__name__)
@@ -149,6 +177,7 @@ class ShardMembership:
                  on_change: Callable[[], None] | None = None,
                  stall_seconds: float | None = None,
                  on_stall: Callable[[str], None] | None = None,
+                 handoff_margin: float | None = None,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         if shards < 1:
             raise ValueError(f"shards must be at least 1, not {shards}")
@@ -163,6 +192,14 @@ class ShardMembership:
         self.stall_seconds = stall_bound(lease_seconds, stall_seconds, self.renew_deadline,
                                          what="sharding")
         self.on_stall = on_stall
+        # A replica whose member Lease has not moved for renew_deadline + margin since it
+        # was seen (on this replica's clock) is gone: see the module docstring.
+        self.margin = lease_seconds / 10 if handoff_margin is None else handoff_margin
+        if not 0 <= self.margin <= lease_seconds - self.renew_deadline:
+            raise ValueError(f"sharding needs 0 <= handoff_margin ({self.margin}) <= "
+                             f"lease_seconds - renew_deadline "
+                             f"({lease_seconds - self.renew_deadline})")
+        self.expiry = self.renew_deadline + self.margin
         self.busy = busy
         self.warm = warm
         self.on_change = on_change or (lambda: None)
@@ -178,6 +215,8 @@ class ShardMembership:
         self.problem: str | None = None  # why renewals stopped (for /healthz)
         self.handoffs = 0  # claims taken from a replica that stopped renewing
         self._seen: dict[str, _Seen] = {}
+        self._expires: dict[str, float] = {}  # other live member Leases: when they expire
+        self._wake: Wake | None = None
         self._member: dict[str, Any] | None = None
 
     # -- what the controller asks --------------------------------------------------------
@@ -273,6 +312,7 @@ class ShardMembership:
     def _live_members(self, leases: Sequence[dict[str, Any]], now: float
                       ) -> tuple[list[str], dict[str, int]]:
         """Live replica identities (self included) and the shard counts they announce."""
+        self._expires.clear()
         live = {self.identity}
         counts: dict[str, int] = {}
         present: set[str] = set()
@@ -286,8 +326,10 @@ class ShardMembership:
             if not holder or holder == self.identity:
                 continue
             duration = int(spec.get("leaseDurationSeconds") or self.lease_seconds)
-            if now - seen.at < duration:
+            expires = seen.at + duration * self.expiry / self.lease_seconds
+            if now < expires:
                 live.add(holder)
+                self._expires[name] = expires
                 try:
                     counts[holder] = int(((lease["metadata"].get("annotations") or {})
                                           .get(SHARDS_ANNOTATION)) or self.shards)
@@ -299,12 +341,35 @@ class ShardMembership:
         return sorted(live), counts
 
     def _holder_alive(self, holder: str, now: float) -> bool:
-        """Whether ``holder`` may still be acting: its member Lease moved within a lease
-        duration on this replica's clock (absent leases count from when first missed)."""
+        """Whether ``holder`` may still be acting: its member Lease moved within
+        ``expiry`` (renew deadline + margin) on this replica's clock before ``now``, the
+        time this look began (absent leases count from when first missed)."""
         seen = self._seen.get(member_lease_name(self.group, holder))
         if seen is None:
             seen = self._observe(member_lease_name(self.group, holder), ("unseen",), now)
-        return now - seen.at < self.lease_seconds
+        return now - seen.at < self.expiry
+
+    def next_expiry(self) -> float | None:
+        """When (monotonic) the next member Lease seen live expires, unless it moves."""
+        return min(self._expires.values(), default=None)
+
+    async def _on_lease(self, event: WatchEvent) -> None:
+        """A Lease of the group changed (the watch): a member Lease's renewal is seen now
+        (sooner than the next look would); a claim given back, a member come or gone
+        wakes the rebalancing at once."""
+        obj = event.object
+        meta = obj.get("metadata") or {}
+        role = (meta.get("labels") or {}).get(ROLE_LABEL)
+        if role == REPLICA and event.type != "DELETED":
+            spec = obj.get("spec") or {}
+            holder = spec.get("holderIdentity") or ""
+            self._observe(meta.get("name", ""), (holder, spec.get("renewTime"),
+                                                 meta.get("resourceVersion")),
+                          self.monotonic())
+            if not holder or holder in self.members:
+                return  # a renewal: nothing to rebalance
+        if self._wake is not None:
+            self._wake.set()
 
     # -- claims --------------------------------------------------------------------------
     def _claim_body(self, shard: int, lease: dict[str, Any] | None, holder: str | None
@@ -411,8 +476,11 @@ class ShardMembership:
             if await self._take(shard, lease):
                 if holder:
                     self.handoffs += 1
+                    seen = self._seen[member_lease_name(self.group, holder)]
                     log.warning("%s: took shard %d from %s (its member lease stopped "
-                                "moving)", self.identity, shard, holder)
+                                "moving: last seen %.2fs before this look began, expiry "
+                                "%.2fs)", self.identity, shard, holder, now - seen.at,
+                                self.expiry)
                 else:
                     log.info("%s: took shard %d", self.identity, shard)
                 self.held.add(shard)
@@ -506,6 +574,11 @@ class ShardMembership:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(heartbeat.run)
                 thread.start(lambda client: self._keep(client, wake, heartbeat), wake.set)
+                self._wake = wake
+                tg.start_soon(Reflector(
+                    self.client, LEASES, namespace=self.namespace, keep_objects=False,
+                    label_selector=f"{GROUP_LABEL}={self.group}", listener=self._on_lease,
+                    watch_timeout=300).run)
                 try:
                     while not self.active:
                         self._check(thread)
@@ -521,11 +594,18 @@ class ShardMembership:
                             except KubeError as e:
                                 log.warning("%s: shard claims: %s", self.identity, e)
                         self._check(thread)
-                        await wake.wait(self.renew_every)
+                        # Next look: at the next expiry of a member Lease seen live (the
+                        # instant its holder's claims may be taken), a Lease event, or
+                        # renew_every (claims given back are also seen by the watch).
+                        pause = self.renew_every
+                        if (expires := self.next_expiry()) is not None:
+                            pause = min(pause, expires - self.monotonic() + 0.01)
+                        await wake.wait(pause)
                 except LostMembershipError as e:
                     lost = e  # raised below, not wrapped in the task group's error group
                 tg.cancel_scope.cancel()
         finally:
+            self._wake = None
             self.active = False
             await thread.stop_and_join(self.renew_deadline)
         if lost is not None:

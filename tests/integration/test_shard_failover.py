@@ -13,13 +13,16 @@ being upgraded is SIGKILLed. Independent watchers, each on one watch stream:
   maxConcurrentClusters.
 
 The killed replica's clusters must continue within one lease duration (plus the time to
-plan on this loaded machine) and the survivors finish the rollout.
+plan on this loaded machine), the survivors' takes of its claims must come at the instant
+the claim protocol allows (renew deadline + margin after its last renewal was seen, at
+most one look later), and the survivors finish the rollout.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -55,6 +58,8 @@ LEASE = 10  # seconds: renewals are cut off at 2/3; on this loaded machine 6 s w
 SHARDS = 16
 MAX_CLUSTERS = 2
 GROUP = "k0s-fleet-controller"
+TOOK = re.compile(r"took shard \d+ from VICTIM \(its member lease stopped moving: last "
+                  r"seen ([0-9.]+)s before this look began, expiry ([0-9.]+)s\)")
 
 
 class FleetBudgetWatcher:
@@ -196,9 +201,16 @@ async def test_sigkill_one_of_three_sharded_replicas_mid_rollout(
         for p in procs.values():
             if p.returncode is None:
                 p.kill()
+    # The survivors' takes of the victim's claims: how long before the look that took
+    # each its member Lease had last been seen to move (their own monotonic clocks).
+    takes = [(float(age), float(expiry)) for identity in procs if identity != victim
+             for age, expiry in TOOK.findall(
+                 (tmp_path / f"{identity}.log").read_text().replace(
+                     f"from {victim} ", "from VICTIM "))]
     report = {"victim": victim, "victim_clusters": [fc.name for fc in theirs],
               "pending_at_kill": sorted(pending),
               "resumed_after": None if resumed is None else round(resumed - killed_at, 2),
+              "lease": LEASE, "takes_last_seen_before_look": [t[0] for t in takes],
               "max_clusters_upgrading": fleet.max_seen}
     print(f"\n[shard failover] {report}")
     violations = [v for w in watchers for v in w.violations] + fleet.violations
@@ -214,6 +226,15 @@ async def test_sigkill_one_of_three_sharded_replicas_mid_rollout(
     # The victim's clusters went on within one lease duration (+ planning on this machine).
     assert pending, report  # it was killed with work left
     assert resumed is not None and resumed - killed_at < LEASE + 15, (report, logs())
+    # The protocol's bound (fleet.controllers.shard): a claim is taken at the first look
+    # that begins at least renew_deadline + margin ("expiry") after the holder's last
+    # renewal was seen, and that look is scheduled for that instant (the Leases are
+    # watched): so no earlier than expiry and at most one look interval later, i.e. well
+    # within a lease of the last renewal seen (before: a whole lease, then the next poll).
+    assert takes, (report, logs())
+    for age, expiry in takes:
+        assert expiry == pytest.approx(LEASE * 2 / 3 + LEASE / 10, abs=0.01), takes
+        assert expiry <= age < expiry + LEASE / 3, (takes, report, logs())
     assert victim not in after.values()
     # A clean stop on SIGTERM; or, should the loaded machine have kept a survivor from
     # renewing its member Lease in time, the exit that says so (it stopped acting then).

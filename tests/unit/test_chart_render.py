@@ -249,11 +249,12 @@ def test_sharding() -> None:
     assert "--shards=64" in args and "--lease-seconds=15" in args
     assert m.workload()["spec"]["replicas"] == 4
     assert m.one("PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
-    # Member Leases are named after the Pods: get/list/update on the namespace's Leases.
+    # Member Leases are named after the Pods: get/list/watch/update on the namespace's
+    # Leases (watched: a replica sees each renewal as it happens, for the hand-off time).
     assert rbac_grants(m.one("Role")["rules"]) == {
         g for g in LOCAL_RULES if g[1] != "leases"} | {
         ("coordination.k8s.io", "leases", verb, "*")
-        for verb in ("create", "get", "list", "update")}
+        for verb in ("create", "get", "list", "watch", "update")}
     plain = render(CONTROLLER_CHART)
     assert not any(a.startswith("--shards") for a in
                    pod_spec(plain.workload())["containers"][0]["args"])
