@@ -47,6 +47,7 @@ class Replicas:
         self.mgmt, self.namespace, self.tg = mgmt, namespace, tg
         self.members: dict[str, ShardMembership] = {}
         self.scopes: dict[str, anyio.CancelScope] = {}
+        self.ended: dict[str, anyio.Event] = {}
         self.overlaps: list[tuple[float, int, list[str]]] = []
         self.first_acting: dict[tuple[str, int], float] = {}
 
@@ -56,10 +57,14 @@ class Replicas:
                             group=GROUP, shards=SHARDS, lease_seconds=LEASE, busy=busy)
         scope = anyio.CancelScope()
         self.members[identity], self.scopes[identity] = m, scope
+        ended = self.ended[identity] = anyio.Event()
 
         async def run(*, task_status: anyio.abc.TaskStatus[None]) -> None:
-            with scope:
-                await m.run(task_status=task_status)
+            try:
+                with scope:
+                    await m.run(task_status=task_status)
+            finally:
+                ended.set()  # its renewal thread has stopped too
 
         await self.tg.start(run)
         return m
@@ -125,23 +130,28 @@ async def test_killed_replica_shards_move_only_after_it_must_have_stopped(
         assert await claims(mgmt, namespace) == owners
         victim = owners[0]
         theirs = set(_shards_of(owners, victim))
-        last_renewal = r.members[victim].renewed_at
-        assert last_renewal is not None
+        dead = r.members[victim]
         r.kill(victim)
         killed_at = time.monotonic()
+        await r.ended[victim].wait()
+        last_renewal = dead.renewed_at  # its last one: its renewal thread has ended
+        assert last_renewal is not None
         r.first_acting.clear()  # from here on: who starts acting on what, when
         after = await r.settled(timeout=LEASE + 30)
         resumed = time.monotonic() - killed_at
         tg.cancel_scope.cancel()
     assert r.overlaps == [], r.overlaps[:5]
     assert set(after.values()) == {"ctl-a", "ctl-b", "ctl-c"} - {victim}
-    # Only the victim's shards moved, and none before a whole lease had passed since its
-    # last good renewal started (had it lived on, cut off from the API server, it would
-    # have stopped acting 2/3 of a lease after that instant).
+    # Only the victim's shards moved, and none before the victim's renew deadline + the
+    # margin had passed since its last good renewal started (had it lived on, cut off
+    # from the API server, it would have stopped acting at the renew deadline, 2/3 of a
+    # lease after that instant: its write fence).
     assert {s for s in range(SHARDS) if owners[s] != after[s]} == theirs
+    expiry = r.members[after[next(iter(theirs))]].expiry
+    assert expiry == pytest.approx(LEASE * 2 / 3 + LEASE / 10)
     for s in theirs:
         taken = r.first_acting[(after[s], s)]
-        assert taken - last_renewal >= LEASE, (s, taken - last_renewal)
+        assert taken - last_renewal >= expiry, (s, taken - last_renewal)
     assert resumed < LEASE + LEASE / 3 + 10, resumed  # a lease + one round + slack
     assert await claims(mgmt, namespace) == after
 
