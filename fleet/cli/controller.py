@@ -199,6 +199,7 @@ async def _sharded(*, membership: ShardMembership, writer: LeaderElector,
                         await writer.run(anyio.sleep_forever)
                     except LostLeadershipError as e:
                         log.warning("%s; no longer the fleet-wide writer", e)
+                        await anyio.sleep(writer.retry_every)  # not a busy loop
 
             async def member(*, task_status: anyio.abc.TaskStatus[None]) -> None:
                 nonlocal lost

@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.abc
 import pytest
 
+from fleet.cli.common import Exit
 from fleet.controllers.leader import LeaderElector
 from fleet.controllers.shard import (
     GROUP_LABEL,
@@ -31,6 +36,8 @@ from fleet.controllers.shard import (
 )
 from fleet.kube import KubeClient
 from fleet.kube.resources import LEASES
+from fleet.testing.binaries import REPO_ROOT
+from fleet.testing.world import World
 from tests.helpers.names import unique
 
 pytestmark = pytest.mark.anyio
@@ -198,3 +205,57 @@ async def test_a_leader_blocked_past_its_renew_deadline_keeps_leading(
         await elector.run(lead)
     assert seen == {"holds after the block": True, "leading after the block": True,
                     "renewed": True, "same holder": True, "blocked": True}
+
+
+WEDGED = """
+import sys, time
+import anyio, yaml
+from fleet.cli.controller import _exit_unless_stopped_within
+from fleet.controllers.shard import ShardMembership
+from fleet.kube import KubeClient
+
+async def main() -> None:
+    with open(sys.argv[1]) as f:
+        client = await KubeClient.from_kubeconfig(yaml.safe_load(f), transport="light")
+    m = ShardMembership(client, namespace=sys.argv[2], identity="wedged", group=sys.argv[3],
+                        shards=2, lease_seconds=6, stall_seconds=8,
+                        on_stall=_exit_unless_stopped_within(6))
+    async with anyio.create_task_group() as tg:
+        await tg.start(m.run)
+        print("member", flush=True)
+        time.sleep(600)  # the main loop wedged for good
+
+anyio.run(main)
+"""
+
+
+async def test_a_controller_whose_main_loop_is_wedged_for_good_exits(
+        world: World, mgmt: KubeClient, namespace: str, tmp_path: Path) -> None:
+    """The controller process's own reaction (fleet.cli.controller): renewals stop once
+    the main loop was silent for the bound (8 s), and the process exits (3, "lost its
+    Lease") a lease (6 s) later since its main loop never comes back to stop in order."""
+    kubeconfig = world["mgmt"].write_kubeconfig(tmp_path / "mgmt.yaml")
+    group = unique("wdg")
+    log = tmp_path / "wedged.log"
+    with log.open("wb") as out:
+        proc = await anyio.open_process(
+            [sys.executable, "-c", WEDGED, str(kubeconfig), namespace, group],
+            stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT),
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    try:
+        with anyio.fail_after(180):  # starting Python on a loaded machine is slow
+            while "member" not in log.read_text():
+                assert proc.returncode is None, log.read_text()
+                await anyio.sleep(0.2)
+            member_at = time.monotonic()
+            code = await proc.wait()
+        lived = time.monotonic() - member_at
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    text = log.read_text()
+    assert code == Exit.LOST_LEADERSHIP, (code, text)
+    assert "no sign of life" in text and "exiting" in text, text
+    assert lived >= 8 + 6 - 1, (lived, text)  # not before the bound and the grace
+    lease = await mgmt.get(LEASES, member_lease_name(group, "wedged"), namespace)
+    assert lease["spec"]["holderIdentity"] == "wedged"  # a SIGKILL-like end: not released
