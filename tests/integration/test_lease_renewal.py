@@ -122,7 +122,6 @@ async def test_a_replica_blocked_past_its_renew_deadline_keeps_its_lease_and_sha
             # Longer than the renew deadline and than a whole lease: with renewals on the
             # main loop, ctl-a would stop and ctl-b would take its shards.
             began = _block(LEASE + 2)
-            ended = time.monotonic()
             assert a.active and a.problem is None
             assert a.renewed_at is not None and a.renewed_at > began + a.renew_every, \
                 (a.renewed_at - began)
@@ -135,7 +134,6 @@ async def test_a_replica_blocked_past_its_renew_deadline_keeps_its_lease_and_sha
             assert a.acting_shards() == a_owns and a.holds()
             lease = await mgmt.get(LEASES, member_lease_name(group, "ctl-a"), namespace)
             assert lease["spec"]["holderIdentity"] == "ctl-a"
-            assert time.monotonic() - ended < LEASE  # sanity: the checks themselves ran
             tg.cancel_scope.cancel()
     finally:  # outside the cancelled scope (an await in there would raise the
         await b.stop()  # cancellation, which the task group swallows, and hide a failure)
@@ -255,7 +253,8 @@ async def test_a_controller_whose_main_loop_is_wedged_for_good_exits(
             proc.kill()
     text = log.read_text()
     assert code == Exit.LOST_LEADERSHIP, (code, text)
-    assert "no sign of life" in text and "exiting" in text, text
-    assert lived >= 8 + 6 - 1, (lived, text)  # not before the bound and the grace
+    assert "no sign of life" in text and "exiting in 6s" in text, text
+    assert "main event loop still stalled: exiting" in text, text  # the grace ran out
+    assert lived >= 6, (lived, text)  # at least the grace (its start seen late at worst)
     lease = await mgmt.get(LEASES, member_lease_name(group, "wedged"), namespace)
     assert lease["spec"]["holderIdentity"] == "wedged"  # a SIGKILL-like end: not released
