@@ -10,10 +10,11 @@ the rollout policy's progress per cluster (``ProgressMemo``). Each cluster is wh
 returns them; ``--capi-status``: with the status a CAPI manager writes), with a
 FleetUpgrade to the version they run (steady state after a rollout).
 
-Three measurements of N clusters each: every cluster held (own), none held (foreign),
-and ``--held`` of them held; bytes still allocated once everything is built, divided by
-N (own, foreign). The workload side of an own cluster (its client, Node records) is not
-included: ``bench/registry_memory.py`` measures it.
+Four measurements of N clusters each: one replica (not sharded: no ``holds``), and a
+sharded replica holding every cluster (own), none (foreign) and ``--held`` of them
+(mixed); bytes still allocated once everything is built, divided by N. The workload
+side of an own cluster (its client, Node records) is not included:
+``bench/registry_memory.py`` measures it.
 
     .venv/bin/python bench/shard_memory.py --clusters 200 --held 0.1 [--capi-status]
 """
@@ -56,13 +57,16 @@ def fleet_upgrade() -> dict[str, Any]:
 class Replica:
     """What one replica holds for the management side of its fleet."""
 
-    def __init__(self) -> None:
+    def __init__(self, held: set[ClusterKey] | None) -> None:
         self.config = FleetConfig.model_validate(
             {"management": {"namespace": NS}, "clusters": {"namespaces": [NS]}},
             by_alias=True, by_name=False)
         self.parts = FleetParts(self.config)
+        self.parts.sharded = held is not None  # as FleetController sets it
+        # held None: one replica (no sharding), every cluster its own
         self.view = ManagementView(cast(Any, None), namespaces=[NS], intent_namespace=NS,
-                                   on_object=self.parts.listener)
+                                   on_object=self.parts.listener,
+                                   holds=None if held is None else held.__contains__)
         self.registry = ClusterRegistry(self.view[SECRETS], on_change=lambda: None)
         self.parts.attach(self.view.caches, self.registry)
         self.merger = Merger()
@@ -74,7 +78,7 @@ class Replica:
         gc.collect()
         self.phases[name] = tracemalloc.get_traced_memory()[0]
 
-    def build(self, raw: list[tuple[str, bytes]], held: set[ClusterKey]) -> None:
+    def build(self, raw: list[tuple[str, bytes]], held: set[ClusterKey] | None) -> None:
         view = self.view
         view[FLEET_UPGRADES].observe(fleet_upgrade())
         by_kind = {res.kind: res for res in view.caches}
@@ -84,7 +88,7 @@ class Replica:
             cache.mark_synced()
         self._phase("caches")
         members = self.parts.refresh_members()
-        self.parts.foreign = frozenset(k for k in members if k not in held)
+        self.parts.foreign = frozenset(k for k in members if held is not None and k not in held)
         self.parts.rebuild(sorted(self.parts.take_dirty()), NOW, {})
         self._phase("parts")
         fleet = self.merger.merge(self.parts.parts, NOW)
@@ -102,14 +106,15 @@ def raw_objects(clusters: int, capi_status: bool) -> list[tuple[str, bytes]]:
     return out
 
 
-def measure(raw: list[tuple[str, bytes]], held: set[ClusterKey]
+def measure(raw: list[tuple[str, bytes]], held: set[ClusterKey] | None
             ) -> tuple[int, dict[str, int], Replica]:
-    """Bytes allocated by one replica built from ``raw`` (``held``: its own clusters), and
+    """Bytes allocated by one replica built from ``raw`` (``held``: its own clusters; None:
+    not sharded), and
     by each phase: the management caches, the parts (with the caches' parse memo), the
     merged snapshot, the rollout progress."""
     gc.collect()
     tracemalloc.start()
-    replica = Replica()
+    replica = Replica(held)
     replica.build(raw, held)
     gc.collect()
     size, _ = tracemalloc.get_traced_memory()
@@ -133,6 +138,8 @@ def main() -> None:
     n = args.clusters
     raw = raw_objects(n, args.capi_status)
     keys = [(NS, f"c{i:04d}") for i in range(n)]
+    alone, alone_phases, r_alone = measure(raw, None)
+    del r_alone
     own, own_phases, r_own = measure(raw, set(keys))
     assert len(r_own.parts.parts) == n and not r_own.parts.foreign
     del r_own
@@ -145,16 +152,19 @@ def main() -> None:
     per_own, per_foreign = own / n, foreign / n
     predicted = per_own * len(held) + per_foreign * (n - len(held))
     print(f"{n} clusters: {per_own:9.0f} B per own cluster, {per_foreign:9.0f} B per foreign "
-          f"cluster")
-    print(f"{'bytes per cluster':20} {'own':>9} {'foreign':>9}")
+          f"cluster, {alone / n:9.0f} B per cluster of one replica (not sharded)")
+    print(f"{'bytes per cluster':20} {'one replica':>11} {'own':>9} {'foreign':>9}")
     for name in own_phases:
-        print(f"{name:20} {own_phases[name] / n:9.0f} {foreign_phases[name] / n:9.0f}")
+        print(f"{name:20} {alone_phases[name] / n:11.0f} {own_phases[name] / n:9.0f} "
+              f"{foreign_phases[name] / n:9.0f}")
     print(f"mixed ({len(held)} own, {n - len(held)} foreign): {mixed / n:9.0f} B per cluster "
           f"(own x {len(held)} + foreign x {n - len(held)} = {predicted / n:9.0f})")
     print(json.dumps({"clusters": n, "capi_status": args.capi_status, "held": len(held),
+                      "one_replica_bytes_per_cluster": round(alone / n),
                       "own_bytes_per_cluster": round(per_own),
                       "foreign_bytes_per_cluster": round(per_foreign),
                       "mixed_bytes_per_cluster": round(mixed / n),
+                      "one_replica_phases": {k: round(v / n) for k, v in alone_phases.items()},
                       "own_phases": {k: round(v / n) for k, v in own_phases.items()},
                       "foreign_phases": {k: round(v / n) for k, v in foreign_phases.items()}}))
 

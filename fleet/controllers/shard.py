@@ -176,6 +176,15 @@ class ShardMembership:
         return self.active and s in self.held and s not in self.releasing \
             and s not in self.warming
 
+    def claims(self, cluster: ClusterKey) -> bool:
+        """Whether this replica holds the claim on the cluster's shard (acting on it,
+        warming up to, or draining it): the management caches keep its objects in full."""
+        return shard_of(cluster, self.shards) in self.held
+
+    def warming_cluster(self, cluster: ClusterKey) -> bool:
+        """Whether the cluster's shard was taken and is not acted on yet (``warm``)."""
+        return shard_of(cluster, self.shards) in self.warming
+
     def acting_shards(self) -> set[int]:
         return (self.held - self.releasing - self.warming) if self.active else set()
 
