@@ -209,6 +209,7 @@ class FleetController:
         # Sharded: clusters whose objects are kept in full (re-read when their shard was
         # taken, or acted on since), projected down again once their shard is given back.
         self._full: set[ClusterKey] = set()
+        self._warmed: set[ClusterKey] = set()  # re-read for the shards warming now
         self._busy: dict[ClusterKey | None, int] = defaultdict(int)
         self._cooldown: dict[tuple[str, ...], datetime] = {}
         self._failures: dict[tuple[str, ...], Backoff] = {}
@@ -324,16 +325,23 @@ class FleetController:
         if not self.ready.is_set():
             return False
         if self.claims is not None:
+            # Every cluster of a taken shard, even one kept in full before: its shard may
+            # have been given back and taken again between two passes (so never dropped),
+            # with events kept foreign in between.
             todo = sorted(k for k in self.parts.known_clusters() if taken(k)
-                          and k not in self._full)
+                          and k not in self._warmed)
             try:
                 for key in todo:
                     await self._reread(key)
+                    self._warmed.add(key)
                     self._full.add(key)
             except KubeError as e:
                 log.warning("re-reading the objects of a taken shard's clusters: %s", e)
                 return False
-        return await self.caches_hold_every_nodeplan()
+        if not await self.caches_hold_every_nodeplan():
+            return False
+        self._warmed.clear()  # the shards warming now are acted on: the next take reads again
+        return True
 
     async def _reread(self, key: ClusterKey) -> None:
         """Read one cluster's Machines and Cluster API Secrets again (now kept in full)."""
