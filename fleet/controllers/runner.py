@@ -210,6 +210,8 @@ class FleetController:
         # taken, or acted on since), projected down again once their shard is given back.
         self._full: set[ClusterKey] = set()
         self._warmed: set[ClusterKey] = set()  # re-read for the shards warming now
+        # More clusters than this to re-read at once: one list of everything instead.
+        self.reread_bulk = 64
         self._busy: dict[ClusterKey | None, int] = defaultdict(int)
         self._cooldown: dict[tuple[str, ...], datetime] = {}
         self._failures: dict[tuple[str, ...], Backoff] = {}
@@ -319,7 +321,8 @@ class FleetController:
         """True once newly taken shards may be acted on (``taken``: whether a cluster is in
         one): the objects of their clusters that were kept foreign (fleet/kept.py) have
         been read again in full (one Machine list and one Secret list per cluster, by
-        Cluster API's cluster-name label) and the NodePlan cache holds every NodePlan a
+        Cluster API's cluster-name label; past ``reread_bulk`` clusters, one list of all
+        of them) and the NodePlan cache holds every NodePlan a
         fresh list shows (what the previous holder dispatched counts). Re-reads that are
         done stay done when the call is cut off (the claims task bounds it) or fails."""
         if not self.ready.is_set():
@@ -331,7 +334,15 @@ class FleetController:
             todo = sorted(k for k in self.parts.known_clusters() if taken(k)
                           and k not in self._warmed)
             try:
-                for key in todo:
+                if len(todo) > self.reread_bulk:
+                    # Many at once (a replica's start-up takes all its shards): one list
+                    # of every Machine and Secret, page by page, as the watches' first one,
+                    # instead of a label-selected list per cluster (each of which the API
+                    # server answers by looking at every Machine of the namespace).
+                    await self._reread_all()
+                    self._warmed.update(todo)
+                    self._full.update(todo)
+                for key in todo if len(todo) <= self.reread_bulk else ():
                     await self._reread(key)
                     self._warmed.add(key)
                     self._full.add(key)
@@ -342,6 +353,18 @@ class FleetController:
             return False
         self._warmed.clear()  # the shards warming now are acted on: the next take reads again
         return True
+
+    async def _reread_all(self) -> None:
+        """Read every Machine and Cluster API Secret again (those of held clusters are
+        kept in full now)."""
+        for ns in self.view.namespaces:
+            async for page in self.mgmt.list_pages(MACHINES, ns):
+                for obj in page.items:
+                    self.view[MACHINES].observe(obj)
+            async for page in self.mgmt.list_pages(SECRETS, ns,
+                                                   field_selector=SECRET_FIELD_SELECTOR):
+                for obj in page.items:
+                    self.view[SECRETS].observe(obj)
 
     async def _reread(self, key: ClusterKey) -> None:
         """Read one cluster's Machines and Cluster API Secrets again (now kept in full)."""

@@ -8,8 +8,9 @@ does not hold the caches keep a kubeconfig Secret without its kubeconfig and Mac
 without uid or infrastructure reference: what a NodePlan (its Machine owner reference,
 by uid) and the workload connection (the kubeconfig) need. Taking one of them re-reads
 them (``warm_taken``), after which it is rolled to a new version, every node once;
-giving it back keeps the foreign subset again. The other cluster stays foreign
-throughout.
+giving it back keeps the foreign subset again; taking it again through the bulk re-read
+(one list of everything, as at a replica's start-up) reads it in full again. The other
+cluster stays foreign throughout.
 """
 
 from __future__ import annotations
@@ -122,6 +123,17 @@ async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
         ctl.trigger.poke()
         await wait_for("the given-back cluster kept foreign again",
                        lambda: _foreign_again(ctl, taken), 60, 0.1)
+        # Taken again, with many clusters at once (as at start-up): one list of every
+        # Machine and Secret; only the held cluster's are kept in full.
+        ctl.reread_bulk = 0
+        claims.held.add(taken.key)
+        claims.warming.add(taken.key)
+        assert not kubeconfig_kept(ctl, taken)
+        assert await ctl.warm_taken(claims.warming_cluster)
+        assert kubeconfig_kept(ctl, taken)
+        assert machines_kept(ctl, taken) == [True] * len(taken.machines)
+        assert not kubeconfig_kept(ctl, other)
+        assert machines_kept(ctl, other) == [False] * len(other.machines)
 
 
 async def _foreign_again(ctl: Any, fc: FleetCluster) -> bool:
