@@ -22,7 +22,9 @@ two ways only:
 
 A newly taken shard is not acted on until the replica's management caches hold every
 NodePlan a fresh list shows (``warm``): what the previous holder dispatched is counted
-before this one plans.
+before this one plans. The controller's ``warm`` also reads its clusters' Machines and
+kubeconfig Secrets again first: of clusters whose shard it did not hold it kept only a
+subset (fleet/kept.py ``FOREIGN_SPECS``).
 
 Stopping "first" is the renewal task's doing; a replica stopped past its deadline and then
 resumed may run other tasks before that one. So its writes are fenced one by one
