@@ -96,7 +96,8 @@ async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
         # Claimed, not yet read again: what was dropped is still missing (the watch has
         # no reason to send it), which is why the shard is not acted on yet.
         assert not kubeconfig_kept(ctl, taken)
-        assert await ctl.warm_taken(claims.warming_cluster)
+        await wait_for("the taken shard warm (its clusters read again)",
+                       lambda: ctl.warm_taken(claims.warming_cluster), 60, 0.2)
         assert kubeconfig_kept(ctl, taken)
         assert machines_kept(ctl, taken) == [True] * len(taken.machines)
         assert not kubeconfig_kept(ctl, other)
@@ -129,7 +130,8 @@ async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
         claims.held.add(taken.key)
         claims.warming.add(taken.key)
         assert not kubeconfig_kept(ctl, taken)
-        assert await ctl.warm_taken(claims.warming_cluster)
+        await wait_for("the taken shard warm (its clusters read again)",
+                       lambda: ctl.warm_taken(claims.warming_cluster), 60, 0.2)
         assert kubeconfig_kept(ctl, taken)
         assert machines_kept(ctl, taken) == [True] * len(taken.machines)
         assert not kubeconfig_kept(ctl, other)
