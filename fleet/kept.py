@@ -20,6 +20,16 @@ fails on the kept subset exactly as it would on the whole object. What is not li
 here (status of Machines beyond ``nodeRef``, bootstrap references, selectors, templates'
 metadata, other Secret keys, ...) is dropped on ingest; a reader that needs more must
 read the object from the API server.
+
+A sharded replica (several active replicas, each acting on its own shards) keeps less
+of the objects of a cluster it does not hold ("foreign": :data:`FOREIGN_SPECS`): of a
+Machine what the fleet-wide rollout judges a foreign cluster by (owner, version record,
+node, annotations), no uid, type or infrastructure reference; of a kubeconfig Secret its
+name and labels only (the registry connects to held clusters only). The foreign subset
+is a subset of the held one, so projecting a held copy again gives what projecting the
+object would. Taking a shard re-reads its clusters' objects before acting on them
+(:meth:`fleet.controllers.runner.FleetController.warm_taken`); giving one back
+projects them down again (:meth:`fleet.kube.cache.ObjectCache.rekeep`).
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from fleet.kube.resources import (
 )
 
 KubeObject = dict[str, Any]
+ClusterKey = tuple[str, str]  # (namespace, name), as fleet.model's
 Projection = Callable[[KubeObject], KubeObject]
 
 # A projection spec: per key, True (keep the value whole), a nested spec (keep that
@@ -128,8 +139,44 @@ SPECS: dict[Resource, Spec] = {
 }
 
 
-def projection(res: Resource) -> Projection | None:
-    """What to keep of an object of ``res`` (None: keep it whole)."""
+CAPI_CLUSTER_LABEL = "cluster.x-k8s.io/cluster-name"
+
+
+def _owner_names(value: Any) -> Any:
+    """ownerReferences as kind and name (what a foreign Machine's owner is read from)."""
+    if not isinstance(value, list):
+        return value
+    return [project(ref, {"kind": True, "name": True}) for ref in value]
+
+
+# What is kept of a foreign cluster's object (a subset of the held spec of its kind).
+FOREIGN_SPECS: dict[Resource, Spec] = {
+    MACHINES: {
+        "metadata": {**_meta("labels", "annotations", "creationTimestamp",
+                             "deletionTimestamp"), "ownerReferences": _owner_names},
+        "spec": {"clusterName": True, "version": True},
+        "status": {"nodeRef": {"name": True}}},
+    SECRETS: {"metadata": _meta("labels")},
+}
+
+
+def cluster_of(res: Resource, obj: KubeObject) -> ClusterKey | None:
+    """The cluster an object of ``res`` belongs to: Cluster API's cluster-name label (a
+    Machine's ``spec.clusterName`` without it); None when it names none."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return None
+    labels = meta.get("labels")
+    name = labels.get(CAPI_CLUSTER_LABEL) if isinstance(labels, dict) else None
+    if not name and res is MACHINES:
+        spec = obj.get("spec")
+        name = spec.get("clusterName") if isinstance(spec, dict) else None
+    if not isinstance(name, str) or not name:
+        return None
+    return (str(meta.get("namespace") or ""), name)
+
+
+def _held_projection(res: Resource) -> Projection | None:
     if res is SECRETS:
         # the kubeconfig (``value``) and the cluster-name label (which cluster it is for)
         return _kubeconfig_text
@@ -144,4 +191,25 @@ def projection(res: Resource) -> Projection | None:
     return keep
 
 
-__all__ = ["SPECS", "Spec", "project", "projection"]
+def projection(res: Resource, holds: Callable[[ClusterKey], bool] | None = None
+               ) -> Projection | None:
+    """What to keep of an object of ``res`` (None: keep it whole). ``holds`` (sharded
+    replicas): whether this replica holds a cluster; an object of a cluster it does not
+    hold is kept as :data:`FOREIGN_SPECS` says (an object naming no cluster in full)."""
+    held = _held_projection(res)
+    foreign = FOREIGN_SPECS.get(res)
+    if holds is None or held is None or foreign is None:
+        return held
+
+    def keep(obj: KubeObject) -> KubeObject:
+        cluster = cluster_of(res, obj)
+        if cluster is None or holds(cluster):
+            return held(obj)
+        kept: KubeObject = project(obj, foreign)
+        return kept
+
+    return keep
+
+
+__all__ = ["CAPI_CLUSTER_LABEL", "FOREIGN_SPECS", "SPECS", "Spec", "cluster_of", "project",
+           "projection"]

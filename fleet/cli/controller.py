@@ -107,10 +107,12 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
         controller = FleetController(mgmt, config, identity=args.identity, recorder=recorder,
                                      trigger=trigger, policy=exclusion,
                                      tracer=get_tracer("fleet.controller", provider),
-                                     shard=membership, write_fence=fence)
+                                     shard=membership, write_fence=fence,
+                                     claims=membership.claims if membership else None)
         if membership is not None:
             membership.busy = controller.busy_clusters
-            membership.warm = controller.caches_hold_every_nodeplan
+            membership.warm = functools.partial(controller.warm_taken,
+                                                membership.warming_cluster)
         health = probes(controller, exclusion, config)
         lease_holder = membership or elector
         if lease_holder is not None:

@@ -49,7 +49,8 @@ class ManagementView:
                  on_change: Callable[[], None] | None = None, watch_timeout: int = 120,
                  intent_namespace: str | None = None,
                  extra_secrets: Iterable[tuple[str, str]] = (),
-                 on_object: Callable[[Resource], ObjectListener] | None = None) -> None:
+                 on_object: Callable[[Resource], ObjectListener] | None = None,
+                 holds: Callable[[ClusterKey], bool] | None = None) -> None:
         self.client = client
         self.namespaces: list[str | None] = list(namespaces) or [None]
         # FleetUpgrades live in the controller's own namespace (management.namespace).
@@ -57,9 +58,12 @@ class ManagementView:
         # ``on_object(res)``: a listener told which object of ``res`` changed. Of the
         # CAPI objects and kubeconfig Secrets only what the controller reads is kept
         # (fleet/kept.py); the watches keep no copy of their own (keep_objects=False).
+        # ``holds`` (sharded replicas): whether this replica holds a cluster; of the others'
+        # Machines and kubeconfig Secrets less is kept (fleet/kept.py FOREIGN_SPECS).
+        self.holds = holds
         self.caches = {res: ObjectCache(res.kind, on_change=on_change,
                                         on_object=on_object(res) if on_object else None,
-                                        keep=projection(res))
+                                        keep=projection(res, holds))
                        for res in (*WATCHED, *OPTIONAL, FLEET_UPGRADES)}
         self.reflectors: list[Reflector] = []
         self.watch_timeout = watch_timeout

@@ -111,6 +111,10 @@ class FleetParts:
         self._where: dict[Resource, dict[ObjectKey, ClusterKey]] = {r: {} for r in _PARSERS}
         self._index: dict[Resource, dict[ClusterKey, set[ObjectKey]]] = {
             r: {} for r in _PARSERS}
+        # Sharded (set by the controller): the clusters Secrets name by label are
+        # remembered, for the clusters of a taken shard (known_clusters).
+        self.sharded = False
+        self._secret_clusters: set[ClusterKey] = set()
         self.rebuilt = 0  # parts built, over the controller's life (metrics)
         # MD -> (its K0sWorkerConfigTemplate, its cluster); per template, the clusters whose
         # MDs reference it and how many MDs (a template's change dirties those clusters)
@@ -157,6 +161,8 @@ class FleetParts:
             cluster = (meta.get("labels") or {}).get(CAPI_CLUSTER_LABEL)
             if cluster:
                 self.dirty.add((namespace, str(cluster)))
+                if self.sharded:
+                    self._secret_clusters.add((namespace, str(cluster)))
             return
         if res is K0S_WORKER_CONFIG_TEMPLATES:
             self.dirty.update(self._template_users.get(object_key(obj), {}))
@@ -209,6 +215,15 @@ class FleetParts:
             users = self._template_users.setdefault(tkey, {})
             users[cluster] = users.get(cluster, 0) + 1
             self.dirty.update(users)
+
+    def known_clusters(self) -> set[ClusterKey]:
+        """The fleet's clusters and those any Machine or Cluster API Secret names (a cluster
+        may have them before its Cluster object is seen or selected)."""
+        return set(self.members) | set(self._index[MACHINES]) | self._secret_clusters
+
+    def machine_keys(self, key: ClusterKey) -> set[ObjectKey]:
+        """The cached Machines of one cluster."""
+        return set(self._index[MACHINES].get(key, ()))
 
     # -- the parts ----------------------------------------------------------------------
     def refresh_members(self) -> dict[ClusterKey, ClusterInfo]:

@@ -29,13 +29,14 @@ from fleet.config import FleetConfig
 from fleet.controllers.dispatcher import Dispatcher, action_target
 from fleet.controllers.heap import HeapTrimmer
 from fleet.controllers.infra import InfraMachines
-from fleet.controllers.observe import ManagementView, kubeconfig_secrets
+from fleet.controllers.observe import SECRET_FIELD_SELECTOR, ManagementView, kubeconfig_secrets
 from fleet.controllers.parts import FleetParts
 from fleet.events import EventRecorder
 from fleet.fence import writes_for
+from fleet.kept import CAPI_CLUSTER_LABEL
 from fleet.kube import KubeClient, KubeError
 from fleet.kube.backoff import Backoff
-from fleet.kube.resources import NODE_PLANS, SECRETS
+from fleet.kube.resources import MACHINES, NODE_PLANS, SECRETS
 from fleet.model import ClusterKey, ObjectRef, Snapshot
 from fleet.planner import COMPLETING, PENDING, FleetPolicy, PlannerSettings, PlanResult
 from fleet.planner.actions import (
@@ -133,12 +134,15 @@ class FleetController:
                  watch_timeout: int = 120, unreachable_after: float | None = None,
                  wedged_after: float | None = None, settle_bound: float | None = None,
                  shard: Shard | None = None,
+                 claims: Callable[[ClusterKey], bool] | None = None,
                  write_fence: Callable[[], bool] | None = None) -> None:
         """``unreachable_after`` / ``wedged_after`` (seconds) override the fleet config's
         ``clusters.unreachableAfter`` / ``status.wedgedAfter`` (tests use short ones);
         ``settle_bound``: how long a workload cluster's first answer is waited for before
         it is planned on (default: the unreachable bound + 30 s); ``shard``: act only on
-        the clusters it names (several active replicas); ``write_fence``: every write of
+        the clusters it names (several active replicas); ``claims``: whether this replica
+        holds the claim on a cluster's shard (sharded: of the other clusters less is kept,
+        re-read by :meth:`warm_taken` before acting on them); ``write_fence``: every write of
         this controller (management and workload clusters, Events) is sent only while it
         answers True (:meth:`fleet.kube.KubeClient.fenced`; each action's writes are marked
         as its cluster's, :func:`fleet.fence.writes_for`)."""
@@ -159,7 +163,7 @@ class FleetController:
                                    extra_secrets=custom_kubeconfig_secrets(config),
                                    on_change=self.trigger.poke, watch_timeout=watch_timeout,
                                    intent_namespace=config.management.namespace,
-                                   on_object=self.parts.listener)
+                                   on_object=self.parts.listener, holds=claims)
         self.registry = ClusterRegistry(
             self.view[SECRETS], on_change=self.trigger.poke, on_cluster=self.parts.touch,
             # long workload watches; a silent one is resumed as soon as before (the
@@ -200,6 +204,14 @@ class FleetController:
         # Sharded: the clusters this replica acts on, and its actions in flight per cluster
         # (None: not known) so a shard is given back only once they are done.
         self.shard = shard
+        self.claims = claims
+        self.parts.sharded = claims is not None
+        # Sharded: clusters whose objects are kept in full (re-read when their shard was
+        # taken, or acted on since), projected down again once their shard is given back.
+        self._full: set[ClusterKey] = set()
+        self._warmed: set[ClusterKey] = set()  # re-read for the shards warming now
+        # More clusters than this to re-read at once: one list of everything instead.
+        self.reread_bulk = 64
         self._busy: dict[ClusterKey | None, int] = defaultdict(int)
         self._cooldown: dict[tuple[str, ...], datetime] = {}
         self._failures: dict[tuple[str, ...], Backoff] = {}
@@ -304,6 +316,90 @@ class FleetController:
                 if cache.get(meta.get("name", ""), meta.get("namespace", "")) is None:
                     return False
         return True
+
+    async def warm_taken(self, taken: Callable[[ClusterKey], bool]) -> bool:
+        """True once newly taken shards may be acted on (``taken``: whether a cluster is in
+        one): the objects of their clusters that were kept foreign (fleet/kept.py) have
+        been read again in full (one Machine list and one Secret list per cluster, by
+        Cluster API's cluster-name label; past ``reread_bulk`` clusters, one list of all
+        of them) and the NodePlan cache holds every NodePlan a
+        fresh list shows (what the previous holder dispatched counts). Re-reads that are
+        done stay done when the call is cut off (the claims task bounds it) or fails."""
+        if not self.ready.is_set():
+            return False
+        if self.claims is not None:
+            # Every cluster of a taken shard, even one kept in full before: its shard may
+            # have been given back and taken again between two passes (so never dropped),
+            # with events kept foreign in between.
+            todo = sorted(k for k in self.parts.known_clusters() if taken(k)
+                          and k not in self._warmed)
+            try:
+                if len(todo) > self.reread_bulk:
+                    # Many at once (a replica's start-up takes all its shards): one list
+                    # of every Machine and Secret, page by page, as the watches' first one,
+                    # instead of a label-selected list per cluster (each of which the API
+                    # server answers by looking at every Machine of the namespace).
+                    await self._reread_all()
+                    self._warmed.update(todo)
+                    self._full.update(todo)
+                for key in todo if len(todo) <= self.reread_bulk else ():
+                    await self._reread(key)
+                    self._warmed.add(key)
+                    self._full.add(key)
+            except KubeError as e:
+                log.warning("re-reading the objects of a taken shard's clusters: %s", e)
+                return False
+        if not await self.caches_hold_every_nodeplan():
+            return False
+        self._warmed.clear()  # the shards warming now are acted on: the next take reads again
+        return True
+
+    async def _reread_all(self) -> None:
+        """Read every Machine and Cluster API Secret again (those of held clusters are
+        kept in full now)."""
+        for ns in self.view.namespaces:
+            async for page in self.mgmt.list_pages(MACHINES, ns):
+                for obj in page.items:
+                    self.view[MACHINES].observe(obj)
+            async for page in self.mgmt.list_pages(SECRETS, ns,
+                                                   field_selector=SECRET_FIELD_SELECTOR):
+                for obj in page.items:
+                    self.view[SECRETS].observe(obj)
+
+    async def _reread(self, key: ClusterKey) -> None:
+        """Read one cluster's Machines and Cluster API Secrets again (now kept in full)."""
+        ns, name = key
+        selector = f"{CAPI_CLUSTER_LABEL}={name}"
+        machines = self.view[MACHINES]
+        listed = (await self.mgmt.list(MACHINES, ns, label_selector=selector)).items
+        for obj in listed:
+            machines.observe(obj)
+        seen = {(ns, str((o.get("metadata") or {}).get("name") or "")) for o in listed}
+        for mkey in sorted(self.parts.machine_keys(key) - seen):  # named by spec only
+            found = await self.mgmt.get_or_none(MACHINES, mkey[1], mkey[0])
+            if found is not None:
+                machines.observe(found)
+        secrets = self.view[SECRETS]
+        for obj in (await self.mgmt.list(SECRETS, ns, label_selector=selector,
+                                         field_selector=SECRET_FIELD_SELECTOR)).items:
+            secrets.observe(obj)
+
+    def _drop_given_back(self) -> None:
+        """Keep only the foreign subset of the clusters whose shard claim this replica no
+        longer holds (fleet/kept.py)."""
+        claims = self.claims
+        if claims is None:
+            return
+        gone = [k for k in self._full if not claims(k)]
+        if not gone:
+            return
+        secrets = kubeconfig_secrets(self.config, gone)
+        for key in gone:
+            self._full.discard(key)
+            self.view[MACHINES].rekeep(self.parts.machine_keys(key))
+            self.view[SECRETS].rekeep([(key[0], secrets[key])])
+        log.info("%d clusters of shards given back: their objects kept foreign again",
+                 len(gone))
 
     def settled(self) -> bool:
         """True when no pass runs, no poke waits to be served and no action is in flight:
@@ -413,6 +509,9 @@ class FleetController:
         members = parts.refresh_members()
         shard = self.shard
         mine = set(members) if shard is None else {k for k in members if shard.acts_on(k)}
+        if self.claims is not None:
+            self._drop_given_back()
+            self._full |= mine  # acted on: held (and read in full) since it was taken
         if changed or mine != self._mine:
             self.registry.want(kubeconfig_secrets(self.config, sorted(mine)))
             t = time.monotonic()

@@ -50,7 +50,9 @@ renew_deadline``): a taker never moves before the holder must have stopped.
 
 A newly taken shard is not acted on until the replica's management caches hold every
 NodePlan a fresh list shows (``warm``): what the previous holder dispatched is counted
-before this one plans.
+before this one plans. The controller's ``warm`` also reads its clusters' Machines and
+kubeconfig Secrets again first: of clusters whose shard it did not hold it kept only a
+subset (fleet/kept.py ``FOREIGN_SPECS``).
 
 Stopping "first" is the renewal thread's and the main loop's doing (the thread clears
 ``active``, the main loop then raises); a replica stopped past its deadline and then
@@ -224,6 +226,15 @@ class ShardMembership:
         s = shard_of(cluster, self.shards)
         return self.active and s in self.held and s not in self.releasing \
             and s not in self.warming
+
+    def claims(self, cluster: ClusterKey) -> bool:
+        """Whether this replica holds the claim on the cluster's shard (acting on it,
+        warming up to, or draining it): the management caches keep its objects in full."""
+        return shard_of(cluster, self.shards) in self.held
+
+    def warming_cluster(self, cluster: ClusterKey) -> bool:
+        """Whether the cluster's shard was taken and is not acted on yet (``warm``)."""
+        return shard_of(cluster, self.shards) in self.warming
 
     def acting_shards(self) -> set[int]:
         return (self.held - self.releasing - self.warming) if self.active else set()

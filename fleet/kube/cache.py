@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -203,6 +203,7 @@ class ObjectCache(_Cache[KubeObject | Kept, KubeObject]):
         super().__init__(kind, on_change=on_change, on_object=on_object)
         self.keep = keep
         self._memo: dict[tuple[ObjectKey, str], tuple[str, Any]] = {}
+        self._tags: set[str] = set()  # the tags parses were remembered under
 
     def _out(self, entry: KubeObject | Kept) -> KubeObject:
         return entry.as_object() if isinstance(entry, Kept) else entry
@@ -227,6 +228,7 @@ class ObjectCache(_Cache[KubeObject | Kept, KubeObject]):
         if not rv:
             return parse(obj)
         key = (object_key(obj), tag)
+        self._tags.add(tag)
         hit = self._memo.get(key)
         if hit is not None and hit[0] == rv:
             return hit[1]  # type: ignore[no-any-return]
@@ -274,7 +276,24 @@ class ObjectCache(_Cache[KubeObject | Kept, KubeObject]):
         self._entries[key] = kept
         self._tombstones.pop(key, None)
         if not isinstance(old, Kept) or old.body != kept.body:
+            if isinstance(old, Kept) and old.resource_version == kept.resource_version:
+                # More or less kept of the same version (a sharded replica's foreign
+                # subset, or the object read again in full): what was parsed of it goes.
+                for tag in self._tags:
+                    self._memo.pop((key, tag), None)
             self._changed(kept.as_object())
+
+
+    def rekeep(self, keys: Iterable[ObjectKey]) -> None:
+        """Apply ``keep`` again to the held objects of ``keys`` (what it keeps of them
+        changed: a sharded replica gave their cluster back). Only less can come of it: what
+        was dropped is back only once the object is read again."""
+        if self.keep is None:
+            return
+        for key in keys:
+            entry = self._entries.get(key)
+            if isinstance(entry, Kept):
+                self.observe(entry.as_object())
 
 
 class Record(Protocol):

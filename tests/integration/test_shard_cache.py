@@ -1,0 +1,153 @@
+"""A sharded replica keeps little of the clusters it does not hold, and reads them again
+in full before acting on one it takes (issue #13 target 2, fleet/kept.py FOREIGN_SPECS).
+
+Two CAPI clusters on the real test world (workload API server ``wl1``), one in-process
+controller whose shard claims the test moves by hand (:class:`Claims`, the part of
+:class:`fleet.controllers.shard.ShardMembership` the controller reads). Of a cluster it
+does not hold the caches keep a kubeconfig Secret without its kubeconfig and Machines
+without uid or infrastructure reference: what a NodePlan (its Machine owner reference,
+by uid) and the workload connection (the kubeconfig) need. Taking one of them re-reads
+them (``warm_taken``), after which it is rolled to a new version, every node once;
+giving it back keeps the foreign subset again; taking it again through the bulk re-read
+(one list of everything, as at a replica's start-up) reads it in full again. The other
+cluster stays foreign throughout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+
+from fleet.config import FleetConfig
+from fleet.kube import KubeClient
+from fleet.kube.resources import MACHINES, NODE_PLANS, SECRETS
+from fleet.model import ClusterKey
+from fleet.testing.capi import FleetCluster, bump, ensure_infra_crd
+from fleet.testing.responder import NodeResponder
+from fleet.testing.world import World
+from tests.helpers.capienv import wait_for
+from tests.helpers.controller import (
+    V1,
+    V2,
+    fleet_config_dict,
+    machine_versions,
+    policy_controller,
+    small_cluster,
+    wait_rollout,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+class Claims:
+    """Which clusters' shard claims this replica holds, and which of them are warming
+    (taken, not acted on yet)."""
+
+    def __init__(self) -> None:
+        self.held: set[ClusterKey] = set()
+        self.warming: set[ClusterKey] = set()
+
+    def acts_on(self, cluster: ClusterKey) -> bool:
+        return cluster in self.held and cluster not in self.warming
+
+    def claims(self, cluster: ClusterKey) -> bool:
+        return cluster in self.held
+
+    def warming_cluster(self, cluster: ClusterKey) -> bool:
+        return cluster in self.warming
+
+
+def kubeconfig_kept(ctl: Any, fc: FleetCluster) -> bool:
+    secret = ctl.view[SECRETS].get(f"{fc.name}-kubeconfig", fc.namespace)
+    assert secret is not None, "the kubeconfig Secret is cached (its name, labels)"
+    return "value" in (secret.get("stringData") or {})
+
+
+def machines_kept(ctl: Any, fc: FleetCluster) -> list[bool]:
+    """Per Machine of ``fc``: whether its uid and infrastructure reference are kept."""
+    out = []
+    for name in fc.machines:
+        m = ctl.view[MACHINES].get(name, fc.namespace)
+        assert m is not None, f"Machine {name} is cached"
+        out.append(bool(m["metadata"].get("uid")) and "infrastructureRef" in m["spec"])
+    return out
+
+
+async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
+        world: World, mgmt: KubeClient, wl1: KubeClient, namespace: str) -> None:
+    await ensure_infra_crd(mgmt)
+    taken, other = [await small_cluster(mgmt, wl1, world, namespace, prefix="sc",
+                                        control_planes=1, workers=2, version=V1)
+                    for _ in range(2)]
+    cfg = FleetConfig.model_validate(fleet_config_dict(namespace, maxConcurrentClusters=2))
+    claims = Claims()
+    responder = NodeResponder(wl1, step_seconds=0.05, only=lambda n: n in taken.machines)
+    async with policy_controller(mgmt, cfg, shard=claims, claims=claims.claims) as ctl:
+        # Held by no one here: the foreign subset only.
+        for fc in (taken, other):
+            assert not kubeconfig_kept(ctl, fc)
+            assert machines_kept(ctl, fc) == [False] * len(fc.machines)
+        claims.held.add(taken.key)
+        claims.warming.add(taken.key)
+        # Claimed, not yet read again: what was dropped is still missing (the watch has
+        # no reason to send it), which is why the shard is not acted on yet.
+        assert not kubeconfig_kept(ctl, taken)
+        await wait_for("the taken shard warm (its clusters read again)",
+                       lambda: ctl.warm_taken(claims.warming_cluster), 60, 0.2)
+        assert kubeconfig_kept(ctl, taken)
+        assert machines_kept(ctl, taken) == [True] * len(taken.machines)
+        assert not kubeconfig_kept(ctl, other)
+        assert machines_kept(ctl, other) == [False] * len(other.machines)
+        claims.warming.clear()
+        ctl.trigger.poke()
+        async with responder_running(responder):
+            await bump(mgmt, taken, V2)
+            await wait_rollout(mgmt, taken, timeout=240)
+        # Every NodePlan of the taken cluster names its Machine by the uid the server has.
+        uids = {m["metadata"]["name"]: m["metadata"]["uid"]
+                for m in (await mgmt.list(MACHINES, namespace)).items}
+        plans = [p for p in (await mgmt.list(NODE_PLANS, namespace)).items
+                 if p["spec"]["machineName"] in taken.machines]
+        assert sorted(p["spec"]["machineName"] for p in plans) == sorted(taken.machines)
+        for p in plans:
+            (owner,) = p["metadata"]["ownerReferences"]
+            assert owner["uid"] == uids[p["spec"]["machineName"]], p["metadata"]["name"]
+        # The other cluster (held by no one, nothing asked of it) was not touched.
+        assert {v for m, v in (await machine_versions(mgmt, other)).items()
+                if m in other.machines} == {V1}
+        # Given back: projected down again once a pass sees it.
+        claims.held.clear()
+        ctl.trigger.poke()
+        await wait_for("the given-back cluster kept foreign again",
+                       lambda: _foreign_again(ctl, taken), 60, 0.1)
+        # Taken again, with many clusters at once (as at start-up): one list of every
+        # Machine and Secret; only the held cluster's are kept in full.
+        ctl.reread_bulk = 0
+        claims.held.add(taken.key)
+        claims.warming.add(taken.key)
+        assert not kubeconfig_kept(ctl, taken)
+        await wait_for("the taken shard warm (its clusters read again)",
+                       lambda: ctl.warm_taken(claims.warming_cluster), 60, 0.2)
+        assert kubeconfig_kept(ctl, taken)
+        assert machines_kept(ctl, taken) == [True] * len(taken.machines)
+        assert not kubeconfig_kept(ctl, other)
+        assert machines_kept(ctl, other) == [False] * len(other.machines)
+
+
+async def _foreign_again(ctl: Any, fc: FleetCluster) -> bool:
+    return not kubeconfig_kept(ctl, fc) and not any(machines_kept(ctl, fc))
+
+
+@contextlib.asynccontextmanager
+async def responder_running(responder: NodeResponder) -> AsyncIterator[None]:
+    """The node-agent stand-in answering for the duration of a block."""
+    async with anyio.create_task_group() as tg:
+        await tg.start(responder.run)
+        try:
+            yield
+        finally:
+            tg.cancel_scope.cancel()
