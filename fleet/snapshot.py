@@ -49,19 +49,29 @@ RawObject = dict[str, Any]
 
 
 class ObjectSource(Protocol):
-    """Raw objects of one kind, and a (possibly memoising) way to parse one."""
+    """Raw objects of one kind, and a (possibly memoising) way to parse one by its key
+    (a memoising source need not even decode an object whose parse it remembers)."""
 
     @property
     def kind(self) -> str: ...
 
     def __iter__(self) -> Iterator[RawObject]: ...
 
-    def parsed(self, obj: RawObject, parse: Callable[[RawObject], T], tag: str = "") -> T: ...
+    def object_keys(self) -> Iterable[Any]:
+        """What names each object for :meth:`parsed` and :meth:`describe`."""
+        ...
+
+    def parsed(self, key: Any, parse: Callable[[RawObject], T], tag: str = "") -> T: ...
+
+    def describe(self, key: Any) -> tuple[str, str, str]:
+        """(namespace, name, resourceVersion) of one object, for messages."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
 class Listed:
-    """A one-shot list of objects of one kind (no memo: each is parsed once anyway)."""
+    """A one-shot list of objects of one kind (no memo: each is parsed once anyway).
+    Its keys are the objects' positions in the list."""
 
     kind: str
     items: Sequence[RawObject] = ()
@@ -69,8 +79,17 @@ class Listed:
     def __iter__(self) -> Iterator[RawObject]:
         return iter(self.items)
 
-    def parsed(self, obj: RawObject, parse: Callable[[RawObject], T], tag: str = "") -> T:
-        return parse(obj)
+    def object_keys(self) -> Iterable[int]:
+        return range(len(self.items))
+
+    def parsed(self, key: int, parse: Callable[[RawObject], T], tag: str = "") -> T:
+        return parse(self.items[key])
+
+    def describe(self, key: int) -> tuple[str, str, str]:
+        meta = self.items[key].get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        return (str(meta.get("namespace") or ""), str(meta.get("name") or ""),
+                str(meta.get("resourceVersion") or ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,20 +110,31 @@ class ManagementObjects:
 
 
 _bad: set[tuple[str, str, str, str]] = set()
+UNREADABLE = (TypeError, ValueError, AttributeError, KeyError)
 
 
-def readable(source: ObjectSource, obj: RawObject, parser: Callable[[RawObject], T]) -> T | None:
-    """Parse one object; an object that cannot be understood is skipped (and logged once
-    per version), never allowed to stop the planning of the whole fleet."""
+def readable_objects(source: ObjectSource, parser: Callable[[RawObject], T]
+                     ) -> Iterator[T]:
+    """Every object of ``source`` parsed; an object that cannot be understood is skipped
+    (and logged once per version), never allowed to stop the planning of the whole
+    fleet."""
+    for key in source.object_keys():
+        parsed = read_or_skip(source, key, parser)
+        if parsed is not None:
+            yield parsed
+
+
+def read_or_skip(source: ObjectSource, key: Any, parser: Callable[[RawObject], T]
+                 ) -> T | None:
+    """One object of ``source`` parsed, or None (logged once per version) when it cannot
+    be understood."""
     try:
-        return source.parsed(obj, parser)
-    except (TypeError, ValueError, AttributeError, KeyError) as e:
-        meta = obj.get("metadata") or {}
-        key = (source.kind, str(meta.get("namespace")), str(meta.get("name")),
-               str(meta.get("resourceVersion")))
-        if key not in _bad:
-            _bad.add(key)
-            log.warning("ignoring %s %s/%s: cannot read it: %r", *key[:3], e)
+        return source.parsed(key, parser)
+    except UNREADABLE as e:
+        bad = (source.kind, *source.describe(key))
+        if bad not in _bad:
+            _bad.add(bad)
+            log.warning("ignoring %s %s/%s: cannot read it: %r", *bad[:3], e)
         return None
 
 
@@ -165,9 +195,7 @@ def cluster_nodes(nodes: Iterable[NodeRecord], control_nodes: Iterable[NodeRecor
 
 def fleet_upgrades(objects: ManagementObjects) -> list[FleetUpgradeInfo]:
     """The readable FleetUpgrades (upgrade intents)."""
-    source = objects.fleet_upgrades
-    return [u for u in (readable(source, o, fleet_upgrade_from) for o in source)
-            if u is not None]
+    return list(readable_objects(objects.fleet_upgrades, fleet_upgrade_from))
 
 
 def control_planes_needing_infra(objects: ManagementObjects,
@@ -176,15 +204,12 @@ def control_planes_needing_infra(objects: ManagementObjects,
     """Control-plane Machines whose eligibility depends on their infrastructure object."""
     intents = resolve(fleet_upgrades(objects), clusters)
     targets = {}
-    for obj in objects.control_planes:
-        kcp = readable(objects.control_planes, obj, control_plane_from)
-        if kcp is not None:
-            targets[(kcp.ref.namespace, kcp.ref.name)] = target_of(
-                kcp, intents.get((kcp.ref.namespace, kcp.cluster)))
+    for kcp in readable_objects(objects.control_planes, control_plane_from):
+        targets[(kcp.ref.namespace, kcp.ref.name)] = target_of(
+            kcp, intents.get((kcp.ref.namespace, kcp.cluster)))
     out = []
-    for obj in objects.machines:
-        m = readable(objects.machines, obj, machine_from)
-        if m is None or m.role != ROLE_CONTROLLER or m.owner is None or m.deleting:
+    for m in readable_objects(objects.machines, machine_from):
+        if m.role != ROLE_CONTROLLER or m.owner is None or m.deleting:
             continue
         if (m.ref.namespace, m.cluster) not in clusters:
             continue
@@ -208,9 +233,8 @@ def _fleet_objects(source: ObjectSource, parser: Callable[[RawObject], F],
                    clusters: Mapping[ClusterKey, ClusterInfo]) -> dict[tuple[str, str], F]:
     """The readable objects of one kind that belong to a cluster of the fleet."""
     out: dict[tuple[str, str], F] = {}
-    for obj in source:
-        parsed = readable(source, obj, parser)
-        if parsed is not None and (parsed.ref.namespace, parsed.cluster) in clusters:
+    for parsed in readable_objects(source, parser):
+        if (parsed.ref.namespace, parsed.cluster) in clusters:
             out[(parsed.ref.namespace, parsed.ref.name)] = parsed
     return out
 
@@ -233,20 +257,19 @@ def with_worker_templates(objects: ManagementObjects,
         users = objects.template_users
     else:
         counted: dict[tuple[str, str], int] = {}
-        for obj in objects.deployments:
-            md = readable(objects.deployments, obj, deployment_from)
-            if md is not None and (key := template_key(md)) is not None:
+        for md in readable_objects(objects.deployments, deployment_from):
+            if (key := template_key(md)) is not None:
                 counted[key] = counted.get(key, 0) + 1
         users = counted
     wanted = {k for md in deployments.values() if (k := template_key(md)) is not None}
     if not wanted:
         return dict(deployments)
     templates = {}
-    for obj in objects.worker_templates:
-        meta = obj.get("metadata") or {}
-        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+    source = objects.worker_templates
+    for k in source.object_keys():
+        key = source.describe(k)[:2]
         if key in wanted:
-            info = readable(objects.worker_templates, obj, worker_template_from)
+            info = read_or_skip(source, k, worker_template_from)
             if info is not None:
                 templates[key] = dataclasses.replace(info, users=users.get(key, 1))
     out = {}

@@ -39,7 +39,9 @@ def report(path: Path) -> None:
     by_owner: Counter[str] = Counter()
     for s in stats:
         by_owner[_owner(s.traceback)] += s.size
-    lines = [f"traced {total / 2**20:.1f} MiB in {sum(s.count for s in stats)} blocks",
+    _, peak = tracemalloc.get_traced_memory()
+    lines = [f"traced {total / 2**20:.1f} MiB in {sum(s.count for s in stats)} blocks "
+             f"(peak since tracing began: {peak / 2**20:.1f} MiB)",
              "", f"by the innermost project frame (top {TOP}):"]
     lines += [f"{size / 2**20:9.2f} MiB  {owner}" for owner, size in by_owner.most_common(TOP)]
     lines += ["", f"by traceback (top {TOP // 2}):"]

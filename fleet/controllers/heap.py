@@ -17,21 +17,51 @@ import ctypes.util
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 
 log = logging.getLogger(__name__)
 
 
-def _glibc_trim() -> Callable[[], int] | None:
-    name = ctypes.util.find_library("c")
-    if not name:
+def _libc_function(name: str) -> Any:
+    """A function of the C library (None: no such library or function)."""
+    lib = ctypes.util.find_library("c")
+    if not lib:
         return None
     try:
-        libc = ctypes.CDLL(name)
-        trim = libc.malloc_trim
+        return getattr(ctypes.CDLL(lib), name)
     except (OSError, AttributeError):
-        return None  # not glibc (musl has no malloc_trim)
+        return None  # not glibc (musl has neither malloc_trim nor these mallopt options)
+
+
+# glibc's mallopt parameter (malloc.h)
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 128 * 1024  # glibc's own initial threshold
+
+
+def fixed_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
+    """Serve every allocation of ``threshold`` bytes or more by its own ``mmap`` (given
+    back to the system when freed), for the process's life; True if set.
+
+    glibc starts with 128 KiB but raises the threshold (up to 32 MiB) whenever such a
+    block is freed, so after the first few large transient buffers (a list response's
+    body, a page's decoded text, the /status document) every later one is carved from
+    the heap instead; live objects allocated in between pin those pages, and the heap's
+    resident size grows with every burst (start-up: 1000 clusters' lists). Setting the
+    threshold explicitly turns that adjustment off. Elsewhere than glibc: False."""
+    mallopt = _libc_function("mallopt")
+    if mallopt is None or _libc_function("malloc_trim") is None:
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, threshold))
+
+
+def _glibc_trim() -> Callable[[], int] | None:
+    trim = _libc_function("malloc_trim")
+    if trim is None:
+        return None
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
     return lambda: int(trim(0))

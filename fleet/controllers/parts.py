@@ -59,7 +59,7 @@ from fleet.snapshot import (
     cluster_nodes,
     control_planes_needing_infra,
     fleet_cluster,
-    readable,
+    readable_objects,
     template_key,
 )
 
@@ -77,20 +77,26 @@ class _Subset:
     """The objects of one cache that belong to one cluster (an ObjectSource)."""
 
     cache: ObjectCache
-    keys: frozenset[ObjectKey]
+    members: frozenset[ObjectKey]
 
     @property
     def kind(self) -> str:
         return self.cache.kind
 
     def __iter__(self) -> Iterator[KubeObject]:
-        for ns, name in sorted(self.keys):
+        for ns, name in self.object_keys():
             obj = self.cache.get(name, ns)
             if obj is not None:
                 yield obj
 
-    def parsed(self, obj: KubeObject, parse: Callable[[KubeObject], T], tag: str = "") -> T:
-        return self.cache.parsed(obj, parse, tag)
+    def object_keys(self) -> list[ObjectKey]:
+        return sorted(k for k in self.members if k in self.cache)
+
+    def parsed(self, key: ObjectKey, parse: Callable[[KubeObject], T], tag: str = "") -> T:
+        return self.cache.parsed(key, parse, tag)
+
+    def describe(self, key: ObjectKey) -> tuple[str, str, str]:
+        return self.cache.describe(key)
 
 
 class FleetParts:
@@ -177,7 +183,7 @@ class FleetParts:
         cluster_key: ClusterKey | None = None
         if present and cache is not None:
             try:
-                cluster_key = (namespace, str(cache.parsed(obj, parse).cluster))
+                cluster_key = (namespace, str(cache.parsed_object(obj, parse).cluster))
             except (TypeError, ValueError, AttributeError, KeyError):
                 cluster_key = None  # unreadable: the snapshot skips it too
         where, index = self._where[res], self._index[res]
@@ -195,7 +201,7 @@ class FleetParts:
             index.setdefault(cluster_key, set()).add(key)
             self.dirty.add(cluster_key)
         if res is MACHINE_DEPLOYMENTS and cache is not None:
-            self._index_template(key, cache.parsed(obj, parse) if cluster_key else None,
+            self._index_template(key, cache.parsed_object(obj, parse) if cluster_key else None,
                                  cluster_key)
 
     def _index_template(self, key: ObjectKey, md: Any, cluster: ClusterKey | None) -> None:
@@ -245,9 +251,7 @@ class FleetParts:
         if not self.upgrades_moved:
             return
         self.upgrades_moved = False
-        source = self.caches[FLEET_UPGRADES]
-        infos = [u for u in (readable(source, o, fleet_upgrade_from) for o in source)
-                 if u is not None]
+        infos = list(readable_objects(self.caches[FLEET_UPGRADES], fleet_upgrade_from))
         self.upgrades = {(u.ref.namespace, u.ref.name): u for u in infos}
         planned = sorted((dataclasses.replace(u, status={}, resource_version="") for u in infos),
                          key=lambda u: (u.ref.namespace, u.ref.name))

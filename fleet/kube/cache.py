@@ -52,6 +52,10 @@ def newer_or_same(new: KubeObject, old: KubeObject | None) -> bool:
     return a is None or b is None or a >= b
 
 
+class NotHeld(LookupError):
+    """The cache holds no object of that key."""
+
+
 class _Cache(Generic[E, V]):
     """What both caches share: entries by object key, tombstones of deleted objects (so a
     late event cannot resurrect them), the change counter and listeners, the watch's
@@ -221,19 +225,49 @@ class ObjectCache(_Cache[KubeObject | Kept, KubeObject]):
             return entry.resource_version
         return str((entry.get("metadata") or {}).get("resourceVersion") or "")
 
-    def parsed(self, obj: KubeObject, parse: Callable[[KubeObject], T], tag: str = "") -> T:
-        """``parse(obj)``, remembered per object version: planning passes re-read
-        thousands of unchanged objects."""
+    def object_keys(self) -> list[ObjectKey]:
+        """The held objects' keys ``(namespace, name)``, without reading them."""
+        return list(self._entries)
+
+    def describe(self, key: ObjectKey) -> tuple[str, str, str]:
+        """(namespace, name, resourceVersion) of a held object (for messages)."""
+        namespace, name = key
+        return namespace, name, self.resource_version(name, namespace) or ""
+
+    def parsed(self, key: ObjectKey, parse: Callable[[KubeObject], T], tag: str = "") -> T:
+        """``parse`` of the held object of ``key`` (``(namespace, name)``), remembered per
+        object version: planning passes re-read thousands of unchanged objects, and a
+        remembered version is neither decoded nor parsed again. Raises what ``parse``
+        raises, and :class:`NotHeld` (a LookupError, not a KeyError) for an object not
+        held."""
+        entry = self._entries.get(key)
+        if entry is None:
+            raise NotHeld(f"{self.kind} {'/'.join(p for p in key if p)} is not held")
+        rv = entry.resource_version if isinstance(entry, Kept) else str(
+            (entry.get("metadata") or {}).get("resourceVersion") or "")
+        if rv:
+            hit = self._memo.get((key, tag))
+            if hit is not None and hit[0] == rv:
+                return hit[1]  # type: ignore[no-any-return]
+        return self._remember(key, rv, tag, parse(self._out(entry)))
+
+    def parsed_object(self, obj: KubeObject, parse: Callable[[KubeObject], T],
+                      tag: str = "") -> T:
+        """``parse(obj)`` for an object already at hand (a change a listener is told
+        of), remembered as :meth:`parsed` remembers it."""
         rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        key = object_key(obj)
+        if rv:
+            hit = self._memo.get((key, tag))
+            if hit is not None and hit[0] == rv:
+                return hit[1]  # type: ignore[no-any-return]
+        return self._remember(key, rv, tag, parse(obj))
+
+    def _remember(self, key: ObjectKey, rv: str, tag: str, value: T) -> T:
         if not rv:
-            return parse(obj)
-        key = (object_key(obj), tag)
+            return value
         self._tags.add(tag)
-        hit = self._memo.get(key)
-        if hit is not None and hit[0] == rv:
-            return hit[1]  # type: ignore[no-any-return]
-        value = parse(obj)
-        self._memo[key] = (rv, value)
+        self._memo[(key, tag)] = (rv, value)
         if len(self._memo) > 4 * len(self._entries) + 1024:
             live = set(self._entries)
             self._memo = {k: v for k, v in self._memo.items() if k[0] in live}
@@ -272,7 +306,8 @@ class ObjectCache(_Cache[KubeObject | Kept, KubeObject]):
         old_rv = None if old is None else _entry_rv(old)
         if rv is not None and old_rv is not None and rv < old_rv:
             return
-        kept = Kept.of(self.keep(obj))
+        projected = self.keep(obj)
+        kept = Kept.of(projected)
         self._entries[key] = kept
         self._tombstones.pop(key, None)
         if not isinstance(old, Kept) or old.body != kept.body:
@@ -281,8 +316,8 @@ class ObjectCache(_Cache[KubeObject | Kept, KubeObject]):
                 # subset, or the object read again in full): what was parsed of it goes.
                 for tag in self._tags:
                     self._memo.pop((key, tag), None)
-            self._changed(kept.as_object())
-
+            # what was kept, with its resourceVersion (not a decode of the kept bytes)
+            self._changed(projected)
 
     def rekeep(self, keys: Iterable[ObjectKey]) -> None:
         """Apply ``keep`` again to the held objects of ``keys`` (what it keeps of them

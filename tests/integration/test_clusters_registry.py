@@ -15,6 +15,7 @@ from fleet.kube.cache import ObjectCache
 from fleet.kube.resources import CONTROL_NODES, CRDS, NODES, SECRETS
 from fleet.kube.watch import Reflector
 from fleet.testing.world import TEST_CRDS, World, crd_documents, install_crds
+from tests.helpers.hooked import hooked_factory
 from tests.helpers.names import unique
 
 
@@ -136,21 +137,6 @@ def bare() -> Any:
         w.close()
 
 
-class CountingClient(KubeClient):
-    """A real client that also notes every request it sends (path, without query)."""
-
-    paths: list[str] = []
-
-    async def request(self, method: str, path: str, **kw: Any) -> Any:
-        CountingClient.paths.append(f"{method} {path}")
-        return await super().request(method, path, **kw)
-
-
-async def counting_factory(kubeconfig: Mapping[str, Any], name: str) -> KubeClient:
-    plain = await KubeClient.for_many(kubeconfig, name=name)
-    return CountingClient(plain._api, name=name)
-
-
 @pytest.mark.anyio
 async def test_absent_autopilot_crds_are_watched_not_polled(bare: World) -> None:
     docs = {d["spec"]["names"]["plural"]: d for d in crd_documents(TEST_CRDS)}
@@ -158,9 +144,13 @@ async def test_absent_autopilot_crds_are_watched_not_polled(bare: World) -> None
     secrets.observe({**kubeconfig_secret("c-kubeconfig", "ns", "c", bare["bare"].kubeconfig()),
                      "metadata": {"name": "c-kubeconfig", "namespace": "ns",
                                   "resourceVersion": "1"}})
+    paths: list[str] = []
+
+    async def note(method: str, path: str) -> None:
+        paths.append(f"{method} {path}")
+
     registry = ClusterRegistry(secrets, on_change=lambda: None, watch_timeout=60,
-                               client_factory=counting_factory)
-    CountingClient.paths.clear()
+                               client_factory=hooked_factory(note))
     lists = f"GET {CONTROL_NODES.path()}"
     async with await bare["bare"].client() as admin, anyio.create_task_group() as tg:
         await tg.start(registry.run)
@@ -173,10 +163,10 @@ async def test_absent_autopilot_crds_are_watched_not_polled(bare: World) -> None
         # While the CRD is absent nobody asks for ControlNodes again (the old backoff
         # polling listed them at 1, 2, 4, 8 s): the CRD itself is watched.
         await wait_for(lambda: wc.client is not None, timeout=10)
-        before = CountingClient.paths.count(lists)
+        before = paths.count(lists)
         assert before >= 1  # the first look found no CRD
         await anyio.sleep(10)
-        assert CountingClient.paths.count(lists) == before
+        assert paths.count(lists) == before
         # the CRD appears: its objects follow
         await install_crds(admin, [docs["controlnodes"]])
         await admin.create(CONTROL_NODES, {"metadata": {"name": "cp-0"}})
@@ -190,35 +180,24 @@ async def test_absent_autopilot_crds_are_watched_not_polled(bare: World) -> None
         tg.cancel_scope.cancel()
 
 
-class HeldControlNodes(KubeClient):
-    """A real client whose ControlNode requests wait until ``release`` is set."""
-
-    release: anyio.Event
-
-    async def request(self, method: str, path: str, **kw: Any) -> Any:
-        if path.startswith(CONTROL_NODES.path()):
-            await HeldControlNodes.release.wait()
-        return await super().request(method, path, **kw)
-
-
-async def held_factory(kubeconfig: Mapping[str, Any], name: str) -> KubeClient:
-    plain = await KubeClient.for_many(kubeconfig, name=name)
-    return HeldControlNodes(plain._api, name=name)
-
-
 @pytest.mark.anyio
 async def test_a_cluster_is_settled_only_once_its_control_nodes_answered(bare: World) -> None:
     """Its Nodes listed is not enough: a k0s controller without a kubelet is known only
     from its ControlNode, and a restarted controller planning before those are listed
     (or found not served) would count that control plane missing, write so, and write it
     back a moment later. (Before, ``settled`` looked at the Nodes alone.)"""
-    HeldControlNodes.release = anyio.Event()
+    release = anyio.Event()
+
+    async def hold_control_nodes(method: str, path: str) -> None:
+        if path.startswith(CONTROL_NODES.path()):
+            await release.wait()
+
     secrets = ObjectCache("Secret")
     secrets.observe({**kubeconfig_secret("h-kubeconfig", "ns", "h", bare["bare"].kubeconfig()),
                      "metadata": {"name": "h-kubeconfig", "namespace": "ns",
                                   "resourceVersion": "1"}})
     registry = ClusterRegistry(secrets, on_change=lambda: None, watch_timeout=60,
-                               client_factory=held_factory)
+                               client_factory=hooked_factory(hold_control_nodes))
     key = ("ns", "h")
     async with anyio.create_task_group() as tg:
         await tg.start(registry.run)
@@ -228,7 +207,7 @@ async def test_a_cluster_is_settled_only_once_its_control_nodes_answered(bare: W
         await wait_for(lambda: wc.observed and wc.plans.synced, timeout=60)
         assert not wc.control_nodes.synced
         assert not registry.settled(key)
-        HeldControlNodes.release.set()
+        release.set()
         await wait_for(lambda: registry.settled(key), timeout=60)
         assert wc.control_nodes.synced
         tg.cancel_scope.cancel()

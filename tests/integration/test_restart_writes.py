@@ -13,11 +13,15 @@ any write that changes it) is what it was before the restart.
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
+import anyio
 import pytest
 
 from fleet.cli.upgrade import apply_upgrade
 from fleet.controllers.runner import FleetController
-from fleet.kube import KubeClient
+from fleet.kube import KubeClient, resources
 from fleet.kube.resources import (
     CONFIGMAPS,
     FLEET_UPGRADES,
@@ -28,10 +32,18 @@ from fleet.kube.resources import (
     NODE_PLANS,
     NODES,
 )
+from fleet.model import Snapshot
 from fleet.testing.capi import FleetCluster, ensure_infra_crd
 from fleet.testing.world import World
 from tests.helpers.capienv import wait_for
-from tests.helpers.controller import all_up_to_date, intent_config, policy_controller, small_cluster
+from tests.helpers.controller import (
+    all_up_to_date,
+    intent_config,
+    policy_controller,
+    running_controller,
+    small_cluster,
+)
+from tests.helpers.hooked import hooked, hooked_factory
 
 V1 = "v1.31.2+k0s.0"
 CLUSTERS = 4
@@ -145,3 +157,51 @@ async def test_a_shard_taken_over_is_planned_only_once_its_workload_cluster_answ
 
 async def _planned(ctl: FleetController, n: int) -> bool:
     return ctl.stats.clusters_planned >= n and not ctl._inflight
+
+
+async def test_the_first_pass_waits_its_bound_from_when_the_clusters_were_asked_for(
+        world: World, mgmt: KubeClient, wl1: KubeClient, namespace: str) -> None:
+    """The first pass waits for every workload cluster's first answer at most
+    ``settle_bound`` seconds, counted from when the clusters were asked for (the first
+    pass, once the management caches synced), not from the controller's start. Here the
+    management list of Clusters is answered only after longer than the bound, and the
+    workload cluster never answers: counted from the start (as before), the bound was
+    spent before the cluster was even asked for, and its first pass planned it at once,
+    from an empty cache."""
+    await ensure_infra_crd(mgmt)
+    fc = await small_cluster(mgmt, wl1, world, namespace, prefix="sb", control_planes=1,
+                             workers=1, version=V1)
+    key = (namespace, fc.name)
+    bound = 6.0
+    released: list[float] = []  # monotonic: when the management list of Clusters was sent
+
+    async def slow_cluster_list(method: str, path: str) -> None:
+        if not released and method == "GET" and path.endswith(f"/{resources.CLUSTERS.plural}"):
+            await anyio.sleep(bound + 3)
+            released.append(time.monotonic())
+
+    async def silent_workload(method: str, path: str) -> None:
+        await anyio.sleep_forever()  # its Nodes never listed: never settled
+
+    # (monotonic, whether the pass saw the cluster's Nodes)
+    first_pass: list[tuple[float, bool]] = []
+
+    def on_pass(snapshot: Snapshot, _: Any) -> None:
+        if not first_pass:
+            first_pass.append((time.monotonic(), snapshot.nodes.get(key) is not None))
+
+    async with running_controller(
+            hooked(mgmt, slow_cluster_list), intent_config(namespace), settle_bound=bound,
+            client_factory=hooked_factory(silent_workload), on_pass=on_pass) as ctl:
+        await wait_for("the first pass", lambda: _now(bool(first_pass)), 120, 0.1)
+        assert released, "the management list of Clusters was never asked for"
+        at, seen = first_pass[0]
+        # planned without the cluster's answer, once the bound had passed since the
+        # cluster was asked for (after the Clusters were listed)
+        assert not seen and not ctl.registry.settled(key)
+        assert at - released[0] >= bound, f"planned {at - released[0]:.1f}s after asking"
+        assert ctl.stats.clusters_planned >= 1
+
+
+async def _now(value: bool) -> bool:
+    return value

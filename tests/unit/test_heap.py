@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import platform
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +46,42 @@ def test_glibc_malloc_trim_is_called() -> None:
     blobs = [bytes(4096) for _ in range(10_000)]
     del blobs
     assert trim() in (0, 1)  # 1: memory was released, 0: there was none to release
+
+
+# In a child process (mallopt is process-wide): how many bytes of a 256 KiB allocation
+# made after a 4 MiB block was freed are served by their own mmap (glibc's mallinfo2).
+_MMAPPED_AFTER_A_LARGE_FREE = """
+import ctypes, ctypes.util, sys
+from fleet.controllers.heap import fixed_mmap_threshold
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.mallinfo2.restype = MallInfo2
+if sys.argv[1] == "fixed":
+    assert fixed_mmap_threshold()
+big = bytearray(4 << 20)
+del big
+before = libc.mallinfo2().hblkhd
+block = bytearray(256 << 10)
+print(libc.mallinfo2().hblkhd - before)
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                    reason="mallopt's M_MMAP_THRESHOLD is glibc's")
+@pytest.mark.parametrize("mode", ["dynamic", "fixed"])
+def test_a_fixed_mmap_threshold_keeps_large_blocks_out_of_the_heap(mode: str) -> None:
+    """By default a freed 4 MiB block raises glibc's threshold: the next 256 KiB block
+    comes from the heap (where it pins pages); with the threshold fixed it is mapped."""
+    out = subprocess.run([sys.executable, "-c", _MMAPPED_AFTER_A_LARGE_FREE, mode],
+                         capture_output=True, text=True, check=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[2])
+    mapped = int(out.stdout.strip())
+    if mode == "fixed":
+        assert mapped >= 256 << 10
+    else:
+        assert mapped == 0

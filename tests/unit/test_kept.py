@@ -19,7 +19,7 @@ from fleet.config import FleetConfig
 from fleet.controllers.dispatcher import _condition_list, _object_version
 from fleet.events import Regarding
 from fleet.kept import SPECS, project, projection
-from fleet.kube.cache import Kept, ObjectCache
+from fleet.kube.cache import Kept, NotHeld, ObjectCache
 from fleet.kube.resources import (
     CLUSTERS,
     FLEET_UPGRADES,
@@ -372,3 +372,57 @@ def test_kept_entry_is_one_bytes_object_without_the_resource_version() -> None:
     full = kept_copy(MACHINES, realistic()[MACHINES][1], whole=True)
     kept = Kept.of(project(full, SPECS[MACHINES]))
     assert len(kept.body) * 3 < len(json.dumps(full))
+
+
+def counting_decodes(monkeypatch: pytest.MonkeyPatch) -> list[Kept]:
+    """Every decode of a kept entry (Kept.as_object) from now on."""
+    decoded: list[Kept] = []
+    original = Kept.as_object
+
+    def as_object(self: Kept) -> dict[str, Any]:
+        decoded.append(self)
+        return original(self)
+
+    monkeypatch.setattr(Kept, "as_object", as_object)
+    return decoded
+
+
+def test_a_remembered_parse_neither_decodes_nor_parses_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    changes: list[dict[str, Any] | None] = []
+    cache = ObjectCache("Machine", keep=projection(MACHINES), on_object=changes.append)
+    decoded = counting_decodes(monkeypatch)
+    parsed: list[dict[str, Any]] = []
+
+    def parse(obj: dict[str, Any]) -> Any:
+        parsed.append(obj)
+        return machine_from(obj)
+
+    cache.observe(machine(10))
+    # the listener is told of the kept subset as it was kept, with its resourceVersion,
+    # without decoding the bytes just encoded
+    assert decoded == [] and changes == [cache.get("w-0", NS)]
+    decoded.clear()
+    key = (NS, "w-0")
+    first = cache.parsed(key, parse)
+    assert len(decoded) == 1 and len(parsed) == 1 and first.version == V
+    assert cache.parsed(key, parse) is first
+    assert len(decoded) == 1 and len(parsed) == 1  # remembered: not even decoded
+    cache.parsed(key, parse, tag="other")  # another parser's memo
+    assert len(decoded) == 2 and len(parsed) == 2
+    # a newer version is parsed afresh (even one whose kept subset did not move)
+    cache.observe(machine(11, version="v1.32.0+k0s.0"))
+    assert cache.parsed(key, parse).version == "v1.32.0+k0s.0" and len(parsed) == 3
+    # what a listener parsed from the object it was told of is remembered too
+    cache.observe(machine(12, version="v1.33.0+k0s.0"))
+    told = changes[-1]
+    assert told is not None and told["metadata"]["resourceVersion"] == "12"
+    assert cache.parsed_object(told, parse).version == "v1.33.0+k0s.0"
+    n_decoded, n_parsed = len(decoded), len(parsed)
+    assert cache.parsed(key, parse).version == "v1.33.0+k0s.0"
+    assert (len(decoded), len(parsed)) == (n_decoded, n_parsed)
+    # an object not held is not an unreadable one (the snapshot would log and skip it)
+    with pytest.raises(NotHeld) as e:
+        cache.parsed((NS, "gone"), parse)
+    assert not isinstance(e.value, KeyError) and "Machine fleet/gone" in str(e.value)
+    assert cache.describe(key) == (NS, "w-0", "12")

@@ -6,9 +6,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 from fleet.clusters import control_node_cache, node_cache
 from fleet.config import FleetConfig
-from fleet.kube.cache import ObjectCache
+from fleet.kube.cache import Kept, ObjectCache
 from fleet.records import node_records
 from fleet.snapshot import (
     Listed,
@@ -47,7 +49,7 @@ OBJECTS = {
 NODES = [obj("Node", "n1", meta={"namespace": ""}), obj("Node", "bad", status="nope")]
 
 
-def objects(make: type[Listed] | type[ObjectCache]) -> ManagementObjects:
+def objects_of(make: type[Listed] | type[ObjectCache]) -> ManagementObjects:
     def source(kind: str) -> ObjectSource:
         if make is Listed:
             return Listed(kind, OBJECTS[kind])
@@ -72,7 +74,7 @@ def test_caches_and_one_shot_lists_give_the_same_snapshot() -> None:
     nodes = {("ns", "c1"): cluster_nodes(node_records(NODES), []), ("ns", "c2"): None}
     assert nodes[("ns", "c1")] == from_cache
     assert set(cache.unreadable) == {("ns", "bad")}
-    built = [build_snapshot(now=NOW, objects=objects(make), clusters=clusters, nodes=nodes,
+    built = [build_snapshot(now=NOW, objects=objects_of(make), clusters=clusters, nodes=nodes,
                             infra={}, autopilot_plans={}) for make in (Listed, ObjectCache)]
     assert built[0] == built[1]
     snap = built[0]
@@ -82,3 +84,39 @@ def test_caches_and_one_shot_lists_give_the_same_snapshot() -> None:
     assert sorted(snap.deployments) == [("ns", "md")]
     assert snap.nodes[("ns", "c2")] is None
     assert "n1" in (snap.nodes[("ns", "c1")] or {})
+
+
+def test_a_rebuild_from_the_caches_decodes_only_what_it_cannot_remember(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Caches keeping projections (bytes): a second build parses no unchanged object and
+    decodes none but the unreadable ones (whose failure is not remembered)."""
+    def kept_source(kind: str) -> ObjectCache:
+        cache = ObjectCache(kind, keep=lambda o: o)
+        for o in OBJECTS[kind]:
+            cache.observe(o)
+        return cache
+
+    objects = ManagementObjects(
+        deployments=kept_source("MachineDeployment"), machine_sets=kept_source("MachineSet"),
+        control_planes=kept_source("K0sControlPlane"), machines=kept_source("Machine"),
+        nodeplans=kept_source("NodePlan"), fleet_upgrades=kept_source("FleetUpgrade"))
+    clusters = fleet_clusters(FleetConfig(), CLUSTERS)
+    nodes: dict[tuple[str, str], Any] = {("ns", "c1"): {}, ("ns", "c2"): None}
+    decoded: list[str] = []
+    original = Kept.as_object
+
+    def as_object(self: Kept) -> dict[str, Any]:
+        obj = original(self)
+        decoded.append(obj["metadata"]["name"])
+        return obj
+
+    monkeypatch.setattr(Kept, "as_object", as_object)
+    first = build_snapshot(now=NOW, objects=objects, clusters=clusters, nodes=nodes,
+                           infra={}, autopilot_plans={})
+    assert sorted(decoded) == ["m1", "m2", "md", "other", "p1", "p2"]
+    decoded.clear()
+    again = build_snapshot(now=NOW, objects=objects, clusters=clusters, nodes=nodes,
+                           infra={}, autopilot_plans={})
+    assert again == first and sorted(decoded) == ["m2", "p2"]
+    assert first == build_snapshot(now=NOW, objects=objects_of(Listed), clusters=clusters,
+                                   nodes=nodes, infra={}, autopilot_plans={})

@@ -180,6 +180,7 @@ def test_status_body_is_encoded_once_per_decision() -> None:
     board.publish(evaluate(waves_config(), cs), cs)
     body = board.status_body
     assert body is not None and json.loads(body) == board.status
+    assert b"\n" not in body and b'","' in body  # compact (the C encoder), not indented
     assert board.status_body is body  # the same bytes: not encoded again
     more = [*cs, cluster("p2", "uu", labels=PROD)]
     board.publish(evaluate(waves_config(), more), more)
