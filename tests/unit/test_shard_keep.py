@@ -205,7 +205,7 @@ def test_a_cluster_taken_is_read_again_in_full_and_given_back_dropped() -> None:
     name, ns = obj["metadata"]["name"], obj["metadata"]["namespace"]
     small = cache.get(name, ns)
     assert small is not None and "uid" not in small["metadata"]
-    assert cache.parsed(small, machine_from).ref.uid == ""
+    assert cache.parsed((ns, name), machine_from).ref.uid == ""
     held.add((ns, obj["spec"]["clusterName"]))
     cache.rekeep([(ns, name)])  # nothing to gain without reading it again
     assert cache.get(name, ns) == small
@@ -214,11 +214,11 @@ def test_a_cluster_taken_is_read_again_in_full_and_given_back_dropped() -> None:
     assert full is not None and full["metadata"]["uid"] == obj["metadata"]["uid"]
     assert full["metadata"]["resourceVersion"] == obj["metadata"]["resourceVersion"]
     # the parse remembered for this resourceVersion is not the foreign subset's
-    parsed = cache.parsed(full, machine_from)
+    parsed = cache.parsed((ns, name), machine_from)
     assert parsed.ref.uid == obj["metadata"]["uid"] and parsed.infrastructure is not None
     before = len(changes)
     held.clear()
     cache.rekeep([(ns, name)])
     assert cache.get(name, ns) == small
     assert len(changes) == before + 1  # its cluster is rebuilt from the foreign subset
-    assert cache.parsed(small, machine_from).infrastructure is None
+    assert cache.parsed((ns, name), machine_from).infrastructure is None
