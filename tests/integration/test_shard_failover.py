@@ -229,12 +229,13 @@ async def test_sigkill_one_of_three_sharded_replicas_mid_rollout(
     # The protocol's bound (fleet.controllers.shard): a claim is taken at the first look
     # that begins at least renew_deadline + margin ("expiry") after the holder's last
     # renewal was seen, and that look is scheduled for that instant (the Leases are
-    # watched): so no earlier than expiry and at most one look interval later, i.e. well
-    # within a lease of the last renewal seen (before: a whole lease, then the next poll).
+    # watched): so no earlier than expiry, and within a lease of the last renewal seen
+    # (the look's own lateness, 10 ms here on a loaded machine, has 2.3 s; before: a
+    # whole lease, then the next poll, i.e. never under a lease).
     assert takes, (report, logs())
     for age, expiry in takes:
         assert expiry == pytest.approx(LEASE * 2 / 3 + LEASE / 10, abs=0.01), takes
-        assert expiry <= age < expiry + LEASE / 3, (takes, report, logs())
+        assert expiry <= age < LEASE, (takes, report, logs())
     assert victim not in after.values()
     # A clean stop on SIGTERM; or, should the loaded machine have kept a survivor from
     # renewing its member Lease in time, the exit that says so (it stopped acting then).
