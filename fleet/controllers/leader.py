@@ -169,9 +169,14 @@ class LeaderElector:
             self.leading = True
             self.transitions += 1
             wake.set()
+            failed = False
             while True:
+                # renew_every after the start of the last good renewal (at once if it took
+                # that long to answer); after a failure, retry soon, within the deadline.
+                delay = self.renew_every / 5 if failed else \
+                    self.renew_every - (self.monotonic() - last_ok)
                 left = last_ok + self.renew_deadline - self.monotonic()
-                await anyio.sleep(max(0.0, min(self.renew_every, left)))
+                await anyio.sleep(max(0.0, min(delay, left)))
                 stalled = heartbeat.stalled()
                 if stalled is not None:
                     self.problem = f"lease {self.namespace}/{self.name} no longer renewed: " \
@@ -184,7 +189,8 @@ class LeaderElector:
                     return
                 started = self.monotonic()
                 left = last_ok + self.renew_deadline - started
-                if left > 0 and await self._attempt(client, left):
+                failed = not (left > 0 and await self._attempt(client, left))
+                if not failed:
                     last_ok = started
                     self._held_until = started + self.renew_deadline
                 elif self.monotonic() - last_ok >= self.renew_deadline:

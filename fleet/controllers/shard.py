@@ -542,10 +542,13 @@ class ShardMembership:
             last_ok = self.renewed_at = started
             self.active = True
             wake.set()
+            failed = False
             while True:
-                delay = self.renew_every - (self.monotonic() - last_ok)
-                if delay <= 0:  # the last renewal failed: retry soon, within the deadline
-                    delay = self.renew_every / 5
+                # Renew renew_every after the start of the last good renewal (at once if
+                # it took that long to answer: a slow server eats into the deadline, so
+                # the next attempt must not wait); after a failure, retry soon.
+                delay = self.renew_every / 5 if failed else \
+                    self.renew_every - (self.monotonic() - last_ok)
                 left = last_ok + self.renew_deadline - self.monotonic()
                 await anyio.sleep(max(0.0, min(delay, left)))
                 stalled = heartbeat.stalled()
@@ -560,7 +563,8 @@ class ShardMembership:
                     return
                 started = self.monotonic()
                 left = last_ok + self.renew_deadline - started
-                if left > 0 and await self._attempt_renew(client, left):
+                failed = not (left > 0 and await self._attempt_renew(client, left))
+                if not failed:
                     last_ok = self.renewed_at = started
                 elif self.monotonic() - last_ok >= self.renew_deadline:
                     self.problem = (f"member lease {self.namespace}/{self.member_name} not "
