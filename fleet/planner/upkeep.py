@@ -237,7 +237,7 @@ class NodePlanUpkeep(PassState):
         if phase != p.phase or held != was_held or not dated or self.now >= settled:
             self.emit(UpdateNodePlanStatus(
                 p.ref, phase=phase, node_state=node_state, message=truncate(message),
-                phase_since=since, completed_at=None, running_version=None,
+                phase_since=min(since, self.now), completed_at=None, running_version=None,
                 conditions=self._plan_conditions(p, phase, message, dispatched=dispatched,
                                                  held=held),
                 node_state_at=at))
@@ -249,10 +249,14 @@ class NodePlanUpkeep(PassState):
         """When the node entered ``node_state``, by our clock, and whether that is known
         without writing it down (the NodePlan's status dates it, or it dates the node's own
         timestamp: ``phaseSince`` and ``nodeStateAt`` name one instant on both clocks, so
-        the node's clock is read against ours whatever their skew)."""
+        the node's clock is read against ours whatever their skew). That instant may lie
+        ahead of ``now`` (the node's clock ran faster than ours since): the deadline and
+        the status write are counted from it all the same, so that a later pass (or an
+        incremental planner keeping this one's wake-up) decides the same; only a written
+        ``phaseSince`` is never in the future."""
         recorded = p.phase_since or p.started_at or self.now
         if at is not None and p.node_state_at is not None:
-            return min(max(recorded + (at - p.node_state_at), recorded), self.now), True
+            return max(recorded + (at - p.node_state_at), recorded), True
         if node_state == p.node_state:
             return recorded, True
         return self.now, False

@@ -323,6 +323,29 @@ class TestNodePlanLifecycle:
         [f] = of(step(sim), MarkNodePlanFailed)
         assert f.deadline and "ApplyingUpdate" in f.message
 
+    def test_a_step_dated_ahead_of_our_clock_wakes_at_the_same_time_on_every_pass(
+            self) -> None:
+        """The node's clock ran faster than ours: by its stamps it entered a step after
+        our "now". Its status write and deadline count from that instant on every pass
+        (counted from "now", the wake-up moved with each pass, and an incremental
+        planner keeping the first pass's wake-up disagreed with a full re-plan)."""
+        sim, ck, _ = self._dispatched()
+        settle(sim)
+        self._answer(sim, ck, SignalState.DOWNLOADING, sim.now)
+        assert of(step(sim), UpdateNodePlanStatus)  # a new phase: written at once
+        began = sim.now
+        sim.advance(1)
+        # one second later by our clock, two by the node's
+        self._answer(sim, ck, SignalState.CORDONING, began + timedelta(seconds=2))
+        first = plan(sim.snapshot(), SETTINGS)
+        assert not of(first.actions, UpdateNodePlanStatus)
+        assert first.wake_at == began + timedelta(seconds=2) + SETTINGS.status_settle
+        sim.advance(1)
+        assert plan(sim.snapshot(), SETTINGS).wake_at == first.wake_at
+        sim.advance((first.wake_at - sim.now).total_seconds())
+        [w] = of(step(sim), UpdateNodePlanStatus)
+        assert w.node_state == "Cordoning" and w.phase_since == began + timedelta(seconds=2)
+
     def test_start_then_signal(self) -> None:
         sim, ck, key = self._dispatched()
         actions = step(sim)

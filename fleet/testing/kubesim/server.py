@@ -8,7 +8,8 @@ event when the history no longer reaches back), create, update, patch (merge, JS
 strategic merge, with the resourceVersion precondition a patch carries: real 409s),
 delete (with preconditions), the ``status`` subresource and Pod ``eviction``. Resource
 types not in :data:`~fleet.testing.kubesim.store.SERVED` answer 404 as an API server
-without that CRD does (autopilot's ControlNodes and Plans).
+without that CRD does (autopilot's ControlNodes and Plans); CustomResourceDefinitions
+are served (none installed), so a client can watch for those CRDs to appear.
 
 Requests need ``Authorization: Bearer <token>``. Every request is counted (cluster,
 verb, resource): ``GET /kubesim/stats``. Admin calls, same token:
