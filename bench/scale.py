@@ -173,6 +173,29 @@ def is_write(ev: dict[str, Any]) -> bool:
         (ev.get("objectRef") or {}).get("resource") != "leases"
 
 
+# -- processes ------------------------------------------------------------------------
+
+def proc_usage(pid: int) -> dict[str, float] | None:
+    """CPU seconds, RSS and peak RSS (MiB) of a process from /proc; None once it is gone
+    (or a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    mem = {}
+    for line in status.splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            mem[key] = int(value.split()[0]) / 1024
+    if "VmRSS" not in mem:
+        return None
+    return {"cpu_s": (int(fields[11]) + int(fields[12])) / ticks,
+            "rss_mib": mem["VmRSS"], "peak_rss_mib": mem.get("VmHWM", math.nan)}
+
+
 # -- the controller process -----------------------------------------------------------
 
 @dataclass
@@ -188,23 +211,9 @@ class Controller:
     def usage(self) -> dict[str, float]:
         """CPU seconds, RSS and peak RSS (MiB) of the process, from /proc (the last
         reading once the process is gone)."""
-        try:
-            stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
-            status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        except (FileNotFoundError, ProcessLookupError):
-            return dict(self.last)
-        fields = stat[stat.rindex(")") + 2:].split()
-        ticks = os.sysconf("SC_CLK_TCK")
-        cpu = (int(fields[11]) + int(fields[12])) / ticks
-        mem = {}
-        for line in status.splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                mem[key] = int(value.split()[0]) / 1024
-        if "VmRSS" not in mem:  # a zombie: no memory left to read
-            return dict(self.last)
-        self.last = {"cpu_s": cpu, "rss_mib": mem.get("VmRSS", math.nan),
-                     "peak_rss_mib": mem.get("VmHWM", math.nan)}
+        now = proc_usage(self.proc.pid)
+        if now is not None:
+            self.last = now
         return dict(self.last)
 
     def alive(self) -> bool:
@@ -318,8 +327,11 @@ def sim_requests(stats: dict[str, Any], cluster: str | None = None) -> Counter[s
 
 # -- the run ----------------------------------------------------------------------------
 
-async def create_fleet(mgmt: KubeClient, sim: Sim, clusters: list[str],
-                       concurrency: int = 8, waves: bool = False) -> list[FleetCluster]:
+async def create_fleet(mgmt: KubeClient, sim: Sim, clusters: list[str], *,
+                       concurrency: int = 8, waves: bool = False,
+                       progress: list[int] | None = None) -> list[FleetCluster]:
+    """Every cluster written (``concurrency`` at once); ``progress[0]`` counts the ones
+    done so far, for a sampler to read."""
     sem = asyncio.Semaphore(concurrency)
 
     async def one(i: int, name: str) -> FleetCluster:
@@ -336,6 +348,8 @@ async def create_fleet(mgmt: KubeClient, sim: Sim, clusters: list[str],
                     if waves and wave != "default":
                         await mgmt.patch(CLUSTERS, name, {"metadata": {"labels": {
                             WAVE_LABEL: wave}}}, NAMESPACE)
+                    if progress is not None:
+                        progress[0] += 1
                     return fc
                 except (UnreachableError, ServerError):
                     if attempt == 5:
@@ -484,9 +498,13 @@ class Run:
     kubeconfig: Path = Path()
     killed: set[str] = field(default_factory=set)  # identities the harness SIGKILLed
     exited: list[dict[str, Any]] = field(default_factory=list)  # exits on their own
+    result: dict[str, Any] = field(default_factory=dict)  # what is measured so far
 
 
-async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+async def run(args: argparse.Namespace, workdir: Path, result: dict[str, Any]
+              ) -> dict[str, Any]:
+    """The whole run; ``result`` fills as the phases end (main writes what is in it
+    when a phase fails or the run is interrupted)."""
     n = args.clusters
     names = [cluster_name(i) for i in range(n)]
     audit_path, policy = await asyncio.to_thread(prepare, workdir)
@@ -494,26 +512,46 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     world = World(["mgmt"], workdir=workdir / "world", users={CONTROLLER_USER: controller_token},
                   extra_args={"mgmt": [f"--audit-log-path={audit_path}",
                                        f"--audit-policy-file={policy}",
-                                       "--audit-log-maxsize=0"]})
-    result: dict[str, Any] = {
+                                       "--audit-log-maxsize=0", *args.apiserver_arg]})
+    world["mgmt"].env = dict(args.apiserver_env)
+    result.update({
         "clusters": n, "nodes": n * (CONTROL_PLANES + WORKERS), "replicas": args.replicas,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": {"cpus": os.cpu_count(), "python": platform.python_version(),
                  "loadavg_start": os.getloadavg()},
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-    }
+    })
+    if args.apiserver_arg or args.apiserver_env:
+        result["mgmt_apiserver"] = {"extra_args": args.apiserver_arg,
+                                    "env": dict(args.apiserver_env)}
     sim: Sim | None = None
     controllers: list[Controller] = []
     t_setup = time.monotonic()
     await asyncio.to_thread(world.start)
+    sampler: Sampler | None = None
     try:
         await world.install_crds()
+        t_sim = time.monotonic()
         sim = await asyncio.to_thread(start_sim, workdir, names, args.step_seconds)
+        t_sim = time.monotonic() - t_sim
+        sampler = Sampler(world, sim)
+        sampler.start()
         async with await world["mgmt"].client() as mgmt:
             await mgmt.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
+            t_create = time.monotonic()
             fleet = await create_fleet(mgmt, sim, names, concurrency=args.create_concurrency,
-                                       waves=args.waves)
+                                       waves=args.waves, progress=sampler.progress)
+            t_create = time.monotonic() - t_create
             result["setup_s"] = round(time.monotonic() - t_setup, 1)
+            result["setup"] = {"kubesim_seed_s": round(t_sim, 1),
+                               "create_s": round(t_create, 1),
+                               "create_concurrency": args.create_concurrency,
+                               "clusters_per_s": round(n / t_create, 2),
+                               "during": sampler.summary()}
+            if args.setup_only:
+                result["setup"]["after_idle"] = await settle_and_measure(
+                    world, sim, sampler, args.idle_seconds)
+                return result
             kubeconfig = workdir / "controller-kubeconfig.yaml"
             await asyncio.to_thread(kubeconfig.write_text, yaml.safe_dump(
                 world["mgmt"].kubeconfig(token=controller_token, user=CONTROLLER_USER)))
@@ -528,7 +566,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     controllers.append(await asyncio.to_thread(
                         start_controller, f"bench-{i}", workdir, kubeconfig, args))
                 r = Run(args, session, mgmt, sim, controllers, audit, workdir=workdir,
-                        kubeconfig=kubeconfig)
+                        kubeconfig=kubeconfig, result=result)
                 result.update(await steady(r, n))
                 sim_after = await sim.admin(session, "/kubesim/stats")
                 result["steady"]["workload_requests_until_idle_end"] = dict(
@@ -536,19 +574,126 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 if args.rollout:
                     result["rollout"] = await rollout(r, fleet)
                 result["replicas_exited_on_their_own"] = r.exited
+                # the test world's side over the whole run (set-up included)
+                result["world_during_run"] = sampler.summary()
                 for c in controllers:
                     if c.alive():
                         result.setdefault("processes", {})[c.identity] = {
                             k: round(v, 2) for k, v in c.usage().items()}
     finally:
+        if sampler is not None:
+            sampler.stop()
         for c in controllers:
             kill_group(c.proc)
         if sim is not None:
             kill_group(sim.proc)
         await asyncio.to_thread(world.close)
-    result["host"]["loadavg_end"] = os.getloadavg()
-    result["workdir"] = str(workdir)
+        result["host"]["loadavg_end"] = os.getloadavg()
+        result["workdir"] = str(workdir)
     return result
+
+
+class Sampler:
+    """Every 2 s during set-up: the 1-minute load average and the RSS of the management
+    kube-apiserver, its etcd and kubesim, and how many clusters are written."""
+
+    def __init__(self, world: World, sim: Sim, every: float = 2.0) -> None:
+        self.pids = {"kube_apiserver": world["mgmt"].proc, "etcd": world.etcd.proc,
+                     "kubesim": sim.proc}
+        self.every = every
+        self.progress = [0]
+        self.rows: list[dict[str, float]] = []
+        self._task: asyncio.Task[None] | None = None
+        self.t0 = time.monotonic()
+
+    def sample(self) -> dict[str, float]:
+        row = {"t": round(time.monotonic() - self.t0, 1), "load1": os.getloadavg()[0],
+               "clusters": self.progress[0]}
+        for name, proc in self.pids.items():
+            u = proc_usage(proc.pid) if proc is not None else None
+            if u is not None:
+                row[f"{name}_rss_mib"] = round(u["rss_mib"], 1)
+                row[f"{name}_cpu_s"] = round(u["cpu_s"], 1)
+        return row
+
+    async def _loop(self) -> None:
+        while True:
+            self.rows.append(self.sample())
+            await asyncio.sleep(self.every)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def summary(self) -> dict[str, Any]:
+        """Load average (mean, max) and each process's highest RSS over the samples so
+        far, and the CPU seconds each spent."""
+        rows = self.rows or [self.sample()]
+        out: dict[str, Any] = {
+            "samples": len(rows),
+            "load1_mean": round(sum(r["load1"] for r in rows) / len(rows), 2),
+            "load1_max": round(max(r["load1"] for r in rows), 2)}
+        for name in self.pids:
+            rss = [r[f"{name}_rss_mib"] for r in rows if f"{name}_rss_mib" in r]
+            cpu = [r[f"{name}_cpu_s"] for r in rows if f"{name}_cpu_s" in r]
+            if rss:
+                out[f"{name}_max_rss_mib"] = max(rss)
+                out[f"{name}_cpu_s"] = round(cpu[-1] - cpu[0], 1)
+        return out
+
+
+async def etcd_db_bytes(session: aiohttp.ClientSession, world: World) -> dict[str, int]:
+    """etcd's own gauges of its backend: total size and the part in use."""
+    async with session.get(f"{world.etcd.url}/metrics") as r:
+        text = await r.text()
+    out = {}
+    for line in text.splitlines():
+        for key in ("etcd_mvcc_db_total_size_in_bytes",
+                    "etcd_mvcc_db_total_size_in_use_in_bytes", "etcd_debugging_mvcc_keys_total"):
+            if line.startswith(key + " "):
+                out[key] = int(float(line.split()[1]))
+    return out
+
+
+async def apiserver_objects(session: aiohttp.ClientSession, world: World) -> dict[str, int]:
+    """The management API server's ``apiserver_resource_objects`` (objects per resource
+    in its storage, the ones with more than 100)."""
+    server = world["mgmt"]
+    async with session.get(f"{server.url}/metrics",
+                           headers={"Authorization": f"Bearer {server.admin_token}"}) as r:
+        text = await r.text()
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        if line.startswith(("apiserver_resource_objects{", "apiserver_storage_objects{")):
+            labels, value = line.rsplit(" ", 1)
+            res = labels.split('resource="', 1)[1].split('"', 1)[0]
+            if float(value) > 100:
+                out[res] = max(out.get(res, 0), int(float(value)))
+    return out
+
+
+async def settle_and_measure(world: World, sim: Sim, sampler: Sampler,
+                             seconds: float) -> dict[str, Any]:
+    """--setup-only: nothing more written; after ``seconds`` idle, each process's RSS
+    (and peak), etcd's db size and the API server's object counts."""
+    await asyncio.sleep(seconds)
+    out: dict[str, Any] = {"idle_s": seconds, "loadavg": os.getloadavg()}
+    for name, proc in sampler.pids.items():
+        u = proc_usage(proc.pid) if proc is not None else None
+        if u is not None:
+            out[name] = {k: round(v, 1) for k, v in u.items()}
+    connector = aiohttp.TCPConnector(ssl=False)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        out["etcd_db"] = await etcd_db_bytes(session, world)
+        out["apiserver_objects"] = await apiserver_objects(session, world)
+    du = await asyncio.to_thread(subprocess.run, ["du", "-sb", str(world.workdir / "etcd-data")],
+                                 capture_output=True, text=True, check=False)
+    if du.returncode == 0:
+        out["etcd_data_dir_bytes"] = int(du.stdout.split()[0])
+    return out
 
 
 async def steady(r: Run, n: int) -> dict[str, Any]:
@@ -625,6 +770,7 @@ async def rollout(r: Run, fleet: list[FleetCluster]) -> dict[str, Any]:
     args, session, mgmt, sim = r.args, r.session, r.mgmt, r.sim
     controllers, audit = r.controllers, r.audit
     out: dict[str, Any] = {"step_seconds": args.step_seconds}
+    r.result["rollout"] = out  # filled in place: kept if a later phase stops the run
     one = fleet[0]
     audit.read()
     before = await sim.admin(session, "/kubesim/stats")
@@ -694,6 +840,9 @@ async def rollout_all(r: Run, fleet: list[FleetCluster]) -> dict[str, Any]:
                            for c in r.controllers if c.alive()},
     }
     report = await r.sim.admin(r.session, "/kubesim/standin")
+    # Kept for a closer look (which cluster waited, when each node was asked / done).
+    await asyncio.to_thread((r.workdir / "standin-report.json").write_text,
+                            json.dumps(report))
     runs = node_runs(report, rest, since=bump_wall)
     n = len(fleet)
     topo = Topology(
@@ -722,6 +871,9 @@ async def rollout_all(r: Run, fleet: list[FleetCluster]) -> dict[str, Any]:
                 if waits else None,
                 "max": max((h.waited_s for h in waits), default=None)}
             kill["lease_seconds"] = args.lease_seconds
+            # per cluster: waited, and its next request after the kill (s)
+            kill["handoffs"] = {h.cluster: [h.waited_s, round(h.next_request - kill[
+                "killed_at"], 3)] for h in waits}
             out["kill"] = kill
     return out
 
@@ -765,6 +917,8 @@ async def kill_mid_rollout(r: Run, clusters: set[str]) -> dict[str, Any]:
                 os.killpg(victim.proc.pid, signal.SIGKILL)  # nothing released
                 killed_at = time.time()
                 r.killed.add(victim.identity)
+                r.result["kill_so_far"] = {"killed": victim.identity, "killed_at": killed_at,
+                                           "at_clusters_done": finished}
                 victim.proc.wait()
                 theirs = [s for s, h in holders.items() if h == victim.identity]
                 while True:  # its shard claims taken by the others
@@ -779,6 +933,13 @@ async def kill_mid_rollout(r: Run, clusters: set[str]) -> dict[str, Any]:
                                             if owner[c] == victim.identity],
                         "shards_taken_s": round(time.time() - killed_at, 2)}
         await asyncio.sleep(max(1.0, 4 * (time.monotonic() - t_poll)))
+
+
+def env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -802,6 +963,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="start the replicas this far apart (default: all at once)")
     p.add_argument("--create-concurrency", type=int, default=8,
                    help="clusters written to the management cluster at once")
+    p.add_argument("--setup-only", action="store_true",
+                   help="set up the management side and kubesim only (no controller): "
+                   "their RSS, etcd's db size, set-up time and load after --idle-seconds")
+    p.add_argument("--apiserver-arg", action="append", default=[], metavar="FLAG",
+                   help="one more flag for the management kube-apiserver (repeatable; "
+                   "e.g. --apiserver-arg=--watch-cache=false)")
+    p.add_argument("--apiserver-env", action="append", default=[], metavar="KEY=VALUE",
+                   type=env_pair, help="environment for the management kube-apiserver "
+                   "only (repeatable; e.g. GOGC=50, GOMEMLIMIT=1GiB)")
     p.add_argument("--rollout", action="store_true",
                    help="also roll one cluster to a new version while the others idle")
     p.add_argument("--rollout-all", action="store_true",
@@ -832,11 +1002,17 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM as Ctrl-C: the run is cancelled and its finally stops the controllers,
     # kubesim and the test world (the default action would leave them running).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    result = asyncio.run(run(args, workdir))
-    text = json.dumps(result, indent=2)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
-    print(text)
+    result: dict[str, Any] = {}
+    try:
+        asyncio.run(run(args, workdir, result))
+    except BaseException as e:  # the phases measured so far are kept, with why it stopped
+        result["stopped"] = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        text = json.dumps(result, indent=2)
+        if args.json:
+            Path(args.json).write_text(text + "\n")
+        print(text)
     return 0
 
 

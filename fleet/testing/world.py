@@ -142,6 +142,8 @@ class ApiServer:
     proc: subprocess.Popen[bytes] | None = None
     startup_seconds: float = 0.0
     etcd_url: str | None = None  # etcd reached another way (e.g. through a proxy)
+    # more environment for the process (e.g. GOGC / GOMEMLIMIT in a benchmark's world)
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -202,7 +204,8 @@ class ApiServer:
             logf = open(log_path, "ab")  # noqa: SIM115
             t0 = time.monotonic()
             self.proc = subprocess.Popen(
-                self.command(), stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
+                self.command(), stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, **self.env} if self.env else None,
             )
             logf.close()
             try:

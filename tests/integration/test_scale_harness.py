@@ -70,3 +70,44 @@ def test_scale_harness_sharded_with_a_replica_killed(tmp_path: Path) -> None:
     assert kill["killed"] in {"bench-0", "bench-1", "bench-2"}, kill
     assert kill["resumed_clusters"] >= 1 and kill["handoff_s"]["max"] is not None, kill
     assert kill["killed"] not in result["processes"]
+
+
+def test_scale_harness_setup_only(tmp_path: Path) -> None:
+    """--setup-only: the management side and kubesim without a controller, measured; the
+    management API server's extra flag reaches it (no watch cache: a list still works,
+    served from etcd)."""
+    out = tmp_path / "scale.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "scale.py"), "--clusters", "3", "--setup-only",
+         "--idle-seconds", "1", "--apiserver-arg=--watch-cache=false",
+         "--apiserver-env", "GOGC=80", "--workdir", str(tmp_path / "work"),
+         "--json", str(out)], capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert "steady" not in result  # no controller ran
+    setup = result["setup"]
+    assert setup["clusters_per_s"] > 0
+    after = setup["after_idle"]
+    for name in ("kube_apiserver", "etcd", "kubesim"):
+        assert after[name]["rss_mib"] > 10, name
+    # 3 clusters x 18 objects (+ CRDs, namespaces, the API server's own) in etcd
+    assert after["etcd_db"]["etcd_debugging_mvcc_keys_total"] >= 3 * 18
+    assert result["mgmt_apiserver"] == {"extra_args": ["--watch-cache=false"],
+                                        "env": {"GOGC": "80"}}
+    log = (tmp_path / "work" / "world" / "mgmt" / "kube-apiserver.log").read_text()
+    assert 'FLAG: --watch-cache="false"' in log
+    assert "cacher" not in log  # with the watch cache on, each resource logs its cacher
+
+
+def test_scale_harness_keeps_what_it_measured_when_a_phase_fails(tmp_path: Path) -> None:
+    """Bad input for the API server: the run fails naming why, and the JSON still says so
+    (a long run stopped part-way keeps its earlier phases the same way)."""
+    out = tmp_path / "scale.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "scale.py"), "--clusters", "1", "--setup-only",
+         "--apiserver-arg=--no-such-flag-for-the-bench", "--workdir", str(tmp_path / "work"),
+         "--json", str(out)], capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode != 0
+    result = json.loads(out.read_text())
+    assert "kube-apiserver mgmt exited" in result["stopped"], result["stopped"]
+    assert result["clusters"] == 1 and "setup" not in result
