@@ -123,8 +123,7 @@ build_capi() {
   rm -rf "$dir" && mkdir -p "$dir"
   local go_line
   go_line=$(cd "$dir" && go mod download -json "sigs.k8s.io/cluster-api@$version" \
-    | python3 -c 'import json,sys; print(open(json.load(sys.stdin)["GoMod"]).read())' \
-    | grep -m1 '^go ')
+    | python3 -c 'import json,sys; print(next(l for l in open(json.load(sys.stdin)["GoMod"]) if l.startswith("go ")).strip())')
   {
     printf 'module k0s-fleet.test/capi\n\n%s\n\nrequire sigs.k8s.io/cluster-api %s\n' \
       "$go_line" "$version"
