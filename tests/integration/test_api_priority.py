@@ -37,9 +37,9 @@ FS_UID, PL_UID = "X-Kubernetes-PF-FlowSchema-UID", "X-Kubernetes-PF-PriorityLeve
 
 
 @pytest.fixture(scope="module")
-async def apf_server(crds_installed: World) -> AsyncIterator[ApiServer]:
+async def apf_server(world: World) -> AsyncIterator[ApiServer]:
     """An API server of its own with API Priority and Fairness on (the later flag wins)."""
-    server = await anyio.to_thread.run_sync(lambda: crds_installed.add_server(
+    server = await anyio.to_thread.run_sync(lambda: world.add_server(
         unique("apf"), extra_args=["--enable-priority-and-fairness=true"]))
     try:
         yield server
@@ -148,12 +148,20 @@ class FakeTime:
         self._moved = anyio.Event()
 
 
+@pytest.fixture
+async def mgmt_plain(world: World) -> AsyncIterator[KubeClient]:
+    """The management API server (its CRDs not needed)."""
+    async with await world["mgmt"].client() as client:
+        yield client
+
+
 async def test_the_write_limiter_bounds_the_writes_that_reach_the_server(
-        mgmt: KubeClient) -> None:
+        mgmt_plain: KubeClient) -> None:
     """13 creates at once through a client limited to burst 3 then 2 per second (fake
     time): the server holds 3 objects until the clock moves, one more per 0.5 s after,
     never more than burst + qps * t; reads pass at once; a write whose turn comes after
     the Lease fence closed is not sent; the renewals' client (reopen) is not limited."""
+    mgmt = mgmt_plain
     time = FakeTime()
     limiter = WriteLimiter(2, 3, clock=time.clock, sleep=time.sleep)
     held = True
