@@ -21,18 +21,20 @@ import anyio
 import pytest
 
 from fleet.kube import FencedError, KubeClient, WriteLimiter
-from fleet.kube.resources import CONFIGMAPS, LEASES, Resource
+from fleet.kube.resources import CONFIGMAPS, LEASES
 from fleet.testing.world import ApiServer, World
-from tests.helpers.charts import CONTROLLER_CHART, helm_cli, kubeconfig_file
+from tests.helpers.charts import (
+    CONTROLLER_CHART,
+    FLOW_SCHEMAS,
+    PRIORITY_LEVELS,
+    helm_cli,
+    kubeconfig_file,
+)
 from tests.helpers.names import fresh_namespace, unique
 from tests.helpers.rbac import service_account_token
 
 pytestmark = pytest.mark.anyio
 
-FLOWCONTROL = "flowcontrol.apiserver.k8s.io"
-FLOW_SCHEMAS = Resource(FLOWCONTROL, "v1", "flowschemas", "FlowSchema", namespaced=False)
-PRIORITY_LEVELS = Resource(FLOWCONTROL, "v1", "prioritylevelconfigurations",
-                           "PriorityLevelConfiguration", namespaced=False)
 FS_UID, PL_UID = "X-Kubernetes-PF-FlowSchema-UID", "X-Kubernetes-PF-PriorityLevel-UID"
 
 

@@ -140,3 +140,24 @@ async def test_write_limiter_sleeps_the_reserved_delay_and_returns_it_when_cance
         tg.cancel_scope.cancel()
     assert limiter.stats.returned == 1
     assert limiter.bucket.tokens() == pytest.approx(0.0)  # the token came back
+
+
+@pytest.mark.parametrize("flags", [["--write-qps", "-1"], ["--write-burst", "0"]])
+def test_the_controller_refuses_a_nonsense_write_limit(
+        flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from fleet.cli import main  # noqa: PLC0415
+
+    assert main(["controller", "--no-leader-elect", *flags]) == 2
+    assert "--write-qps must be 0 (no limit) or positive" in capsys.readouterr().err
+
+
+def test_the_controllers_default_write_limit() -> None:
+    from fleet.cli.controller import (  # noqa: PLC0415
+        DEFAULT_WRITE_BURST,
+        DEFAULT_WRITE_QPS,
+        write_limiter,
+    )
+
+    limiter = write_limiter(DEFAULT_WRITE_QPS, DEFAULT_WRITE_BURST)
+    assert limiter is not None and (limiter.qps, limiter.burst) == (20.0, 50)
+    assert write_limiter(0, 50) is None  # --write-qps 0: no limit
