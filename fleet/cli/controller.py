@@ -77,7 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def write_limiter(qps: float, burst: int) -> WriteLimiter | None:
     """The replica's bound on its writes to the management cluster (None: no bound)."""
-    return WriteLimiter(qps, burst) if qps > 0 else None
+    return WriteLimiter(qps, burst, name="management writes") if qps > 0 else None
 
 
 async def _main(args: argparse.Namespace, config: FleetConfig) -> int:

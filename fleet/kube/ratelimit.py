@@ -23,6 +23,7 @@ in it are at most ``burst + qps * t``.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -30,6 +31,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import anyio
+
+log = logging.getLogger(__name__)
+
+# A write waiting longer than this for its turn is logged (at most every LOG_EVERY s).
+LOG_WAIT_SECONDS = 1.0
+LOG_EVERY = 30.0
 
 
 @dataclass
@@ -103,11 +110,14 @@ class TokenBucket:
 class WriteLimiter:
     """A :class:`TokenBucket` for one client's writes: :meth:`wait` before each one."""
 
-    def __init__(self, qps: float, burst: int, *,
+    def __init__(self, qps: float, burst: int, *, name: str = "writes",
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = anyio.sleep) -> None:
         self.bucket = TokenBucket(qps, burst, clock=clock)
+        self.name = name
+        self._clock = clock
         self._sleep = sleep
+        self._logged_at = -math.inf
 
     @property
     def qps(self) -> float:
@@ -127,6 +137,12 @@ class WriteLimiter:
         delay = self.bucket.reserve()
         if delay <= 0:
             return
+        if delay > LOG_WAIT_SECONDS and self._clock() - self._logged_at > LOG_EVERY:
+            self._logged_at = self._clock()
+            s = self.stats
+            log.info("%s: a write waits %.1fs for its turn (limit %g/s, burst %d; %d of "
+                     "%d writes waited so far)", self.name, delay, self.qps, self.burst,
+                     s.delayed, s.taken)
         try:
             await self._sleep(delay)
         except BaseException:
