@@ -20,6 +20,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from fleet.controllers.leader import LeaderElector
 from fleet.kube import FencedError, KubeClient, WriteLimiter
 from fleet.kube.resources import CONFIGMAPS, LEASES
 from fleet.testing.world import ApiServer, World
@@ -219,3 +220,41 @@ async def test_the_write_limiter_bounds_the_writes_that_reach_the_server(
             assert renewals.write_limiter is None
         finally:
             await renewals.close()
+
+
+async def test_the_lease_renewals_do_not_queue_behind_limited_writes(
+        mgmt_plain: KubeClient) -> None:
+    """A leader elector given the controller's limited client (the CLI gives it the
+    unlimited one anyway) takes and renews its Lease while four writes of that client wait
+    for a token that does not come (fake time): the renewals run on the client reopen()
+    builds, which has no limiter."""
+    mgmt = mgmt_plain
+    time = FakeTime()
+    limiter = WriteLimiter(1, 1, clock=time.clock, sleep=time.sleep)
+    limited = mgmt.limited(limiter)
+    async with fresh_namespace(mgmt) as ns:
+        elector = LeaderElector(limited, namespace=ns, identity="a", name=unique("lease"),
+                                lease_seconds=6)
+
+        async def lead() -> None:
+            renewals: set[str] = set()
+            with anyio.fail_after(30):
+                while len(renewals) < 3:  # taken, then renewed twice
+                    lease = await mgmt.get(LEASES, elector.name, ns)
+                    renewals.add(lease["spec"]["renewTime"])
+                    await anyio.sleep(0.1)
+            assert time.sleeping == 4 and limiter.stats.taken == 5
+            time.advance(10.0)  # the writes (and the elector's release) may go now
+
+        async def write(i: int) -> None:
+            await limited.create(CONFIGMAPS, {"metadata": {"name": f"w{i}",
+                                                           "namespace": ns}})
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for i in range(5):  # one token: the first goes, four wait
+                    tg.start_soon(write, i)
+                while time.sleeping < 4:
+                    await anyio.sleep(0.01)
+                await elector.run(lead)
+        assert len((await mgmt.list(CONFIGMAPS, ns)).items) >= 5
