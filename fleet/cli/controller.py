@@ -43,10 +43,11 @@ log = logging.getLogger("fleet.controller")
 
 # The controller's writes to the management cluster, per replica (--write-qps /
 # --write-burst, chart values writeRateLimit): client-go's own defaults are 5 / 10 and
-# controller-runtime's 20 / 30, for reads and writes together. A settled fleet writes
-# almost nothing; a replica's start-up burst (~600 writes at 1000 clusters of a fresh
-# fleet per replica, bench/README.md) then takes ~30 s instead of a few seconds, and ten
-# replicas together send at most ~200 writes/s plus their bursts.
+# controller-runtime's 20 / 30, for reads and writes together. Ten replicas together
+# then send at most ~200 writes/s after their bursts. The price: a fresh fleet's
+# start-up writes ~6 times per cluster (version and status adoptions, Events), ~600 per
+# replica when ten share 1000 clusters (~30 s at 20/s), 6000 for one replica holding
+# all 1000 (~5 min instead of ~2; bench/README.md "Write limit and API priority").
 DEFAULT_WRITE_QPS = 20.0
 DEFAULT_WRITE_BURST = 50
 

@@ -1,11 +1,12 @@
 """A client-side bound on a client's write rate: a token bucket, as client-go's.
 
 A controller replica's start-up writes (status patches, version adoptions, NodePlan
-creates, Events: ~600 per replica at 1000 clusters) all go to the one management API
-server. Unbounded, ten replicas starting together sent ~6000 writes in a few seconds on
-a 2-core machine and the server then answered the replicas' own Lease renewals in 4-5 s
-(bench/README.md, r10x100c). :class:`WriteLimiter` spreads a replica's writes: at most
-``burst`` at once, then ``qps`` per second, like client-go's ``QPS`` / ``Burst``
+creates, Events: ~6 per cluster of a fresh fleet, ~600 per replica when ten share 1000
+clusters) all go to the one management API server. Unbounded, ten replicas starting
+together sent ~6000 writes in a few seconds on a 2-core machine and the server then
+answered the replicas' own Lease renewals in 4-5 s (bench/README.md, r10x100c).
+:class:`WriteLimiter` spreads a replica's writes: at most ``burst`` at once, then
+``qps`` per second, like client-go's ``QPS`` / ``Burst``
 (``flowcontrol.NewTokenBucketRateLimiter``): the bucket holds ``burst`` tokens and
 starts full, one token comes back every ``1/qps`` seconds, every write takes one, a
 write finding none waits for its turn (reservations queue: the n-th waiter goes
