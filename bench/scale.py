@@ -173,6 +173,42 @@ def is_write(ev: dict[str, Any]) -> bool:
         (ev.get("objectRef") or {}).get("resource") != "leases"
 
 
+def latency_s(ev: dict[str, Any]) -> float | None:
+    """Seconds from the server receiving a request to its response (audit stage
+    ResponseComplete); None for an event of another stage."""
+    if ev.get("stage") != "ResponseComplete" or "stageTimestamp" not in ev:
+        return None
+    done = datetime.fromisoformat(ev["stageTimestamp"].replace("Z", "+00:00")).timestamp()
+    return done - audit_time(ev)
+
+
+def write_profile(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """How the API server answered the controllers' Lease updates and their other writes
+    (latency percentiles, 5xx), and how the writes were spread: the most in one second
+    and in any 10 s."""
+    def summary(evs: list[dict[str, Any]]) -> dict[str, Any]:
+        lat = sorted(x for x in (latency_s(e) for e in evs) if x is not None)
+        if not lat:
+            return {"count": 0}
+
+        def q(p: float) -> float:
+            return round(lat[min(len(lat) - 1, int(p * len(lat)))], 3)
+
+        return {"count": len(lat), "median": q(0.5), "p90": q(0.9), "p99": q(0.99),
+                "max": round(lat[-1], 3),
+                "5xx": sum(1 for e in evs
+                           if int((e.get("responseStatus") or {}).get("code") or 0) >= 500)}
+
+    leases = [e for e in events if e.get("verb") == "update"
+              and (e.get("objectRef") or {}).get("resource") == "leases"]
+    writes = [e for e in events if is_write(e)]
+    seconds = Counter(int(audit_time(e)) for e in writes)
+    tens = max((sum(seconds.get(t + k, 0) for k in range(10)) for t in seconds), default=0)
+    return {"lease_updates": summary(leases), "writes": summary(writes),
+            "writes_max_per_1s": max(seconds.values(), default=0),
+            "writes_max_per_10s": tens}
+
+
 # -- processes ------------------------------------------------------------------------
 
 def proc_usage(pid: int) -> dict[str, float] | None:
@@ -254,7 +290,7 @@ def start_controller(identity: str, workdir: Path, kubeconfig: Path,
     proc = subprocess.Popen(
         [*controller_command(), "controller", "--config", str(cfg), "--kubeconfig",
          str(kubeconfig), "--identity", identity, "--log-level", args.controller_log_level,
-         *election],
+         *election, *args.controller_arg],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=str(REPO))
     log.close()
     return Controller(identity, proc, port, started_wall)
@@ -751,6 +787,7 @@ async def steady(r: Run, n: int) -> dict[str, Any]:
             "lease_writes_after_start": sum(
                 1 for e in events if e.get("verb") in WRITE_VERBS
                 and (e.get("objectRef") or {}).get("resource") == "leases"),
+            "write_profile": write_profile(events),
             "writes_by_kind": dict(Counter(describe(e) for e in writes).most_common()),
             "requests_after_start": dict(Counter(describe(e) for e in events).most_common()),
             "cpu_s_to_first_complete": round(at_first["cpu_s"], 2),
@@ -985,6 +1022,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-seconds", type=float, default=0.1,
                    help="node agent stand-in: time per protocol step (7 steps)")
     p.add_argument("--timeout", type=float, default=1800.0, help="deadline for each phase")
+    p.add_argument("--controller-arg", action="append", default=[], metavar="FLAG",
+                   help="one more argument for every `k0s-fleet controller` (repeat), e.g. "
+                        "--controller-arg=--write-qps=0")
     p.add_argument("--controller-log-level", default="WARNING",
                    help="the controllers' --log-level (INFO: start-up milestones, "
                         "timestamped, in controller-*.log of the workdir; DEBUG logs every "

@@ -34,11 +34,22 @@ from fleet.controllers.shard import LostMembershipError, ShardMembership
 from fleet.events import EventRecorder
 from fleet.extension.exclusion import ExtensionExclusion
 from fleet.extension.server import serve_configured_extension
+from fleet.kube import WriteLimiter
 from fleet.rollout.policy import RolloutPolicy
 from fleet.status.server import StatusBoard, make_app, serve
 from fleet.telemetry import get_tracer, setup_tracing
 
 log = logging.getLogger("fleet.controller")
+
+# The controller's writes to the management cluster, per replica (--write-qps /
+# --write-burst, chart values writeRateLimit): client-go's own defaults are 5 / 10 and
+# controller-runtime's 20 / 30, for reads and writes together. Ten replicas together
+# then send at most ~200 writes/s after their bursts. The price: a fresh fleet's
+# start-up writes ~6 times per cluster (version and status adoptions, Events), ~600 per
+# replica when ten share 1000 clusters (~30 s at 20/s), 6000 for one replica holding
+# all 1000 (~5 min instead of ~2; bench/README.md "Write limit and API priority").
+DEFAULT_WRITE_QPS = 20.0
+DEFAULT_WRITE_BURST = 50
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,7 +66,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stall-seconds", type=float, default=0,
                    help="stop renewing the Leases (and exit) once the main event loop has "
                         "shown no sign of life for this long (0: four lease durations)")
+    p.add_argument("--write-qps", type=float, default=DEFAULT_WRITE_QPS,
+                   help="at most this many writes per second to the management cluster, on "
+                        "average, from this replica's controller (its Lease renewals are not "
+                        "limited); 0: no limit (default %(default)s)")
+    p.add_argument("--write-burst", type=int, default=DEFAULT_WRITE_BURST,
+                   help="... and at most this many at once (token bucket; default "
+                        "%(default)s)")
     p.add_argument("--log-level", default=os.environ.get("K0S_FLEET_LOG_LEVEL", "INFO"))
+
+
+def write_limiter(qps: float, burst: int) -> WriteLimiter | None:
+    """The replica's bound on its writes to the management cluster (None: no bound)."""
+    return WriteLimiter(qps, burst, name="management writes") if qps > 0 else None
 
 
 async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
@@ -95,7 +118,11 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
             fence = elector.holds
         else:
             fence = None  # --no-leader-elect: the only instance
-        writes = mgmt if fence is None else mgmt.fenced(fence)
+        # The controller's writes wait for a token of the replica's write limiter (its
+        # start-up burst spread over time, fleet.kube.ratelimit); the Leases' do not: the
+        # membership, the electors and their renewal threads keep `mgmt` as it is.
+        limited = mgmt.limited(write_limiter(args.write_qps, args.write_burst))
+        writes = limited if fence is None else limited.fenced(fence)
         recorder = EventRecorder(writes, instance=args.identity,
                                  default_namespace=config.management.namespace)
         # Fleet rollout policy (waves, windows, pauses), publishing to /status, /metrics.
@@ -105,7 +132,8 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
         # Clusters whose in-place updates CAPI drives through our runtime extension are
         # left to it by the standalone sequencer (extension.mode; docs/runtime-extension.md).
         exclusion = ExtensionExclusion(mgmt, config, rollout, on_change=trigger.poke)
-        controller = FleetController(mgmt, config, identity=args.identity, recorder=recorder,
+        controller = FleetController(limited, config, identity=args.identity,
+                                     recorder=recorder,
                                      trigger=trigger, policy=exclusion,
                                      tracer=get_tracer("fleet.controller", provider),
                                      shard=membership, write_fence=fence,
@@ -244,5 +272,10 @@ def run(args: argparse.Namespace) -> int:
         print("k0s-fleet controller: --stall-seconds must be 0 (four lease durations) or "
               f"longer than the renew deadline (2/3 of --lease-seconds {args.lease_seconds}); "
               f"got {args.stall_seconds:g}", file=sys.stderr)
+        return common.Exit.BAD_CONFIG
+    if args.write_qps < 0 or args.write_burst < 1:
+        print("k0s-fleet controller: --write-qps must be 0 (no limit) or positive and "
+              f"--write-burst at least 1; got --write-qps {args.write_qps:g} "
+              f"--write-burst {args.write_burst}", file=sys.stderr)
         return common.Exit.BAD_CONFIG
     return anyio.run(_main, args, config)

@@ -20,6 +20,7 @@ from fleet.kube.errors import (
     UnreachableError,
 )
 from fleet.kube.patch import patch_with_retry
+from fleet.kube.ratelimit import WriteLimiter
 from fleet.kube.resources import Resource
 
 __all__ = [
@@ -38,5 +39,6 @@ __all__ = [
     "TooManyRequestsError",
     "UnauthorizedError",
     "UnreachableError",
+    "WriteLimiter",
     "patch_with_retry",
 ]

@@ -14,6 +14,7 @@ import yaml
 
 from fleet.kube.errors import FencedError, KubeError, NotFoundError, UnreachableError
 from fleet.kube.http import ConnectSlots
+from fleet.kube.ratelimit import WriteLimiter
 from fleet.kube.resources import Resource
 from fleet.kube.transport import LineStream, Transport, TransportName
 
@@ -48,23 +49,36 @@ class KubeClient:
 
     def __init__(self, api: Transport, *, name: str = "cluster",
                  write_fence: Callable[[], bool] | None = None,
-                 reopen: Callable[[str], Awaitable[KubeClient]] | None = None) -> None:
+                 reopen: Callable[[str], Awaitable[KubeClient]] | None = None,
+                 write_limiter: WriteLimiter | None = None) -> None:
         self._api = api
         self.name = name
         self._write_fence = write_fence
         self._reopen = reopen
+        self.write_limiter = write_limiter
 
     def fenced(self, holds: Callable[[], bool]) -> KubeClient:
         """This client's connection, sending no write while ``holds()`` is false (a
-        replica's writes under its Lease). Reads and watches are not fenced. Close the
-        client it came from, not this one."""
-        return KubeClient(self._api, name=self.name, write_fence=holds, reopen=self._reopen)
+        replica's writes under its Lease). Reads and watches are not fenced. Keeps this
+        client's write limiter. Close the client it came from, not this one."""
+        return KubeClient(self._api, name=self.name, write_fence=holds, reopen=self._reopen,
+                          write_limiter=self.write_limiter)
+
+    def limited(self, limiter: WriteLimiter | None) -> KubeClient:
+        """This client's connection (and fence), each write first waiting for a token of
+        ``limiter`` (:mod:`fleet.kube.ratelimit`; None: no limit). Reads and watches are
+        not limited, nor is a client :meth:`reopen` builds from it (the Lease renewals').
+        Close the client it came from, not this one."""
+        return KubeClient(self._api, name=self.name, write_fence=self._write_fence,
+                          reopen=self._reopen, write_limiter=limiter)
 
     async def reopen(self, *, name: str | None = None) -> KubeClient:
         """A new client for the same API server with the same credentials and TLS but
         connections of its own, built in (and for) the running event loop: the Lease
         renewals run on a thread of their own (fleet.controllers.renewal). It uses the
-        ``light`` transport unless the credentials need ``generated``. Close it."""
+        ``light`` transport unless the credentials need ``generated``. It has no write
+        fence and no write limiter (the renewals must not wait behind the controller's
+        writes). Close it."""
         if self._reopen is None:
             raise KubeError(f"{self.name}: built without credentials to reopen with")
         return await self._reopen(name or self.name)
@@ -158,6 +172,10 @@ class KubeClient:
     async def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
                       body: Any = None, content_type: str = "application/json",
                       timeout: float | None = 30.0) -> Any:
+        if self.write_limiter is not None and method != "GET":
+            # before the fence: the fence is asked when the write is about to be sent,
+            # however long it waited for its turn
+            await self.write_limiter.wait()
         if self._write_fence is not None and method != "GET" and not self._write_fence():
             raise FencedError(f"{self.name}: {method} {path} not sent: this replica's Lease "
                               "is not known to be held any more")

@@ -148,6 +148,16 @@ CLUSTER_ROLE_BINDINGS = Resource(RBAC, "v1", "clusterrolebindings", "ClusterRole
 ROLES = Resource(RBAC, "v1", "roles", "Role", namespaced=True)
 
 
+FLOWCONTROL = "flowcontrol.apiserver.k8s.io"
+
+
+FLOW_SCHEMAS = Resource(FLOWCONTROL, "v1", "flowschemas", "FlowSchema", namespaced=False)
+
+
+PRIORITY_LEVELS = Resource(FLOWCONTROL, "v1", "prioritylevelconfigurations",
+                           "PriorityLevelConfiguration", namespaced=False)
+
+
 # -- helpers shared with test_rbac_*.py --------------------------------------------------
 def kubeconfig_file(server: ApiServer, directory: Path) -> Path:
     return server.write_kubeconfig(directory / f"{server.name}-admin.kubeconfig")

@@ -24,6 +24,8 @@ from tests.helpers.charts import (
     CONTROLLER_CHART,
     DAEMONSETS,
     DEPLOYMENTS,
+    FLOW_SCHEMAS,
+    PRIORITY_LEVELS,
     RBAC,
     ROLES,
     Manifest,
@@ -50,6 +52,7 @@ EXTENSION_CONFIGS = Resource("runtime.cluster.x-k8s.io", "v1beta2", "extensionco
 KIND_RESOURCES = {r.kind: r for r in (
     DEPLOYMENTS, DAEMONSETS, SERVICES, PDBS, CLUSTER_ROLES, CLUSTER_ROLE_BINDINGS, ROLES,
     ROLE_BINDINGS, VAPS, VAP_BINDINGS, EXTENSION_CONFIGS, CONFIGMAPS, SERVICE_ACCOUNTS,
+    FLOW_SCHEMAS, PRIORITY_LEVELS,
 )}
 
 
@@ -115,7 +118,7 @@ async def test_controller_chart_install_upgrade_uninstall(
     stored = await installed(mgmt, manifest)
     assert {o["kind"] for o in stored} >= {
         "Deployment", "ServiceAccount", "ClusterRole", "Role", "RoleBinding", "ConfigMap",
-        "Service", "PodDisruptionBudget"}
+        "Service", "PodDisruptionBudget", "FlowSchema", "PriorityLevelConfiguration"}
     deploy = await mgmt.get(DEPLOYMENTS, release, ns)
     assert deploy["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
     assert deploy["spec"]["replicas"] == 2

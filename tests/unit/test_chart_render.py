@@ -182,8 +182,9 @@ def test_controller_default_objects() -> None:
     m = render(CONTROLLER_CHART)
     assert m.kinds() == sorted([
         "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
-        "Deployment", "PodDisruptionBudget", "Role", "RoleBinding", "Service",
-        "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+        "Deployment", "FlowSchema", "PodDisruptionBudget", "PriorityLevelConfiguration",
+        "Role", "RoleBinding", "Service", "ServiceAccount", "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ])
     assert rbac_grants(m.one("ClusterRole", "r1-k0s-fleet")["rules"]) == (
         CONTROLLER_RULES | DEFAULT_INFRA)
@@ -212,9 +213,66 @@ def test_controller_default_objects() -> None:
     assert m.workload()["spec"]["replicas"] == 2
     assert spec["affinity"]["podAntiAffinity"]
     args = spec["containers"][0]["args"]
-    assert args == ["controller", "--log-level=INFO", "--lease-seconds=15"]
+    assert args == ["controller", "--log-level=INFO", "--write-qps=20", "--write-burst=50",
+                    "--lease-seconds=15"]
     env = _env(spec)
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # Lease identity
+
+
+def test_api_priority_gives_the_controllers_lease_requests_a_level_of_their_own() -> None:
+    m = render(CONTROLLER_CHART)
+    fs = m.one("FlowSchema", "r1-k0s-fleet-leases")["spec"]
+    plc = m.one("PriorityLevelConfiguration", "r1-k0s-fleet-leases")["spec"]
+    assert fs["priorityLevelConfiguration"] == {"name": "r1-k0s-fleet-leases"}
+    assert fs["matchingPrecedence"] < 9000  # ahead of the built-in service-accounts
+    assert fs["rules"] == [{
+        "subjects": [{"kind": "ServiceAccount", "serviceAccount": {
+            "name": "r1-k0s-fleet", "namespace": "fleet-system"}}],
+        "resourceRules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                           "verbs": ["get", "create", "update"],
+                           "namespaces": ["fleet-system"]}]}]
+    assert plc["type"] == "Limited"
+    assert plc["limited"]["nominalConcurrencyShares"] == 10
+    # The controller gets no rights on either: only whoever installs the chart needs them.
+    for role in m.all("ClusterRole") + m.all("Role"):
+        assert not any("flowcontrol.apiserver.k8s.io" in r.get("apiGroups", [])
+                       for r in role["rules"])
+    tuned = render(CONTROLLER_CHART, sets=["apiPriority.matchingPrecedence=500",
+                                           "apiPriority.nominalConcurrencyShares=3",
+                                           "apiPriority.queueLengthLimit=20",
+                                           "serviceAccount.name=fleet-sa"])
+    assert tuned.one("FlowSchema")["spec"]["matchingPrecedence"] == 500
+    assert tuned.one("FlowSchema")["spec"]["rules"][0]["subjects"][0]["serviceAccount"][
+        "name"] == "fleet-sa"
+    limited = tuned.one("PriorityLevelConfiguration")["spec"]["limited"]
+    assert limited["nominalConcurrencyShares"] == 3
+    assert limited["limitResponse"]["queuing"]["queueLengthLimit"] == 20
+    for off in (["apiPriority.enabled=false"],
+                ["replicaCount=1", "leaderElection.enabled=false"]):  # no Leases at all
+        plain = render(CONTROLLER_CHART, sets=off)
+        assert not plain.all("FlowSchema") and not plain.all("PriorityLevelConfiguration")
+    bad = helm("template", "r1", *template_args(
+        CONTROLLER_CHART, sets=["apiPriority.matchingPrecedence=10000"]), check=False)
+    assert bad.returncode != 0 and "matchingPrecedence" in bad.stderr
+
+
+def test_write_rate_limit_values_become_controller_args() -> None:
+    from fleet.cli.controller import DEFAULT_WRITE_BURST, DEFAULT_WRITE_QPS  # noqa: PLC0415
+
+    args = pod_spec(render(CONTROLLER_CHART).workload())["containers"][0]["args"]
+    # the chart's default is the controller's own
+    assert f"--write-qps={DEFAULT_WRITE_QPS:g}" in args
+    assert f"--write-burst={DEFAULT_WRITE_BURST}" in args
+    tuned = render(CONTROLLER_CHART, sets=["json:writeRateLimit.qps=2.5",
+                                           "writeRateLimit.burst=7"])
+    args = pod_spec(tuned.workload())["containers"][0]["args"]
+    assert "--write-qps=2.5" in args and "--write-burst=7" in args
+    off = render(CONTROLLER_CHART, sets=["writeRateLimit.qps=0"])
+    assert "--write-qps=0" in pod_spec(off.workload())["containers"][0]["args"]
+    for bad_value in ("writeRateLimit.qps=-1", "writeRateLimit.burst=0"):
+        bad = helm("template", "r1", *template_args(CONTROLLER_CHART, sets=[bad_value]),
+                   check=False)
+        assert bad.returncode != 0 and "writeRateLimit" in bad.stderr
 
 
 def test_controller_works_only_in_the_listed_namespaces() -> None:
