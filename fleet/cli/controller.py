@@ -42,13 +42,16 @@ from fleet.telemetry import get_tracer, setup_tracing
 log = logging.getLogger("fleet.controller")
 
 # The controller's writes to the management cluster, per replica (--write-qps /
-# --write-burst, chart values writeRateLimit): client-go's own defaults are 5 / 10 and
-# controller-runtime's 20 / 30, for reads and writes together. Ten replicas together
-# then send at most ~200 writes/s after their bursts. The price: a fresh fleet's
-# start-up writes ~6 times per cluster (version and status adoptions, Events), ~600 per
-# replica when ten share 1000 clusters (~30 s at 20/s), 6000 for one replica holding
-# all 1000 (~5 min instead of ~2; bench/README.md "Write limit and API priority").
-DEFAULT_WRITE_QPS = 20.0
+# --write-burst, chart values writeRateLimit). The limit is for replicas that share one
+# API server (--shards): there it is on by default, like client-go's own 5 / 10 and
+# controller-runtime's 20 / 30 for reads and writes together, so ten replicas starting
+# send at most ~200 writes/s after their bursts (~600 writes each when ten share 1000
+# fresh clusters, ~30 s at 20/s). The one active replica of an unsharded fleet writes
+# unlimited by default: its fresh-fleet start-up (~6 writes per cluster, 6000 at 1000
+# clusters) took 184 s to a complete status at 20/s against 34 s without a limit
+# (bench/README.md "Write limit and API priority"), and there is no other writer of ours
+# to share the server with.
+SHARDED_WRITE_QPS = 20.0
 DEFAULT_WRITE_BURST = 50
 
 
@@ -66,14 +69,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stall-seconds", type=float, default=0,
                    help="stop renewing the Leases (and exit) once the main event loop has "
                         "shown no sign of life for this long (0: four lease durations)")
-    p.add_argument("--write-qps", type=float, default=DEFAULT_WRITE_QPS,
+    p.add_argument("--write-qps", type=float, default=None,
                    help="at most this many writes per second to the management cluster, on "
                         "average, from this replica's controller (its Lease renewals are not "
-                        "limited); 0: no limit (default %(default)s)")
+                        f"limited); 0: no limit (default: {SHARDED_WRITE_QPS:g} with --shards, "
+                        "else no limit)")
     p.add_argument("--write-burst", type=int, default=DEFAULT_WRITE_BURST,
                    help="... and at most this many at once (token bucket; default "
                         "%(default)s)")
     p.add_argument("--log-level", default=os.environ.get("K0S_FLEET_LOG_LEVEL", "INFO"))
+
+
+def write_qps(args: argparse.Namespace) -> float:
+    """--write-qps as given, else the default of the replica's mode (SHARDED_WRITE_QPS)."""
+    if args.write_qps is not None:
+        return float(args.write_qps)
+    return SHARDED_WRITE_QPS if args.shards else 0.0
 
 
 def write_limiter(qps: float, burst: int) -> WriteLimiter | None:
@@ -121,7 +132,7 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
         # The controller's writes wait for a token of the replica's write limiter (its
         # start-up burst spread over time, fleet.kube.ratelimit); the Leases' do not: the
         # membership, the electors and their renewal threads keep `mgmt` as it is.
-        limited = mgmt.limited(write_limiter(args.write_qps, args.write_burst))
+        limited = mgmt.limited(write_limiter(write_qps(args), args.write_burst))
         writes = limited if fence is None else limited.fenced(fence)
         recorder = EventRecorder(writes, instance=args.identity,
                                  default_namespace=config.management.namespace)
@@ -273,9 +284,9 @@ def run(args: argparse.Namespace) -> int:
               f"longer than the renew deadline (2/3 of --lease-seconds {args.lease_seconds}); "
               f"got {args.stall_seconds:g}", file=sys.stderr)
         return common.Exit.BAD_CONFIG
-    if args.write_qps < 0 or args.write_burst < 1:
+    if write_qps(args) < 0 or args.write_burst < 1:
         print("k0s-fleet controller: --write-qps must be 0 (no limit) or positive and "
-              f"--write-burst at least 1; got --write-qps {args.write_qps:g} "
+              f"--write-burst at least 1; got --write-qps {write_qps(args):g} "
               f"--write-burst {args.write_burst}", file=sys.stderr)
         return common.Exit.BAD_CONFIG
     return anyio.run(_main, args, config)

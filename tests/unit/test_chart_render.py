@@ -213,7 +213,7 @@ def test_controller_default_objects() -> None:
     assert m.workload()["spec"]["replicas"] == 2
     assert spec["affinity"]["podAntiAffinity"]
     args = spec["containers"][0]["args"]
-    assert args == ["controller", "--log-level=INFO", "--write-qps=20", "--write-burst=50",
+    assert args == ["controller", "--log-level=INFO", "--write-qps=0", "--write-burst=50",
                     "--lease-seconds=15"]
     env = _env(spec)
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # Lease identity
@@ -257,12 +257,16 @@ def test_api_priority_gives_the_controllers_lease_requests_a_level_of_their_own(
 
 
 def test_write_rate_limit_values_become_controller_args() -> None:
-    from fleet.cli.controller import DEFAULT_WRITE_BURST, DEFAULT_WRITE_QPS  # noqa: PLC0415
+    from fleet.cli.controller import DEFAULT_WRITE_BURST, SHARDED_WRITE_QPS  # noqa: PLC0415
 
     args = pod_spec(render(CONTROLLER_CHART).workload())["containers"][0]["args"]
-    # the chart's default is the controller's own
-    assert f"--write-qps={DEFAULT_WRITE_QPS:g}" in args
+    # the chart's defaults are the controller's own: no limit for the one active replica,
+    assert "--write-qps=0" in args
     assert f"--write-burst={DEFAULT_WRITE_BURST}" in args
+    # a limit where replicas share the API server
+    sharded = render(CONTROLLER_CHART, sets=["sharding.enabled=true"])
+    assert f"--write-qps={SHARDED_WRITE_QPS:g}" in pod_spec(
+        sharded.workload())["containers"][0]["args"]
     tuned = render(CONTROLLER_CHART, sets=["json:writeRateLimit.qps=2.5",
                                            "writeRateLimit.burst=7"])
     args = pod_spec(tuned.workload())["containers"][0]["args"]

@@ -151,13 +151,22 @@ def test_the_controller_refuses_a_nonsense_write_limit(
     assert "--write-qps must be 0 (no limit) or positive" in capsys.readouterr().err
 
 
-def test_the_controllers_default_write_limit() -> None:
+def test_the_controllers_default_write_limit_depends_on_sharding() -> None:
+    import argparse  # noqa: PLC0415
+
     from fleet.cli.controller import (  # noqa: PLC0415
         DEFAULT_WRITE_BURST,
-        DEFAULT_WRITE_QPS,
+        add_arguments,
         write_limiter,
+        write_qps,
     )
 
-    limiter = write_limiter(DEFAULT_WRITE_QPS, DEFAULT_WRITE_BURST)
-    assert limiter is not None and (limiter.qps, limiter.burst) == (20.0, 50)
-    assert write_limiter(0, 50) is None  # --write-qps 0: no limit
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    sharded = p.parse_args(["--shards", "8"])
+    limiter = write_limiter(write_qps(sharded), sharded.write_burst)
+    assert limiter is not None and (limiter.qps, limiter.burst) == (20.0, DEFAULT_WRITE_BURST)
+    single = p.parse_args([])  # the one active replica: no other writer of ours to share with
+    assert write_qps(single) == 0 and write_limiter(write_qps(single), 50) is None
+    assert write_qps(p.parse_args(["--write-qps", "5"])) == 5  # given: as given
+    assert write_qps(p.parse_args(["--shards", "8", "--write-qps", "0"])) == 0
