@@ -427,6 +427,12 @@ class Snapshot:
     # it may be remembered (fleet.planner.incremental, fleet.rollout.progress).
     parts: Mapping[ClusterKey, Snapshot] | None = field(default=None, compare=False,
                                                         repr=False)
+    # A sharded replica's part of a cluster another replica acts on (a *foreign digest*):
+    # the rollout progress (fleet.rollout.progress.ClusterProgress) computed once from its
+    # management objects when the part was built, which the part then no longer carries
+    # (no Machines, MachineDeployments, MachineSets, K0sControlPlanes: nothing but the
+    # rollout reads them of such a cluster). None: computed from the part itself.
+    progress: tuple[object, ...] | None = field(default=None, compare=False, repr=False)
 
 
 # -- parsing ---------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import anyio
 import anyio.abc
 
 from fleet.config import FleetConfig
-from fleet.kept import projection
+from fleet.kept import FOREIGN_ZDICT, foreign, projection
 from fleet.kube import KubeClient, KubeError, NotFoundError
 from fleet.kube.backoff import Backoff
 from fleet.kube.cache import ObjectCache, ObjectListener
@@ -63,7 +63,8 @@ class ManagementView:
         self.holds = holds
         self.caches = {res: ObjectCache(res.kind, on_change=on_change,
                                         on_object=on_object(res) if on_object else None,
-                                        keep=projection(res, holds))
+                                        keep=projection(res, holds),
+                                        foreign=foreign(res, holds), zdict=FOREIGN_ZDICT)
                        for res in (*WATCHED, *OPTIONAL, FLEET_UPGRADES)}
         self.reflectors: list[Reflector] = []
         self.watch_timeout = watch_timeout

@@ -52,6 +52,7 @@ from fleet.model import (
 )
 from fleet.planner.incremental import OtherNodePlans
 from fleet.records import live_autopilot_plan
+from fleet.rollout.progress import foreign_digest
 from fleet.snapshot import (
     Listed,
     ManagementObjects,
@@ -115,7 +116,10 @@ class FleetParts:
         self.everything = True  # the next pass rebuilds every part
         self.membership_changed = True  # Clusters or kubeconfig Secrets moved
         self._where: dict[Resource, dict[ObjectKey, ClusterKey]] = {r: {} for r in _PARSERS}
-        self._index: dict[Resource, dict[ClusterKey, set[ObjectKey]]] = {
+        self._cluster_keys: dict[ClusterKey, ClusterKey] = {}  # the one tuple of each
+        # per cluster its objects' keys, as a tuple (a set of one or ten keys costs three
+        # to five times as much, for each of thousands of clusters; rebuilt on change)
+        self._index: dict[Resource, dict[ClusterKey, tuple[ObjectKey, ...]]] = {
             r: {} for r in _PARSERS}
         # Sharded (set by the controller): the clusters Secrets name by label are
         # remembered, for the clusters of a taken shard (known_clusters).
@@ -184,6 +188,8 @@ class FleetParts:
         if present and cache is not None:
             try:
                 cluster_key = (namespace, str(cache.parsed_object(obj, parse).cluster))
+                # one tuple per cluster, not one per object naming it
+                cluster_key = self._cluster_keys.setdefault(cluster_key, cluster_key)
             except (TypeError, ValueError, AttributeError, KeyError):
                 cluster_key = None  # unreadable: the snapshot skips it too
         where, index = self._where[res], self._index[res]
@@ -191,14 +197,18 @@ class FleetParts:
         if old is not None and old != cluster_key:
             keys = index.get(old)
             if keys is not None:
-                keys.discard(key)
-                if not keys:
+                left = tuple(k for k in keys if k != key)
+                if left:
+                    index[old] = left
+                else:
                     del index[old]
             del where[key]
             self.dirty.add(old)
         if cluster_key is not None:
             where[key] = cluster_key
-            index.setdefault(cluster_key, set()).add(key)
+            keys = index.get(cluster_key, ())
+            if key not in keys:
+                index[cluster_key] = (*keys, key)
             self.dirty.add(cluster_key)
         if res is MACHINE_DEPLOYMENTS and cache is not None:
             self._index_template(key, cache.parsed_object(obj, parse) if cluster_key else None,
@@ -230,6 +240,10 @@ class FleetParts:
     def machine_keys(self, key: ClusterKey) -> set[ObjectKey]:
         """The cached Machines of one cluster."""
         return set(self._index[MACHINES].get(key, ()))
+
+    def object_keys(self, res: Resource, key: ClusterKey) -> set[ObjectKey]:
+        """The cached objects of ``res`` (a kind parsed per cluster) of one cluster."""
+        return set(self._index[res].get(key, ()))
 
     # -- the parts ----------------------------------------------------------------------
     def refresh_members(self) -> dict[ClusterKey, ClusterInfo]:
@@ -266,6 +280,7 @@ class FleetParts:
         self.everything = False
         for gone in set(self.parts) - set(self.members):
             del self.parts[gone]
+            self._cluster_keys.pop(gone, None)
         return dirty
 
     def objects(self, key: ClusterKey) -> ManagementObjects:
@@ -319,9 +334,11 @@ class FleetParts:
             part = build_snapshot(
                 now=now, objects=self.objects(key), clusters={key: self.info(key)},
                 nodes={key: nodes}, infra=infra, autopilot_plans=autopilot)
-            self.parts[key] = dataclasses.replace(
+            part = dataclasses.replace(
                 part, other_nodeplans=OtherNodePlans(self._where[NODE_PLANS], key),
                 foreign=frozenset({key}) if key in self.foreign else frozenset())
+            # Another replica's cluster: its rollout progress, not its objects, is kept.
+            self.parts[key] = foreign_digest(part) if key in self.foreign else part
             self.rebuilt += 1
 
 

@@ -8,13 +8,17 @@ is in flight or failed.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from types import MappingProxyType
+from typing import Any, TypeVar
 
 from fleet.eligibility import (
     Eligibility,
@@ -315,6 +319,65 @@ def clusters_from_snapshot(snapshot: Snapshot) -> list[ClusterProgress]:
     return out
 
 
+_EMPTY: Mapping[Any, Any] = MappingProxyType({})
+T = TypeVar("T")
+V = TypeVar("V")
+
+
+def _s(value: str | None) -> str | None:
+    return None if value is None else sys.intern(value)
+
+
+def _compact(c: ClusterProgress) -> ClusterProgress:
+    """``c`` with the strings that repeat across the fleet's thousands of foreign clusters
+    interned (kinds, namespaces, versions, phases, messages), a node named as its Machine
+    sharing the Machine's name, and its empty mappings shared: equal to ``c``."""
+    objects = tuple(ObjectProgress(
+        ref=ObjectRef(sys.intern(o.ref.kind), sys.intern(o.ref.namespace), o.ref.name),
+        target=_s(o.target), replicas=o.replicas,
+        nodes=tuple(NodeProgress(n.machine, n.machine if n.node == n.machine else n.node,
+                                 n.state, _s(n.version), sys.intern(n.phase),
+                                 sys.intern(n.message))
+                    for n in o.nodes),
+        started=o.started, halted=o.halted, paused=_s(o.paused)) for o in c.objects)
+    return ClusterProgress(
+        namespace=sys.intern(c.namespace), name=c.name,
+        labels=c.labels or _EMPTY, annotations=c.annotations or _EMPTY, objects=objects,
+        observed=c.observed, spec_paused=c.spec_paused,
+        unreachable_since=c.unreachable_since, unreachable_error=c.unreachable_error,
+        foreign=c.foreign)
+
+
+def foreign_digest(part: Snapshot) -> Snapshot:
+    """A foreign cluster's snapshot part as a sharded replica keeps it: its rollout progress
+    (what the fleet-wide gate and status read of a cluster another replica acts on),
+    computed now, instead of its management objects (Machines, MachineDeployments,
+    MachineSets, K0sControlPlanes), which nothing else reads of such a cluster. Its
+    ClusterInfo, NodePlans and intent stay (small; the status writer reads the intents).
+    :func:`part_progress` of the digest equals :func:`clusters_from_snapshot` of ``part``."""
+    progress = tuple(_compact(c) for c in clusters_from_snapshot(part))
+    # the labels and annotations the part's ClusterInfo holds anyway, not a copy of them
+    progress = tuple(dataclasses.replace(c, labels=info.labels, annotations=info.annotations)
+                     if (info := part.clusters.get(c.key)) is not None
+                     and info.labels == c.labels and info.annotations == c.annotations
+                     else c for c in progress)
+    def small(m: Mapping[T, V]) -> Mapping[T, V]:
+        return m or _EMPTY  # empty: one shared mapping
+
+    return dataclasses.replace(
+        part, deployments=_EMPTY, machine_sets=_EMPTY, control_planes=_EMPTY,
+        machines=_EMPTY, nodes=_EMPTY, nodeplans=small(part.nodeplans),
+        intents=small(part.intents), autopilot_plans=small(part.autopilot_plans),
+        progress=progress)
+
+
+def part_progress(part: Snapshot) -> list[ClusterProgress]:
+    """The progress of one snapshot part: remembered in it (a foreign digest), or computed."""
+    if part.progress is not None:
+        return [c for c in part.progress if isinstance(c, ClusterProgress)]
+    return clusters_from_snapshot(part)
+
+
 class ProgressMemo:
     """Cluster progress remembered per cluster, keyed by the cluster's snapshot part (the
     same object means nothing it is derived from changed): a pass in which one cluster
@@ -343,7 +406,7 @@ class ProgressMemo:
                 del memo[gone]
         for key in moved:
             part = parts[key]
-            progress = clusters_from_snapshot(part)
+            progress = part_progress(part)
             self.computed += 1
             old = memo.get(key)
             memo[key] = (part, progress)
@@ -410,4 +473,6 @@ __all__ = [
     "ProgressMemo",
     "clusters_from_snapshot",
     "fingerprint",
+    "foreign_digest",
+    "part_progress",
 ]
