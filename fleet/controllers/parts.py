@@ -14,6 +14,7 @@ and the rollout's progress memo key on. A change that cannot be traced to one cl
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -170,9 +171,11 @@ class FleetParts:
             self.membership_changed = True
             cluster = (meta.get("labels") or {}).get(CAPI_CLUSTER_LABEL)
             if cluster:
-                self.dirty.add((namespace, str(cluster)))
+                ckey = (namespace, str(cluster))
+                ckey = self._cluster_keys.setdefault(ckey, ckey)
+                self.dirty.add(ckey)
                 if self.sharded:
-                    self._secret_clusters.add((namespace, str(cluster)))
+                    self._secret_clusters.add(ckey)
             return
         if res is K0S_WORKER_CONFIG_TEMPLATES:
             self.dirty.update(self._template_users.get(object_key(obj), {}))
@@ -183,6 +186,8 @@ class FleetParts:
             return
         key = object_key(obj)
         cache = self.caches.get(res)
+        if cache is not None and cache.changed_key == key:
+            key = cache.changed_key  # the cache's tuple, not one more per object
         present = cache is not None and key in cache
         cluster_key: ClusterKey | None = None
         if present and cache is not None:
@@ -254,7 +259,15 @@ class FleetParts:
             for obj in self.caches[CLUSTERS]:
                 info = fleet_cluster(self.config, obj)
                 if info is not None:
-                    members[(info.namespace, info.name)] = info
+                    # label and annotation keys repeat across the fleet: one string each;
+                    # its key is the one tuple of the cluster (and names it)
+                    key = (info.namespace, info.name)
+                    key = self._cluster_keys.setdefault(key, key)
+                    info = dataclasses.replace(
+                        info, namespace=key[0], name=key[1],
+                        labels={sys.intern(k): v for k, v in info.labels.items()},
+                        annotations={sys.intern(k): v for k, v in info.annotations.items()})
+                    members[key] = info
             self.members = members
             self.membership_changed = False
         return self.members
@@ -337,8 +350,11 @@ class FleetParts:
             part = dataclasses.replace(
                 part, other_nodeplans=OtherNodePlans(self._where[NODE_PLANS], key),
                 foreign=frozenset({key}) if key in self.foreign else frozenset())
-            # Another replica's cluster: its rollout progress, not its objects, is kept.
-            self.parts[key] = foreign_digest(part) if key in self.foreign else part
+            # Another replica's cluster: its rollout progress, not its objects, is kept
+            # (naming its Machines by the strings the caches' keys hold anyway).
+            self.parts[key] = foreign_digest(part, {
+                k[1]: k[1] for k in self._index[MACHINES].get(key, ())}) \
+                if key in self.foreign else part
             self.rebuilt += 1
 
 

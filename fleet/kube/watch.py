@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -41,8 +42,11 @@ class WatchEvent:
 
 
 def object_key(obj: KubeObject) -> ObjectKey:
+    """``(namespace, name)``; the namespace interned (a handful of them name every one of
+    thousands of cached objects: one string each, not one per key)."""
     meta = obj.get("metadata") or {}
-    return (meta.get("namespace") or "", meta.get("name") or "")
+    ns = meta.get("namespace") or ""
+    return (sys.intern(ns) if type(ns) is str else ns, meta.get("name") or "")
 
 
 async def watch_once(client: KubeClient, res: Resource, resource_version: str, *,

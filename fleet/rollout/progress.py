@@ -29,6 +29,8 @@ from fleet.eligibility import (
 from fleet.model import (
     ClusterKey,
     ControlPlaneInfo,
+    FleetUpgradeInfo,
+    IntentTarget,
     MachineDeploymentInfo,
     MachineInfo,
     NodeInfo,
@@ -328,17 +330,16 @@ def _s(value: str | None) -> str | None:
     return None if value is None else sys.intern(value)
 
 
-def _compact(c: ClusterProgress) -> ClusterProgress:
+def _compact(c: ClusterProgress, names: Mapping[str, str]) -> ClusterProgress:
     """``c`` with the strings that repeat across the fleet's thousands of foreign clusters
     interned (kinds, namespaces, versions, phases, messages), a node named as its Machine
     sharing the Machine's name, and its empty mappings shared: equal to ``c``."""
     objects = tuple(ObjectProgress(
         ref=ObjectRef(sys.intern(o.ref.kind), sys.intern(o.ref.namespace), o.ref.name),
         target=_s(o.target), replicas=o.replicas,
-        nodes=tuple(NodeProgress(n.machine, n.machine if n.node == n.machine else n.node,
-                                 n.state, _s(n.version), sys.intern(n.phase),
-                                 sys.intern(n.message))
-                    for n in o.nodes),
+        nodes=tuple(NodeProgress(m, m if n.node == m else n.node, n.state, _s(n.version),
+                                 sys.intern(n.phase), sys.intern(n.message))
+                    for n in o.nodes for m in (names.get(n.machine, n.machine),)),
         started=o.started, halted=o.halted, paused=_s(o.paused)) for o in c.objects)
     return ClusterProgress(
         namespace=sys.intern(c.namespace), name=c.name,
@@ -348,27 +349,46 @@ def _compact(c: ClusterProgress) -> ClusterProgress:
         foreign=c.foreign)
 
 
-def foreign_digest(part: Snapshot) -> Snapshot:
+def foreign_digest(part: Snapshot, names: Mapping[str, str] | None = None) -> Snapshot:
     """A foreign cluster's snapshot part as a sharded replica keeps it: its rollout progress
     (what the fleet-wide gate and status read of a cluster another replica acts on),
     computed now, instead of its management objects (Machines, MachineDeployments,
     MachineSets, K0sControlPlanes), which nothing else reads of such a cluster. Its
     ClusterInfo, NodePlans and intent stay (small; the status writer reads the intents).
+    ``names``: the strings to name its Machines by (those the caches hold anyway)
     :func:`part_progress` of the digest equals :func:`clusters_from_snapshot` of ``part``."""
-    progress = tuple(_compact(c) for c in clusters_from_snapshot(part))
+    progress = tuple(_compact(c, names or {}) for c in clusters_from_snapshot(part))
     # the labels and annotations the part's ClusterInfo holds anyway, not a copy of them
     progress = tuple(dataclasses.replace(c, labels=info.labels, annotations=info.annotations)
                      if (info := part.clusters.get(c.key)) is not None
                      and info.labels == c.labels and info.annotations == c.annotations
                      else c for c in progress)
+    for c in progress:  # the part's key tuple (and name), not one more of each
+        for key in part.clusters:
+            if key == c.key:
+                object.__setattr__(c, "key", key)
+                object.__setattr__(c, "name", key[1])
     def small(m: Mapping[T, V]) -> Mapping[T, V]:
         return m or _EMPTY  # empty: one shared mapping
 
+    if len(_INTENTS) > 4096:
+        _INTENTS.clear()
+    intents = {k: _INTENTS.setdefault(t, t) for k, t in part.intents.items()}
+    upgrades = part.upgrades  # the fleet's, the same in every part: one mapping kept
+    if _UPGRADES and _UPGRADES[0] == upgrades:
+        upgrades = _UPGRADES[0]
+    else:
+        _UPGRADES[:] = [upgrades]
     return dataclasses.replace(
-        part, deployments=_EMPTY, machine_sets=_EMPTY, control_planes=_EMPTY,
+        part, upgrades=upgrades, deployments=_EMPTY, machine_sets=_EMPTY, control_planes=_EMPTY,
         machines=_EMPTY, nodes=_EMPTY, nodeplans=small(part.nodeplans),
-        intents=small(part.intents), autopilot_plans=small(part.autopilot_plans),
+        intents=small(intents), autopilot_plans=small(part.autopilot_plans),
         progress=progress)
+
+
+# One IntentTarget (FleetUpgrade, version) for the many foreign clusters it covers.
+_INTENTS: dict[IntentTarget, IntentTarget] = {}
+_UPGRADES: list[Mapping[tuple[str, str], FleetUpgradeInfo]] = []  # the last digest's
 
 
 def part_progress(part: Snapshot) -> list[ClusterProgress]:
