@@ -223,6 +223,10 @@ def foreign(res: Resource, holds: Callable[[ClusterKey], bool] | None = None
 
     def is_foreign(obj: KubeObject) -> bool:
         cluster = cluster_of(res, obj)
+        if res is CLUSTERS:  # a Cluster is its own cluster
+            meta = obj.get("metadata")
+            if isinstance(meta, dict) and isinstance(meta.get("name"), str):
+                cluster = (str(meta.get("namespace") or ""), meta["name"])
         return cluster is not None and not holds(cluster)
 
     return is_foreign

@@ -53,7 +53,6 @@ from fleet.model import (
 )
 from fleet.planner.incremental import OtherNodePlans
 from fleet.records import live_autopilot_plan
-from fleet.rollout.progress import foreign_digest
 from fleet.snapshot import (
     Listed,
     ManagementObjects,
@@ -114,6 +113,10 @@ class FleetParts:
         # Members another replica acts on (or not heard from yet): their parts are marked
         # foreign (judged from the management objects by the fleet rollout).
         self.foreign: frozenset[ClusterKey] = frozenset()
+        # What a foreign part is kept as (the rollout policy's
+        # fleet.rollout.progress.foreign_digest: its progress instead of its objects),
+        # given the part and the strings to name its Machines by; None: kept whole.
+        self.digest: Callable[[Snapshot, Mapping[str, str]], Snapshot] | None = None
         self.everything = True  # the next pass rebuilds every part
         self.membership_changed = True  # Clusters or kubeconfig Secrets moved
         self._where: dict[Resource, dict[ObjectKey, ClusterKey]] = {r: {} for r in _PARSERS}
@@ -352,9 +355,9 @@ class FleetParts:
                 foreign=frozenset({key}) if key in self.foreign else frozenset())
             # Another replica's cluster: its rollout progress, not its objects, is kept
             # (naming its Machines by the strings the caches' keys hold anyway).
-            self.parts[key] = foreign_digest(part, {
-                k[1]: k[1] for k in self._index[MACHINES].get(key, ())}) \
-                if key in self.foreign else part
+            if key in self.foreign and self.digest is not None:
+                part = self.digest(part, {k[1]: k[1] for k in self._index[MACHINES].get(key, ())})
+            self.parts[key] = part
             self.rebuilt += 1
 
 

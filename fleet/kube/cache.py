@@ -279,6 +279,15 @@ class ObjectCache(_Cache[Entry, KubeObject]):
         """The held objects' keys ``(namespace, name)``, without reading them."""
         return list(self._entries)
 
+    def versions(self, namespace: str | None = None) -> dict[ObjectKey, str]:
+        """The resourceVersion of every held object (of ``namespace``; None: all): what a
+        Reflector feeding only this cache compares a re-list with."""
+        out: dict[ObjectKey, str] = {}
+        for key in list(self._entries):
+            if namespace is None or key[0] == namespace:
+                out[key] = self.resource_version(key[1], key[0]) or ""
+        return out
+
     def describe(self, key: ObjectKey) -> tuple[str, str, str]:
         """(namespace, name, resourceVersion) of a held object (for messages)."""
         namespace, name = key

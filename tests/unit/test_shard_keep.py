@@ -18,7 +18,7 @@ import copy
 import dataclasses
 import random
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given, settings
@@ -28,6 +28,7 @@ from fleet.clusters import ClusterRegistry, kubeconfig_secret
 from fleet.config import FleetConfig
 from fleet.controllers.observe import ManagementView
 from fleet.controllers.parts import FleetParts
+from fleet.extension.exclusion import ExtensionExclusion
 from fleet.kept import (
     CAPI_CLUSTER_LABEL,
     FOREIGN_SPECS,
@@ -51,7 +52,13 @@ from fleet.kube.resources import (
 from fleet.model import ClusterKey, deployment_from, machine_from
 from fleet.nodeplan import build_nodeplan
 from fleet.rollout.gate import FleetView, RolloutGate
-from fleet.rollout.progress import clusters_from_snapshot, fingerprint, part_progress
+from fleet.rollout.policy import RolloutPolicy
+from fleet.rollout.progress import (
+    clusters_from_snapshot,
+    fingerprint,
+    foreign_digest,
+    part_progress,
+)
 from fleet.rollout.state import RolloutState
 from fleet.signal import RUNNING_VERSION_KEY
 from fleet.testing.capi import (
@@ -153,6 +160,7 @@ def foreign_parts(objects: list[tuple[Resource, dict[str, Any]]], sharded: bool,
     that holds none of them keeps them (else as one replica keeps everything);
     ``digest``: their parts are foreign digests (else parts built from every object)."""
     parts = FleetParts(CONFIG)
+    parts.digest = foreign_digest  # as the controller with the rollout policy does
     view = ManagementView(Any, namespaces=[NS], intent_namespace=NS,  # type: ignore[arg-type]
                           on_object=parts.listener,
                           holds=(lambda _c: False) if sharded else None)
@@ -334,3 +342,21 @@ def test_a_taken_owner_is_kept_plain_and_given_back_compressed() -> None:
     held.clear()
     cache.rekeep([key])  # given back
     assert isinstance(cache._entries[key], ForeignKept) and not cache._memo
+
+
+def test_the_controller_s_policy_keeps_foreign_parts_as_digests() -> None:
+    """As cli/controller.py composes it (the rollout policy inside the extension's
+    exclusion), the controller's FleetParts get the digest; without a rollout policy,
+    nothing reads other replicas' clusters' progress and parts stay whole."""
+    rollout = RolloutPolicy(cast(Any, None), CONFIG, recorder=cast(Any, None))
+    exclusion = ExtensionExclusion(cast(Any, None), CONFIG, rollout)
+    assert exclusion.digest is not None
+    assert ExtensionExclusion(cast(Any, None), CONFIG, None).digest is None
+    objects = random_fleet(5, 3)
+    parts, _ = foreign_parts(objects, sharded=True)
+    full, _ = foreign_parts(objects, sharded=False, digest=False)
+    digest = exclusion.digest
+    for key, whole in full.parts.items():
+        judged = dataclasses.replace(whole, foreign=frozenset({key}))
+        assert part_progress(digest(judged, {})) == clusters_from_snapshot(judged) \
+            == part_progress(parts.parts[key])
