@@ -5,7 +5,8 @@ A replica keeps the management caches (:class:`fleet.controllers.observe.Managem
 fed through ``ObjectCache.observe`` exactly as watch events are, with the controller's
 ``FleetParts`` listening), a snapshot part per cluster (``FleetParts.rebuild``, foreign
 for the clusters another replica holds), the fleet's merged snapshot (``Merger``) and
-the rollout policy's progress per cluster (``ProgressMemo``). Each cluster is what
+the rollout policy's progress per cluster (``ProgressMemo``) and the wave gate's index
+and verdicts (``RolloutGate.evaluate``, phase "gate"). Each cluster is what
 ``bench/management_memory.py`` builds (fleet/testing/capi.py's objects as the API server
 returns them; ``--capi-status``: with the status a CAPI manager writes), with a
 FleetUpgrade to the version they run (steady state after a rollout).
@@ -47,6 +48,7 @@ from fleet.kube.resources import FLEET_UPGRADES, SECRETS, Resource
 from fleet.kube.watch import Reflector, WatchEvent
 from fleet.model import ClusterKey
 from fleet.planner.incremental import Merger
+from fleet.rollout.gate import FleetView, RolloutGate
 from fleet.rollout.progress import ProgressMemo
 
 try:
@@ -82,6 +84,7 @@ class Replica:
         self.parts.attach(self.view.caches, self.registry)
         self.merger = Merger()
         self.progress = ProgressMemo()
+        self.gate = RolloutGate(self.config)
         self.kept: list[Any] = []
         self.phases: dict[str, int] = {}  # bytes allocated at the end of each phase
 
@@ -109,8 +112,13 @@ class Replica:
         fleet = self.merger.merge(self.parts.parts, NOW)
         self.kept = [fleet]
         self._phase("merged")
-        self.kept.append(self.progress.clusters(fleet))
+        clusters = self.progress.clusters(fleet)
+        self.kept.append(clusters)
         self._phase("progress")
+        # the wave gate's index and verdicts over the whole fleet (own and foreign alike)
+        self.kept.append(self.gate.evaluate(FleetView(clusters, fleet_writer=held is None),
+                                            NOW))
+        self._phase("gate")
 
 
     def _reflect(self, raw: list[tuple[str, bytes]], by_kind: dict[str, Resource]) -> None:
