@@ -418,7 +418,7 @@ class Snapshot:
     autopilot_plans: Mapping[ClusterKey, str] = field(default_factory=dict)
     # clusters another controller replica acts on (sharding): their Nodes are not watched
     # here, their progress is judged from the management objects only (fleet rollout)
-    foreign: frozenset[ClusterKey] = frozenset()
+    foreign: AbstractSet[ClusterKey] = frozenset()
     # (namespace, name) of the NodePlans of clusters left out of this snapshot (those other
     # replicas act on): a node request naming one of them is not an orphan
     other_nodeplans: AbstractSet[tuple[str, str]] = frozenset()

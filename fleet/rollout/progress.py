@@ -13,7 +13,8 @@ import hashlib
 import json
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -326,6 +327,51 @@ T = TypeVar("T")
 V = TypeVar("V")
 
 
+class _One(Mapping[T, V]):
+    """A read-only mapping of one entry (a digest's ClusterInfo, its intent): a quarter of
+    the size of a dict of one, for each of thousands of foreign clusters."""
+
+    __slots__ = ("_key", "_value")
+
+    def __init__(self, key: T, value: V) -> None:
+        self._key, self._value = key, value
+
+    def __getitem__(self, key: T) -> V:
+        if key == self._key:
+            return self._value
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[T]:
+        return iter((self._key,))
+
+    def __len__(self) -> int:
+        return 1
+
+    def __repr__(self) -> str:
+        return repr({self._key: self._value})
+
+
+class _OneKey(AbstractSet[T]):
+    """A set of one (a digest's ``foreign``): a quarter of a frozenset of one."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: T) -> None:
+        self._key = key
+
+    def __contains__(self, key: object) -> bool:
+        return key == self._key
+
+    def __iter__(self) -> Iterator[T]:
+        return iter((self._key,))
+
+    def __len__(self) -> int:
+        return 1
+
+    def __repr__(self) -> str:
+        return repr({self._key})
+
+
 def _s(value: str | None) -> str | None:
     return None if value is None else sys.intern(value)
 
@@ -369,7 +415,12 @@ def foreign_digest(part: Snapshot, names: Mapping[str, str] | None = None) -> Sn
                 object.__setattr__(c, "key", key)
                 object.__setattr__(c, "name", key[1])
     def small(m: Mapping[T, V]) -> Mapping[T, V]:
-        return m or _EMPTY  # empty: one shared mapping
+        if not m:
+            return _EMPTY  # empty: one shared mapping
+        if len(m) == 1:
+            ((k, v),) = m.items()
+            return _One(k, v)
+        return m
 
     if len(_INTENTS) > 4096:
         _INTENTS.clear()
@@ -382,6 +433,8 @@ def foreign_digest(part: Snapshot, names: Mapping[str, str] | None = None) -> Sn
     return dataclasses.replace(
         part, upgrades=upgrades, deployments=_EMPTY, machine_sets=_EMPTY, control_planes=_EMPTY,
         machines=_EMPTY, nodes=_EMPTY, nodeplans=small(part.nodeplans),
+        clusters=small(part.clusters),
+        foreign=_OneKey(next(iter(part.foreign))) if len(part.foreign) == 1 else part.foreign,
         intents=small(intents), autopilot_plans=small(part.autopilot_plans),
         progress=progress)
 
