@@ -5,7 +5,8 @@ A replica keeps the management caches (:class:`fleet.controllers.observe.Managem
 fed through ``ObjectCache.observe`` exactly as watch events are, with the controller's
 ``FleetParts`` listening), a snapshot part per cluster (``FleetParts.rebuild``, foreign
 for the clusters another replica holds), the fleet's merged snapshot (``Merger``) and
-the rollout policy's progress per cluster (``ProgressMemo``). Each cluster is what
+the rollout policy's progress per cluster (``ProgressMemo``) and the wave gate's index
+and verdicts (``RolloutGate.evaluate``, phase "gate"). Each cluster is what
 ``bench/management_memory.py`` builds (fleet/testing/capi.py's objects as the API server
 returns them; ``--capi-status``: with the status a CAPI manager writes), with a
 FleetUpgrade to the version they run (steady state after a rollout).
@@ -16,19 +17,23 @@ sharded replica holding every cluster (own), none (foreign) and ``--held`` of th
 side of an own cluster (its client, Node records) is not included:
 ``bench/registry_memory.py`` measures it.
 
-    .venv/bin/python bench/shard_memory.py --clusters 200 --held 0.1 [--capi-status]
+    .venv/bin/python bench/shard_memory.py --clusters 200 --held 0.1 [--capi-status] [--reflectors]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
+import inspect
 import json
 import sys
 import tracemalloc
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
+
+import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,10 +44,17 @@ from fleet.clusters import ClusterRegistry
 from fleet.config import FleetConfig
 from fleet.controllers.observe import ManagementView
 from fleet.controllers.parts import FleetParts
-from fleet.kube.resources import FLEET_UPGRADES, SECRETS
+from fleet.kube.resources import FLEET_UPGRADES, SECRETS, Resource
+from fleet.kube.watch import Reflector, WatchEvent
 from fleet.model import ClusterKey
 from fleet.planner.incremental import Merger
+from fleet.rollout.gate import FleetView, RolloutGate
 from fleet.rollout.progress import ProgressMemo
+
+try:
+    from fleet.rollout.progress import foreign_digest
+except ImportError:  # code from before foreign digests (the "before" numbers)
+    foreign_digest = None  # type: ignore[assignment]
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -63,6 +75,7 @@ class Replica:
             by_alias=True, by_name=False)
         self.parts = FleetParts(self.config)
         self.parts.sharded = held is not None  # as FleetController sets it
+        self.parts.digest = foreign_digest  # as with the rollout policy (if the code has it)
         # held None: one replica (no sharding), every cluster its own
         self.view = ManagementView(cast(Any, None), namespaces=[NS], intent_namespace=NS,
                                    on_object=self.parts.listener,
@@ -71,6 +84,7 @@ class Replica:
         self.parts.attach(self.view.caches, self.registry)
         self.merger = Merger()
         self.progress = ProgressMemo()
+        self.gate = RolloutGate(self.config)
         self.kept: list[Any] = []
         self.phases: dict[str, int] = {}  # bytes allocated at the end of each phase
 
@@ -78,12 +92,16 @@ class Replica:
         gc.collect()
         self.phases[name] = tracemalloc.get_traced_memory()[0]
 
-    def build(self, raw: list[tuple[str, bytes]], held: set[ClusterKey] | None) -> None:
+    def build(self, raw: list[tuple[str, bytes]], held: set[ClusterKey] | None,
+              reflectors: bool = False) -> None:
         view = self.view
         view[FLEET_UPGRADES].observe(fleet_upgrade())
         by_kind = {res.kind: res for res in view.caches}
-        for kind, body in raw:
-            view[by_kind[kind]].observe(json.loads(body))  # decoded as a watch event is
+        if reflectors:
+            self._reflect(raw, by_kind)
+        else:
+            for kind, body in raw:
+                view[by_kind[kind]].observe(json.loads(body))  # decoded as a watch event is
         for cache in view.caches.values():
             cache.mark_synced()
         self._phase("caches")
@@ -94,8 +112,37 @@ class Replica:
         fleet = self.merger.merge(self.parts.parts, NOW)
         self.kept = [fleet]
         self._phase("merged")
-        self.kept.append(self.progress.clusters(fleet))
+        clusters = self.progress.clusters(fleet)
+        self.kept.append(clusters)
         self._phase("progress")
+        # the wave gate's index and verdicts over the whole fleet (own and foreign alike)
+        self.kept.append(self.gate.evaluate(FleetView(clusters, fleet_writer=held is None),
+                                            NOW))
+        self._phase("gate")
+
+
+    def _reflect(self, raw: list[tuple[str, bytes]], by_kind: dict[str, Resource]) -> None:
+        """Each object as an ADDED event through a Reflector per resource, as
+        ManagementView.run builds them (no server: the events are applied as a watch
+        applies them), so that what the watches keep per object is counted too."""
+        view = self.view
+        has_versions = "versions" in inspect.signature(Reflector).parameters
+
+        def reflector(res: Resource) -> Reflector:
+            extra: dict[str, Any] = {}
+            if has_versions and res is not SECRETS:  # as ManagementView.run
+                extra["versions"] = functools.partial(view[res].versions, NS)
+            return Reflector(cast(Any, None), res, namespace=NS, listener=view[res].on_event,
+                             keep_objects=False, **extra)
+
+        self.reflectors = {res: reflector(res) for res in by_kind.values()}
+
+        async def feed() -> None:
+            for kind, body in raw:
+                await self.reflectors[by_kind[kind]]._apply(
+                    WatchEvent("ADDED", json.loads(body)))
+
+        anyio.run(feed)
 
 
 def raw_objects(clusters: int, capi_status: bool) -> list[tuple[str, bytes]]:
@@ -106,8 +153,8 @@ def raw_objects(clusters: int, capi_status: bool) -> list[tuple[str, bytes]]:
     return out
 
 
-def measure(raw: list[tuple[str, bytes]], held: set[ClusterKey] | None
-            ) -> tuple[int, dict[str, int], Replica]:
+def measure(raw: list[tuple[str, bytes]], held: set[ClusterKey] | None,
+            reflectors: bool = False) -> tuple[int, dict[str, int], Replica]:
     """Bytes allocated by one replica built from ``raw`` (``held``: its own clusters; None:
     not sharded), and
     by each phase: the management caches, the parts (with the caches' parse memo), the
@@ -115,7 +162,7 @@ def measure(raw: list[tuple[str, bytes]], held: set[ClusterKey] | None
     gc.collect()
     tracemalloc.start()
     replica = Replica(held)
-    replica.build(raw, held)
+    replica.build(raw, held, reflectors)
     gc.collect()
     size, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
@@ -132,22 +179,27 @@ def main() -> None:
                    help="fraction of the clusters this replica holds in the mixed run")
     p.add_argument("--capi-status", action="store_true",
                    help="objects with the status a Cluster API manager writes")
+    p.add_argument("--reflectors", action="store_true",
+                   help="feed the objects through the watches' Reflectors (what they keep "
+                        "per object counted under caches)")
     args = p.parse_args()
     if not args.clusters > 0 or not 0 <= args.held <= 1:
         p.error("--clusters must be positive and --held between 0 and 1")
     n = args.clusters
     raw = raw_objects(n, args.capi_status)
     keys = [(NS, f"c{i:04d}") for i in range(n)]
-    alone, alone_phases, r_alone = measure(raw, None)
+    if args.reflectors:
+        anyio.run(anyio.sleep, 0)  # the event loop's one-time imports, not the first build's
+    alone, alone_phases, r_alone = measure(raw, None, args.reflectors)
     del r_alone
-    own, own_phases, r_own = measure(raw, set(keys))
+    own, own_phases, r_own = measure(raw, set(keys), args.reflectors)
     assert len(r_own.parts.parts) == n and not r_own.parts.foreign
     del r_own
-    foreign, foreign_phases, r_foreign = measure(raw, set())
+    foreign, foreign_phases, r_foreign = measure(raw, set(), args.reflectors)
     assert len(r_foreign.parts.foreign) == n
     del r_foreign
     held = set(keys[:round(args.held * n)])
-    mixed, _, r_mixed = measure(raw, held)
+    mixed, _, r_mixed = measure(raw, held, args.reflectors)
     del r_mixed
     per_own, per_foreign = own / n, foreign / n
     predicted = per_own * len(held) + per_foreign * (n - len(held))
@@ -160,6 +212,7 @@ def main() -> None:
     print(f"mixed ({len(held)} own, {n - len(held)} foreign): {mixed / n:9.0f} B per cluster "
           f"(own x {len(held)} + foreign x {n - len(held)} = {predicted / n:9.0f})")
     print(json.dumps({"clusters": n, "capi_status": args.capi_status, "held": len(held),
+                      "reflectors": args.reflectors,
                       "one_replica_bytes_per_cluster": round(alone / n),
                       "own_bytes_per_cluster": round(per_own),
                       "foreign_bytes_per_cluster": round(per_foreign),

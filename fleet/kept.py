@@ -168,7 +168,7 @@ def cluster_of(res: Resource, obj: KubeObject) -> ClusterKey | None:
         return None
     labels = meta.get("labels")
     name = labels.get(CAPI_CLUSTER_LABEL) if isinstance(labels, dict) else None
-    if not name and res is MACHINES:
+    if not name and res in (MACHINES, MACHINE_DEPLOYMENTS, MACHINE_SETS):
         spec = obj.get("spec")
         name = spec.get("clusterName") if isinstance(spec, dict) else None
     if not isinstance(name, str) or not name:
@@ -211,5 +211,56 @@ def projection(res: Resource, holds: Callable[[ClusterKey], bool] | None = None
     return keep
 
 
-__all__ = ["CAPI_CLUSTER_LABEL", "FOREIGN_SPECS", "SPECS", "Spec", "cluster_of", "project",
-           "projection"]
+def foreign(res: Resource, holds: Callable[[ClusterKey], bool] | None = None
+            ) -> Callable[[KubeObject], bool] | None:
+    """Whether an object of ``res`` belongs to a cluster this sharded replica does not hold
+    (None: not sharded, or a kind not kept by cluster). Such an object is only looked at
+    (the fleet-wide rollout reads its cluster's progress, kept per cluster:
+    :func:`fleet.rollout.progress.foreign_digest`): the cache keeps it compressed
+    (:data:`FOREIGN_ZDICT`) and remembers no parse of it. One naming no cluster is held."""
+    if holds is None or (res not in SPECS and res not in FOREIGN_SPECS):
+        return None
+
+    def is_foreign(obj: KubeObject) -> bool:
+        cluster = cluster_of(res, obj)
+        if res is CLUSTERS:  # a Cluster is its own cluster
+            meta = obj.get("metadata")
+            if isinstance(meta, dict) and isinstance(meta.get("name"), str):
+                cluster = (str(meta.get("namespace") or ""), meta["name"])
+        return cluster is not None and not holds(cluster)
+
+    return is_foreign
+
+
+# The vocabulary of the kept subsets of Cluster API objects (field names, Cluster API's
+# labels and annotations, kinds, API groups): the preset dictionary a foreign object's
+# kept JSON is compressed against (deflate finds its long strings there, so even an
+# object of a few hundred bytes compresses well). Later entries are found most cheaply.
+FOREIGN_ZDICT = "".join((
+    '"finalizers"', '"paused":false', '"paused":true', '"failureDomain":"',
+    '"maxUnavailable":', '"maxSurge":', '"rollingUpdate":{', '"type":"RollingUpdate"',
+    '"updateStrategy":"InPlace"', '"k0sConfigSpec":{"args":["', '"status":"True"',
+    '"status":"False"', '"reason":"', '"message":"', '"lastTransitionTime":"',
+    '"k0sFleet":{', '"conditions":[{"type":"', '"replicas":', '"template":{"spec":{',
+    '"bootstrap":{"configRef":{"apiGroup":"bootstrap.cluster.x-k8s.io",'
+    '"kind":"K0sWorkerConfigTemplate","name":"',
+    '"infrastructureRef":{"apiGroup":"infrastructure.cluster.x-k8s.io","kind":"',
+    '"machineTemplate":{"infrastructureRef":{"apiGroup":"',
+    '{"apiVersion":"controlplane.cluster.x-k8s.io/v1beta2","kind":"K0sControlPlane",',
+    '{"apiVersion":"cluster.x-k8s.io/v1beta2","kind":"MachineSet",',
+    '{"apiVersion":"cluster.x-k8s.io/v1beta2","kind":"MachineDeployment",',
+    '{"apiVersion":"cluster.x-k8s.io/v1beta2","kind":"Cluster",',
+    '"uid":"', '"spec":{"clusterName":"', '"version":"v1.3', '+k0s.0"},',
+    '"k0s.controlplane.cluster.x-k8s.io/k0s-config":"{\\"args\\": [\\"',
+    '"k0s-fleet.io/', '"annotations":{', '"deletionTimestamp":"',
+    '"ownerReferences":[{"kind":"K0sControlPlane","name":"',
+    '"ownerReferences":[{"kind":"MachineSet","name":"',
+    '"cluster.x-k8s.io/control-plane":"true","cluster.x-k8s.io/control-plane-name":"',
+    '"cluster.x-k8s.io/deployment-name":"', '"cluster.x-k8s.io/set-name":"',
+    '"status":{"nodeRef":{"name":"', '"creationTimestamp":"20',
+    '{"metadata":{"name":"', '"namespace":"', '"labels":{"cluster.x-k8s.io/cluster-name":"',
+)).encode()
+
+
+__all__ = ["CAPI_CLUSTER_LABEL", "FOREIGN_SPECS", "FOREIGN_ZDICT", "SPECS", "Spec",
+           "cluster_of", "foreign", "project", "projection"]

@@ -418,7 +418,7 @@ class Snapshot:
     autopilot_plans: Mapping[ClusterKey, str] = field(default_factory=dict)
     # clusters another controller replica acts on (sharding): their Nodes are not watched
     # here, their progress is judged from the management objects only (fleet rollout)
-    foreign: frozenset[ClusterKey] = frozenset()
+    foreign: AbstractSet[ClusterKey] = frozenset()
     # (namespace, name) of the NodePlans of clusters left out of this snapshot (those other
     # replicas act on): a node request naming one of them is not an orphan
     other_nodeplans: AbstractSet[tuple[str, str]] = frozenset()
@@ -427,6 +427,12 @@ class Snapshot:
     # it may be remembered (fleet.planner.incremental, fleet.rollout.progress).
     parts: Mapping[ClusterKey, Snapshot] | None = field(default=None, compare=False,
                                                         repr=False)
+    # A sharded replica's part of a cluster another replica acts on (a *foreign digest*):
+    # the rollout progress (fleet.rollout.progress.ClusterProgress) computed once from its
+    # management objects when the part was built, which the part then no longer carries
+    # (no Machines, MachineDeployments, MachineSets, K0sControlPlanes: nothing but the
+    # rollout reads them of such a cluster). None: computed from the part itself.
+    progress: tuple[object, ...] | None = field(default=None, compare=False, repr=False)
 
 
 # -- parsing ---------------------------------------------------------------------------

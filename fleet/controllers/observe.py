@@ -3,6 +3,7 @@ built from them per cluster by :mod:`fleet.controllers.parts`)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable
 
@@ -10,7 +11,7 @@ import anyio
 import anyio.abc
 
 from fleet.config import FleetConfig
-from fleet.kept import projection
+from fleet.kept import FOREIGN_ZDICT, foreign, projection
 from fleet.kube import KubeClient, KubeError, NotFoundError
 from fleet.kube.backoff import Backoff
 from fleet.kube.cache import ObjectCache, ObjectListener
@@ -63,7 +64,8 @@ class ManagementView:
         self.holds = holds
         self.caches = {res: ObjectCache(res.kind, on_change=on_change,
                                         on_object=on_object(res) if on_object else None,
-                                        keep=projection(res, holds))
+                                        keep=projection(res, holds),
+                                        foreign=foreign(res, holds), zdict=FOREIGN_ZDICT)
                        for res in (*WATCHED, *OPTIONAL, FLEET_UPGRADES)}
         self.reflectors: list[Reflector] = []
         self.watch_timeout = watch_timeout
@@ -79,10 +81,14 @@ class ManagementView:
         async with anyio.create_task_group() as tg:
             for res in WATCHED:
                 for ns in self.namespaces:
+                    cache = self.caches[res]
                     r = Reflector(
-                        self.client, res, namespace=ns, listener=self.caches[res].on_event,
+                        self.client, res, namespace=ns, listener=cache.on_event,
                         field_selector=SECRET_FIELD_SELECTOR if res is SECRETS else None,
-                        watch_timeout=self.watch_timeout, keep_objects=False)
+                        watch_timeout=self.watch_timeout, keep_objects=False,
+                        # the cache's versions, not a copy (Secrets have other feeders)
+                        versions=None if res is SECRETS else functools.partial(
+                            cache.versions, ns))
                     self.reflectors.append(r)
                     tg.start_soon(r.run)
             if self.intent_namespace is not None:

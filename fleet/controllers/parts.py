@@ -14,6 +14,7 @@ and the rollout's progress memo key on. A change that cannot be traced to one cl
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -112,10 +113,17 @@ class FleetParts:
         # Members another replica acts on (or not heard from yet): their parts are marked
         # foreign (judged from the management objects by the fleet rollout).
         self.foreign: frozenset[ClusterKey] = frozenset()
+        # What a foreign part is kept as (the rollout policy's
+        # fleet.rollout.progress.foreign_digest: its progress instead of its objects),
+        # given the part and the strings to name its Machines by; None: kept whole.
+        self.digest: Callable[[Snapshot, Mapping[str, str]], Snapshot] | None = None
         self.everything = True  # the next pass rebuilds every part
         self.membership_changed = True  # Clusters or kubeconfig Secrets moved
         self._where: dict[Resource, dict[ObjectKey, ClusterKey]] = {r: {} for r in _PARSERS}
-        self._index: dict[Resource, dict[ClusterKey, set[ObjectKey]]] = {
+        self._cluster_keys: dict[ClusterKey, ClusterKey] = {}  # the one tuple of each
+        # per cluster its objects' keys, as a tuple (a set of one or ten keys costs three
+        # to five times as much, for each of thousands of clusters; rebuilt on change)
+        self._index: dict[Resource, dict[ClusterKey, tuple[ObjectKey, ...]]] = {
             r: {} for r in _PARSERS}
         # Sharded (set by the controller): the clusters Secrets name by label are
         # remembered, for the clusters of a taken shard (known_clusters).
@@ -166,9 +174,11 @@ class FleetParts:
             self.membership_changed = True
             cluster = (meta.get("labels") or {}).get(CAPI_CLUSTER_LABEL)
             if cluster:
-                self.dirty.add((namespace, str(cluster)))
+                ckey = (namespace, str(cluster))
+                ckey = self._cluster_keys.setdefault(ckey, ckey)
+                self.dirty.add(ckey)
                 if self.sharded:
-                    self._secret_clusters.add((namespace, str(cluster)))
+                    self._secret_clusters.add(ckey)
             return
         if res is K0S_WORKER_CONFIG_TEMPLATES:
             self.dirty.update(self._template_users.get(object_key(obj), {}))
@@ -179,11 +189,15 @@ class FleetParts:
             return
         key = object_key(obj)
         cache = self.caches.get(res)
+        if cache is not None and cache.changed_key == key:
+            key = cache.changed_key  # the cache's tuple, not one more per object
         present = cache is not None and key in cache
         cluster_key: ClusterKey | None = None
         if present and cache is not None:
             try:
                 cluster_key = (namespace, str(cache.parsed_object(obj, parse).cluster))
+                # one tuple per cluster, not one per object naming it
+                cluster_key = self._cluster_keys.setdefault(cluster_key, cluster_key)
             except (TypeError, ValueError, AttributeError, KeyError):
                 cluster_key = None  # unreadable: the snapshot skips it too
         where, index = self._where[res], self._index[res]
@@ -191,14 +205,18 @@ class FleetParts:
         if old is not None and old != cluster_key:
             keys = index.get(old)
             if keys is not None:
-                keys.discard(key)
-                if not keys:
+                left = tuple(k for k in keys if k != key)
+                if left:
+                    index[old] = left
+                else:
                     del index[old]
             del where[key]
             self.dirty.add(old)
         if cluster_key is not None:
             where[key] = cluster_key
-            index.setdefault(cluster_key, set()).add(key)
+            keys = index.get(cluster_key, ())
+            if key not in keys:
+                index[cluster_key] = (*keys, key)
             self.dirty.add(cluster_key)
         if res is MACHINE_DEPLOYMENTS and cache is not None:
             self._index_template(key, cache.parsed_object(obj, parse) if cluster_key else None,
@@ -231,6 +249,10 @@ class FleetParts:
         """The cached Machines of one cluster."""
         return set(self._index[MACHINES].get(key, ()))
 
+    def object_keys(self, res: Resource, key: ClusterKey) -> set[ObjectKey]:
+        """The cached objects of ``res`` (a kind parsed per cluster) of one cluster."""
+        return set(self._index[res].get(key, ()))
+
     # -- the parts ----------------------------------------------------------------------
     def refresh_members(self) -> dict[ClusterKey, ClusterInfo]:
         """The fleet's clusters (re-read only when Clusters or Secrets moved)."""
@@ -240,7 +262,15 @@ class FleetParts:
             for obj in self.caches[CLUSTERS]:
                 info = fleet_cluster(self.config, obj)
                 if info is not None:
-                    members[(info.namespace, info.name)] = info
+                    # label and annotation keys repeat across the fleet: one string each;
+                    # its key is the one tuple of the cluster (and names it)
+                    key = (info.namespace, info.name)
+                    key = self._cluster_keys.setdefault(key, key)
+                    info = dataclasses.replace(
+                        info, namespace=key[0], name=key[1],
+                        labels={sys.intern(k): v for k, v in info.labels.items()},
+                        annotations={sys.intern(k): v for k, v in info.annotations.items()})
+                    members[key] = info
             self.members = members
             self.membership_changed = False
         return self.members
@@ -266,6 +296,7 @@ class FleetParts:
         self.everything = False
         for gone in set(self.parts) - set(self.members):
             del self.parts[gone]
+            self._cluster_keys.pop(gone, None)
         return dirty
 
     def objects(self, key: ClusterKey) -> ManagementObjects:
@@ -319,9 +350,14 @@ class FleetParts:
             part = build_snapshot(
                 now=now, objects=self.objects(key), clusters={key: self.info(key)},
                 nodes={key: nodes}, infra=infra, autopilot_plans=autopilot)
-            self.parts[key] = dataclasses.replace(
+            part = dataclasses.replace(
                 part, other_nodeplans=OtherNodePlans(self._where[NODE_PLANS], key),
                 foreign=frozenset({key}) if key in self.foreign else frozenset())
+            # Another replica's cluster: its rollout progress, not its objects, is kept
+            # (naming its Machines by the strings the caches' keys hold anyway).
+            if key in self.foreign and self.digest is not None:
+                part = self.digest(part, {k[1]: k[1] for k in self._index[MACHINES].get(key, ())})
+            self.parts[key] = part
             self.rebuilt += 1
 
 

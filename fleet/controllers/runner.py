@@ -36,7 +36,15 @@ from fleet.fence import writes_for
 from fleet.kept import CAPI_CLUSTER_LABEL
 from fleet.kube import KubeClient, KubeError
 from fleet.kube.backoff import Backoff
-from fleet.kube.resources import MACHINES, NODE_PLANS, SECRETS
+from fleet.kube.resources import (
+    CLUSTERS,
+    K0S_CONTROL_PLANES,
+    MACHINE_DEPLOYMENTS,
+    MACHINE_SETS,
+    MACHINES,
+    NODE_PLANS,
+    SECRETS,
+)
 from fleet.model import ClusterKey, ObjectRef, Snapshot
 from fleet.planner import COMPLETING, PENDING, FleetPolicy, PlannerSettings, PlanResult
 from fleet.planner.actions import (
@@ -159,6 +167,9 @@ class FleetController:
         self.trigger = trigger or Trigger()
         # The snapshot per cluster, and which clusters moved since the last pass.
         self.parts = FleetParts(config)
+        # A policy that judges other replicas' clusters from their progress alone
+        # (fleet.rollout.policy.RolloutPolicy.digest): their parts keep only that.
+        self.parts.digest = getattr(policy, "digest", None)
         self.view = ManagementView(mgmt, namespaces=watched_namespaces(config),
                                    extra_secrets=custom_kubeconfig_secrets(config),
                                    on_change=self.trigger.poke, watch_timeout=watch_timeout,
@@ -349,6 +360,10 @@ class FleetController:
             except KubeError as e:
                 log.warning("re-reading the objects of a taken shard's clusters: %s", e)
                 return False
+            # Their Clusters, K0sControlPlanes, MachineDeployments and MachineSets are kept
+            # whole either way, compressed while foreign: kept plain again.
+            for key in todo:
+                self._rekeep_owners(key)
         if not await self.caches_hold_every_nodeplan():
             return False
         self._warmed.clear()  # the shards warming now are acted on: the next take reads again
@@ -384,6 +399,14 @@ class FleetController:
                                          field_selector=SECRET_FIELD_SELECTOR)).items:
             secrets.observe(obj)
 
+    def _rekeep_owners(self, key: ClusterKey) -> None:
+        """Keep one cluster's Cluster, K0sControlPlanes, MachineDeployments and MachineSets
+        as its holding now says (compressed and unparsed while foreign: fleet/kept.py
+        ``foreign``; kept whole either way, so nothing needs reading again)."""
+        for res in (K0S_CONTROL_PLANES, MACHINE_DEPLOYMENTS, MACHINE_SETS):
+            self.view[res].rekeep(self.parts.object_keys(res, key))
+        self.view[CLUSTERS].rekeep([key])
+
     def _drop_given_back(self) -> None:
         """Keep only the foreign subset of the clusters whose shard claim this replica no
         longer holds (fleet/kept.py)."""
@@ -398,6 +421,7 @@ class FleetController:
             self._full.discard(key)
             self.view[MACHINES].rekeep(self.parts.machine_keys(key))
             self.view[SECRETS].rekeep([(key[0], secrets[key])])
+            self._rekeep_owners(key)
         log.info("%d clusters of shards given back: their objects kept foreign again",
                  len(gone))
 

@@ -12,7 +12,7 @@ through by the NodePlan reconciler; only new starts are held.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from fleet.config import ExtensionMode, FleetConfig
 from fleet.extension.activation import ExtensionEndpoint, extension_active, own_endpoint
@@ -69,6 +69,14 @@ class ExtensionExclusion:
     def on_pass(self, snapshot: Snapshot, result: PlanResult) -> None:
         if self.inner is not None:
             self.inner.on_pass(snapshot, result)
+
+    @property
+    def digest(self) -> Callable[[Snapshot, Mapping[str, str]], Snapshot] | None:
+        """The inner policy's: what the controller keeps of another replica's cluster
+        (fleet.rollout.policy.RolloutPolicy.digest); this one reads nothing more of it."""
+        found: Callable[[Snapshot, Mapping[str, str]], Snapshot] | None = getattr(
+            self.inner, "digest", None)
+        return found
 
     def owns(self, namespace: str, name: str) -> bool:
         """True when the extension path drives this cluster."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -72,6 +73,9 @@ class _Cache(Generic[E, V]):
         self._tombstones: dict[ObjectKey, int] = {}
         self.synced = False
         self.version = 0  # bumped on every change: cheap "did anything move?"
+        # The key of the object ``on_object`` is being told about (the cache's own tuple:
+        # a listener indexing objects by key keeps that one instead of a second copy).
+        self.changed_key: ObjectKey | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -124,6 +128,7 @@ class _Cache(Generic[E, V]):
             if len(self._tombstones) > 10_000:
                 self._tombstones.pop(next(iter(self._tombstones)))
         if old is not None:
+            self.changed_key = key
             self._changed(self._as_changed(old))
 
     def _as_changed(self, entry: E) -> KubeObject | None:
@@ -182,13 +187,49 @@ class Kept:
         return obj
 
 
-def _entry_rv(entry: KubeObject | Kept) -> int | None:
-    raw = entry.resource_version if isinstance(entry, Kept) else str(
+class ForeignKept(bytes):
+    """What an :class:`ObjectCache` keeps of an object a sharded replica only looks at (a
+    cluster another replica acts on): one bytes object, the resourceVersion's digits, a
+    NUL, then the projected JSON (without its resourceVersion) deflated against a preset
+    dictionary of the resource's usual vocabulary (the cache's ``zdict``: a few hundred
+    bytes of JSON come to about a hundred). No wrapper, no separate string: for thousands
+    of clusters, per-object overheads are most of what is kept. Its parse is not
+    remembered (read again only when its cluster moves)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def pack(cls, projected: KubeObject, zdict: bytes) -> ForeignKept:
+        plain = Kept.of(projected)
+        z = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, zdict=zdict)
+        return cls(plain.resource_version.encode("ascii", "backslashreplace") + b"\0"
+                   + z.compress(plain.body) + z.flush())
+
+    @property
+    def resource_version(self) -> str:
+        return self[:self.index(0)].decode("ascii")
+
+    @property
+    def body(self) -> bytes:
+        """The deflated JSON (compared to tell whether what is kept changed)."""
+        return self[self.index(0) + 1:]
+
+    def unpack(self, zdict: bytes) -> KubeObject:
+        """The kept JSON, with its resourceVersion (a fresh copy each time)."""
+        z = zlib.decompressobj(-15, zdict=zdict)
+        return Kept(self.resource_version, z.decompress(self.body) + z.flush()).as_object()
+
+
+Entry = KubeObject | Kept | ForeignKept
+
+
+def _entry_rv(entry: Entry) -> int | None:
+    raw = entry.resource_version if isinstance(entry, (Kept, ForeignKept)) else str(
         (entry.get("metadata") or {}).get("resourceVersion") or "")
     return int(raw) if raw.isdigit() else None
 
 
-class ObjectCache(_Cache[KubeObject | Kept, KubeObject]):
+class ObjectCache(_Cache[Entry, KubeObject]):
     """Latest known version of every object of one resource (one API server).
 
     Without ``keep`` the objects are held as the API server sent them (less what
@@ -203,13 +244,22 @@ class ObjectCache(_Cache[KubeObject | Kept, KubeObject]):
 
     def __init__(self, kind: str, *, on_change: Listener | None = None,
                  on_object: ObjectListener | None = None,
-                 keep: Projection | None = None) -> None:
+                 keep: Projection | None = None,
+                 foreign: Callable[[KubeObject], bool] | None = None,
+                 zdict: bytes = b"") -> None:
         super().__init__(kind, on_change=on_change, on_object=on_object)
         self.keep = keep
+        # With ``keep``: whether an object is only looked at (a sharded replica's foreign
+        # cluster): kept as :class:`ForeignKept` (compressed against ``zdict``), its
+        # parses not remembered.
+        self.foreign = foreign
+        self.zdict = zdict
         self._memo: dict[tuple[ObjectKey, str], tuple[str, Any]] = {}
         self._tags: set[str] = set()  # the tags parses were remembered under
 
-    def _out(self, entry: KubeObject | Kept) -> KubeObject:
+    def _out(self, entry: Entry) -> KubeObject:
+        if isinstance(entry, ForeignKept):
+            return entry.unpack(self.zdict)
         return entry.as_object() if isinstance(entry, Kept) else entry
 
     def object(self, name: str, namespace: str = "") -> KubeObject | None:
@@ -221,13 +271,22 @@ class ObjectCache(_Cache[KubeObject | Kept, KubeObject]):
         entry = self._entries.get((namespace, name))
         if entry is None:
             return None
-        if isinstance(entry, Kept):
+        if isinstance(entry, (Kept, ForeignKept)):
             return entry.resource_version
         return str((entry.get("metadata") or {}).get("resourceVersion") or "")
 
     def object_keys(self) -> list[ObjectKey]:
         """The held objects' keys ``(namespace, name)``, without reading them."""
         return list(self._entries)
+
+    def versions(self, namespace: str | None = None) -> dict[ObjectKey, str]:
+        """The resourceVersion of every held object (of ``namespace``; None: all): what a
+        Reflector feeding only this cache compares a re-list with."""
+        out: dict[ObjectKey, str] = {}
+        for key in list(self._entries):
+            if namespace is None or key[0] == namespace:
+                out[key] = self.resource_version(key[1], key[0]) or ""
+        return out
 
     def describe(self, key: ObjectKey) -> tuple[str, str, str]:
         """(namespace, name, resourceVersion) of a held object (for messages)."""
@@ -243,6 +302,8 @@ class ObjectCache(_Cache[KubeObject | Kept, KubeObject]):
         entry = self._entries.get(key)
         if entry is None:
             raise NotHeld(f"{self.kind} {'/'.join(p for p in key if p)} is not held")
+        if isinstance(entry, ForeignKept):
+            return parse(entry.unpack(self.zdict))  # not remembered: read when its cluster moves
         rv = entry.resource_version if isinstance(entry, Kept) else str(
             (entry.get("metadata") or {}).get("resourceVersion") or "")
         if rv:
@@ -257,6 +318,9 @@ class ObjectCache(_Cache[KubeObject | Kept, KubeObject]):
         of), remembered as :meth:`parsed` remembers it."""
         rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
         key = object_key(obj)
+        entry = self._entries.get(key)
+        if isinstance(entry, ForeignKept) and entry.resource_version == rv:
+            return parse(obj)  # a foreign object's parse is not remembered
         if rv:
             hit = self._memo.get((key, tag))
             if hit is not None and hit[0] == rv:
@@ -273,7 +337,7 @@ class ObjectCache(_Cache[KubeObject | Kept, KubeObject]):
             self._memo = {k: v for k, v in self._memo.items() if k[0] in live}
         return value
 
-    def _as_changed(self, entry: KubeObject | Kept) -> KubeObject | None:
+    def _as_changed(self, entry: Entry) -> KubeObject | None:
         return self._out(entry)
 
     def observe(self, obj: KubeObject | None) -> None:
@@ -296,7 +360,7 @@ class ObjectCache(_Cache[KubeObject | Kept, KubeObject]):
             return
         old = self._entries.get(key)
         if self.keep is None:
-            if old is None or isinstance(old, Kept) or newer_or_same(obj, old):
+            if old is None or isinstance(old, (Kept, ForeignKept)) or newer_or_same(obj, old):
                 if old == obj:
                     return
                 self._entries[key] = obj
@@ -307,16 +371,23 @@ class ObjectCache(_Cache[KubeObject | Kept, KubeObject]):
         if rv is not None and old_rv is not None and rv < old_rv:
             return
         projected = self.keep(obj)
-        kept = Kept.of(projected)
+        kept: Kept | ForeignKept = ForeignKept.pack(projected, self.zdict) \
+            if self.foreign is not None and self.foreign(obj) else Kept.of(projected)
         self._entries[key] = kept
         self._tombstones.pop(key, None)
-        if not isinstance(old, Kept) or old.body != kept.body:
-            if isinstance(old, Kept) and old.resource_version == kept.resource_version:
+        if isinstance(kept, ForeignKept) and self._tags:
+            for tag in self._tags:  # what was remembered of it while it was held
+                self._memo.pop((key, tag), None)
+        if not isinstance(old, (Kept, ForeignKept)) or type(old) is not type(kept) \
+                or old.body != kept.body:
+            if isinstance(old, (Kept, ForeignKept)) \
+                    and old.resource_version == kept.resource_version:
                 # More or less kept of the same version (a sharded replica's foreign
                 # subset, or the object read again in full): what was parsed of it goes.
                 for tag in self._tags:
                     self._memo.pop((key, tag), None)
             # what was kept, with its resourceVersion (not a decode of the kept bytes)
+            self.changed_key = key
             self._changed(projected)
 
     def rekeep(self, keys: Iterable[ObjectKey]) -> None:
@@ -327,8 +398,8 @@ class ObjectCache(_Cache[KubeObject | Kept, KubeObject]):
             return
         for key in keys:
             entry = self._entries.get(key)
-            if isinstance(entry, Kept):
-                self.observe(entry.as_object())
+            if isinstance(entry, (Kept, ForeignKept)):
+                self.observe(self._out(entry))
 
 
 class Record(Protocol):

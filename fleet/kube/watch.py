@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
@@ -41,8 +42,11 @@ class WatchEvent:
 
 
 def object_key(obj: KubeObject) -> ObjectKey:
+    """``(namespace, name)``; the namespace interned (a handful of them name every one of
+    thousands of cached objects: one string each, not one per key)."""
     meta = obj.get("metadata") or {}
-    return (meta.get("namespace") or "", meta.get("name") or "")
+    ns = meta.get("namespace") or ""
+    return (sys.intern(ns) if type(ns) is str else ns, meta.get("name") or "")
 
 
 async def watch_once(client: KubeClient, res: Resource, resource_version: str, *,
@@ -107,14 +111,19 @@ class Reflector:
                  keep_objects: bool = True,
                  relist_limiter: anyio.CapacityLimiter | None = None,
                  stop_when_absent: bool = False, spread: float = 0.2,
-                 idle_timeout: float | None = None, page_size: int = 500) -> None:
+                 idle_timeout: float | None = None, page_size: int = 500,
+                 versions: Callable[[], Mapping[ObjectKey, str]] | None = None) -> None:
         """``watch_timeout``: each watch request asks the server to end it after that
         many seconds, less a random part of up to ``spread`` of it (so that many watches
         opened at once do not re-open at once); the watch then resumes from the last
         resourceVersion it saw (events and bookmarks), one request, no list.
         ``idle_timeout``: how long a watch may say nothing at all (the API server sends a
         bookmark about every minute on a watch that allows them) before it is resumed as
-        if the connection were dead; None: the watch's own timeout plus 30 s."""
+        if the connection were dead; None: the watch's own timeout plus 30 s.
+        ``versions`` (``keep_objects=False``): the resourceVersion of every object the
+        listener holds of what this reflector lists (its only feeder for them), asked on
+        a re-list instead of keeping a map of its own: for a hundred thousand objects the
+        map's keys and versions were a second copy of what the listener's cache holds."""
         self.client = client
         self.res = res
         self.namespace = namespace
@@ -137,6 +146,7 @@ class Reflector:
         self.stop_when_absent = stop_when_absent
         # keep_objects=False: the resourceVersion of every object instead of the object
         self._versions: dict[ObjectKey, str] = {}
+        self.versions = versions
         self.synced = anyio.Event()
         self.resource_version = ""
         self.relists = 0
@@ -240,7 +250,7 @@ class Reflector:
         snapshot; the next re-list compares against the versions known before it."""
         fresh: dict[ObjectKey, str] = {}
         rv = ""
-        old_versions = self._versions
+        old_versions = self._versions if self.versions is None else dict(self.versions())
         async for page in self.client.list_pages(
                 self.res, self.namespace, label_selector=self.label_selector,
                 field_selector=self.field_selector, page_size=self.page_size):
@@ -258,7 +268,7 @@ class Reflector:
                 elif prev != version:
                     await self._emit(WatchEvent("MODIFIED", obj))
                 del obj
-        self._versions = fresh
+        self._versions = fresh if self.versions is None else {}
         self.resource_version = rv
         self.relists += 1
         self.absent = False
@@ -276,6 +286,8 @@ class Reflector:
         self._succeeded()  # the server answered
         old, self.store, self.resource_version = self.store, {}, ""
         versions, self._versions = self._versions, {}
+        if self.versions is not None:
+            versions = dict(self.versions())
         for obj in old.values():
             await self._emit(WatchEvent("DELETED", obj))
         for key, rv in versions.items():
@@ -290,7 +302,7 @@ class Reflector:
             self._versions.pop(key, None)
         elif self.keep_objects:
             self.store[key] = event.object
-        else:
+        elif self.versions is None:
             self._versions[key] = rv
         if rv:
             self.resource_version = rv

@@ -105,7 +105,7 @@ def split(snapshot: Snapshot) -> dict[ClusterKey, Snapshot]:
         nodeplans=nodeplans.get(ckey, {}), nodes=only(ckey, snapshot.nodes),
         intents=only(ckey, snapshot.intents), upgrades=snapshot.upgrades,
         autopilot_plans=only(ckey, snapshot.autopilot_plans),
-        foreign=snapshot.foreign & {ckey},
+        foreign=frozenset({ckey}) if ckey in snapshot.foreign else frozenset(),
         other_nodeplans=OtherNodePlans(where, ckey, snapshot.other_nodeplans))
         for ckey in keys}
 
@@ -119,7 +119,7 @@ def merge(parts: Mapping[ClusterKey, Snapshot], now: datetime) -> Snapshot:
     upgrades: Mapping[tuple[str, str], object] = {}
     foreign: set[ClusterKey] = set()
     for part in parts.values():
-        foreign |= part.foreign
+        foreign.update(part.foreign)  # any set (a digest's is one key's)
         clusters.update(part.clusters)
         for name, into in fields.items():
             into.update(getattr(part, name))
@@ -159,13 +159,13 @@ class Merger:
             before = old.get(key)
             if before is None:
                 continue
-            foreign -= before.foreign
+            foreign.difference_update(before.foreign)
             for name, into in fields.items():
                 for k in getattr(before, name):
                     into.pop(k, None)
         for key in changed:
             part = parts[key]
-            foreign |= part.foreign
+            foreign.update(part.foreign)
             for name, into in fields.items():
                 into.update(getattr(part, name))
         self._parts = dict(parts)

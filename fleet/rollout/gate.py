@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from fleet.config import ClusterSettings, FleetConfig, MaintenanceWindow
+from fleet.config import ClusterSettings, FleetConfig, MaintenanceWindow, Wave
 from fleet.model import ClusterKey, ObjectRef, format_time
 from fleet.rollout.annotations import ANN_EMERGENCY_STOP, ANN_PAUSED, ROLLOUT_CONFIGMAP, switch
 from fleet.rollout.progress import ClusterProgress, fingerprint
@@ -184,6 +184,16 @@ def _when(t: datetime) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class GateSettings:
+    """What the gate reads of a cluster's effective settings (fleet.config.ClusterSettings):
+    its wave and maintenance windows. One object for every cluster that shares them (a
+    pydantic ClusterSettings per cluster was 1.4 KB, for each of 10 000 clusters)."""
+
+    wave: Wave
+    maintenance_windows: tuple[MaintenanceWindow, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class _Facts:
     """What the gate derives from one cluster's progress alone (remembered while the
     progress is the same object: the controller keeps it per cluster until it moves)."""
@@ -195,7 +205,7 @@ class _Facts:
     failed: int
     started: bool
     needs_dispatch: bool
-    settings: ClusterSettings
+    settings: ClusterSettings | GateSettings
     pause: str | None
 
 
@@ -299,7 +309,9 @@ class RolloutGate:
 
     def __init__(self, config: FleetConfig) -> None:
         self.config = config
-        self._settings: dict[tuple[str, str, tuple[tuple[str, str], ...]], ClusterSettings] = {}
+        # per cluster: the labels its settings were computed with, and the shared settings
+        self._settings: dict[ClusterKey, tuple[Mapping[str, str], GateSettings]] = {}
+        self._shared: dict[tuple[object, ...], GateSettings] = {}
         self._windows: dict[tuple[object, ...], tuple[bool, datetime | None]] = {}
         self._windows_at: datetime | None = None
         self._entries = {(e.namespace, e.name): e for e in config.clusters.entries}
@@ -324,16 +336,22 @@ class RolloutGate:
                 settings=self.settings(c), pause=self.cluster_pause(c))
         return found
 
-    def settings(self, c: ClusterProgress) -> ClusterSettings:
-        """The cluster's effective settings (cached: the config never changes)."""
-        key = (c.namespace, c.name, tuple(sorted(c.labels.items())))
-        found = self._settings.get(key)
-        if found is None:
-            if len(self._settings) > 100_000:
-                self._settings.clear()
-            found = self._settings[key] = self.config.for_cluster(c.namespace, c.name,
-                                                                  c.labels)
-        return found
+    def settings(self, c: ClusterProgress) -> GateSettings:
+        """What the gate reads of the cluster's effective settings (cached per cluster and
+        labels: the config never changes; one object per distinct wave and windows)."""
+        found = self._settings.get(c.key)
+        if found is not None and found[0] == c.labels:
+            return found[1]
+        if len(self._settings) > 100_000:
+            self._settings.clear()
+        full = self.config.for_cluster(c.namespace, c.name, c.labels)
+        windows = full.maintenance_windows
+        # waves by name (unique; the default wave is made anew on each ask), windows by
+        # identity (the config's own objects, kept alive by the shared value)
+        shared = self._shared.setdefault(
+            (full.wave.name, *map(id, windows)), GateSettings(full.wave, windows))
+        self._settings[c.key] = (c.labels, shared)
+        return shared
 
     def _window(self, windows: tuple[MaintenanceWindow, ...], now: datetime
                 ) -> tuple[bool, datetime | None]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -33,7 +33,7 @@ from fleet.planner.policy import Hold
 from fleet.rollout.coordinator import RolloutCoordinator
 from fleet.rollout.gate import DecisionHold, GateDecision
 from fleet.rollout.intents import UpgradeStatusWriter
-from fleet.rollout.progress import ClusterProgress, ProgressMemo
+from fleet.rollout.progress import ClusterProgress, ProgressMemo, foreign_digest
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,12 @@ class RolloutPolicy:
         if self._next_wakeup() != previous:
             self._wakeup_changed.set()
         return DecisionHold(decision)
+
+    def digest(self, part: Snapshot, names: Mapping[str, str]) -> Snapshot:
+        """What the controller keeps of the snapshot part of a cluster another replica
+        acts on: its rollout progress, all this policy reads of it
+        (:func:`fleet.rollout.progress.foreign_digest`)."""
+        return foreign_digest(part, names)
 
     def _next_wakeup(self) -> datetime | None:
         """The gate's next wake-up, or a deferred FleetUpgrade status write's, if sooner."""

@@ -8,13 +8,18 @@ is in flight or failed.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from types import MappingProxyType
+from typing import Any, TypeVar
 
 from fleet.eligibility import (
     Eligibility,
@@ -25,6 +30,8 @@ from fleet.eligibility import (
 from fleet.model import (
     ClusterKey,
     ControlPlaneInfo,
+    FleetUpgradeInfo,
+    IntentTarget,
     MachineDeploymentInfo,
     MachineInfo,
     NodeInfo,
@@ -315,6 +322,135 @@ def clusters_from_snapshot(snapshot: Snapshot) -> list[ClusterProgress]:
     return out
 
 
+_EMPTY: Mapping[Any, Any] = MappingProxyType({})
+T = TypeVar("T")
+V = TypeVar("V")
+
+
+class _One(Mapping[T, V]):
+    """A read-only mapping of one entry (a digest's ClusterInfo, its intent): a quarter of
+    the size of a dict of one, for each of thousands of foreign clusters."""
+
+    __slots__ = ("_key", "_value")
+
+    def __init__(self, key: T, value: V) -> None:
+        self._key, self._value = key, value
+
+    def __getitem__(self, key: T) -> V:
+        if key == self._key:
+            return self._value
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[T]:
+        return iter((self._key,))
+
+    def __len__(self) -> int:
+        return 1
+
+    def __repr__(self) -> str:
+        return repr({self._key: self._value})
+
+
+class _OneKey(AbstractSet[T]):
+    """A set of one (a digest's ``foreign``): a quarter of a frozenset of one."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: T) -> None:
+        self._key = key
+
+    def __contains__(self, key: object) -> bool:
+        return key == self._key
+
+    def __iter__(self) -> Iterator[T]:
+        return iter((self._key,))
+
+    def __len__(self) -> int:
+        return 1
+
+    def __repr__(self) -> str:
+        return repr({self._key})
+
+
+def _s(value: str | None) -> str | None:
+    return None if value is None else sys.intern(value)
+
+
+def _compact(c: ClusterProgress, names: Mapping[str, str]) -> ClusterProgress:
+    """``c`` with the strings that repeat across the fleet's thousands of foreign clusters
+    interned (kinds, namespaces, versions, phases, messages), a node named as its Machine
+    sharing the Machine's name, and its empty mappings shared: equal to ``c``."""
+    objects = tuple(ObjectProgress(
+        ref=ObjectRef(sys.intern(o.ref.kind), sys.intern(o.ref.namespace), o.ref.name),
+        target=_s(o.target), replicas=o.replicas,
+        nodes=tuple(NodeProgress(m, m if n.node == m else n.node, n.state, _s(n.version),
+                                 sys.intern(n.phase), sys.intern(n.message))
+                    for n in o.nodes for m in (names.get(n.machine, n.machine),)),
+        started=o.started, halted=o.halted, paused=_s(o.paused)) for o in c.objects)
+    return ClusterProgress(
+        namespace=sys.intern(c.namespace), name=c.name,
+        labels=c.labels or _EMPTY, annotations=c.annotations or _EMPTY, objects=objects,
+        observed=c.observed, spec_paused=c.spec_paused,
+        unreachable_since=c.unreachable_since, unreachable_error=c.unreachable_error,
+        foreign=c.foreign)
+
+
+def foreign_digest(part: Snapshot, names: Mapping[str, str] | None = None) -> Snapshot:
+    """A foreign cluster's snapshot part as a sharded replica keeps it: its rollout progress
+    (what the fleet-wide gate and status read of a cluster another replica acts on),
+    computed now, instead of its management objects (Machines, MachineDeployments,
+    MachineSets, K0sControlPlanes), which nothing else reads of such a cluster. Its
+    ClusterInfo, NodePlans and intent stay (small; the status writer reads the intents).
+    ``names``: the strings to name its Machines by (those the caches hold anyway)
+    :func:`part_progress` of the digest equals :func:`clusters_from_snapshot` of ``part``."""
+    progress = tuple(_compact(c, names or {}) for c in clusters_from_snapshot(part))
+    # the labels and annotations the part's ClusterInfo holds anyway, not a copy of them
+    progress = tuple(dataclasses.replace(c, labels=info.labels, annotations=info.annotations)
+                     if (info := part.clusters.get(c.key)) is not None
+                     and info.labels == c.labels and info.annotations == c.annotations
+                     else c for c in progress)
+    for c in progress:  # the part's key tuple (and name), not one more of each
+        for key in part.clusters:
+            if key == c.key:
+                object.__setattr__(c, "key", key)
+                object.__setattr__(c, "name", key[1])
+    def small(m: Mapping[T, V]) -> Mapping[T, V]:
+        if not m:
+            return _EMPTY  # empty: one shared mapping
+        if len(m) == 1:
+            ((k, v),) = m.items()
+            return _One(k, v)
+        return m
+
+    if len(_INTENTS) > 4096:
+        _INTENTS.clear()
+    intents = {k: _INTENTS.setdefault(t, t) for k, t in part.intents.items()}
+    upgrades = part.upgrades  # the fleet's, the same in every part: one mapping kept
+    if _UPGRADES and _UPGRADES[0] == upgrades:
+        upgrades = _UPGRADES[0]
+    else:
+        _UPGRADES[:] = [upgrades]
+    return dataclasses.replace(
+        part, upgrades=upgrades, deployments=_EMPTY, machine_sets=_EMPTY, control_planes=_EMPTY,
+        machines=_EMPTY, nodes=_EMPTY, nodeplans=small(part.nodeplans),
+        clusters=small(part.clusters),
+        foreign=_OneKey(next(iter(part.foreign))) if len(part.foreign) == 1 else part.foreign,
+        intents=small(intents), autopilot_plans=small(part.autopilot_plans),
+        progress=progress)
+
+
+# One IntentTarget (FleetUpgrade, version) for the many foreign clusters it covers.
+_INTENTS: dict[IntentTarget, IntentTarget] = {}
+_UPGRADES: list[Mapping[tuple[str, str], FleetUpgradeInfo]] = []  # the last digest's
+
+
+def part_progress(part: Snapshot) -> list[ClusterProgress]:
+    """The progress of one snapshot part: remembered in it (a foreign digest), or computed."""
+    if part.progress is not None:
+        return [c for c in part.progress if isinstance(c, ClusterProgress)]
+    return clusters_from_snapshot(part)
+
+
 class ProgressMemo:
     """Cluster progress remembered per cluster, keyed by the cluster's snapshot part (the
     same object means nothing it is derived from changed): a pass in which one cluster
@@ -343,7 +479,7 @@ class ProgressMemo:
                 del memo[gone]
         for key in moved:
             part = parts[key]
-            progress = clusters_from_snapshot(part)
+            progress = part_progress(part)
             self.computed += 1
             old = memo.get(key)
             memo[key] = (part, progress)
@@ -410,4 +546,6 @@ __all__ = [
     "ProgressMemo",
     "clusters_from_snapshot",
     "fingerprint",
+    "foreign_digest",
+    "part_progress",
 ]

@@ -9,6 +9,7 @@ workload API servers in the scale benchmarks: every test runs against both serve
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -457,11 +458,13 @@ async def test_records_only_relist_deletions_and_patch_preconditions(
     assert rec.resource_version == patched["metadata"]["resourceVersion"]
 
 
+@pytest.mark.parametrize("from_cache", [False, True], ids=["own-versions", "cache-versions"])
 async def test_projected_cache_from_paged_relists_and_patch_preconditions(
-    scratch: Backend, scratch_client: KubeClient
+    scratch: Backend, scratch_client: KubeClient, from_cache: bool
 ) -> None:
     """The management caches' set-up (fleet/kept.py): a Reflector that keeps only
-    resourceVersions and lists page by page (here 2 objects a page) feeds an ObjectCache
+    resourceVersions (or, ``from_cache``, keeps none and asks the cache it feeds for them
+    on a re-list) and lists page by page (here 2 objects a page) feeds an ObjectCache
     that keeps a projection of each object. Every object arrives, only the projection is
     held, a deletion missed while the watch was down comes out of a paged re-list, and a
     patch computed on the projection is refused (a real 409) once a field the projection
@@ -473,7 +476,8 @@ async def test_projected_cache_from_paged_relists_and_patch_preconditions(
         "metadata": {"name": True, "resourceVersion": True, "labels": True},
         "spec": {"unschedulable": True}}))
     refl = Reflector(scratch_client, NODES, label_selector=f"mark={mark}",
-                     listener=cache.on_event, keep_objects=False, page_size=2)
+                     listener=cache.on_event, keep_objects=False, page_size=2,
+                     versions=functools.partial(cache.versions, "") if from_cache else None)
     for name in names:
         await scratch_client.create(NODES, {
             "metadata": {"name": name, "labels": {"mark": mark},
@@ -496,6 +500,7 @@ async def test_projected_cache_from_paged_relists_and_patch_preconditions(
         await _wait_for(lambda: refl.relists >= 2 and len(cache) == 3)
         tg.cancel_scope.cancel()
     assert sorted(o["metadata"]["name"] for o in cache) == names[:3]
+    assert (refl._versions == {}) is from_cache  # no second copy of the cache's versions
     # someone else writes a dropped field of names[0]; our patch starts from the kept copy
     base = cache.object(names[0])
     assert base is not None

@@ -15,18 +15,29 @@ FOREIGN_SPECS), and that a foreign cluster is judged the same from it.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fleet.clusters import ClusterRegistry, kubeconfig_secret
 from fleet.config import FleetConfig
 from fleet.controllers.observe import ManagementView
 from fleet.controllers.parts import FleetParts
-from fleet.kept import CAPI_CLUSTER_LABEL, FOREIGN_SPECS, cluster_of, projection
-from fleet.kube.cache import ObjectCache
+from fleet.extension.exclusion import ExtensionExclusion
+from fleet.kept import (
+    CAPI_CLUSTER_LABEL,
+    FOREIGN_SPECS,
+    FOREIGN_ZDICT,
+    cluster_of,
+    foreign,
+    projection,
+)
+from fleet.kube.cache import ForeignKept, Kept, ObjectCache
 from fleet.kube.resources import (
     CLUSTERS,
     FLEET_UPGRADES,
@@ -38,9 +49,17 @@ from fleet.kube.resources import (
     SECRETS,
     Resource,
 )
-from fleet.model import ClusterKey, machine_from
+from fleet.model import ClusterKey, deployment_from, machine_from
 from fleet.nodeplan import build_nodeplan
-from fleet.rollout.progress import clusters_from_snapshot
+from fleet.rollout.gate import FleetView, RolloutGate
+from fleet.rollout.policy import RolloutPolicy
+from fleet.rollout.progress import (
+    clusters_from_snapshot,
+    fingerprint,
+    foreign_digest,
+    part_progress,
+)
+from fleet.rollout.state import RolloutState
 from fleet.signal import RUNNING_VERSION_KEY
 from fleet.testing.capi import (
     cluster_object,
@@ -126,14 +145,22 @@ def fleet_upgrade() -> dict[str, Any]:
             "spec": {"version": V2}}
 
 
-def foreign_progress(objects: list[tuple[Resource, dict[str, Any]]], sharded: bool
-                     ) -> dict[ClusterKey, Any]:
+CONFIG = FleetConfig.model_validate(
+    {"management": {"namespace": NS}, "clusters": {"namespaces": [NS]},
+     "rollout": {"maxConcurrentClusters": 3, "waves": [
+         {"name": "canary",
+          "clusterSelector": {"matchLabels": {"test.k0s-fleet.io/cluster": "c000"}}},
+         {"name": "rest"}]}},
+    by_alias=True, by_name=False)
+
+
+def foreign_parts(objects: list[tuple[Resource, dict[str, Any]]], sharded: bool,
+                  digest: bool = True) -> tuple[FleetParts, ManagementView]:
     """Every cluster built as another replica's; ``sharded``: kept as a sharded replica
-    that holds none of them keeps them (else as one replica keeps everything)."""
-    config = FleetConfig.model_validate(
-        {"management": {"namespace": NS}, "clusters": {"namespaces": [NS]}},
-        by_alias=True, by_name=False)
-    parts = FleetParts(config)
+    that holds none of them keeps them (else as one replica keeps everything);
+    ``digest``: their parts are foreign digests (else parts built from every object)."""
+    parts = FleetParts(CONFIG)
+    parts.digest = foreign_digest  # as the controller with the rollout policy does
     view = ManagementView(Any, namespaces=[NS], intent_namespace=NS,  # type: ignore[arg-type]
                           on_object=parts.listener,
                           holds=(lambda _c: False) if sharded else None)
@@ -142,21 +169,90 @@ def foreign_progress(objects: list[tuple[Resource, dict[str, Any]]], sharded: bo
     for res, obj in objects:
         view[res].observe(copy.deepcopy(obj))
     members = parts.refresh_members()
-    parts.foreign = frozenset(members)
+    parts.foreign = frozenset(members) if digest else frozenset()
     parts.rebuild(sorted(parts.take_dirty()), NOW, {})
-    return {k: clusters_from_snapshot(p) for k, p in parts.parts.items()}
+    return parts, view
+
+
+def foreign_progress(objects: list[tuple[Resource, dict[str, Any]]], sharded: bool
+                     ) -> dict[ClusterKey, Any]:
+    """The rollout progress of every cluster as a replica that acts on none keeps it."""
+    parts, _ = foreign_parts(objects, sharded)
+    assert all(p.progress is not None and not p.machines for p in parts.parts.values())
+    return {k: part_progress(p) for k, p in parts.parts.items()}
+
+
+def full_progress(objects: list[tuple[Resource, dict[str, Any]]]) -> dict[ClusterKey, Any]:
+    """The reference: every cluster judged as another replica's, from its part built from
+    all of its objects as served (one replica, nothing dropped, nothing digested)."""
+    parts, _ = foreign_parts(objects, sharded=False, digest=False)
+    assert all(p.progress is None and p.machines for p in parts.parts.values())
+    return {k: clusters_from_snapshot(dataclasses.replace(p, foreign=frozenset({k})))
+            for k, p in parts.parts.items()}
+
+
+def decide(progress: dict[ClusterKey, Any], admitted: dict[str, str]) -> Any:
+    """The fleet gate's decision over ``progress`` (every cluster's), with ``admitted``."""
+    clusters = [c for k in sorted(progress) for c in progress[k]]
+    state = RolloutState(admitted=admitted)
+    return RolloutGate(CONFIG).evaluate(FleetView(clusters, state=state, fleet_writer=False),
+                                        NOW)
+
+
+def random_fleet(seed: int, n: int = 12) -> list[tuple[Resource, dict[str, Any]]]:
+    rng = random.Random(seed)
+    return [o for i in range(n) for o in cluster_objects(rng, i)]
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_a_foreign_cluster_is_judged_the_same_from_the_foreign_subset(seed: int) -> None:
-    rng = random.Random(seed)
-    objects = [o for i in range(12) for o in cluster_objects(rng, i)]
+    objects = random_fleet(seed)
+    reference = full_progress(objects)
     whole = foreign_progress(objects, sharded=False)
     kept = foreign_progress(objects, sharded=True)
-    assert len(whole) == 12
-    assert kept == whole
+    assert len(reference) == 12
+    assert whole == reference
+    assert kept == reference
     # the fleets vary: not every cluster is in the same state
-    assert len({repr(v) for v in whole.values()}) > 1
+    assert len({repr(v) for v in reference.values()}) > 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 14),
+       admit=st.lists(st.integers(0, 13), max_size=4))
+def test_the_gate_decides_the_same_on_foreign_digests_as_on_full_objects(
+        seed: int, n: int, admit: list[int]) -> None:
+    """What a sharded replica keeps of the clusters it does not hold (compressed subsets,
+    no parse memo, a digest per cluster) leads the fleet gate to the decision it takes on
+    every object as served: every cluster's phase, verdict and reason, the waves, the
+    admissions, the wake-up."""
+    objects = random_fleet(seed, n)
+    reference = full_progress(objects)
+    kept = foreign_progress(objects, sharded=True)
+    assert kept == reference
+    fps = {k: fingerprint(v) for k, v in reference.items()}
+    admitted = {f"{NS}/c{i:03d}": fps.get((NS, f"c{i:03d}"), "x") for i in admit}
+    assert decide(kept, admitted) == decide(reference, admitted)
+
+
+def test_a_foreign_object_is_kept_compressed_and_not_parsed_twice() -> None:
+    """A foreign cluster's objects are kept as compressed bytes (no JSON, no remembered
+    parse); taken, they are read in full and their parses remembered again."""
+    objects = random_fleet(3, 2)
+    _, view = foreign_parts(objects, sharded=True)
+    for res in (MACHINES, MACHINE_DEPLOYMENTS, MACHINE_SETS, K0S_CONTROL_PLANES):
+        cache = view[res]
+        assert cache._entries and all(isinstance(e, ForeignKept)
+                                      for e in cache._entries.values())
+        assert not cache._memo
+        for key, entry in cache._entries.items():
+            assert len(entry.body) < len(Kept.of(cache.get(key[1], key[0]) or {}).body)
+    plain, _ = foreign_parts(objects, sharded=False)
+    for res in (MACHINES, MACHINE_DEPLOYMENTS):
+        for key in view[res].object_keys():
+            assert view[res].get(key[1], key[0]) == (
+                projection(res, lambda _c: False) or (lambda o: o))(
+                    plain.caches[res].get(key[1], key[0]) or {})
 
 
 def all_objects() -> list[tuple[Resource, dict[str, Any]]]:
@@ -222,3 +318,45 @@ def test_a_cluster_taken_is_read_again_in_full_and_given_back_dropped() -> None:
     assert cache.get(name, ns) == small
     assert len(changes) == before + 1  # its cluster is rebuilt from the foreign subset
     assert cache.parsed((ns, name), machine_from).infrastructure is None
+
+
+def test_a_taken_owner_is_kept_plain_and_given_back_compressed() -> None:
+    held: set[ClusterKey] = set()
+    cache = ObjectCache("MachineDeployment",
+                        keep=projection(MACHINE_DEPLOYMENTS, held.__contains__),
+                        foreign=foreign(MACHINE_DEPLOYMENTS, held.__contains__),
+                        zdict=FOREIGN_ZDICT)
+    (obj,) = [o for r, o in all_objects() if r is MACHINE_DEPLOYMENTS][:1]
+    del obj["metadata"]["labels"]  # its cluster by spec.clusterName
+    key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+    cache.observe(copy.deepcopy(obj))
+    small = cache.get(key[1], key[0])
+    assert isinstance(cache._entries[key], ForeignKept)
+    first = cache.parsed(key, deployment_from)
+    assert cache.parsed(key, deployment_from) is not first  # not remembered
+    held.add((NS, obj["spec"]["clusterName"]))
+    cache.rekeep([key])  # taken (runner: warm_taken)
+    assert type(cache._entries[key]) is Kept and cache.get(key[1], key[0]) == small
+    assert cache.parsed(key, deployment_from) is cache.parsed(key, deployment_from)
+    assert cache.parsed(key, deployment_from) == first
+    held.clear()
+    cache.rekeep([key])  # given back
+    assert isinstance(cache._entries[key], ForeignKept) and not cache._memo
+
+
+def test_the_controller_s_policy_keeps_foreign_parts_as_digests() -> None:
+    """As cli/controller.py composes it (the rollout policy inside the extension's
+    exclusion), the controller's FleetParts get the digest; without a rollout policy,
+    nothing reads other replicas' clusters' progress and parts stay whole."""
+    rollout = RolloutPolicy(cast(Any, None), CONFIG, recorder=cast(Any, None))
+    exclusion = ExtensionExclusion(cast(Any, None), CONFIG, rollout)
+    assert exclusion.digest is not None
+    assert ExtensionExclusion(cast(Any, None), CONFIG, None).digest is None
+    objects = random_fleet(5, 3)
+    parts, _ = foreign_parts(objects, sharded=True)
+    full, _ = foreign_parts(objects, sharded=False, digest=False)
+    digest = exclusion.digest
+    for key, whole in full.parts.items():
+        judged = dataclasses.replace(whole, foreign=frozenset({key}))
+        assert part_progress(digest(judged, {})) == clusters_from_snapshot(judged) \
+            == part_progress(parts.parts[key])
