@@ -114,9 +114,11 @@ async def connect(n: int, info: dict[str, Any], token: str, ca_pem: bytes, *, id
         for r in reflectors:
             await r.synced.wait()
         want = 3 * n
-        while True:  # every watch open on kubesim's side
+        while True:  # every watch open on kubesim's side (an older kubesim: requested)
             s = await asyncio.to_thread(stats, port, token, info["ca"])
-            if s.get("watches", 0) >= want:
+            opened = s["watches"] if "watches" in s else sum(
+                r["count"] for r in s["requests"] if r["verb"] == "watch")
+            if opened >= want:
                 break
             await anyio.sleep(0.5)
         out["connect_s"] = round(time.monotonic() - t0, 1)
