@@ -596,6 +596,9 @@ async def run(args: argparse.Namespace, workdir: Path, result: dict[str, Any]
             connector = aiohttp.TCPConnector(ssl=False, limit=8)
             async with aiohttp.ClientSession(connector=connector) as session:
                 sim_before = await sim.admin(session, "/kubesim/stats")
+                seeded = proc_usage(sim.proc.pid)
+                if seeded is not None:  # kubesim before any controller connects
+                    result["kubesim_seeded"] = {k: round(v, 1) for k, v in seeded.items()}
                 for i in range(args.replicas):
                     if i and args.stagger_seconds:
                         await asyncio.sleep(args.stagger_seconds)
@@ -768,9 +771,17 @@ async def steady(r: Run, n: int) -> dict[str, Any]:
     settled = leader.usage()
     # Idle: nothing changes anywhere; what does the controller spend?
     t0, u0 = time.monotonic(), leader.usage()
+    s0 = proc_usage(r.sim.proc.pid)
     latencies = await probe_latency(session, leader, args.idle_seconds)
     window = time.monotonic() - t0
     u1 = leader.usage()
+    s1 = proc_usage(r.sim.proc.pid)
+    sim_stats = await r.sim.admin(session, "/kubesim/stats")
+    sim_idle = {  # kubesim with the replicas connected, over the same idle window
+        "rss_mib": round(s1["rss_mib"], 1), "peak_rss_mib": round(s1["peak_rss_mib"], 1),
+        "idle_cpu_s_per_min": round((s1["cpu_s"] - s0["cpu_s"]) / window * 60, 3),
+        **{k: sim_stats[k] for k in ("connections", "watches") if k in sim_stats},
+    } if s0 is not None and s1 is not None else None
     events.extend(audit.read())
     replicas = {c.identity: {k: round(v, 2) for k, v in c.usage().items()}
                 for c in controllers} if len(controllers) > 1 else None
@@ -799,6 +810,7 @@ async def steady(r: Run, n: int) -> dict[str, Any]:
             "peak_rss_mib": round(u1["peak_rss_mib"], 1),
             "healthz_round_trip_idle": ms(latencies),
             **({"replicas_at_idle_end": replicas} if replicas else {}),
+            **({"kubesim_at_idle_end": sim_idle} if sim_idle else {}),
         },
     }
 
