@@ -372,6 +372,11 @@ class World:
         server.start()
         return server
 
+    def remove_server(self, name: str) -> None:
+        """Stop a server :meth:`add_server` started and forget it, so that what runs on
+        every server of the world later (:meth:`install_crds`) does not reach for it."""
+        self.servers.pop(name).stop()
+
     async def install_crds(self) -> None:
         """k0s-fleet's CRDs, the stand-ins and Cluster API's real CRDs on every server."""
         docs = crd_documents(CHART_CRDS, TEST_CRDS, capi_crds_dir())

@@ -47,7 +47,7 @@ async def apf_server(world: World) -> AsyncIterator[ApiServer]:
     try:
         yield server
     finally:
-        await anyio.to_thread.run_sync(server.stop)
+        await anyio.to_thread.run_sync(world.remove_server, server.name)
 
 
 def _classified(server: ApiServer, token: str, method: str, path: str,

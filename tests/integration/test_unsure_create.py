@@ -127,7 +127,7 @@ async def test_create_answered_with_504_is_settled_not_repeated(
                         assert stats.by_action["CreateNodePlan"] == 3, stats
                     tg.cancel_scope.cancel()
         finally:
-            await anyio.to_thread.run_sync(server.stop)
+            await anyio.to_thread.run_sync(world.remove_server, server.name)
     assert watcher.violations == [], watcher.violations[:5]
     assert watcher.max_seen_unavailable == 1
     assert all(len(r) == 1 for r in responder.requests.values())  # one request per node
