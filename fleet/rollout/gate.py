@@ -541,7 +541,7 @@ class RolloutGate:
                 if hold is None and i >= limit:
                     # A failed cluster retried, or a started one with work again, while
                     # others took the slots.
-                    hold = (f"wave {w.name}: {len(active)} clusters upgrading exceed "
+                    hold = (f"wave {w.name}: clusters upgrading exceed "
                             f"maxConcurrentClusters {limit}; waiting for one to finish")
                 if hold is None:
                     allowed.add(c.key)
@@ -561,9 +561,9 @@ class RolloutGate:
                 elif blocker is not None:
                     verdicts[c.key] = (m.phase, blocker)
                 elif slots <= 0:
-                    verdicts[c.key] = (m.phase, f"wave {w.name}: {limit - slots} of "
-                                                f"maxConcurrentClusters {limit} clusters "
-                                                "upgrading")
+                    verdicts[c.key] = (m.phase, f"wave {w.name}: maxConcurrentClusters "
+                                                f"{limit} clusters upgrading; waiting for "
+                                                "one to finish")
                 elif (hold := self._cluster_hold(c, now, wakeups)) is not None:
                     verdicts[c.key] = (m.phase, hold)
                 else:
@@ -636,7 +636,7 @@ class RolloutGate:
                     phase = WavePhase.PROGRESSING
                     message = f"{done_n}/{n} clusters complete"
                 if blocker is None:
-                    blocker = f"waiting for wave {w.name} to complete ({done_n}/{n} clusters)"
+                    blocker = f"waiting for wave {w.name} to complete"
             if record is not None:
                 records[w.name] = record
             statuses.append(WaveStatus(

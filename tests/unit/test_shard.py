@@ -82,7 +82,7 @@ def test_foreign_clusters_count_against_the_limit_but_are_never_admitted_here() 
     assert d.allowed_clusters == {("fleet", "c2")}
     assert d.reasons[("fleet", "c1")] == FOREIGN
     assert d.reasons[("fleet", "c0")] == FOREIGN
-    assert "2 of maxConcurrentClusters 2" in d.reasons[("fleet", "c3")]
+    assert "maxConcurrentClusters 2 clusters upgrading" in d.reasons[("fleet", "c3")]
     assert d.clusters[("fleet", "c0")].foreign and not d.clusters[("fleet", "c2")].foreign
 
 
