@@ -224,7 +224,9 @@ class _WaveIndex:
         self.counts: dict[ClusterPhase, int] = dict.fromkeys(ClusterPhase, 0)
         self.failed: set[ClusterKey] = set()  # a failed node upgrade (facts.failed)
         self.active: set[ClusterKey] = set()  # UPGRADING: holds a slot
-        self.queued: set[ClusterKey] = set()  # QUEUED: wants a slot
+        # QUEUED: wants a slot (this replica's own clusters: another replica's queued
+        # cluster has the same verdict whatever the fleet does, kept as settled)
+        self.queued: set[ClusterKey] = set()
         self.keys: tuple[ClusterKey, ...] | None = ()  # sorted members; None: to sort
         self.fp: str | None = fingerprint([])  # None: to hash
 
@@ -236,7 +238,7 @@ class _WaveIndex:
             self.failed.add(key)
         if m.phase is ClusterPhase.UPGRADING:
             self.active.add(key)
-        elif m.phase is ClusterPhase.QUEUED:
+        elif m.phase is ClusterPhase.QUEUED and not m.progress.foreign:
             self.queued.add(key)
 
     def remove(self, key: ClusterKey) -> _Member:
@@ -426,8 +428,12 @@ class RolloutGate:
         self._by_cid[cid] = key
         index.add(m)
         self._held.update(held)
-        if m.phase not in (ClusterPhase.UPGRADING, ClusterPhase.QUEUED):
-            reason = _settled_reason(m)
+        if m.phase not in (ClusterPhase.UPGRADING, ClusterPhase.QUEUED) or (
+                c.foreign and m.phase is ClusterPhase.QUEUED):
+            # Its verdict depends on nothing but itself: settled until it moves. (Another
+            # replica's queued cluster is only ever admitted by that replica: walking
+            # them on every evaluation was a quarter of a sharded replica's CPU.)
+            reason = FOREIGN if m.phase is ClusterPhase.QUEUED else _settled_reason(m)
             self._reasons[key] = reason
             gate = ClusterGate(key, wave, m.phase, False, reason, paused=f.pause,
                                foreign=c.foreign)
@@ -552,11 +558,9 @@ class RolloutGate:
                 else:
                     verdicts[c.key] = (m.phase, hold)
             slots = limit - len(active)
-            for m in queued:
+            for m in queued:  # this replica's own (another's: settled in _judge)
                 c = m.progress
-                if c.foreign:
-                    verdicts[c.key] = (m.phase, FOREIGN)  # only its own replica admits it
-                elif fleet_hold is not None:
+                if fleet_hold is not None:
                     verdicts[c.key] = (m.phase, fleet_hold)
                 elif blocker is not None:
                     verdicts[c.key] = (m.phase, blocker)
