@@ -508,14 +508,19 @@ class RolloutGate:
         reasons = self._reasons
         gates = self._gates
         wakeups: list[datetime] = []
-        # The record's admissions of clusters in view, less those of complete clusters and
-        # those for targets that are no longer wanted.
+        # The record's admissions of clusters in view, less those for targets that are no
+        # longer wanted and those of this replica's complete clusters. Another replica's
+        # complete cluster keeps its admission until its own replica drops it (a complete
+        # cluster holds no slot, admitted or not): when every replica dropped it, each
+        # completion made all of them rewrite the record at once, one write landing and
+        # the others conflicting (409), withdrawing whatever they had admitted with it.
         admitted: dict[str, str] = {}
         for cid, fp in state.admitted.items():
             key = self._by_cid.get(cid)
             if key is not None:
                 m = members[key]
-                if m.phase is not ClusterPhase.COMPLETE and m.facts.fingerprint == fp:
+                if m.facts.fingerprint == fp and (m.phase is not ClusterPhase.COMPLETE
+                                                  or m.progress.foreign):
                     admitted[cid] = fp
         records = dict(state.waves)
         statuses: list[WaveStatus] = []

@@ -184,7 +184,8 @@ class ReferenceGate:
                 cid, cfp = _cluster_id(c.key), f.fingerprint
                 if f.complete:
                     phases[c.key] = ClusterPhase.COMPLETE
-                    admitted.pop(cid, None)
+                    if not c.foreign:  # another replica's: dropped by that replica
+                        admitted.pop(cid, None)
                 elif f.failed:
                     phases[c.key] = ClusterPhase.FAILED
                 elif f.started or admitted.get(cid) == cfp:
