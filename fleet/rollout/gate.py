@@ -234,7 +234,9 @@ class _WaveIndex:
         self.counts: dict[ClusterPhase, int] = dict.fromkeys(ClusterPhase, 0)
         self.failed: set[ClusterKey] = set()  # a failed node upgrade (facts.failed)
         self.active: set[ClusterKey] = set()  # UPGRADING: holds a slot
-        self.queued: set[ClusterKey] = set()  # QUEUED: wants a slot
+        # QUEUED: wants a slot (this replica's own clusters: another replica's queued
+        # cluster has the same verdict whatever the fleet does, kept as settled)
+        self.queued: set[ClusterKey] = set()
         self.keys: tuple[ClusterKey, ...] | None = ()  # sorted members; None: to sort
         self.fp: str | None = fingerprint([])  # None: to hash
 
@@ -246,7 +248,7 @@ class _WaveIndex:
             self.failed.add(key)
         if m.phase is ClusterPhase.UPGRADING:
             self.active.add(key)
-        elif m.phase is ClusterPhase.QUEUED:
+        elif m.phase is ClusterPhase.QUEUED and not m.progress.foreign:
             self.queued.add(key)
 
     def remove(self, key: ClusterKey) -> _Member:
@@ -444,8 +446,12 @@ class RolloutGate:
         self._by_cid[cid] = key
         index.add(m)
         self._held.update(held)
-        if m.phase not in (ClusterPhase.UPGRADING, ClusterPhase.QUEUED):
-            reason = _settled_reason(m)
+        if m.phase not in (ClusterPhase.UPGRADING, ClusterPhase.QUEUED) or (
+                c.foreign and m.phase is ClusterPhase.QUEUED):
+            # Its verdict depends on nothing but itself: settled until it moves. (Another
+            # replica's queued cluster is only ever admitted by that replica: walking
+            # them on every evaluation was a quarter of a sharded replica's CPU.)
+            reason = FOREIGN if m.phase is ClusterPhase.QUEUED else _settled_reason(m)
             self._reasons[key] = reason
             gate = ClusterGate(key, wave, m.phase, False, reason, paused=f.pause,
                                foreign=c.foreign)
@@ -520,14 +526,19 @@ class RolloutGate:
         reasons = self._reasons
         gates = self._gates
         wakeups: list[datetime] = []
-        # The record's admissions of clusters in view, less those of complete clusters and
-        # those for targets that are no longer wanted.
+        # The record's admissions of clusters in view, less those for targets that are no
+        # longer wanted and those of this replica's complete clusters. Another replica's
+        # complete cluster keeps its admission until its own replica drops it (a complete
+        # cluster holds no slot, admitted or not): when every replica dropped it, each
+        # completion made all of them rewrite the record at once, one write landing and
+        # the others conflicting (409), withdrawing whatever they had admitted with it.
         admitted: dict[str, str] = {}
         for cid, fp in state.admitted.items():
             key = self._by_cid.get(cid)
             if key is not None:
                 m = members[key]
-                if m.phase is not ClusterPhase.COMPLETE and m.facts.fingerprint == fp:
+                if m.facts.fingerprint == fp and (m.phase is not ClusterPhase.COMPLETE
+                                                  or m.progress.foreign):
                     admitted[cid] = fp
         records = dict(state.waves)
         statuses: list[WaveStatus] = []
@@ -559,7 +570,7 @@ class RolloutGate:
                 if hold is None and i >= limit:
                     # A failed cluster retried, or a started one with work again, while
                     # others took the slots.
-                    hold = (f"wave {w.name}: {len(active)} clusters upgrading exceed "
+                    hold = (f"wave {w.name}: clusters upgrading exceed "
                             f"maxConcurrentClusters {limit}; waiting for one to finish")
                 if hold is None:
                     allowed.add(c.key)
@@ -570,18 +581,16 @@ class RolloutGate:
                 else:
                     verdicts[c.key] = (m.phase, hold)
             slots = limit - len(active)
-            for m in queued:
+            for m in queued:  # this replica's own (another's: settled in _judge)
                 c = m.progress
-                if c.foreign:
-                    verdicts[c.key] = (m.phase, FOREIGN)  # only its own replica admits it
-                elif fleet_hold is not None:
+                if fleet_hold is not None:
                     verdicts[c.key] = (m.phase, fleet_hold)
                 elif blocker is not None:
                     verdicts[c.key] = (m.phase, blocker)
                 elif slots <= 0:
-                    verdicts[c.key] = (m.phase, f"wave {w.name}: {limit - slots} of "
-                                                f"maxConcurrentClusters {limit} clusters "
-                                                "upgrading")
+                    verdicts[c.key] = (m.phase, f"wave {w.name}: maxConcurrentClusters "
+                                                f"{limit} clusters upgrading; waiting for "
+                                                "one to finish")
                 elif (hold := self._cluster_hold(c, now, wakeups)) is not None:
                     verdicts[c.key] = (m.phase, hold)
                 else:
@@ -654,7 +663,7 @@ class RolloutGate:
                     phase = WavePhase.PROGRESSING
                     message = f"{done_n}/{n} clusters complete"
                 if blocker is None:
-                    blocker = f"waiting for wave {w.name} to complete ({done_n}/{n} clusters)"
+                    blocker = f"waiting for wave {w.name} to complete"
             if record is not None:
                 records[w.name] = record
             statuses.append(WaveStatus(

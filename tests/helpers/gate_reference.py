@@ -184,7 +184,8 @@ class ReferenceGate:
                 cid, cfp = _cluster_id(c.key), f.fingerprint
                 if f.complete:
                     phases[c.key] = ClusterPhase.COMPLETE
-                    admitted.pop(cid, None)
+                    if not c.foreign:  # another replica's: dropped by that replica
+                        admitted.pop(cid, None)
                 elif f.failed:
                     phases[c.key] = ClusterPhase.FAILED
                 elif f.started or admitted.get(cid) == cfp:
@@ -213,7 +214,7 @@ class ReferenceGate:
                 if hold is None and i >= limit:
                     # A failed cluster retried, or a started one with work again, while
                     # others took the slots.
-                    hold = (f"wave {w.name}: {len(active)} clusters upgrading exceed "
+                    hold = (f"wave {w.name}: clusters upgrading exceed "
                             f"maxConcurrentClusters {limit}; waiting for one to finish")
                 if hold is None:
                     allowed.add(c.key)
@@ -232,8 +233,8 @@ class ReferenceGate:
                 elif blocker is not None:
                     reasons[c.key] = blocker
                 elif slots <= 0:
-                    reasons[c.key] = (f"wave {w.name}: {limit - slots} of "
-                                      f"maxConcurrentClusters {limit} clusters upgrading")
+                    reasons[c.key] = (f"wave {w.name}: maxConcurrentClusters {limit} "
+                                      "clusters upgrading; waiting for one to finish")
                 elif (hold := self._cluster_hold(c, now, wakeups)) is not None:
                     reasons[c.key] = hold
                 else:
@@ -315,8 +316,7 @@ class ReferenceGate:
                     phase = WavePhase.PROGRESSING
                     message = f"{done_n}/{len(cs)} clusters complete"
                 if blocker is None:
-                    blocker = (f"waiting for wave {w.name} to complete "
-                               f"({done_n}/{len(cs)} clusters)")
+                    blocker = f"waiting for wave {w.name} to complete"
             if record is not None:
                 records[w.name] = record
             statuses.append(WaveStatus(

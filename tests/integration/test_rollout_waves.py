@@ -270,7 +270,7 @@ async def test_cluster_pause_annotation_and_restart_keep_the_admission(
     restarted = RolloutDriver(mgmt, config, clusters, now=driver.now + timedelta(minutes=1))
     d = await restarted.settle()
     assert d.allowed_clusters == {(namespace, "b")}
-    assert "1 of maxConcurrentClusters 1" in d.reasons[(namespace, "a")]
+    assert "maxConcurrentClusters 1 clusters upgrading" in d.reasons[(namespace, "a")]
     reasons = _reasons(await _events(mgmt, namespace), "a")
     assert "ClusterPaused" in reasons
 

@@ -12,7 +12,10 @@ from fleet.model import ObjectRef
 from fleet.rollout.annotations import ANN_EMERGENCY_STOP, ANN_PAUSED
 from fleet.rollout.gate import (
     ClusterPhase,
+    DecisionHold,
     FleetControls,
+    FleetView,
+    RolloutGate,
     WavePhase,
 )
 from fleet.rollout.state import RolloutState
@@ -60,7 +63,7 @@ def test_max_concurrent_clusters_counts_admitted_and_started_clusters() -> None:
     cs = [cluster(f"c{i}") for i in range(5)]
     d = evaluate(cfg, cs)
     assert d.allowed_clusters == {("fleet", "c0"), ("fleet", "c1")}
-    assert "2 of maxConcurrentClusters 2" in d.reasons[("fleet", "c2")]
+    assert "maxConcurrentClusters 2 clusters upgrading" in d.reasons[("fleet", "c2")]
     # The next pass sees no NodePlan yet (lagging cache): the recorded admissions count.
     d2 = evaluate(cfg, cs, T0 + timedelta(seconds=1), state=d.state)
     assert d2.allowed_clusters == d.allowed_clusters
@@ -72,6 +75,47 @@ def test_max_concurrent_clusters_counts_admitted_and_started_clusters() -> None:
     assert d3.allowed_clusters == {("fleet", "c1"), ("fleet", "c2")}
     assert "fleet/c0" not in d3.state.admitted
 
+
+
+def test_a_held_clusters_verdict_does_not_move_with_other_clusters_progress() -> None:
+    """bench/README.md "Why the sharded rollout crawled": the reason a waiting cluster is
+    held for goes into its MachineDeployment's and K0sControlPlane's status (and is its
+    verdict for the incremental planner). With the fleet's counts in it ("waiting for wave
+    first to complete (1/2 clusters)", "2 of maxConcurrentClusters 2") every completion
+    or admission anywhere changed the verdict of every waiting cluster: all of them were
+    planned again and their two status objects rewritten, O(fleet) writes per event (at
+    10 x 300 clusters ~1500 status patches a minute, dispatches queued behind them). The
+    reason names the rule that holds the cluster; the counts are in the waves' status."""
+    cfg = config(maxConcurrentClusters=1, waves=[
+        {"name": "first", "clusterSelector": {"matchLabels": CANARY}}])
+    gate = RolloutGate(cfg)
+    a = [cluster(f"a{i}", "ww", labels=CANARY) for i in range(2)]
+    b = [cluster(f"b{i}", "ww") for i in range(3)]
+    d1 = gate.evaluate(FleetView([*a, *b], FleetControls(), RolloutState()), T0)
+    assert d1.allowed_clusters == {("fleet", "a0")}
+    # a0 completes, a1 takes its slot: wave "first" moved (1/2 complete, a new admission)
+    a[0] = cluster("a0", "uu", labels=CANARY)
+    d2 = gate.evaluate(FleetView([*a, *b], FleetControls(), d1.state),
+                       T0 + timedelta(seconds=10))
+    assert d2.allowed_clusters == {("fleet", "a1")}
+    for c in b:
+        assert d2.reasons[c.key] == d1.reasons[c.key] == "waiting for wave first to complete"
+        assert DecisionHold(d2).verdict(c.key) == DecisionHold(d1).verdict(c.key)
+    # Wave "first" done: b0 admitted; b1 and b2 wait for a slot, whoever holds it.
+    a[1] = cluster("a1", "uu", labels=CANARY)
+    d3 = gate.evaluate(FleetView([*a, *b], FleetControls(), d2.state),
+                       T0 + timedelta(seconds=20))
+    assert d3.allowed_clusters == {("fleet", "b0")}
+    b[0] = cluster("b0", "uw")
+    b.append(cluster("b3", "gw"))  # started, no admission: a second cluster upgrading
+    d4 = gate.evaluate(FleetView([*a, *b], FleetControls(), d3.state),
+                       T0 + timedelta(seconds=30))
+    assert d4.allowed_clusters == {("fleet", "b0")}
+    assert d4.reasons[("fleet", "b3")] == ("wave default: clusters upgrading exceed "
+                                           "maxConcurrentClusters 1; waiting for one to finish")
+    assert d4.reasons[("fleet", "b1")] == d3.reasons[("fleet", "b1")] == (
+        "wave default: maxConcurrentClusters 1 clusters upgrading; waiting for one to finish")
+    assert DecisionHold(d4).verdict(("fleet", "b2")) == DecisionHold(d3).verdict(("fleet", "b2"))
 
 def test_started_clusters_hold_slots_even_without_a_record() -> None:
     cs = [cluster("c0", "gw"), cluster("c1", "uw"), cluster("c2")]

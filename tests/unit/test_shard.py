@@ -82,9 +82,34 @@ def test_foreign_clusters_count_against_the_limit_but_are_never_admitted_here() 
     assert d.allowed_clusters == {("fleet", "c2")}
     assert d.reasons[("fleet", "c1")] == FOREIGN
     assert d.reasons[("fleet", "c0")] == FOREIGN
-    assert "2 of maxConcurrentClusters 2" in d.reasons[("fleet", "c3")]
+    assert "maxConcurrentClusters 2 clusters upgrading" in d.reasons[("fleet", "c3")]
     assert d.clusters[("fleet", "c0")].foreign and not d.clusters[("fleet", "c2")].foreign
 
+
+
+def test_only_its_own_replica_drops_a_complete_clusters_admission() -> None:
+    """When c0 completes, every replica sees it; the record's admission of c0 is dropped
+    by c0's replica only. Before, every replica dropped it: each one rewrote the record,
+    one write landed and the others got 409 (10 replicas: 9 conflicts per completion,
+    each conflicting write withdrawing what it had admitted with it; bench/README.md
+    "Why the sharded rollout crawled"). A complete cluster holds no slot either way."""
+    cfg = config(maxConcurrentClusters=2)
+    holder = RolloutGate(cfg)
+    other = RolloutGate(cfg)
+    d = holder.evaluate(FleetView([cluster("c0"), _foreign(cluster("c1"))]), T0)
+    assert d.admitted_now == {("fleet", "c0")}
+    record = d.state
+    done = cluster("c0", "uu")
+    # another replica (not the fleet-wide writer; c1 is its own, every node in flight):
+    # c0 is complete, and it has nothing to write
+    seen = other.evaluate(FleetView([_foreign(done), cluster("c1", "gg")], state=record,
+                                    fleet_writer=False), T0)
+    assert not seen.state_changed
+    assert seen.clusters[("fleet", "c0")].phase is ClusterPhase.COMPLETE
+    assert seen.allowed_clusters == {("fleet", "c1")}
+    # its own replica drops it (and so the completion is reported once, by it)
+    mine = holder.evaluate(FleetView([done, _foreign(cluster("c1", "gg"))], state=record), T0)
+    assert mine.state_changed and "fleet/c0" not in mine.state.admitted
 
 def test_two_replicas_deciding_from_one_record_exceed_the_limit_unless_swapped() -> None:
     """Why admission must be a compare-and-swap of the record: each replica alone stays
