@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 import yaml
 
-from fleet.kube import AlreadyExistsError, KubeClient, KubeError
+from fleet.kube import AlreadyExistsError, ConflictError, KubeClient, KubeError, NotFoundError
 from fleet.kube.resources import CRDS
 from fleet.testing.binaries import REPO_ROOT, binary, capi_data_dir, pins
 
@@ -288,17 +288,33 @@ def crd_documents(*dirs: Path) -> list[dict[str, Any]]:
     return docs
 
 
-async def install_crds(client: KubeClient, docs: list[dict[str, Any]],
-                       timeout: float = 60.0) -> None:
-    """Create (or update) CRDs and wait until every one is Established."""
-    for doc in docs:
+async def _create_or_replace_crd(client: KubeClient, doc: dict[str, Any]) -> None:
+    while True:
         try:
             await client.create(CRDS, doc)
+            return
         except AlreadyExistsError:
+            pass
+        try:
             current = await client.get(CRDS, doc["metadata"]["name"])
+            if current["metadata"].get("deletionTimestamp"):
+                await anyio.sleep(0.2)  # terminating: create it again once it is gone
+                continue
             rv = current["metadata"]["resourceVersion"]
             await client.replace(CRDS, {**doc, "metadata": {**doc["metadata"],
                                                              "resourceVersion": rv}})
+            return
+        except (NotFoundError, ConflictError):
+            continue  # gone or changed between the calls: look again
+
+
+async def install_crds(client: KubeClient, docs: list[dict[str, Any]],
+                       timeout: float = 60.0) -> None:
+    """Create (or update) CRDs and wait until every one is Established. A CRD still
+    being deleted (its objects being cleaned up) is waited for and created anew."""
+    with anyio.fail_after(timeout):
+        for doc in docs:
+            await _create_or_replace_crd(client, doc)
     with anyio.fail_after(timeout):
         for doc in docs:
             while True:
