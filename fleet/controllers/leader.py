@@ -23,7 +23,13 @@ from typing import Any
 
 import anyio
 
-from fleet.controllers.renewal import Heartbeat, RenewalThread, Wake, stall_bound
+from fleet.controllers.renewal import (
+    Heartbeat,
+    RenewalThread,
+    Wake,
+    renewal_wait,
+    stall_bound,
+)
 from fleet.kube import AlreadyExistsError, ConflictError, KubeClient, KubeError, NotFoundError
 from fleet.kube.resources import LEASES
 from fleet.model import format_time
@@ -171,12 +177,9 @@ class LeaderElector:
             wake.set()
             failed = False
             while True:
-                # renew_every after the start of the last good renewal (at once if it took
-                # that long to answer); after a failure, retry soon, within the deadline.
-                delay = self.renew_every / 5 if failed else \
-                    self.renew_every - (self.monotonic() - last_ok)
-                left = last_ok + self.renew_deadline - self.monotonic()
-                await anyio.sleep(max(0.0, min(delay, left)))
+                await anyio.sleep(renewal_wait(
+                    failed=failed, last_ok=last_ok, now=self.monotonic(),
+                    renew_every=self.renew_every, renew_deadline=self.renew_deadline))
                 stalled = heartbeat.stalled()
                 if stalled is not None:
                     self.problem = f"lease {self.namespace}/{self.name} no longer renewed: " \

@@ -52,6 +52,16 @@ def stall_bound(lease_seconds: float, stall_seconds: float | None, renew_deadlin
     return bound
 
 
+def renewal_wait(*, failed: bool, last_ok: float, now: float, renew_every: float,
+                 renew_deadline: float) -> float:
+    """Seconds to wait before the next renewal of a held Lease: renew_every after the
+    start of the last good renewal (at once if it took that long to answer: a slow server
+    eats into the deadline), renew_every / 5 after a failure; never past the deadline."""
+    delay = renew_every / 5 if failed else renew_every - (now - last_ok)
+    left = last_ok + renew_deadline - now
+    return max(0.0, min(delay, left))
+
+
 class Heartbeat:
     """The main event loop's sign of life: :meth:`run`, a task on that loop, stamps the
     monotonic time every ``every`` seconds; the renewal thread reads the stamp."""

@@ -77,7 +77,13 @@ import anyio
 import anyio.abc
 
 from fleet.controllers.leader import lease_timings
-from fleet.controllers.renewal import Heartbeat, RenewalThread, Wake, stall_bound
+from fleet.controllers.renewal import (
+    Heartbeat,
+    RenewalThread,
+    Wake,
+    renewal_wait,
+    stall_bound,
+)
 from fleet.fence import fleet_wide, write_cluster
 from fleet.kube import AlreadyExistsError, ConflictError, KubeClient, KubeError, NotFoundError
 from fleet.kube.resources import LEASES
@@ -544,13 +550,9 @@ class ShardMembership:
             wake.set()
             failed = False
             while True:
-                # Renew renew_every after the start of the last good renewal (at once if
-                # it took that long to answer: a slow server eats into the deadline, so
-                # the next attempt must not wait); after a failure, retry soon.
-                delay = self.renew_every / 5 if failed else \
-                    self.renew_every - (self.monotonic() - last_ok)
-                left = last_ok + self.renew_deadline - self.monotonic()
-                await anyio.sleep(max(0.0, min(delay, left)))
+                await anyio.sleep(renewal_wait(
+                    failed=failed, last_ok=last_ok, now=self.monotonic(),
+                    renew_every=self.renew_every, renew_deadline=self.renew_deadline))
                 stalled = heartbeat.stalled()
                 if stalled is not None:
                     self.problem = (f"member lease {self.namespace}/{self.member_name} no "
