@@ -27,7 +27,7 @@ from fleet.controllers.renewal import (
     Heartbeat,
     RenewalThread,
     Wake,
-    renewal_wait,
+    renew_while_held,
     stall_bound,
 )
 from fleet.kube import AlreadyExistsError, ConflictError, KubeClient, KubeError, NotFoundError
@@ -170,40 +170,24 @@ class LeaderElector:
                         await self._attempt(client, self.renew_deadline):
                     break
                 await anyio.sleep(self.retry_every)
-            last_ok = started
             self._held_until = started + self.renew_deadline
             self.leading = True
             self.transitions += 1
             wake.set()
-            failed = False
-            while True:
-                await anyio.sleep(renewal_wait(
-                    failed=failed, last_ok=last_ok, now=self.monotonic(),
-                    renew_every=self.renew_every, renew_deadline=self.renew_deadline))
-                stalled = heartbeat.stalled()
-                if stalled is not None:
-                    self.problem = f"lease {self.namespace}/{self.name} no longer renewed: " \
-                        f"{stalled}"
-                    log.error("%s: %s", self.identity, self.problem)
-                    self.leading = False
-                    wake.set()
-                    if self.on_stall is not None:
-                        self.on_stall(self.problem)
-                    return
-                started = self.monotonic()
-                left = last_ok + self.renew_deadline - started
-                failed = not (left > 0 and await self._attempt(client, left))
-                if not failed:
-                    last_ok = started
-                    self._held_until = started + self.renew_deadline
-                elif self.monotonic() - last_ok >= self.renew_deadline:
-                    # Stop before another candidate may take over.
-                    self.problem = f"lease {self.namespace}/{self.name} not renewed within " \
-                        f"{self.renew_deadline:.1f}s"
-                    log.warning("%s: %s; stopping", self.identity, self.problem)
-                    self.leading = False
-                    wake.set()
-                    return
+
+            def renewed(at: float) -> None:
+                self._held_until = at + self.renew_deadline
+
+            end = await renew_while_held(
+                lease=f"lease {self.namespace}/{self.name}", identity=self.identity,
+                attempt=lambda left: self._attempt(client, left), renewed=renewed,
+                last_ok=started, heartbeat=heartbeat, renew_every=self.renew_every,
+                renew_deadline=self.renew_deadline, monotonic=self.monotonic)
+            self.problem = end.problem
+            self.leading = False  # stop before another candidate may take over
+            wake.set()
+            if end.stalled and self.on_stall is not None:
+                self.on_stall(self.problem)
         finally:
             self.leading = False
 

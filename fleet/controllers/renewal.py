@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import anyio
 
@@ -60,6 +61,48 @@ def renewal_wait(*, failed: bool, last_ok: float, now: float, renew_every: float
     delay = renew_every / 5 if failed else renew_every - (now - last_ok)
     left = last_ok + renew_deadline - now
     return max(0.0, min(delay, left))
+
+
+@dataclass(frozen=True)
+class RenewalEnd:
+    """Why a held Lease is no longer renewed: ``stalled`` when the main loop showed no
+    sign of life within its bound, else a renewal overdue (the renew deadline passed)."""
+
+    problem: str
+    stalled: bool
+
+
+async def renew_while_held(*, lease: str, identity: str,
+                           attempt: Callable[[float], Awaitable[bool]],
+                           renewed: Callable[[float], None], last_ok: float,
+                           heartbeat: Heartbeat, renew_every: float, renew_deadline: float,
+                           monotonic: Callable[[], float] = time.monotonic) -> RenewalEnd:
+    """Renew a held Lease until it may no longer be: ``attempt(timeout)`` is one renewal
+    cut off after ``timeout`` seconds (True: it landed), ``renewed(started)`` records the
+    monotonic start of each good one (``last_ok``: the first). Stops, naming ``lease`` in
+    the problem, once the main loop stalled past the heartbeat's bound or no renewal has
+    landed within ``renew_deadline`` of the last good one's start (before another
+    candidate may take the Lease over)."""
+    failed = False
+    while True:
+        await anyio.sleep(renewal_wait(failed=failed, last_ok=last_ok, now=monotonic(),
+                                       renew_every=renew_every,
+                                       renew_deadline=renew_deadline))
+        stalled = heartbeat.stalled()
+        if stalled is not None:
+            problem = f"{lease} no longer renewed: {stalled}"
+            log.error("%s: %s", identity, problem)
+            return RenewalEnd(problem, stalled=True)
+        started = monotonic()
+        left = last_ok + renew_deadline - started
+        failed = not (left > 0 and await attempt(left))
+        if not failed:
+            last_ok = started
+            renewed(started)
+        elif monotonic() - last_ok >= renew_deadline:
+            problem = f"{lease} not renewed within {renew_deadline:.1f}s"
+            log.warning("%s: %s; stopping", identity, problem)
+            return RenewalEnd(problem, stalled=False)
 
 
 class Heartbeat:
@@ -174,4 +217,5 @@ class RenewalThread:
             await anyio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
 
 
-__all__ = ["STALL_LEASES", "Heartbeat", "RenewalThread", "Wake", "stall_bound"]
+__all__ = ["STALL_LEASES", "Heartbeat", "RenewalEnd", "RenewalThread", "Wake",
+           "renew_while_held", "renewal_wait", "stall_bound"]

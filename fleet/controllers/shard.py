@@ -81,7 +81,7 @@ from fleet.controllers.renewal import (
     Heartbeat,
     RenewalThread,
     Wake,
-    renewal_wait,
+    renew_while_held,
     stall_bound,
 )
 from fleet.fence import fleet_wide, write_cluster
@@ -545,35 +545,24 @@ class ShardMembership:
                 if await self._attempt_renew(client, self.renew_deadline):
                     break
                 await anyio.sleep(self.renew_every / 2)
-            last_ok = self.renewed_at = started
+            self.renewed_at = started
             self.active = True
             wake.set()
-            failed = False
-            while True:
-                await anyio.sleep(renewal_wait(
-                    failed=failed, last_ok=last_ok, now=self.monotonic(),
-                    renew_every=self.renew_every, renew_deadline=self.renew_deadline))
-                stalled = heartbeat.stalled()
-                if stalled is not None:
-                    self.problem = (f"member lease {self.namespace}/{self.member_name} no "
-                                    f"longer renewed: {stalled}")
-                    log.error("%s: %s", self.identity, self.problem)
-                    self.active = False
-                    wake.set()
-                    if self.on_stall is not None:
-                        self.on_stall(self.problem)
-                    return
-                started = self.monotonic()
-                left = last_ok + self.renew_deadline - started
-                failed = not (left > 0 and await self._attempt_renew(client, left))
-                if not failed:
-                    last_ok = self.renewed_at = started
-                elif self.monotonic() - last_ok >= self.renew_deadline:
-                    self.problem = (f"member lease {self.namespace}/{self.member_name} not "
-                                    f"renewed within {self.renew_deadline:.1f}s")
-                    self.active = False
-                    wake.set()
-                    return
+
+            def renewed(at: float) -> None:
+                self.renewed_at = at
+
+            end = await renew_while_held(
+                lease=f"member lease {self.namespace}/{self.member_name}",
+                identity=self.identity,
+                attempt=lambda left: self._attempt_renew(client, left), renewed=renewed,
+                last_ok=started, heartbeat=heartbeat, renew_every=self.renew_every,
+                renew_deadline=self.renew_deadline, monotonic=self.monotonic)
+            self.problem = end.problem
+            self.active = False
+            wake.set()
+            if end.stalled and self.on_stall is not None:
+                self.on_stall(self.problem)
         finally:
             self.active = False
 
