@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -72,7 +73,13 @@ from fleet.kube.errors import ServerError  # noqa: E402
 from fleet.kube.resources import CLUSTERS, FLEET_UPGRADES, LEASES, NAMESPACES  # noqa: E402
 from fleet.testing.capi import FleetCluster, bump, create_cluster  # noqa: E402
 from fleet.testing.rollcheck import NodeRun, Topology, check, handoffs  # noqa: E402
-from fleet.testing.world import World, free_port, kill_group  # noqa: E402
+from fleet.testing.world import ApiServer, World, free_port, kill_group  # noqa: E402
+from tests.helpers.charts import (  # noqa: E402
+    CLUSTER_ROLE_BINDINGS,
+    FLOW_SCHEMAS,
+    PRIORITY_LEVELS,
+    helm,
+)
 
 V1, V2 = "v1.31.2+k0s.0", "v1.31.3+k0s.0"
 NAMESPACE = "bench"
@@ -82,11 +89,19 @@ LEASE_GROUP = "k0s-fleet-controller"  # ShardMembership's default group
 WAVE_LABEL = "bench.k0s-fleet.io/wave"
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 
-AUDIT_POLICY = {
-    "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
-    "omitStages": ["RequestReceived", "ResponseStarted"],
-    "rules": [{"level": "Metadata", "users": [CONTROLLER_USER]}, {"level": "None"}],
-}
+# With --apf builtin|chart the controllers are the chart's ServiceAccount as API Priority
+# and Fairness sees it (a token user of that name and groups: not system:masters, which
+# APF exempts), bound to cluster-admin.
+APF_RELEASE, APF_SERVICE_ACCOUNT = "bench", "k0s-fleet-bench"
+APF_USER = f"system:serviceaccount:{NAMESPACE}:{APF_SERVICE_ACCOUNT}"
+APF_GROUPS = ["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}",
+              "system:authenticated"]
+
+
+def audit_policy(user: str) -> dict[str, Any]:
+    return {"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+            "omitStages": ["RequestReceived", "ResponseStarted"],
+            "rules": [{"level": "Metadata", "users": [user]}, {"level": "None"}]}
 
 
 def cluster_name(i: int) -> str:
@@ -197,7 +212,9 @@ def write_profile(events: list[dict[str, Any]]) -> dict[str, Any]:
         return {"count": len(lat), "median": q(0.5), "p90": q(0.9), "p99": q(0.99),
                 "max": round(lat[-1], 3),
                 "5xx": sum(1 for e in evs
-                           if int((e.get("responseStatus") or {}).get("code") or 0) >= 500)}
+                           if int((e.get("responseStatus") or {}).get("code") or 0) >= 500),
+                "429": sum(1 for e in evs
+                           if int((e.get("responseStatus") or {}).get("code") or 0) == 429)}
 
     leases = [e for e in events if e.get("verb") == "update"
               and (e.get("objectRef") or {}).get("resource") == "leases"]
@@ -513,11 +530,35 @@ def cluster_done(doc: dict[str, Any], name: str) -> bool:
     return False
 
 
-def prepare(workdir: Path) -> tuple[Path, Path]:
+def prepare(workdir: Path, user: str) -> tuple[Path, Path]:
     workdir.mkdir(parents=True, exist_ok=True)
     policy = workdir / "audit-policy.yaml"
-    policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+    policy.write_text(yaml.safe_dump(audit_policy(user)))
     return workdir / "audit.log", policy
+
+
+async def install_apf(mgmt: KubeClient, user: str, *, chart: bool) -> dict[str, Any]:
+    """--apf: ``user`` bound to cluster-admin; with ``chart``, the chart's FlowSchema and
+    PriorityLevelConfiguration for the Lease requests, rendered by the real helm (release
+    APF_RELEASE, ServiceAccount APF_SERVICE_ACCOUNT in NAMESPACE) and created."""
+    await mgmt.create(CLUSTER_ROLE_BINDINGS, {
+        "metadata": {"name": "k0s-fleet-bench-controller"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "cluster-admin"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                      "name": user}]})
+    if not chart:
+        return {"user": user, "objects": []}
+    rendered = await asyncio.to_thread(lambda: helm(
+        "template", APF_RELEASE, REPO / "charts" / "k0s-fleet", "--namespace", NAMESPACE,
+        "--show-only", "templates/flowschema.yaml",
+        "--api-versions", "flowcontrol.apiserver.k8s.io/v1",
+        "--set", f"serviceAccount.name={APF_SERVICE_ACCOUNT}").stdout)
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    kinds = {"PriorityLevelConfiguration": PRIORITY_LEVELS, "FlowSchema": FLOW_SCHEMAS}
+    for doc in sorted(docs, key=lambda d: d["kind"] != "PriorityLevelConfiguration"):
+        await mgmt.create(kinds[doc["kind"]], doc)
+    return {"user": user, "objects": [f"{d['kind']}/{d['metadata']['name']}" for d in docs]}
 
 
 @dataclass
@@ -543,12 +584,15 @@ async def run(args: argparse.Namespace, workdir: Path, result: dict[str, Any]
     when a phase fails or the run is interrupted)."""
     n = args.clusters
     names = [cluster_name(i) for i in range(n)]
-    audit_path, policy = await asyncio.to_thread(prepare, workdir)
+    user = CONTROLLER_USER if args.apf == "off" else APF_USER
+    audit_path, policy = await asyncio.to_thread(prepare, workdir, user)
     controller_token = secrets.token_hex(16)
-    world = World(["mgmt"], workdir=workdir / "world", users={CONTROLLER_USER: controller_token},
+    apf = [] if args.apf == "off" else ["--enable-priority-and-fairness=true"]  # later wins
+    world = World(["mgmt"], workdir=workdir / "world", users={user: controller_token},
+                  groups={} if args.apf == "off" else {user: APF_GROUPS},
                   extra_args={"mgmt": [f"--audit-log-path={audit_path}",
                                        f"--audit-policy-file={policy}",
-                                       "--audit-log-maxsize=0", *args.apiserver_arg]})
+                                       "--audit-log-maxsize=0", *apf, *args.apiserver_arg]})
     world["mgmt"].env = dict(args.apiserver_env)
     result.update({
         "clusters": n, "nodes": n * (CONTROL_PLANES + WORKERS), "replicas": args.replicas,
@@ -574,6 +618,8 @@ async def run(args: argparse.Namespace, workdir: Path, result: dict[str, Any]
         sampler.start()
         async with await world["mgmt"].client() as mgmt:
             await mgmt.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
+            if args.apf != "off":
+                result["apf"] = await install_apf(mgmt, user, chart=args.apf == "chart")
             t_create = time.monotonic()
             fleet = await create_fleet(mgmt, sim, names, concurrency=args.create_concurrency,
                                        waves=args.waves, progress=sampler.progress)
@@ -590,7 +636,7 @@ async def run(args: argparse.Namespace, workdir: Path, result: dict[str, Any]
                 return result
             kubeconfig = workdir / "controller-kubeconfig.yaml"
             await asyncio.to_thread(kubeconfig.write_text, yaml.safe_dump(
-                world["mgmt"].kubeconfig(token=controller_token, user=CONTROLLER_USER)))
+                world["mgmt"].kubeconfig(token=controller_token, user=user)))
             audit = AuditReader(audit_path)
             audit.read()  # nothing of the controller's yet; skip to the end
             connector = aiohttp.TCPConnector(ssl=False, limit=8)
@@ -620,6 +666,10 @@ async def run(args: argparse.Namespace, workdir: Path, result: dict[str, Any]
                         result.setdefault("processes", {})[c.identity] = {
                             k: round(v, 2) for k, v in c.usage().items()}
     finally:
+        if args.apf != "off":
+            with contextlib.suppress(Exception):  # the run's own failure says more
+                result.setdefault("apf", {})["levels"] = apf_levels(
+                    await apiserver_metrics(world["mgmt"]))
         if sampler is not None:
             sampler.stop()
         for c in controllers:
@@ -695,6 +745,65 @@ async def etcd_db_bytes(session: aiohttp.ClientSession, world: World) -> dict[st
             if line.startswith(key + " "):
                 out[key] = int(float(line.split()[1]))
     return out
+
+
+def apf_levels(metrics: str) -> dict[str, dict[str, Any]]:
+    """Per API Priority and Fairness level, from the server's /metrics text: requests
+    dispatched and rejected, and their wait for a seat (mean, and the upper bound of the
+    histogram bucket holding the 99th percentile)."""
+    levels: dict[str, dict[str, Any]] = {}
+    buckets: dict[str, dict[float, float]] = {}
+
+    def label(labels: str, name: str) -> str:
+        return labels.split(f'{name}="', 1)[1].split('"', 1)[0] if f'{name}="' in labels \
+            else ""
+
+    for line in metrics.splitlines():
+        if not line.startswith("apiserver_flowcontrol_") or "{" not in line:
+            continue
+        name, rest = line.split("{", 1)
+        labels, value = rest.rsplit("} ", 1)
+        level = label(labels, "priority_level")
+        if not level:
+            continue
+        entry = levels.setdefault(level, {"dispatched": 0, "rejected": 0, "waited": 0,
+                                          "wait_s_sum": 0.0})
+        v = float(value)
+        if name == "apiserver_flowcontrol_dispatched_requests_total":
+            entry["dispatched"] += int(v)
+        elif name == "apiserver_flowcontrol_rejected_requests_total":
+            entry["rejected"] += int(v)
+        elif name == "apiserver_flowcontrol_request_wait_duration_seconds_count" and \
+                label(labels, "execute") == "true":
+            entry["waited"] += int(v)
+        elif name == "apiserver_flowcontrol_request_wait_duration_seconds_sum" and \
+                label(labels, "execute") == "true":
+            entry["wait_s_sum"] += v
+        elif name == "apiserver_flowcontrol_request_wait_duration_seconds_bucket" and \
+                label(labels, "execute") == "true":
+            le = float(label(labels, "le").replace("+Inf", "inf"))
+            per = buckets.setdefault(level, {})
+            per[le] = per.get(le, 0.0) + v
+    out: dict[str, dict[str, Any]] = {}
+    for level, entry in levels.items():
+        if not (entry["dispatched"] or entry["rejected"]):
+            continue
+        waited = entry.pop("waited")
+        total = entry.pop("wait_s_sum")
+        entry["wait_mean_s"] = round(total / waited, 4) if waited else None
+        per = sorted(buckets.get(level, {}).items())
+        entry["wait_p99_at_most_s"] = next(
+            (le for le, count in per if waited and count >= 0.99 * waited), None)
+        out[level] = entry
+    return out
+
+
+async def apiserver_metrics(server: ApiServer) -> str:
+    connector = aiohttp.TCPConnector(ssl=False, limit=1)
+    async with aiohttp.ClientSession(connector=connector) as session, session.get(
+            f"{server.url}/metrics",
+            headers={"Authorization": f"Bearer {server.admin_token}"}) as r:
+        return await r.text()
 
 
 async def apiserver_objects(session: aiohttp.ClientSession, world: World) -> dict[str, int]:
@@ -1015,6 +1124,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--setup-only", action="store_true",
                    help="set up the management side and kubesim only (no controller): "
                    "their RSS, etcd's db size, set-up time and load after --idle-seconds")
+    p.add_argument("--apf", choices=("off", "builtin", "chart"), default="off",
+                   help="off: controllers in system:masters, APF off (default); builtin: "
+                        "APF on, controllers as the chart's ServiceAccount identity "
+                        "(not exempt), the built-in FlowSchemas only; chart: also the "
+                        "chart's Lease FlowSchema + PriorityLevelConfiguration (helm)")
     p.add_argument("--apiserver-arg", action="append", default=[], metavar="FLAG",
                    help="one more flag for the management kube-apiserver (repeatable; "
                    "e.g. --apiserver-arg=--watch-cache=false)")

@@ -138,6 +138,9 @@ class ApiServer:
     # more bearer-token users (name -> token), in system:masters: a process whose
     # requests should be told apart from the tests' in an audit log
     extra_users: dict[str, str] = field(default_factory=dict)
+    # groups of an extra user other than system:masters (name -> groups), e.g. a
+    # ServiceAccount's identity that API Priority and Fairness does not exempt
+    user_groups: dict[str, list[str]] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     startup_seconds: float = 0.0
@@ -160,7 +163,8 @@ class ApiServer:
         if not tokens.exists():
             tokens.write_text(
                 f'{self.admin_token},{ADMIN_USER},uid-admin,"system:masters"\n' + "".join(
-                    f'{token},{user},uid-{user},"system:masters"\n'
+                    f'{token},{user},uid-{user},'
+                    f'"{",".join(self.user_groups.get(user, ["system:masters"]))}"\n'
                     for user, token in self.extra_users.items()))
         key = self.workdir / "sa.key"
         if not key.exists():
@@ -344,7 +348,10 @@ class World:
 
     def __init__(self, names: list[str], *, workdir: Path | None = None,
                  extra_args: dict[str, list[str]] | None = None,
-                 users: dict[str, str] | None = None) -> None:
+                 users: dict[str, str] | None = None,
+                 groups: dict[str, list[str]] | None = None) -> None:
+        """``users``: more bearer-token users (name -> token) on every server, in
+        system:masters unless ``groups`` names theirs."""
         self._own_tmp = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="k0s-fleet-world-"))
         self.etcd = Etcd(self.workdir)
@@ -353,7 +360,7 @@ class World:
         extra_args = extra_args or {}
         self.servers = {
             n: ApiServer(n, self.workdir / n, self.etcd, token, extra_args.get(n, []),
-                         dict(users or {}))
+                         dict(users or {}), dict(groups or {}))
             for n in names
         }
 
