@@ -35,6 +35,7 @@ from fleet.events import EventRecorder
 from fleet.extension.exclusion import ExtensionExclusion
 from fleet.extension.server import serve_configured_extension
 from fleet.kube import WriteLimiter
+from fleet.listen import ListenError
 from fleet.rollout.policy import RolloutPolicy
 from fleet.status.server import StatusBoard, make_app, serve
 from fleet.telemetry import get_tracer, setup_tracing
@@ -261,6 +262,12 @@ async def _sharded(*, membership: ShardMembership, writer: LeaderElector,
     return not lost
 
 
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """The exceptions in ``group`` and the groups nested in it."""
+    return [leaf for e in group.exceptions
+            for leaf in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])]
+
+
 def run(args: argparse.Namespace) -> int:
     memtrace.install_from_environment()
     # large transient buffers (list bodies, /status) mapped and unmapped, not left in the
@@ -289,4 +296,14 @@ def run(args: argparse.Namespace) -> int:
               f"--write-burst at least 1; got --write-qps {write_qps(args):g} "
               f"--write-burst {args.write_burst}", file=sys.stderr)
         return common.Exit.BAD_CONFIG
-    return anyio.run(_main, args, config)
+    try:
+        return anyio.run(_main, args, config)
+    except BaseExceptionGroup as group:
+        # An endpoint that cannot listen (its port taken): one line naming it, not the
+        # task group's traceback.
+        taken, rest = group.split(ListenError)
+        if taken is None or rest is not None:
+            raise
+        for problem in _leaves(taken):
+            print(f"k0s-fleet controller: {problem}", file=sys.stderr)
+        return common.Exit.FAILED

@@ -44,6 +44,7 @@ from fleet.extension.wire import (
 )
 from fleet.extension.workload import SecretWorkloadClients
 from fleet.kube import KubeClient, KubeError
+from fleet.listen import start_site
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +198,8 @@ async def start_extension_server(
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, ssl_context=tls.context)
-        await site.start()
+        await start_site(site, what="runtime extension", setting="extension.port",
+                         host=host, port=port)
         bound = port
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or []

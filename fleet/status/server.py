@@ -15,6 +15,7 @@ import anyio.abc
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from fleet.listen import start_site
 from fleet.model import ClusterKey, Snapshot
 from fleet.rollout.gate import GateDecision
 from fleet.rollout.progress import ClusterProgress
@@ -119,7 +120,8 @@ async def serve(app: web.Application, *, host: str = "0.0.0.0", port: int = 8080
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)
-        await site.start()
+        await start_site(site, what="status and health endpoints", setting="status.port",
+                         host=host, port=port)
         addresses = runner.addresses
         task_status.started(int(addresses[0][1]) if addresses else port)
         await anyio.sleep_forever()

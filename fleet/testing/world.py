@@ -55,6 +55,12 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+# Ports free_port gave this process: two servers started in a row (a benchmark's ten
+# replicas) could draw the same one before either bound it (seen once: two of ten
+# bench replicas on one status port, one of them exiting "address already in use").
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
     """A TCP port free right now on every address, chosen below the kernel's ephemeral
     range: a port the kernel handed out (bind to 0) is also what the next outgoing
@@ -64,11 +70,14 @@ def free_port() -> int:
     hi = _ephemeral_low() - 1
     for _ in range(200):
         port = rnd.randint(min(20000, hi - 1000), hi)
+        if port in _HANDED_OUT:  # free now, but given to a server that may not be up yet
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("0.0.0.0", port))
             except OSError:
                 continue
+            _HANDED_OUT.add(port)
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import ssl
 import subprocess
 import sys
@@ -65,3 +66,37 @@ async def test_controller_process_serves_hooks_over_tls_only(
         with anyio.fail_after(15):
             await proc.wait()
         log.close()
+
+
+@pytest.mark.parametrize("endpoint", ["status", "extension"])
+async def test_a_port_already_taken_is_named_and_the_controller_exits(
+        world: World, namespace: str, tmp_path: Path, endpoint: str) -> None:
+    """Another process holds the endpoint's port: the controller exits (1) with one line
+    naming the endpoint, its setting and the address, not a task group's traceback."""
+    kubeconfig = world["mgmt"].write_kubeconfig(tmp_path / "mgmt.yaml")
+    cert, key, _ = make_cert_pair(["localhost", "127.0.0.1"]).write(tmp_path / "tls")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = int(taken.getsockname()[1])
+        ports = {"status": port if endpoint == "status" else free_port(),
+                 "extension": port if endpoint == "extension" else free_port()}
+        cfg_file = tmp_path / "fleet.yaml"
+        cfg_file.write_text(yaml.safe_dump({
+            "management": {"namespace": namespace, "kubeconfig": str(kubeconfig)},
+            "clusters": {"namespaces": [namespace]},
+            "status": {"port": ports["status"]},
+            "extension": {"enabled": True, "port": ports["extension"],
+                          "certFile": str(cert), "keyFile": str(key)}}))
+        with anyio.fail_after(60):
+            done = await anyio.run_process(
+                [sys.executable, "-m", "fleet.cli", "controller", "--config", str(cfg_file),
+                 "--no-leader-elect"], cwd=REPO_ROOT, check=False)
+    err = done.stderr.decode()
+    assert done.returncode == 1, err
+    setting = "status.port" if endpoint == "status" else "extension.port"
+    lines = [line for line in err.splitlines() if setting in line]
+    assert len(lines) == 1, err
+    assert f"cannot listen on 0.0.0.0:{port} ({setting})" in lines[0]
+    assert "in use" in lines[0]
+    assert "Traceback" not in err
