@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,13 @@ from typing import Any
 import anyio
 import yaml
 
-from fleet.kube.errors import FencedError, KubeError, NotFoundError, UnreachableError
+from fleet.kube.errors import (
+    FencedError,
+    KubeError,
+    NotFoundError,
+    UnreachableError,
+    retry_wait,
+)
 from fleet.kube.http import ConnectSlots
 from fleet.kube.ratelimit import WriteLimiter
 from fleet.kube.resources import Resource
@@ -56,6 +63,8 @@ class KubeClient:
         self._write_fence = write_fence
         self._reopen = reopen
         self.write_limiter = write_limiter
+        # GETs sent again because the server said "try again after N s" (retry_wait)
+        self.retries_asked = 0
 
     def fenced(self, holds: Callable[[], bool]) -> KubeClient:
         """This client's connection, sending no write while ``holds()`` is false (a
@@ -180,8 +189,20 @@ class KubeClient:
             raise FencedError(f"{self.name}: {method} {path} not sent: this replica's Lease "
                               "is not known to be held any more")
         query_params = [(k, _query_value(v)) for k, v in (query or {}).items() if v is not None]
-        return await self._api.call(method, path, query=query_params, body=body,
-                                    content_type=content_type, timeout=timeout)
+        retries = 0
+        while True:
+            try:
+                return await self._api.call(method, path, query=query_params, body=body,
+                                            content_type=content_type, timeout=timeout)
+            except KubeError as e:
+                wait = retry_wait(method, e, retries, random.random())
+                if wait is None:
+                    raise
+                retries += 1
+                self.retries_asked += 1
+                log.info("%s: GET %s: %s; again in %.1fs (the server asked)", self.name,
+                         path, e, wait)
+                await anyio.sleep(wait)
 
     async def open_stream(self, path: str, *, query: Mapping[str, Any],
                           read_timeout: float) -> LineStream:

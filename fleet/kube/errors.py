@@ -7,15 +7,19 @@ from typing import Any
 
 
 class KubeError(Exception):
-    """An API server answered with an error (or could not be reached)."""
+    """An API server answered with an error (or could not be reached). ``retry_after``:
+    the seconds the server asked the client to wait before trying again (a 429 or a 5xx
+    with ``details.retryAfterSeconds`` or a ``Retry-After`` header), else None."""
 
     status: int | None = None
 
-    def __init__(self, message: str, *, status: int | None = None, body: Any = None) -> None:
+    def __init__(self, message: str, *, status: int | None = None, body: Any = None,
+                 retry_after: float | None = None) -> None:
         super().__init__(message)
         if status is not None:
             self.status = status
         self.body = body
+        self.retry_after = retry_after
 
 
 class UnreachableError(KubeError):
@@ -79,11 +83,6 @@ class TooManyRequestsError(KubeError):
 
     status = 429
 
-    def __init__(self, message: str, *, status: int | None = None, body: Any = None,
-                 retry_after: float | None = None) -> None:
-        super().__init__(message, status=status, body=body)
-        self.retry_after = retry_after
-
 
 class ServerError(KubeError):
     """5xx."""
@@ -119,18 +118,45 @@ def from_status(status: int, body: str | bytes | dict[str, Any] | None,
     reason = payload.get("reason")
     if status == 409 and reason == "AlreadyExists":
         return AlreadyExistsError(message, status=status, body=payload)
-    if status == 429:
-        retry_after = None
-        details = payload.get("details") or {}
-        if isinstance(details, dict) and details.get("retryAfterSeconds"):
-            retry_after = float(details["retryAfterSeconds"])
-        elif headers is not None and headers.get("Retry-After"):
-            try:
-                retry_after = float(headers.get("Retry-After"))
-            except ValueError:
-                retry_after = None
-        return TooManyRequestsError(message, status=status, body=payload, retry_after=retry_after)
     cls = _BY_STATUS.get(status)
     if cls is None:
         cls = ServerError if status >= 500 else KubeError
-    return cls(message, status=status, body=payload)
+    retry_after = _retry_after(payload, headers) if status == 429 or status >= 500 else None
+    return cls(message, status=status, body=payload, retry_after=retry_after)
+
+
+def _retry_after(payload: dict[str, Any], headers: Any) -> float | None:
+    """The wait the server asked for: the Status' ``details.retryAfterSeconds``, else a
+    ``Retry-After`` header in seconds (None when neither is there or usable)."""
+    details = payload.get("details") or {}
+    if isinstance(details, dict) and details.get("retryAfterSeconds"):
+        try:
+            return max(0.0, float(details["retryAfterSeconds"]))
+        except (TypeError, ValueError):
+            pass
+    value = headers.get("Retry-After") if headers is not None else None
+    if value:
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            return None
+    return None
+
+
+# A GET the server answered "try again after N s" (429: API Priority and Fairness
+# rejected it before it ran; 5xx ServerTimeout, e.g. a list page under load) is sent
+# again, as client-go does (at most 10 times), after that wait stretched by a random
+# factor of 1-2, so that the requests rejected together do not all come back together;
+# a paged list then resumes at its page instead of starting over (a list of 20 pages
+# under load otherwise rarely completes). No single wait is longer than RETRY_AFTER_CAP.
+GET_RETRIES = 10
+RETRY_AFTER_CAP = 10.0
+
+
+def retry_wait(method: str, error: KubeError, retries_so_far: int, jitter: float
+               ) -> float | None:
+    """How long to wait before sending ``method`` again after ``error`` (None: do not);
+    ``jitter`` in [0, 1) stretches the server's wait by that fraction."""
+    if method != "GET" or error.retry_after is None or retries_so_far >= GET_RETRIES:
+        return None
+    return min(error.retry_after * (1.0 + jitter), RETRY_AFTER_CAP)

@@ -148,6 +148,9 @@ CLUSTER_ROLE_BINDINGS = Resource(RBAC, "v1", "clusterrolebindings", "ClusterRole
 ROLES = Resource(RBAC, "v1", "roles", "Role", namespaced=True)
 
 
+ROLE_BINDINGS = Resource(RBAC, "v1", "rolebindings", "RoleBinding", namespaced=True)
+
+
 FLOWCONTROL = "flowcontrol.apiserver.k8s.io"
 
 

@@ -1,7 +1,9 @@
 """The chart's API Priority and Fairness objects, installed by the real helm into a real
 kube-apiserver with APF on, classify the controller ServiceAccount's Lease requests (and
-nothing else of it) into the chart's own priority level; and the client layer's write
-limiter bounds the writes that reach a real API server (fleet.kube.ratelimit).
+nothing else of it) into the chart's own priority level; a GET that APF rejects with 429
+and Retry-After is sent again after the wait (fleet.kube.errors.retry_wait); and the
+client layer's write limiter bounds the writes that reach a real API server
+(fleet.kube.ratelimit).
 
 The test world's API servers run with ``--enable-priority-and-fairness=false``; this
 module starts one more on the same etcd with it on. The server names the FlowSchema and
@@ -14,7 +16,7 @@ from __future__ import annotations
 import ssl
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -22,12 +24,14 @@ import pytest
 
 from fleet.controllers.leader import LeaderElector
 from fleet.kube import FencedError, KubeClient, WriteLimiter
-from fleet.kube.resources import CONFIGMAPS, LEASES
+from fleet.kube.resources import CONFIGMAPS, LEASES, SERVICE_ACCOUNTS
 from fleet.testing.world import ApiServer, World
 from tests.helpers.charts import (
     CONTROLLER_CHART,
     FLOW_SCHEMAS,
     PRIORITY_LEVELS,
+    ROLE_BINDINGS,
+    ROLES,
     helm_cli,
     kubeconfig_file,
 )
@@ -123,6 +127,75 @@ async def test_the_chart_gives_the_controllers_lease_requests_their_own_priority
     async with await apf_server.client() as admin:
         assert await admin.get_or_none(FLOW_SCHEMAS, name) is None
         assert await admin.get_or_none(PRIORITY_LEVELS, name) is None
+
+
+async def test_a_get_apf_rejects_is_sent_again_after_the_wait_the_server_asks(
+        apf_server: ApiServer) -> None:
+    """A ServiceAccount whose list requests fall in a priority level of ~3 seats that
+    rejects rather than queues (a list of 1000 objects takes them all): of 40 lists at
+    once through the client, the server rejects some with 429 and Retry-After (counted by
+    the client; rounds repeat until it does, else the test proves nothing); every list
+    returns every object, the rejected ones sent again after the wait (before, the 429
+    was raised to the caller: a reflector started its list over)."""
+    sa, level = "lister", unique("kf-429-level")
+    async with await apf_server.client() as admin, fresh_namespace(admin) as ns:
+        await admin.create(SERVICE_ACCOUNTS, {"metadata": {"name": sa}}, ns)
+        # (the built-in "view" role is filled by kube-controller-manager: not here)
+        await admin.create(ROLES, {"metadata": {"name": sa}, "rules": [
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}]}, ns)
+        await admin.create(ROLE_BINDINGS, {
+            "metadata": {"name": sa, "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]}, ns)
+        pl = await admin.create(PRIORITY_LEVELS, {
+            "metadata": {"name": level},
+            "spec": {"type": "Limited", "limited": {
+                "nominalConcurrencyShares": 1, "lendablePercent": 0,
+                "borrowingLimitPercent": 0, "limitResponse": {"type": "Reject"}}}})
+        await admin.create(FLOW_SCHEMAS, {
+            "metadata": {"name": level},
+            "spec": {"priorityLevelConfiguration": {"name": level},
+                     "matchingPrecedence": 500,
+                     "rules": [{"subjects": [{"kind": "ServiceAccount", "serviceAccount": {
+                         "name": sa, "namespace": ns}}],
+                         "resourceRules": [{"apiGroups": [""], "resources": ["configmaps"],
+                                            "verbs": ["list"], "namespaces": [ns]}]}]}})
+        try:
+            async def at_once(n: int, one: Callable[[], Awaitable[None]]) -> None:
+                async with anyio.create_task_group() as tg:
+                    for _ in range(n):
+                        tg.start_soon(one)
+
+            created = iter(range(1000))
+
+            async def create() -> None:
+                for i in created:
+                    await admin.create(CONFIGMAPS, {"metadata": {"name": f"c{i:04d}"},
+                                                    "data": {"v": "x" * 2000}}, ns)
+
+            await at_once(16, create)
+            token = await service_account_token(admin, ns, sa)
+            with anyio.fail_after(60):  # the server applies the level on its schedule
+                while (await anyio.to_thread.run_sync(
+                        _classified, apf_server, token, "GET", CONFIGMAPS.path(ns)))[1][1] \
+                        != pl["metadata"]["uid"]:
+                    await anyio.sleep(0.2)
+            async with await apf_server.client(token=token) as client:
+                sizes: list[int] = []
+
+                async def listed() -> None:
+                    sizes.append(len((await client.list(CONFIGMAPS, ns)).items))
+
+                with anyio.fail_after(240):
+                    for _ in range(5):
+                        await at_once(40, listed)
+                        if client.retries_asked:
+                            break
+                assert client.retries_asked > 0, "no list was rejected: nothing proved"
+                assert sizes == [1000] * len(sizes)
+        finally:
+            await admin.delete(FLOW_SCHEMAS, level)
+            await admin.delete(PRIORITY_LEVELS, level)
 
 
 class FakeTime:

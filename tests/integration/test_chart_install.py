@@ -26,7 +26,7 @@ from tests.helpers.charts import (
     DEPLOYMENTS,
     FLOW_SCHEMAS,
     PRIORITY_LEVELS,
-    RBAC,
+    ROLE_BINDINGS,
     ROLES,
     Manifest,
     create_namespace,
@@ -41,7 +41,6 @@ pytestmark = pytest.mark.anyio
 
 SERVICES = Resource("", "v1", "services", "Service", namespaced=True)
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True)
-ROLE_BINDINGS = Resource(RBAC, "v1", "rolebindings", "RoleBinding", namespaced=True)
 ADMISSION = "admissionregistration.k8s.io"
 VAPS = Resource(ADMISSION, "v1", "validatingadmissionpolicies", "ValidatingAdmissionPolicy",
                 namespaced=False)

@@ -26,7 +26,7 @@ LAYERS = [
     "rollout",                                        # waves gate, policy, dry run
     "controllers | agents | testing",                 # the long-running parts
     "dispatch",                                       # create-or-adopt a NodePlan
-    "artifacts | clusters | events | telemetry",      # shared I/O services
+    "artifacts | clusters | events | listen | telemetry",  # shared I/O services
     "planner | snapshot",                             # pure decisions
     "records | kept",                                 # compact workload / management records
     "eligibility | budget | executors | intent | reported | fence",
