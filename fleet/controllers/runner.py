@@ -34,7 +34,7 @@ from fleet.controllers.parts import FleetParts
 from fleet.events import EventRecorder
 from fleet.fence import writes_for
 from fleet.kept import CAPI_CLUSTER_LABEL
-from fleet.kube import KubeClient, KubeError
+from fleet.kube import GoneError, KubeClient, KubeError
 from fleet.kube.backoff import Backoff
 from fleet.kube.resources import (
     CLUSTERS,
@@ -44,6 +44,7 @@ from fleet.kube.resources import (
     MACHINES,
     NODE_PLANS,
     SECRETS,
+    Resource,
 )
 from fleet.model import ClusterKey, ObjectRef, Snapshot
 from fleet.planner import COMPLETING, PENDING, FleetPolicy, PlannerSettings, PlanResult
@@ -223,6 +224,13 @@ class FleetController:
         self._warmed: set[ClusterKey] = set()  # re-read for the shards warming now
         # More clusters than this to re-read at once: one list of everything instead.
         self.reread_bulk = 64
+        # That list's progress, kept when a call is cut off (the claims task bounds each
+        # call to a fraction of the lease; 20 pages of Machines under load take longer):
+        # the clusters it is for, and per (namespace, resource) the next page or done.
+        self._bulk_for: frozenset[ClusterKey] = frozenset()
+        self._bulk_next: dict[tuple[str | None, str], str | None] = {}
+        self.reread_page_size = 500
+        self.bulk_pages_read = 0
         self._busy: dict[ClusterKey | None, int] = defaultdict(int)
         self._cooldown: dict[tuple[str, ...], datetime] = {}
         self._failures: dict[tuple[str, ...], Backoff] = {}
@@ -350,7 +358,7 @@ class FleetController:
                     # of every Machine and Secret, page by page, as the watches' first one,
                     # instead of a label-selected list per cluster (each of which the API
                     # server answers by looking at every Machine of the namespace).
-                    await self._reread_all()
+                    await self._reread_all(frozenset(todo))
                     self._warmed.update(todo)
                     self._full.update(todo)
                 for key in todo if len(todo) <= self.reread_bulk else ():
@@ -369,17 +377,35 @@ class FleetController:
         self._warmed.clear()  # the shards warming now are acted on: the next take reads again
         return True
 
-    async def _reread_all(self) -> None:
+    async def _reread_all(self, todo: frozenset[ClusterKey]) -> None:
         """Read every Machine and Cluster API Secret again (those of held clusters are
-        kept in full now)."""
+        kept in full now), for the clusters ``todo``. A call cut off goes on where it
+        stopped at the next call for the same clusters or fewer (pages read stay read); for
+        more, or once the server no longer keeps the list's snapshot, from the start."""
+        if not todo <= self._bulk_for:
+            self._bulk_for, self._bulk_next = todo, {}
         for ns in self.view.namespaces:
-            async for page in self.mgmt.list_pages(MACHINES, ns):
-                for obj in page.items:
-                    self.view[MACHINES].observe(obj)
-            async for page in self.mgmt.list_pages(SECRETS, ns,
-                                                   field_selector=SECRET_FIELD_SELECTOR):
-                for obj in page.items:
-                    self.view[SECRETS].observe(obj)
+            for res, fields in ((MACHINES, None), (SECRETS, SECRET_FIELD_SELECTOR)):
+                at = (ns, res.plural)
+                if at in self._bulk_next and self._bulk_next[at] is None:
+                    continue  # read in full by an earlier call
+                try:
+                    await self._reread_pages(res, ns, fields, at)
+                except GoneError:  # that snapshot is gone: this list from the start
+                    self._bulk_next.pop(at, None)
+                    await self._reread_pages(res, ns, fields, at)
+        self._bulk_for, self._bulk_next = frozenset(), {}
+
+    async def _reread_pages(self, res: Resource, ns: str | None, fields: str | None,
+                            at: tuple[str | None, str]) -> None:
+        cache = self.view[res]
+        async for page in self.mgmt.list_pages(res, ns, field_selector=fields,
+                                               page_size=self.reread_page_size,
+                                               resume=self._bulk_next.get(at)):
+            for obj in page.items:
+                cache.observe(obj)
+            self._bulk_next[at] = page.continue_token
+            self.bulk_pages_read += 1
 
     async def _reread(self, key: ClusterKey) -> None:
         """Read one cluster's Machines and Cluster API Secrets again (now kept in full)."""
@@ -417,6 +443,9 @@ class FleetController:
         if not gone:
             return
         secrets = kubeconfig_secrets(self.config, gone)
+        # A bulk re-read under way read some pages while these were held: not to be
+        # resumed for them if they are taken again (kept foreign from here on).
+        self._bulk_for, self._bulk_next = frozenset(), {}
         for key in gone:
             self._full.discard(key)
             self.view[MACHINES].rekeep(self.parts.machine_keys(key))

@@ -44,6 +44,8 @@ MANY_CLIENTS_CONNECTING = ConnectSlots(100)
 class ObjectList:
     items: list[KubeObject]
     resource_version: str
+    # list_pages: where the next page starts (None: this was the last one)
+    continue_token: str | None = None
 
 
 class KubeClient:
@@ -237,12 +239,15 @@ class KubeClient:
     async def list_pages(self, res: Resource, namespace: str | None = None, *,
                          label_selector: str | None = None,
                          field_selector: str | None = None,
-                         page_size: int = 500) -> AsyncIterator[ObjectList]:
+                         page_size: int = 500,
+                         resume: str | None = None) -> AsyncIterator[ObjectList]:
         """List page by page (``limit=page_size``), each page as it arrives: a caller
         that converts or drops each page's objects never holds the whole list. Every
         page is of the same snapshot; the last one's resource_version is where a watch
-        continues."""
-        cont: str | None = None
+        continues. ``resume``: a page's ``continue_token`` of an earlier call with the
+        same selectors, to go on from there (GoneError once the server no longer keeps
+        that snapshot: list again from the start)."""
+        cont: str | None = resume
         rv = ""
         while True:
             page = await self.request("GET", res.path(namespace), query={
@@ -257,9 +262,9 @@ class KubeClient:
                 items.append(item)
             meta = page.get("metadata") or {}
             rv = meta.get("resourceVersion") or rv
-            cont = meta.get("continue")
+            cont = meta.get("continue") or None
             del page
-            yield ObjectList(items=items, resource_version=rv)
+            yield ObjectList(items=items, resource_version=rv, continue_token=cont)
             if not cont:
                 return
 

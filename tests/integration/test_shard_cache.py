@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from fleet.config import FleetConfig
@@ -136,6 +137,44 @@ async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
         assert machines_kept(ctl, taken) == [True] * len(taken.machines)
         assert not kubeconfig_kept(ctl, other)
         assert machines_kept(ctl, other) == [False] * len(other.machines)
+        # Given back, then taken again by a start-up whose every look is cut off after
+        # one more page (the claims task bounds each look; under load the whole list
+        # takes longer): the pages read stay read, and the re-read ends.
+        claims.held.clear()
+        claims.warming.clear()
+        ctl.trigger.poke()
+        await wait_for("the given-back cluster kept foreign again",
+                       lambda: _foreign_again(ctl, taken), 60, 0.1)
+        ctl.reread_page_size = 2
+        claims.held.add(taken.key)
+        claims.warming.add(taken.key)
+        looks = 0
+        while not await _one_more_page_at_most(ctl, claims.warming_cluster):
+            looks += 1
+            assert looks < 60, "the re-read never ends when cut off after every page"
+        assert looks >= 2  # really cut off: more than one look
+        assert kubeconfig_kept(ctl, taken)
+        assert machines_kept(ctl, taken) == [True] * len(taken.machines)
+        assert machines_kept(ctl, other) == [False] * len(other.machines)
+
+
+async def _one_more_page_at_most(ctl: Any, taken: Any) -> bool:
+    """One look at the taken shards, cut off as soon as it has read one more page of
+    the bulk re-read: whether it completed."""
+    before = ctl.bulk_pages_read
+    done = False
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            async def look() -> None:
+                nonlocal done
+                done = await ctl.warm_taken(taken)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(look)
+            while ctl.bulk_pages_read == before:
+                await anyio.lowlevel.checkpoint()
+            tg.cancel_scope.cancel()
+    return done
 
 
 async def _foreign_again(ctl: Any, fc: FleetCluster) -> bool:
