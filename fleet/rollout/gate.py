@@ -543,6 +543,12 @@ class RolloutGate:
         records = dict(state.waves)
         statuses: list[WaveStatus] = []
         blocker: str | None = None  # why clusters of later waves may not be admitted
+        # The wave before this one, if it is not complete: a held cluster names it, not
+        # the first incomplete wave (true as well: a wave completes only after those
+        # before it), so its reason does not change when an earlier wave completes
+        # (bench/README.md "Fewer status writes per rolled cluster"). The first blocker
+        # stays in the waves' status.
+        open_before: str | None = None
 
         for index_no, w in enumerate(waves):
             wi = self._wave(w.name)
@@ -581,12 +587,14 @@ class RolloutGate:
                 else:
                     verdicts[c.key] = (m.phase, hold)
             slots = limit - len(active)
+            held_by_waves = blocker if blocker is None or open_before is None \
+                else f"waiting for wave {open_before} to complete"
             for m in queued:  # this replica's own (another's: settled in _judge)
                 c = m.progress
                 if fleet_hold is not None:
                     verdicts[c.key] = (m.phase, fleet_hold)
-                elif blocker is not None:
-                    verdicts[c.key] = (m.phase, blocker)
+                elif held_by_waves is not None:
+                    verdicts[c.key] = (m.phase, held_by_waves)
                 elif slots <= 0:
                     verdicts[c.key] = (m.phase, f"wave {w.name}: maxConcurrentClusters "
                                                 f"{limit} clusters upgrading; waiting for "
@@ -618,6 +626,7 @@ class RolloutGate:
             failed_n = wi.counts[ClusterPhase.FAILED]
             done_n = wi.counts[ClusterPhase.COMPLETE]
             complete = done_n == n
+            open_before = w.name if n and not complete else None
             if not n:
                 statuses.append(WaveStatus(
                     name=w.name, index=index_no, canary=w.canary, phase=WavePhase.COMPLETE,
