@@ -67,7 +67,6 @@ from fleet.planner.writer import (
 )
 from fleet.versions import K0sVersion, valid_version
 
-
 CONTROL_PLANE_BUSY = "another control plane is being upgraded"
 
 
