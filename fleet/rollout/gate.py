@@ -139,19 +139,39 @@ class GateDecision:
             return self.held_objects.get(ObjectRef(owner.kind, owner.namespace, owner.name))
         return None
 
-    def without_new_admissions(self) -> GateDecision:
+    def without_new_admissions(self, kept: GateDecision | None = None) -> GateDecision:
         """This decision if its state could not be recorded: admissions not yet durable are
-        withdrawn (they would not be counted after a restart)."""
+        withdrawn (they would not be counted after a restart).
+
+        ``kept``: the last decision, when the record was not written only because another
+        replica moved it first (a lost compare-and-swap, decided again from theirs at
+        once). A withdrawn cluster that was held then keeps that verdict and reason: it
+        is still held, and a reason that flapped to "not yet recorded" and back for one
+        round trip cost its MachineDeployment and K0sControlPlane two status writes each
+        (issue #13: ~2 lost races per admission at 10 replicas, bench/README.md "Fewer
+        status writes per rolled cluster"). Otherwise (the record unreadable or not
+        writable) it says so."""
         new = self.admitted_now
         if not new:
             return self
         why = "admission not yet recorded in the rollout state; retrying"
+        clusters = dict(self.clusters)
+        reasons = dict(self.reasons)
+        for k in new:
+            g = clusters[k]
+            prev = kept.clusters.get(k) if kept is not None else None
+            if prev is not None and not prev.allowed and prev.reason and not prev.foreign:
+                clusters[k] = replace(g, phase=prev.phase, allowed=False, reason=prev.reason,
+                                      admitted_now=False)
+                reasons[k] = prev.reason
+            else:
+                clusters[k] = replace(g, allowed=False, reason=why, admitted_now=False)
+                reasons[k] = why
         return replace(
             self,
             allowed_clusters=self.allowed_clusters - new,
-            reasons={**self.reasons, **dict.fromkeys(new, why)},
-            clusters={k: replace(g, allowed=False, reason=why, admitted_now=False)
-                      if k in new else g for k, g in self.clusters.items()},
+            reasons=reasons,
+            clusters=clusters,
             state=self.previous,
         )
 

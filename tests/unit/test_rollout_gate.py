@@ -147,6 +147,34 @@ def test_a_held_clusters_verdict_does_not_move_when_an_earlier_wave_completes() 
     assert d1.waves[2].message == "waiting for wave first to complete"
 
 
+def test_an_admission_lost_to_another_replica_keeps_the_clusters_last_reason() -> None:
+    """Issue #13 target 2 (bench/README.md "Fewer status writes per rolled cluster"): with
+    ten replicas about two admissions in three lost the record's compare-and-swap to
+    another replica; each withdrawn cluster was held "admission not yet recorded in the
+    rollout state; retrying" for the one round trip before the next decision, and back:
+    its MD and KCP status written twice each for nothing. A lost race keeps the reason
+    (and verdict) the cluster was held with; a record that cannot be written says so."""
+    cfg = config(maxConcurrentClusters=1)
+    gate = RolloutGate(cfg)
+    cs = [cluster("c0"), cluster("c1")]
+    d1 = gate.evaluate(FleetView(cs, FleetControls(), RolloutState()), T0)
+    assert d1.allowed_clusters == {("fleet", "c0")}
+    held = d1.reasons[("fleet", "c1")]
+    assert "maxConcurrentClusters 1" in held
+    cs[0] = cluster("c0", "uu")  # c0 completes: c1 admitted, the record to be written
+    d2 = gate.evaluate(FleetView(cs, FleetControls(), d1.state), T0 + timedelta(seconds=1))
+    assert d2.admitted_now == {("fleet", "c1")}
+    lost = d2.without_new_admissions(kept=d1)
+    assert ("fleet", "c1") not in lost.allowed_clusters
+    assert lost.hold(("fleet", "c1")) == held
+    assert DecisionHold(lost).verdict(("fleet", "c1")) == DecisionHold(d1).verdict(("fleet", "c1"))
+    assert lost.state == d2.previous
+    # Not written for another reason (or no decision before): the reason says so.
+    failed = d2.without_new_admissions()
+    assert failed.hold(("fleet", "c1")) == (
+        "admission not yet recorded in the rollout state; retrying")
+
+
 def test_started_clusters_hold_slots_even_without_a_record() -> None:
     cs = [cluster("c0", "gw"), cluster("c1", "uw"), cluster("c2")]
     d = evaluate(config(maxConcurrentClusters=2), cs)
