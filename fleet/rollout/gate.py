@@ -666,7 +666,9 @@ class RolloutGate:
                 phase = WavePhase.PROGRESSING
                 message = "complete; waiting for the completion to be recorded"
                 if blocker is None:
-                    blocker = f"wave {w.name}: completion not recorded yet"
+                    # (the held clusters' reason as while the wave ran: the completion is
+                    # the recorded one, and their status is not rewritten for the wait)
+                    blocker = f"waiting for wave {w.name} to complete"
             elif complete:
                 assert record is not None
                 if record.completed_at is None:
