@@ -67,6 +67,8 @@ from fleet.planner.writer import (
 )
 from fleet.versions import K0sVersion, valid_version
 
+CONTROL_PLANE_BUSY = "another control plane is being upgraded"
+
 
 def _held(step: VersionStep, driver: OtherDriver | None, policy_hold: str | None) -> str:
     """Why no node starts although one could: the version writer waits, another driver
@@ -216,7 +218,7 @@ class Sequencing(PassState):
             elif held := _held(step, driver, policy_hold):
                 waiting = held
             elif self._control_plane_busy(ns, kcp.cluster):
-                waiting = "another control plane is being upgraded"
+                waiting = CONTROL_PLANE_BUSY
             elif unavailable or missing:
                 why = ", ".join(f"{n} {r}" for n, r in sorted(unavailable.items()))
                 if missing:
@@ -232,6 +234,11 @@ class Sequencing(PassState):
                     executor=cluster.executor, reason="oldest out-of-date control plane"))
                 dispatched.append(m.ref.name)
                 in_flight.append(m.ref.name)
+                if len(candidates) > 1:
+                    # What the next pass says of the others once this NodePlan is seen:
+                    # the status is written once per control plane, not twice (issue #13,
+                    # bench/README.md "Fewer status writes per rolled cluster").
+                    waiting = CONTROL_PLANE_BUSY
         self._report(kcp, st, budget, dispatched=dispatched, waiting=waiting,
                      budget_problem=None, step=step, driver=driver)
 
@@ -245,7 +252,11 @@ class Sequencing(PassState):
                 if m.deleting:
                     continue
                 if kt is None or not same_version(m.version, kt):
-                    return f"control plane {m.ref.name} is not yet on {kt or kcp.version}"
+                    # Names the K0sControlPlane, not the Machine: the same words for the
+                    # whole control-plane phase, so the MD's status is written once for
+                    # it, not once per control plane (the KCP's status names the node).
+                    return (f"control planes of {kcp.ref.name} are not yet all on "
+                            f"{kt or kcp.version}")
                 v = K0sVersion.parse(kt)
                 oldest = v if oldest is None or v < oldest else oldest
         if self._control_plane_busy(ns, cluster):

@@ -63,6 +63,7 @@ class RolloutCoordinator:
         self._configmap: dict[str, Any] | None = None
         self._record: Reflector | None = None  # the ConfigMap's watch, while it runs
         self.gets = 0  # reads that had to ask the API server (no healthy watch)
+        self.raced = False  # the last write lost the race for the record (another replica)
 
     async def watch(self, on_change: Callable[[], None] | None = None, *,
                     watch_timeout: int = 120) -> None:
@@ -138,6 +139,7 @@ class RolloutCoordinator:
                 return None
             return {"data": {STATE_KEY: text}}
 
+        self.raced = False
         try:
             result = await patch_with_retry(self.client, CONFIGMAPS, ROLLOUT_CONFIGMAP, mutate,
                                             self.namespace, current=self._configmap,
@@ -146,6 +148,7 @@ class RolloutCoordinator:
             log.warning("could not record the rollout state: %s", e)
             return False
         if result is None:
+            self.raced = True  # another replica moved the record first
             return False
         self._configmap = result
         return True
@@ -171,7 +174,9 @@ class RolloutCoordinator:
         decision = self.gate.evaluate(
             FleetView(clusters, controls, state, fleet_writer=fleet_writer), now)
         if decision.state_changed and not await self.write(decision):
-            decision = decision.without_new_admissions()
+            # A lost race keeps the held clusters' last reasons (see without_new_admissions)
+            decision = decision.without_new_admissions(
+                kept=self.last if self.raced else None)
         await self._report(decision)
         self.last = decision
         return decision

@@ -139,19 +139,39 @@ class GateDecision:
             return self.held_objects.get(ObjectRef(owner.kind, owner.namespace, owner.name))
         return None
 
-    def without_new_admissions(self) -> GateDecision:
+    def without_new_admissions(self, kept: GateDecision | None = None) -> GateDecision:
         """This decision if its state could not be recorded: admissions not yet durable are
-        withdrawn (they would not be counted after a restart)."""
+        withdrawn (they would not be counted after a restart).
+
+        ``kept``: the last decision, when the record was not written only because another
+        replica moved it first (a lost compare-and-swap, decided again from theirs at
+        once). A withdrawn cluster that was held then keeps that verdict and reason: it
+        is still held, and a reason that flapped to "not yet recorded" and back for one
+        round trip cost its MachineDeployment and K0sControlPlane two status writes each
+        (issue #13: ~2 lost races per admission at 10 replicas, bench/README.md "Fewer
+        status writes per rolled cluster"). Otherwise (the record unreadable or not
+        writable) it says so."""
         new = self.admitted_now
         if not new:
             return self
         why = "admission not yet recorded in the rollout state; retrying"
+        clusters = dict(self.clusters)
+        reasons = dict(self.reasons)
+        for k in new:
+            g = clusters[k]
+            prev = kept.clusters.get(k) if kept is not None else None
+            if prev is not None and not prev.allowed and prev.reason and not prev.foreign:
+                clusters[k] = replace(g, phase=prev.phase, allowed=False, reason=prev.reason,
+                                      admitted_now=False)
+                reasons[k] = prev.reason
+            else:
+                clusters[k] = replace(g, allowed=False, reason=why, admitted_now=False)
+                reasons[k] = why
         return replace(
             self,
             allowed_clusters=self.allowed_clusters - new,
-            reasons={**self.reasons, **dict.fromkeys(new, why)},
-            clusters={k: replace(g, allowed=False, reason=why, admitted_now=False)
-                      if k in new else g for k, g in self.clusters.items()},
+            reasons=reasons,
+            clusters=clusters,
             state=self.previous,
         )
 
@@ -543,6 +563,12 @@ class RolloutGate:
         records = dict(state.waves)
         statuses: list[WaveStatus] = []
         blocker: str | None = None  # why clusters of later waves may not be admitted
+        # The wave before this one, if it is not complete: a held cluster names it, not
+        # the first incomplete wave (true as well: a wave completes only after those
+        # before it), so its reason does not change when an earlier wave completes
+        # (bench/README.md "Fewer status writes per rolled cluster"). The first blocker
+        # stays in the waves' status.
+        open_before: str | None = None
 
         for index_no, w in enumerate(waves):
             wi = self._wave(w.name)
@@ -581,12 +607,14 @@ class RolloutGate:
                 else:
                     verdicts[c.key] = (m.phase, hold)
             slots = limit - len(active)
+            held_by_waves = blocker if blocker is None or open_before is None \
+                else f"waiting for wave {open_before} to complete"
             for m in queued:  # this replica's own (another's: settled in _judge)
                 c = m.progress
                 if fleet_hold is not None:
                     verdicts[c.key] = (m.phase, fleet_hold)
-                elif blocker is not None:
-                    verdicts[c.key] = (m.phase, blocker)
+                elif held_by_waves is not None:
+                    verdicts[c.key] = (m.phase, held_by_waves)
                 elif slots <= 0:
                     verdicts[c.key] = (m.phase, f"wave {w.name}: maxConcurrentClusters "
                                                 f"{limit} clusters upgrading; waiting for "
@@ -618,6 +646,7 @@ class RolloutGate:
             failed_n = wi.counts[ClusterPhase.FAILED]
             done_n = wi.counts[ClusterPhase.COMPLETE]
             complete = done_n == n
+            open_before = w.name if n and not complete else None
             if not n:
                 statuses.append(WaveStatus(
                     name=w.name, index=index_no, canary=w.canary, phase=WavePhase.COMPLETE,
@@ -637,7 +666,9 @@ class RolloutGate:
                 phase = WavePhase.PROGRESSING
                 message = "complete; waiting for the completion to be recorded"
                 if blocker is None:
-                    blocker = f"wave {w.name}: completion not recorded yet"
+                    # (the held clusters' reason as while the wave ran: the completion is
+                    # the recorded one, and their status is not rewritten for the wait)
+                    blocker = f"waiting for wave {w.name} to complete"
             elif complete:
                 assert record is not None
                 if record.completed_at is None:

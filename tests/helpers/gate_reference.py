@@ -168,6 +168,7 @@ class ReferenceGate:
         records = dict(state.waves)
         statuses: list[WaveStatus] = []
         blocker: str | None = None  # why clusters of later waves may not be admitted
+        open_before: str | None = None  # the wave before this one, when not complete
 
         for index, w in enumerate(waves):
             cs = members[w.name]
@@ -225,13 +226,16 @@ class ReferenceGate:
                 else:
                     reasons[c.key] = hold
             slots = limit - len(active)
+            # a held cluster names the wave before its own while that one is not complete
+            held_by_waves = blocker if blocker is None or open_before is None \
+                else f"waiting for wave {open_before} to complete"
             for c in queued:
                 if c.foreign:
                     reasons[c.key] = FOREIGN  # only the replica acting on it admits it
                 elif fleet_hold is not None:
                     reasons[c.key] = fleet_hold
-                elif blocker is not None:
-                    reasons[c.key] = blocker
+                elif held_by_waves is not None:
+                    reasons[c.key] = held_by_waves
                 elif slots <= 0:
                     reasons[c.key] = (f"wave {w.name}: maxConcurrentClusters {limit} "
                                       "clusters upgrading; waiting for one to finish")
@@ -271,6 +275,7 @@ class ReferenceGate:
             failed_n = sum(1 for p in phases.values() if p is ClusterPhase.FAILED)
             done_n = sum(1 for p in phases.values() if p is ClusterPhase.COMPLETE)
             complete = done_n == len(cs)
+            open_before = w.name if cs and not complete else None
             if not cs:
                 statuses.append(WaveStatus(
                     name=w.name, index=index, canary=w.canary, phase=WavePhase.COMPLETE,
@@ -290,7 +295,9 @@ class ReferenceGate:
                 phase = WavePhase.PROGRESSING
                 message = "complete; waiting for the completion to be recorded"
                 if blocker is None:
-                    blocker = f"wave {w.name}: completion not recorded yet"
+                    # (the held clusters' reason as while the wave ran: the completion is
+                    # the recorded one, and their status is not rewritten for the wait)
+                    blocker = f"waiting for wave {w.name} to complete"
             elif complete:
                 assert record is not None
                 if record.completed_at is None:

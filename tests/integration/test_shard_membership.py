@@ -29,7 +29,8 @@ from fleet.kube.resources import CONFIGMAPS, LEASES
 from fleet.model import ClusterKey
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP, STATE_KEY
 from fleet.rollout.coordinator import RolloutCoordinator
-from fleet.rollout.gate import FleetView
+from fleet.rollout.gate import FleetControls, FleetView
+from fleet.rollout.progress import ClusterProgress
 from fleet.rollout.state import RolloutState
 from tests.helpers.gate import T0, cluster
 
@@ -217,3 +218,42 @@ async def test_two_replicas_cannot_both_admit_from_one_record(
     assert RolloutState.from_json(cm["data"][STATE_KEY]).admitted.keys() == {"fleet/c0"}
     db = await b.decide(mine_b, T0)
     assert db.admitted_now == frozenset() and db.allowed_clusters == frozenset()
+
+
+async def test_an_admission_lost_to_another_replica_keeps_the_held_reason(
+        mgmt: KubeClient, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #13 target 2: b's cluster c1 is held for a slot while a's c0 upgrades. c0
+    completes; b decides from the record as it read it before a dropped c0's admission
+    (a trailing copy), admits c1, and its write gets a real 409 and finds the record
+    moved. c1 stays held with the reason it had (its MD and KCP status are not rewritten
+    to "not yet recorded" and back for one round trip), and b's next decision, from the
+    record as it is, admits it."""
+    cfg = FleetConfig.model_validate({"management": {"namespace": namespace},
+                                      "rollout": {"maxConcurrentClusters": 1}})
+    a, b = RolloutCoordinator(mgmt, cfg), RolloutCoordinator(mgmt, cfg)
+
+    def mine(owner: str, c0: str) -> list[ClusterProgress]:
+        cs = [cluster("c0", c0), cluster("c1")]
+        return [dataclasses.replace(c, foreign=(c.name != owner)) for c in cs]
+
+    da = await a.decide(mine("c0", "ww"), T0)
+    assert da.admitted_now == {("fleet", "c0")}
+    held = await b.decide(mine("c1", "ww"), T0)
+    reason = held.reasons[("fleet", "c1")]
+    assert "maxConcurrentClusters 1" in reason
+    trailing = await b.read()  # c0 still admitted in it
+    await a.decide(mine("c0", "uu"), T0)  # c0 complete: a drops its admission
+    cm = await mgmt.get(CONFIGMAPS, ROLLOUT_CONFIGMAP, namespace)
+    assert RolloutState.from_json(cm["data"][STATE_KEY]).admitted.keys() == set()
+
+    async def stale_read() -> tuple[FleetControls, RolloutState]:
+        return trailing
+
+    with monkeypatch.context() as m:
+        m.setattr(b, "read", stale_read)
+        lost = await b.decide(mine("c1", "uu"), T0)
+    assert b.raced
+    assert ("fleet", "c1") not in lost.allowed_clusters
+    assert lost.reasons[("fleet", "c1")] == reason
+    admitted = await b.decide(mine("c1", "uu"), T0)
+    assert admitted.admitted_now == {("fleet", "c1")}

@@ -51,7 +51,8 @@ def test_canary_goes_first_and_later_waves_wait() -> None:
                                   cluster("other")])
     assert d.allowed_clusters == {("fleet", "can")}
     assert "waiting for wave canary" in d.reasons[("fleet", "p1")]
-    assert "waiting for wave canary" in d.reasons[("fleet", "other")]
+    # the wave before its own (prod completes only after canary): a reason that stays
+    assert "waiting for wave prod" in d.reasons[("fleet", "other")]
     assert [w.phase for w in d.waves] == [WavePhase.PROGRESSING, WavePhase.PENDING,
                                           WavePhase.PENDING]
     assert d.state.admitted == {"fleet/can": d.state.admitted["fleet/can"]}
@@ -116,6 +117,63 @@ def test_a_held_clusters_verdict_does_not_move_with_other_clusters_progress() ->
     assert d4.reasons[("fleet", "b1")] == d3.reasons[("fleet", "b1")] == (
         "wave default: maxConcurrentClusters 1 clusters upgrading; waiting for one to finish")
     assert DecisionHold(d4).verdict(("fleet", "b2")) == DecisionHold(d3).verdict(("fleet", "b2"))
+
+def test_a_held_clusters_verdict_does_not_move_when_an_earlier_wave_completes() -> None:
+    """Issue #13 target 2 (bench/README.md "Fewer status writes per rolled cluster"): a
+    cluster of the third wave named the first incomplete wave ("waiting for wave first"),
+    then, once that completed, the second: its verdict changed, so every waiting cluster
+    of the fleet was planned again and its MD and KCP status rewritten at each earlier
+    wave's completion (2 writes per cluster per wave, all at once). It names the wave
+    right before its own, which is as true (a wave completes only after those before it)
+    and stays the same until that wave completes."""
+    cfg = config(maxConcurrentClusters=1, waves=[
+        {"name": "first", "clusterSelector": {"matchLabels": CANARY}},
+        {"name": "second", "clusterSelector": {"matchLabels": PROD}}])
+    gate = RolloutGate(cfg)
+    a = cluster("a", "ww", labels=CANARY)
+    b = cluster("b", "ww", labels=PROD)
+    c = [cluster(f"c{i}", "ww") for i in range(2)]
+    d1 = gate.evaluate(FleetView([a, b, *c], FleetControls(), RolloutState()), T0)
+    assert d1.allowed_clusters == {("fleet", "a")}
+    assert d1.reasons[b.key] == "waiting for wave first to complete"
+    a = cluster("a", "uu", labels=CANARY)  # the first wave completes; b is admitted
+    d2 = gate.evaluate(FleetView([a, b, *c], FleetControls(), d1.state),
+                       T0 + timedelta(seconds=10))
+    assert d2.allowed_clusters == {("fleet", "b")}
+    for x in c:
+        assert d1.reasons[x.key] == d2.reasons[x.key] == "waiting for wave second to complete"
+        assert DecisionHold(d2).verdict(x.key) == DecisionHold(d1).verdict(x.key)
+    # The waves' own status still names the first wave that holds the rest.
+    assert d1.waves[2].message == "waiting for wave first to complete"
+
+
+def test_an_admission_lost_to_another_replica_keeps_the_clusters_last_reason() -> None:
+    """Issue #13 target 2 (bench/README.md "Fewer status writes per rolled cluster"): with
+    ten replicas about two admissions in three lost the record's compare-and-swap to
+    another replica; each withdrawn cluster was held "admission not yet recorded in the
+    rollout state; retrying" for the one round trip before the next decision, and back:
+    its MD and KCP status written twice each for nothing. A lost race keeps the reason
+    (and verdict) the cluster was held with; a record that cannot be written says so."""
+    cfg = config(maxConcurrentClusters=1)
+    gate = RolloutGate(cfg)
+    cs = [cluster("c0"), cluster("c1")]
+    d1 = gate.evaluate(FleetView(cs, FleetControls(), RolloutState()), T0)
+    assert d1.allowed_clusters == {("fleet", "c0")}
+    held = d1.reasons[("fleet", "c1")]
+    assert "maxConcurrentClusters 1" in held
+    cs[0] = cluster("c0", "uu")  # c0 completes: c1 admitted, the record to be written
+    d2 = gate.evaluate(FleetView(cs, FleetControls(), d1.state), T0 + timedelta(seconds=1))
+    assert d2.admitted_now == {("fleet", "c1")}
+    lost = d2.without_new_admissions(kept=d1)
+    assert ("fleet", "c1") not in lost.allowed_clusters
+    assert lost.hold(("fleet", "c1")) == held
+    assert DecisionHold(lost).verdict(("fleet", "c1")) == DecisionHold(d1).verdict(("fleet", "c1"))
+    assert lost.state == d2.previous
+    # Not written for another reason (or no decision before): the reason says so.
+    failed = d2.without_new_admissions()
+    assert failed.hold(("fleet", "c1")) == (
+        "admission not yet recorded in the rollout state; retrying")
+
 
 def test_started_clusters_hold_slots_even_without_a_record() -> None:
     cs = [cluster("c0", "gw"), cluster("c1", "uw"), cluster("c2")]

@@ -131,10 +131,18 @@ def test_two_replicas_deciding_from_one_record_exceed_the_limit_unless_swapped()
 def test_only_the_fleet_writer_moves_wave_times_and_the_others_wait_for_them() -> None:
     cfg = waves_config()
     cs = [_foreign(cluster("can", "uu", labels=CANARY)), cluster("p1", labels=PROD)]
+    running = [_foreign(cluster("can", "ug", labels=CANARY)), cluster("p1", labels=PROD)]
+    before = RolloutGate(cfg).evaluate(FleetView(running, fleet_writer=False), T0)
     other = RolloutGate(cfg).evaluate(FleetView(cs, fleet_writer=False), T0)
     assert other.state.waves == {}
     assert other.waves[0].phase is WavePhase.PROGRESSING
-    assert "completion not recorded" in other.reasons[("fleet", "p1")]
+    assert other.waves[0].message == "complete; waiting for the completion to be recorded"
+    # Issue #13 target 2: the held cluster's reason (its MD and KCP status) is the one it
+    # had while the wave ran, not a new one for the wait for the record ("wave canary:
+    # completion not recorded yet" was two more status writes per held cluster of every
+    # replica but the fleet writer, at each wave's completion).
+    assert other.reasons[("fleet", "p1")] == before.reasons[("fleet", "p1")] == (
+        "waiting for wave canary to complete")
     assert other.allowed_clusters == frozenset()
     writer = RolloutGate(cfg).evaluate(FleetView(cs), T0)
     assert writer.waves[0].completed_at == T0
