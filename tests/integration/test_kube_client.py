@@ -12,6 +12,7 @@ import base64
 import contextlib
 import functools
 import json
+import logging
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -242,16 +243,20 @@ async def test_watch_ended_by_the_server_resumes_without_a_relist(
     assert refl.reconnects == 0 and refl.idle_resumes == 0
 
 
-async def test_silent_watch_is_resumed_without_a_relist(kube: KubeClient,
-                                                        namespace: str) -> None:
+async def test_silent_watch_is_resumed_without_a_relist(
+        kube: KubeClient, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
     # A watch that says nothing (not even a bookmark) for its idle bound is resumed from
-    # its resourceVersion, as if its connection were dead: no list, no failure recorded.
+    # its resourceVersion, as if its connection were dead: no list, no failure recorded;
+    # a warning says so (a server holding changes back shows this way).
     refl = Reflector(kube, CONFIGMAPS, namespace=namespace, watch_timeout=600,
                      idle_timeout=1.0)
-    await _watch_until(refl, kube, namespace, lambda: refl.idle_resumes >= 2)
+    with caplog.at_level(logging.WARNING, logger="fleet.kube.watch"):
+        await _watch_until(refl, kube, namespace, lambda: refl.idle_resumes >= 2)
     assert refl.relists == 1
     assert refl.reconnects == 0 and refl.failing_for() == 0
     assert refl.watches >= 3
+    assert sum("said nothing (no event, no bookmark) for 1 s" in r.getMessage()
+               for r in caplog.records) >= 2
 
 
 # -- many watches, bursts of changes, readers fast and stalled ---------------------
