@@ -20,7 +20,7 @@ from aiohttp import web
 from fleet.kube import KubeClient
 from fleet.kube.resources import CONFIGMAPS, NODES
 from fleet.kube.watch import WatchEvent, watch_once
-from fleet.testing.kubesim import KubeSimThread
+from fleet.testing.kubesim import KubeSimThread, server
 from fleet.testing.kubesim.nodes import realistic_node
 from fleet.testing.kubesim.patches import MERGE
 from fleet.testing.kubesim.server import TLS_RECORD_BYTES
@@ -193,6 +193,67 @@ async def test_a_watch_without_bookmarks_is_sent_its_changes(tmp_path: Path) -> 
         assert event["object"]["metadata"]["labels"]["step"] == "1"
     finally:
         sim.close()
+
+
+@pytest.mark.anyio
+async def test_a_watch_that_stops_reading_is_sent_every_change_once_it_reads_again(
+        sim: KubeSimThread, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Back-pressure through kubesim's TLS layer (one record encrypted at a time): a
+    watch whose client stops reading while 100 KB changes are made, until the socket is
+    over its high-water mark and kubesim's writes to it wait; read again, it is sent every
+    change, whole and in order. (Ruled out as the cause of the silent watch: this held
+    before the fix too.)"""
+    paused: list[int] = []
+    original = server._Tls.pause_writing
+
+    def pause_writing(self: server._Tls) -> None:
+        paused.append(1)
+        original(self)
+
+    monkeypatch.setattr(server._Tls, "pause_writing", pause_writing)
+    store = sim.call(lambda: sim.sim.add_cluster("c1"))
+    got: list[int] = []
+    first, release, done = anyio.Event(), anyio.Event(), anyio.Event()
+    async with await KubeClient.for_many(sim.sim.kubeconfig("c1"), name="w") as writer, \
+            await KubeClient.for_many(sim.sim.kubeconfig("c1"), name="r") as reader:
+        await writer.create(CONFIGMAPS, {"metadata": {"name": "cm", "namespace": "default"},
+                                         "data": {"i": "0"}}, "default")
+        rv = (await writer.list(CONFIGMAPS, "default")).resource_version
+        written = 0
+
+        async def read() -> None:
+            async for event in watch_once(reader, CONFIGMAPS, rv, namespace="default",
+                                          timeout_seconds=600):
+                assert isinstance(event, WatchEvent)
+                got.append(int(event.object["data"]["i"]))
+                assert event.object["data"]["pad"] == chr(97 + got[-1] % 26) * 100_000
+                if len(got) == 1:
+                    first.set()
+                    await release.wait()  # reads nothing more meanwhile
+                if release.is_set() and len(got) == written:
+                    done.set()
+                    return
+
+        async def write() -> None:
+            nonlocal written
+            written += 1
+            await writer.patch(CONFIGMAPS, "cm", {"data": {
+                "i": str(written), "pad": chr(97 + written % 26) * 100_000}}, "default")
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read)
+                await write()
+                await first.wait()
+                pending = 0
+                while pending < 3 and written < 300:  # until kubesim's writes back up
+                    await write()
+                    pending = sim.call(lambda: sum(len(w.pending) for w in store.watchers))
+                release.set()
+                await done.wait()
+    assert pending >= 3, f"{written} changes of 100 KB never backed up in kubesim"
+    assert paused  # the socket went over its high-water mark
+    assert got == list(range(1, written + 1))
 
 
 async def _wait_until(cond: Callable[[], bool]) -> None:
