@@ -889,7 +889,8 @@ async def steady(r: Run, n: int) -> dict[str, Any]:
     sim_idle = {  # kubesim with the replicas connected, over the same idle window
         "rss_mib": round(s1["rss_mib"], 1), "peak_rss_mib": round(s1["peak_rss_mib"], 1),
         "idle_cpu_s_per_min": round((s1["cpu_s"] - s0["cpu_s"]) / window * 60, 3),
-        **{k: sim_stats[k] for k in ("connections", "watches") if k in sim_stats},
+        **{k: sim_stats[k] for k in ("connections", "watches", *WATCH_DELIVERY)
+           if k in sim_stats},
     } if s0 is not None and s1 is not None else None
     events.extend(audit.read())
     replicas = {c.identity: {k: round(v, 2) for k, v in c.usage().items()}
@@ -922,6 +923,12 @@ async def steady(r: Run, n: int) -> dict[str, Any]:
             **({"kubesim_at_idle_end": sim_idle} if sim_idle else {}),
         },
     }
+
+
+# kubesim's record of how late watches were sent their changes (changes sent > 5 s after
+# they were made, the longest such wait, the oldest change not yet sent): a watch that
+# goes silent with changes pending shows here (a rollout stalled 150 s on one, 2026-12-01).
+WATCH_DELIVERY = ("late_events", "late_max_seconds", "pending_oldest_seconds")
 
 
 async def rollout(r: Run, fleet: list[FleetCluster]) -> dict[str, Any]:
@@ -997,6 +1004,8 @@ async def rollout_all(r: Run, fleet: list[FleetCluster]) -> dict[str, Any]:
         "rss_mib_at_end": {c.identity: round(c.usage()["rss_mib"], 1)
                            for c in r.controllers if c.alive()},
     }
+    sim_stats = await r.sim.admin(r.session, "/kubesim/stats")
+    out["kubesim_watch_delivery"] = {k: sim_stats[k] for k in WATCH_DELIVERY if k in sim_stats}
     report = await r.sim.admin(r.session, "/kubesim/standin")
     # Kept for a closer look (which cluster waited, when each node was asked / done).
     await asyncio.to_thread((r.workdir / "standin-report.json").write_text,

@@ -337,8 +337,14 @@ class Reflector:
             except WatchIdleError as e:
                 # Silent past its bound: resume from the last resourceVersion (if the
                 # server is gone, that request fails and the failure path below runs).
+                # Worth a warning: a server sends bookmarks about every minute, so this is
+                # a dead connection or a server holding changes back (kubesim once did:
+                # a rollout waited 150 s on a Node watch resumed here).
                 self.idle_resumes += 1
-                log.debug("%s: %s watch idle (%s); resuming", self.client.name, self.res, e)
+                log.warning("%s: %s watch said nothing (no event, no bookmark) for %s; "
+                            "resuming from resourceVersion %s (%s)", self.client.name,
+                            self.res, "its timeout + 30 s" if self.idle_timeout is None
+                            else f"{self.idle_timeout:g} s", self.resource_version, e)
             except NotFoundError as e:
                 # The resource type is not served (its CRD is not installed): there are
                 # no such objects, which is a synced, empty store - not a reason to wait

@@ -9,8 +9,11 @@ workload API servers in the scale benchmarks: every test runs against both serve
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import json
+import logging
+import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -84,11 +87,11 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     if request.param == "kubesim":
         return _sim_backend(request.getfixturevalue("kubesim"), "shared")
     server = request.getfixturevalue("crds_installed")["mgmt"]
+    return Backend(server.kubeconfig, _no_restart, _no_restart)
 
-    def no_restart() -> None:
-        raise AssertionError("the shared API server must not be restarted; use scratch")
 
-    return Backend(server.kubeconfig, no_restart, no_restart)
+def _no_restart() -> None:
+    raise AssertionError("the shared API server must not be restarted; use scratch")
 
 
 @pytest.fixture
@@ -240,16 +243,117 @@ async def test_watch_ended_by_the_server_resumes_without_a_relist(
     assert refl.reconnects == 0 and refl.idle_resumes == 0
 
 
-async def test_silent_watch_is_resumed_without_a_relist(kube: KubeClient,
-                                                        namespace: str) -> None:
+async def test_silent_watch_is_resumed_without_a_relist(
+        kube: KubeClient, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
     # A watch that says nothing (not even a bookmark) for its idle bound is resumed from
-    # its resourceVersion, as if its connection were dead: no list, no failure recorded.
+    # its resourceVersion, as if its connection were dead: no list, no failure recorded;
+    # a warning says so (a server holding changes back shows this way).
     refl = Reflector(kube, CONFIGMAPS, namespace=namespace, watch_timeout=600,
                      idle_timeout=1.0)
-    await _watch_until(refl, kube, namespace, lambda: refl.idle_resumes >= 2)
+    with caplog.at_level(logging.WARNING, logger="fleet.kube.watch"):
+        await _watch_until(refl, kube, namespace, lambda: refl.idle_resumes >= 2)
     assert refl.relists == 1
     assert refl.reconnects == 0 and refl.failing_for() == 0
     assert refl.watches >= 3
+    assert sum("said nothing (no event, no bookmark) for 1 s" in r.getMessage()
+               for r in caplog.records) >= 2
+
+
+# -- many watches, bursts of changes, readers fast and stalled ---------------------
+
+
+@pytest.fixture(scope="module")
+def chatty_kubesim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeSimThread]:
+    """A kubesim whose watches are sent a bookmark every 20 ms (the real API server: about
+    every minute): bookmarks come due as often as changes arrive, the moment at which
+    kubesim once left a change unsent (a watch silent until its client gave up on it)."""
+    sim = KubeSimThread(Path(tmp_path_factory.mktemp("chatty")), bookmark_seconds=0.02).start()
+    sim.call(lambda: sim.sim.add_cluster("busy"))
+    try:
+        yield sim
+    finally:
+        sim.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def busy_backend(request: pytest.FixtureRequest) -> Backend:
+    if request.param == "kubesim":
+        return _sim_backend(request.getfixturevalue("chatty_kubesim"), "busy")
+    server = request.getfixturevalue("crds_installed")["mgmt"]
+    return Backend(server.kubeconfig, _no_restart, _no_restart)
+
+
+WATCHERS, STALLED, BURSTS, BURST = 10, 2, 8, 5
+PAD = "p" * 40_000  # each event ~40 KB: three TLS records, a watch line split across them
+
+
+async def test_every_change_reaches_every_watch_promptly(busy_backend: Backend,
+                                                         transport: TransportName) -> None:
+    """Ten watches of one object (each its own connection), bursts of changes; between
+    bursts every watch must have been sent the burst, within 10 s of its writing; two
+    watches stop reading until the last burst (the server's writes to them back up) and
+    then must be sent every change too, in order. What a controller's Node watches see
+    of a node agent's steps: a change not sent until the watch is re-opened (150 s later
+    in the controller) was a stalled rollout."""
+    ns = unique("burst")
+    written: dict[int, float] = {}  # value -> when its patch was sent
+    seen: list[list[int]] = [[] for _ in range(WATCHERS)]
+    late: list[float] = []
+    released = anyio.Event()
+    progressed = anyio.Event()  # some watch saw something new
+
+    def listener(k: int) -> Callable[[WatchEvent], Any]:
+        async def on_event(ev: WatchEvent) -> None:
+            nonlocal progressed
+            if ev.type != "MODIFIED" or ev.object["metadata"]["name"] != "cm":
+                return
+            if k < STALLED:
+                await released.wait()  # not reading the stream meanwhile
+            value = int(ev.object["data"]["i"])
+            seen[k].append(value)
+            if k >= STALLED:
+                late.append(time.monotonic() - written[value])
+            progressed.set()
+            progressed = anyio.Event()
+        return on_event
+
+    async def caught_up(value: int, watchers: range) -> None:
+        while not all(seen[k] and seen[k][-1] >= value for k in watchers):
+            await progressed.wait()
+
+    async with contextlib.AsyncExitStack() as stack:
+        writer = await stack.enter_async_context(await KubeClient.from_kubeconfig(
+            busy_backend.kubeconfig(), name="writer", transport=transport))
+        await writer.create(NAMESPACES, {"metadata": {"name": ns}})
+        stack.push_async_callback(writer.delete, NAMESPACES, ns)
+        await writer.create(CONFIGMAPS, {"metadata": {"name": "cm", "namespace": ns},
+                                         "data": {"i": "0", "pad": PAD}}, ns)
+        reflectors = []
+        for k in range(WATCHERS):
+            client = await stack.enter_async_context(await KubeClient.from_kubeconfig(
+                busy_backend.kubeconfig(), name=f"watch-{k}", transport=transport))
+            reflectors.append(Reflector(client, CONFIGMAPS, namespace=ns,
+                                        listener=listener(k), keep_objects=False))
+        with anyio.fail_after(60):  # kubesim before the fix: a watch stayed silent
+            async with anyio.create_task_group() as tg:
+                for r in reflectors:
+                    tg.start_soon(r.run)
+                for r in reflectors:
+                    await r.synced.wait()
+                value = 0
+                for _ in range(BURSTS):
+                    for _ in range(BURST):
+                        value += 1
+                        written[value] = time.monotonic()
+                        await writer.patch(CONFIGMAPS, "cm", {"data": {"i": str(value)}}, ns)
+                    await caught_up(value, range(STALLED, WATCHERS))
+                released.set()
+                await caught_up(value, range(WATCHERS))
+                tg.cancel_scope.cancel()
+    everything = list(range(1, BURSTS * BURST + 1))
+    assert seen == [everything] * WATCHERS
+    assert max(late) < 10.0, f"a change reached a reading watch {max(late):.1f} s late"
+    assert all(r.relists == 1 for r in reflectors)
 
 
 # -- destructive tests on a private API server --------------------------------------

@@ -5,8 +5,11 @@ test's (test_kube_client.py); this is about kubesim's own server, in its own thr
 
 from __future__ import annotations
 
+import asyncio
 import gc
-from collections.abc import Iterator
+import json
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +20,11 @@ from aiohttp import web
 from fleet.kube import KubeClient
 from fleet.kube.resources import CONFIGMAPS, NODES
 from fleet.kube.watch import WatchEvent, watch_once
-from fleet.testing.kubesim import KubeSimThread
+from fleet.testing.kubesim import KubeSimThread, server
 from fleet.testing.kubesim.nodes import realistic_node
+from fleet.testing.kubesim.patches import MERGE
 from fleet.testing.kubesim.server import TLS_RECORD_BYTES
-from fleet.testing.kubesim.store import KINDS, Selection
+from fleet.testing.kubesim.store import KINDS, ClusterStore, Selection
 
 SIM_NODES = KINDS[("", "v1", "nodes")]
 LARGE = 100_000  # a response body this large must not outlive its sending
@@ -108,3 +112,150 @@ async def test_large_request_and_response_bodies_cross_the_tls_layer_intact(
             patched = await client.patch(CONFIGMAPS, "big", {"data": {"k0000": "x" * 70_000}},
                                          namespace="default")
             assert patched["data"] == {**data, "k0000": "x" * 70_000}
+
+
+# -- watch delivery: every change is sent, whatever comes due at the same moment ---------
+
+BOOKMARK = 0.2  # seconds between bookmarks on the servers below
+
+
+def _patch_node(store: ClusterStore, value: str) -> None:
+    store.patch(SIM_NODES, "", "c1-n00", content_type=MERGE,
+                patch={"metadata": {"labels": {"step": value}}})
+
+
+@pytest.mark.anyio
+async def test_a_change_made_as_a_bookmark_comes_due_is_sent(tmp_path: Path) -> None:
+    """A Node watch of a 10 x 300 rollout bench went silent for the client's 150 s idle
+    bound: kubesim waited for a watch's next change with ``wait_for(queue.get(), ...)``
+    up to its next bookmark, and a change queued in the same loop turn as that timer
+    fired was left in the queue, never sent (the bookmark skipped for it, every later
+    wait cancelled at once). Here the server's loop is held up (as a loaded kubesim's
+    is) until the bookmark's timer and a write due just after it are both overdue, so
+    the write runs between the timer and the watch's wake-up, every time."""
+    sim = KubeSimThread(tmp_path, bookmark_seconds=BOOKMARK).start()
+    try:
+        sim.call(lambda: _seed(sim, 1))
+        store = sim.sim.clusters["c1"]
+        async with await KubeClient.for_many(sim.sim.kubeconfig("c1"), name="c1") as client:
+            listed = await client.list(NODES)
+            events = watch_once(client, NODES, listed.resource_version, timeout_seconds=600)
+            with anyio.fail_after(30):
+                assert isinstance(await events.__anext__(), str)  # a bookmark: it waits
+            for step in ("1", "2", "3"):
+                def busy(value: str = step) -> None:
+                    # On the server's loop, whose watch is waiting for its next bookmark
+                    # (due within BOOKMARK from now): a write due after that, then the
+                    # loop held up past both (a stand-in for a loop busy with other
+                    # clusters; not a synchronisation: nothing here waits for the test).
+                    loop = asyncio.get_running_loop()
+                    loop.call_later(1.5 * BOOKMARK, _patch_node, store, value)
+                    time.sleep(2 * BOOKMARK)
+
+                sim.call(busy)
+                with anyio.fail_after(10):  # old kubesim: not before the watch's end
+                    async for event in events:
+                        if isinstance(event, WatchEvent):
+                            assert event.object["metadata"]["labels"]["step"] == step
+                            break
+            await events.aclose()
+        late, pending = sim.call(lambda: (sim.sim.late_events,
+                                          sum(len(w.pending) for w in store.watchers)))
+        assert (late, pending) == (0, 0)
+    finally:
+        sim.close()
+
+
+@pytest.mark.anyio
+async def test_a_watch_without_bookmarks_is_sent_its_changes(tmp_path: Path) -> None:
+    """A watch that did not ask for bookmarks: once the bookmark interval had passed, the
+    old pump's every wait had no time left and was cancelled before it ran (sending
+    nothing, spinning the loop) until the watch's end. Bookmarks every 0 s here: from
+    the start."""
+    sim = KubeSimThread(tmp_path, bookmark_seconds=0.0).start()
+    try:
+        sim.call(lambda: _seed(sim, 1))
+        store = sim.sim.clusters["c1"]
+        async with await KubeClient.for_many(sim.sim.kubeconfig("c1"), name="c1") as client:
+            rv = (await client.list(NODES)).resource_version
+            stream = await client.open_stream(NODES.path(None), query={
+                "watch": "true", "resourceVersion": rv, "timeoutSeconds": 600},
+                read_timeout=60)
+            try:
+                with anyio.fail_after(30):
+                    await _wait_until(lambda: sim.call(lambda: len(store.watchers)) == 1)
+                    sim.call(lambda: _patch_node(store, "1"))
+                    line = await stream.readline()
+            finally:
+                stream.release()
+        event = json.loads(line)
+        assert event["type"] == "MODIFIED"
+        assert event["object"]["metadata"]["labels"]["step"] == "1"
+    finally:
+        sim.close()
+
+
+@pytest.mark.anyio
+async def test_a_watch_that_stops_reading_is_sent_every_change_once_it_reads_again(
+        sim: KubeSimThread, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Back-pressure through kubesim's TLS layer (one record encrypted at a time): a
+    watch whose client stops reading while 100 KB changes are made, until the socket is
+    over its high-water mark and kubesim's writes to it wait; read again, it is sent every
+    change, whole and in order. (Ruled out as the cause of the silent watch: this held
+    before the fix too.)"""
+    paused: list[int] = []
+    original = server._Tls.pause_writing
+
+    def pause_writing(self: server._Tls) -> None:
+        paused.append(1)
+        original(self)
+
+    monkeypatch.setattr(server._Tls, "pause_writing", pause_writing)
+    store = sim.call(lambda: sim.sim.add_cluster("c1"))
+    got: list[int] = []
+    first, release, done = anyio.Event(), anyio.Event(), anyio.Event()
+    async with await KubeClient.for_many(sim.sim.kubeconfig("c1"), name="w") as writer, \
+            await KubeClient.for_many(sim.sim.kubeconfig("c1"), name="r") as reader:
+        await writer.create(CONFIGMAPS, {"metadata": {"name": "cm", "namespace": "default"},
+                                         "data": {"i": "0"}}, "default")
+        rv = (await writer.list(CONFIGMAPS, "default")).resource_version
+        written = 0
+
+        async def read() -> None:
+            async for event in watch_once(reader, CONFIGMAPS, rv, namespace="default",
+                                          timeout_seconds=600):
+                assert isinstance(event, WatchEvent)
+                got.append(int(event.object["data"]["i"]))
+                assert event.object["data"]["pad"] == chr(97 + got[-1] % 26) * 100_000
+                if len(got) == 1:
+                    first.set()
+                    await release.wait()  # reads nothing more meanwhile
+                if release.is_set() and len(got) == written:
+                    done.set()
+                    return
+
+        async def write() -> None:
+            nonlocal written
+            written += 1
+            await writer.patch(CONFIGMAPS, "cm", {"data": {
+                "i": str(written), "pad": chr(97 + written % 26) * 100_000}}, "default")
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read)
+                await write()
+                await first.wait()
+                pending = 0
+                while pending < 3 and written < 300:  # until kubesim's writes back up
+                    await write()
+                    pending = sim.call(lambda: sum(len(w.pending) for w in store.watchers))
+                release.set()
+                await done.wait()
+    assert pending >= 3, f"{written} changes of 100 KB never backed up in kubesim"
+    assert paused  # the socket went over its high-water mark
+    assert got == list(range(1, written + 1))
+
+
+async def _wait_until(cond: Callable[[], bool]) -> None:
+    while not cond():
+        await anyio.sleep(0.02)

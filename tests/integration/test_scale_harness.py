@@ -40,6 +40,10 @@ def test_scale_harness_at_two_clusters(tmp_path: Path) -> None:
     assert mg.get("create nodeplans", 0) == 10, {
         k: v for k, v in mg.items() if k.startswith("create nodeplans")}
     assert result["rollout"]["all_clusters"]["nodes"] == 10
+    # kubesim sent every watch its changes promptly (a change it held back had silenced a
+    # workload cluster's Node watch for 150 s in a 10 x 300 run)
+    delivery = result["rollout"]["all_clusters"]["kubesim_watch_delivery"]
+    assert delivery["late_events"] == 0 and delivery["pending_oldest_seconds"] < 5, delivery
 
 
 def test_scale_harness_sharded_with_a_replica_killed(tmp_path: Path) -> None:

@@ -95,8 +95,10 @@ def test_watch_resumes_from_history_and_expired_version_is_gone() -> None:
         w, backlog = s.watch(Selection(CONFIGMAPS, "ns"), str(s.rv))
         assert backlog == []
         s.delete(CONFIGMAPS, "ns", "a")
-        etype, obj = w.queue.get_nowait()  # type: ignore[misc]
-        assert (etype, obj.name) == ("DELETED", "a")
+        assert w.wakeup.is_set()
+        item = w.pending.popleft()
+        assert item is not None and (item[1], item[2].name) == ("DELETED", "a")
+        assert not w.pending
 
     asyncio.run(body())
 

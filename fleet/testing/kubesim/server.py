@@ -12,7 +12,10 @@ without that CRD does (autopilot's ControlNodes and Plans); CustomResourceDefini
 are served (none installed), so a client can watch for those CRDs to appear.
 
 Requests need ``Authorization: Bearer <token>``. Every request is counted (cluster,
-verb, resource): ``GET /kubesim/stats``. Admin calls, same token:
+verb, resource): ``GET /kubesim/stats``, with the open watches and connections and how
+late watches were sent their changes (``late_events``, ``late_max_seconds``: sent more
+than 5 s after made; ``pending_oldest_seconds``: the oldest change not yet sent). Admin
+calls, same token:
 ``POST /kubesim/compact/<cluster>`` forgets that cluster's watch history;
 ``GET /kubesim/standin`` reports what the node agent stand-in saw and did.
 """
@@ -25,6 +28,7 @@ import contextlib
 import json
 import logging
 import ssl
+import time
 from asyncio import sslproto
 from collections import Counter
 from dataclasses import dataclass
@@ -51,6 +55,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "/clusters/"
 DEFAULT_WATCH_SECONDS = 1800
+LATE_SECONDS = 5.0  # a change sent to a watch this long after it was made is reported
 JSON_TYPE = "application/json"
 
 
@@ -217,6 +222,11 @@ class KubeSim:
         self.standin: NodeAgentStandIn | None = None
         self._runner: web.AppRunner | None = None
         self._streams: dict[int, web.Request] = {}  # open watches, by id()
+        # Watch delivery, for diagnosis (``/kubesim/stats``): changes written to their
+        # watch more than LATE_SECONDS after they were made (a slow reader's back-pressure
+        # counts too), and the longest such wait.
+        self.late_events = 0
+        self.late_max_seconds = 0.0
 
     # -- clusters ----------------------------------------------------------------------
     def add_cluster(self, name: str) -> ClusterStore:
@@ -292,9 +302,15 @@ class KubeSim:
         counts = [{"cluster": c, "verb": v, "resource": r, "count": n}
                   for (c, v, r), n in sorted(self.requests.items())]
         server = self._runner.server if self._runner is not None else None
+        now = time.monotonic()
+        pending = max((w.held(now) for store in self.clusters.values()
+                       for w in store.watchers), default=0.0)
         return web.json_response({"requests": counts, "clusters": len(self.clusters),
                                   "watches": len(self._streams),
-                                  "connections": len(server.connections) if server else 0})
+                                  "connections": len(server.connections) if server else 0,
+                                  "late_events": self.late_events,
+                                  "late_max_seconds": round(self.late_max_seconds, 3),
+                                  "pending_oldest_seconds": round(pending, 3)})
 
     async def _standin(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
@@ -421,6 +437,8 @@ class KubeSim:
             for change in backlog:
                 await resp.write(_event(change.type, change.obj.raw))
             await self._pump(resp, store, watcher, seconds=seconds, bookmarks=bookmarks)
+        except ConnectionError:
+            pass  # the client has gone: nobody to tell
         finally:
             store.unwatch(watcher)
             self._streams.pop(id(request), None)
@@ -428,6 +446,18 @@ class KubeSim:
 
     async def _pump(self, resp: web.StreamResponse, store: ClusterStore, watcher: Watcher, *,
                     seconds: float, bookmarks: bool) -> None:
+        """Send the watcher's changes as they come, a bookmark every ``bookmark_seconds``
+        while nothing else is sent (if asked for), until ``seconds`` have passed.
+
+        Whatever is pending is sent first, every turn; only then are the deadline and the
+        bookmark looked at, and the wait for more is a wait on ``watcher.wakeup`` bounded
+        by the next of them. (This was ``asyncio.wait_for(queue.get(), ...)``: a change
+        queued in the same loop turn as the bookmark's timer fired stayed in the queue
+        when the timed-out ``get`` was cancelled; the bookmark was then skipped for the
+        non-empty queue and every later ``wait_for`` had no time left (the bookmark being
+        due), so it cancelled its ``get`` before it ran: the watch sent nothing more until
+        its deadline, spinning the loop. A workload cluster's Node watch in a 10 x 300
+        rollout bench went silent that way for the client's 150 s idle bound.)"""
         kind = watcher.selection.kind
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
@@ -439,22 +469,40 @@ class KubeSim:
                 "metadata": {"resourceVersion": str(store.rv)}}).encode())
 
         while True:
+            while watcher.pending:
+                item = watcher.pending.popleft()
+                if item is None:
+                    return
+                await resp.write(_event(item[1], item[2].raw))
+                watcher.last_sent = time.monotonic()
+                if watcher.last_sent - item[0] > LATE_SECONDS:
+                    self._late(store, watcher, watcher.last_sent - item[0])
             now = loop.time()
             if now >= deadline:
-                if bookmarks and watcher.queue.empty():
+                if bookmarks:
                     await resp.write(bookmark())
                 return
-            wait = min(deadline, next_bookmark) - now
-            try:
-                item = await asyncio.wait_for(watcher.queue.get(), max(wait, 0.0))
-            except TimeoutError:
-                if bookmarks and loop.time() >= next_bookmark and watcher.queue.empty():
-                    await resp.write(bookmark())
-                    next_bookmark = loop.time() + self.bookmark_seconds
+            if bookmarks and now >= next_bookmark:
+                await resp.write(bookmark())
+                watcher.last_sent = time.monotonic()
+                next_bookmark = loop.time() + self.bookmark_seconds
                 continue
-            if item is None:
-                return
-            await resp.write(_event(item[0], item[1].raw))
+            # Nothing pending and nothing awaited since it was found so: a change queued
+            # from here on sets the flag again.
+            watcher.wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(min(deadline, next_bookmark) if bookmarks
+                                              else deadline):
+                    await watcher.wakeup.wait()
+
+
+    def _late(self, store: ClusterStore, watcher: Watcher, seconds: float) -> None:
+        if not self.late_events or seconds > self.late_max_seconds:
+            log.warning("cluster %s: a %s watch was sent a change %.1f s after it was made "
+                        "(its client reading slowly, or the server holding it)", store.name,
+                        watcher.selection.kind.plural, seconds)
+        self.late_events += 1
+        self.late_max_seconds = max(self.late_max_seconds, seconds)
 
 
 def _event(etype: str, raw: bytes) -> bytes:

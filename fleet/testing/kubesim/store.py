@@ -17,6 +17,7 @@ import asyncio
 import base64
 import json
 import re
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -238,11 +239,33 @@ class Selection:
 
 @dataclass(eq=False)
 class Watcher:
+    """One open watch: the changes it is still to send, in order, each with the time it
+    was queued (``time.monotonic()``); None queued means the watch is to end.
+
+    The sender (``KubeSim._pump``) sends whatever is pending before it decides anything
+    else and waits on ``wakeup`` (which only says "look again") when nothing is: whether
+    a change goes out never depends on how a timed wait ended (see ``_pump``)."""
+
     selection: Selection
-    queue: asyncio.Queue[tuple[str, Stored] | None] = field(default_factory=asyncio.Queue)
+    pending: deque[tuple[float, str, Stored] | None] = field(default_factory=deque)
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    last_sent: float | None = None  # monotonic time of the last event or bookmark sent
 
     def wants(self, obj: Stored) -> bool:
         return self.selection.wants(obj)
+
+    def push(self, etype: str, obj: Stored) -> None:
+        self.pending.append((time.monotonic(), etype, obj))
+        self.wakeup.set()
+
+    def end(self) -> None:
+        self.pending.append(None)
+        self.wakeup.set()
+
+    def held(self, now: float) -> float:
+        """Seconds the oldest change not yet sent has waited (0: none waiting)."""
+        first = self.pending[0] if self.pending else None
+        return 0.0 if first is None else now - first[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,7 +357,7 @@ class ClusterStore:
 
     def close_watches(self) -> None:
         for w in list(self.watchers):
-            w.queue.put_nowait(None)
+            w.end()
         self.watchers.clear()
 
     # -- writes ------------------------------------------------------------------------
@@ -363,7 +386,7 @@ class ClusterStore:
         self.history.append((self.rv, change))
         for w in self.watchers:
             if w.wants(stored):
-                w.queue.put_nowait((etype, stored))
+                w.push(etype, stored)
         if self.on_change is not None:
             self.on_change(self.name, self, change)
         return stored
