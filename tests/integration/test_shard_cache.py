@@ -121,15 +121,10 @@ async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
         assert {v for m, v in (await machine_versions(mgmt, other)).items()
                 if m in other.machines} == {V1}
         # Given back: projected down again once a pass sees it.
-        claims.held.clear()
-        ctl.trigger.poke()
-        await wait_for("the given-back cluster kept foreign again",
-                       lambda: _foreign_again(ctl, taken), 60, 0.1)
+        await _give_back_and_take_again(ctl, claims, taken)
         # Taken again, with many clusters at once (as at start-up): one list of every
         # Machine and Secret; only the held cluster's are kept in full.
         ctl.reread_bulk = 0
-        claims.held.add(taken.key)
-        claims.warming.add(taken.key)
         assert not kubeconfig_kept(ctl, taken)
         await wait_for("the taken shard warm (its clusters read again)",
                        lambda: ctl.warm_taken(claims.warming_cluster), 60, 0.2)
@@ -140,14 +135,8 @@ async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
         # Given back, then taken again by a start-up whose every look is cut off after
         # one more page (the claims task bounds each look; under load the whole list
         # takes longer): the pages read stay read, and the re-read ends.
-        claims.held.clear()
-        claims.warming.clear()
-        ctl.trigger.poke()
-        await wait_for("the given-back cluster kept foreign again",
-                       lambda: _foreign_again(ctl, taken), 60, 0.1)
         ctl.reread_page_size = 2
-        claims.held.add(taken.key)
-        claims.warming.add(taken.key)
+        await _give_back_and_take_again(ctl, claims, taken)
         looks = 0
         while not await _one_more_page_at_most(ctl, claims.warming_cluster):
             looks += 1
@@ -156,6 +145,18 @@ async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
         assert kubeconfig_kept(ctl, taken)
         assert machines_kept(ctl, taken) == [True] * len(taken.machines)
         assert machines_kept(ctl, other) == [False] * len(other.machines)
+
+
+async def _give_back_and_take_again(ctl: Any, claims: Any, fc: FleetCluster) -> None:
+    """Give the cluster's shard back, wait until a pass keeps it foreign again, then
+    take it again (warming, not yet re-read)."""
+    claims.held.clear()
+    claims.warming.clear()
+    ctl.trigger.poke()
+    await wait_for("the given-back cluster kept foreign again",
+                   lambda: _foreign_again(ctl, fc), 60, 0.1)
+    claims.held.add(fc.key)
+    claims.warming.add(fc.key)
 
 
 async def _one_more_page_at_most(ctl: Any, taken: Any) -> bool:
