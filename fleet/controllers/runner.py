@@ -15,10 +15,10 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 import anyio
 import anyio.abc
@@ -27,6 +27,7 @@ from opentelemetry import trace
 from fleet.clusters import WORKLOAD_WATCH_TIMEOUT, ClientFactory, ClusterRegistry
 from fleet.config import FleetConfig
 from fleet.controllers.dispatcher import Dispatcher, action_target
+from fleet.controllers.handoff import BulkReread, ListAt, plans_not_cached
 from fleet.controllers.heap import HeapTrimmer
 from fleet.controllers.infra import InfraMachines
 from fleet.controllers.observe import SECRET_FIELD_SELECTOR, ManagementView, kubeconfig_secrets
@@ -130,26 +131,6 @@ class ControllerStats:
     by_type: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
-def plans_not_cached(listed: Iterable[Mapping[str, Any]], cached: Callable[[str, str], bool],
-                     taken: Callable[[ClusterKey], bool] | None = None) -> list[str]:
-    """The listed NodePlans the cache does not hold yet (``cached(name, namespace)``),
-    counting with ``taken`` only those of the clusters it names: what a replica that
-    stopped dispatched for the shards just taken. The other replicas' clusters go on
-    getting NodePlans while a fleet rolls, so a list of every NodePlan nearly always
-    holds one the watch has not delivered yet: a taken shard waited for a quiet moment
-    (minutes: 305-361 s in a 10 x 300 roll with one replica killed)."""
-    missing: list[str] = []
-    for p in listed:
-        meta = p.get("metadata") or {}
-        name, ns = str(meta.get("name") or ""), str(meta.get("namespace") or "")
-        if taken is not None and \
-                not taken((ns, str((p.get("spec") or {}).get("clusterName") or ""))):
-            continue
-        if not cached(name, ns):
-            missing.append(f"{ns}/{name}")
-    return missing
-
-
 class FleetController:
     """One controller instance (run it only while holding the leader Lease)."""
 
@@ -242,13 +223,10 @@ class FleetController:
         # taken, or acted on since), projected down again once their shard is given back.
         self._full: set[ClusterKey] = set()
         self._warmed: set[ClusterKey] = set()  # re-read for the shards warming now
-        # More clusters than this to re-read at once: one list of everything instead.
+        # More clusters than this to re-read at once: one list of everything instead,
+        # its progress kept when a call is cut off.
         self.reread_bulk = 64
-        # That list's progress, kept when a call is cut off (the claims task bounds each
-        # call to a fraction of the lease; 20 pages of Machines under load take longer):
-        # the clusters it is for, and per (namespace, resource) the next page or done.
-        self._bulk_for: frozenset[ClusterKey] = frozenset()
-        self._bulk_next: dict[tuple[str | None, str], str | None] = {}
+        self._bulk = BulkReread()
         self.reread_page_size = 500
         self.bulk_pages_read = 0
         self._busy: dict[ClusterKey | None, int] = defaultdict(int)
@@ -404,29 +382,28 @@ class FleetController:
         kept in full now), for the clusters ``todo``. A call cut off goes on where it
         stopped at the next call for the same clusters or fewer (pages read stay read); for
         more, or once the server no longer keeps the list's snapshot, from the start."""
-        if not todo <= self._bulk_for:
-            self._bulk_for, self._bulk_next = todo, {}
+        self._bulk.start(todo)
         for ns in self.view.namespaces:
             for res, fields in ((MACHINES, None), (SECRETS, SECRET_FIELD_SELECTOR)):
                 at = (ns, res.plural)
-                if at in self._bulk_next and self._bulk_next[at] is None:
+                if self._bulk.finished(at):
                     continue  # read in full by an earlier call
                 try:
                     await self._reread_pages(res, ns, fields, at)
                 except GoneError:  # that snapshot is gone: this list from the start
-                    self._bulk_next.pop(at, None)
+                    self._bulk.restart(at)
                     await self._reread_pages(res, ns, fields, at)
-        self._bulk_for, self._bulk_next = frozenset(), {}
+        self._bulk.reset()
 
     async def _reread_pages(self, res: Resource, ns: str | None, fields: str | None,
-                            at: tuple[str | None, str]) -> None:
+                            at: ListAt) -> None:
         cache = self.view[res]
         async for page in self.mgmt.list_pages(res, ns, field_selector=fields,
                                                page_size=self.reread_page_size,
-                                               resume=self._bulk_next.get(at)):
+                                               resume=self._bulk.resume_from(at)):
             for obj in page.items:
                 cache.observe(obj)
-            self._bulk_next[at] = page.continue_token
+            self._bulk.read(at, page.continue_token)
             self.bulk_pages_read += 1
 
     async def _reread(self, key: ClusterKey) -> None:
@@ -467,7 +444,7 @@ class FleetController:
         secrets = kubeconfig_secrets(self.config, gone)
         # A bulk re-read under way read some pages while these were held: not to be
         # resumed for them if they are taken again (kept foreign from here on).
-        self._bulk_for, self._bulk_next = frozenset(), {}
+        self._bulk.reset()
         for key in gone:
             self._full.discard(key)
             self.view[MACHINES].rekeep(self.parts.machine_keys(key))

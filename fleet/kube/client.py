@@ -48,6 +48,13 @@ class ObjectList:
     continue_token: str | None = None
 
 
+@dataclass
+class RequestCounts:
+    """What happened on one connection, summed over every view of it."""
+
+    retries_asked: int = 0
+
+
 class KubeClient:
     """A client for one API server.
 
@@ -59,21 +66,28 @@ class KubeClient:
     def __init__(self, api: Transport, *, name: str = "cluster",
                  write_fence: Callable[[], bool] | None = None,
                  reopen: Callable[[str], Awaitable[KubeClient]] | None = None,
-                 write_limiter: WriteLimiter | None = None) -> None:
+                 write_limiter: WriteLimiter | None = None,
+                 counts: RequestCounts | None = None) -> None:
         self._api = api
         self.name = name
         self._write_fence = write_fence
         self._reopen = reopen
         self.write_limiter = write_limiter
-        # GETs sent again because the server said "try again after N s" (retry_wait)
-        self.retries_asked = 0
+        # shared by every view of this connection (fenced(), limited())
+        self.counts = counts if counts is not None else RequestCounts()
+
+    @property
+    def retries_asked(self) -> int:
+        """GETs sent again on this connection, by any of its views, because the server
+        said "try again after N s" (:func:`~fleet.kube.errors.retry_wait`)."""
+        return self.counts.retries_asked
 
     def fenced(self, holds: Callable[[], bool]) -> KubeClient:
         """This client's connection, sending no write while ``holds()`` is false (a
         replica's writes under its Lease). Reads and watches are not fenced. Keeps this
         client's write limiter. Close the client it came from, not this one."""
         return KubeClient(self._api, name=self.name, write_fence=holds, reopen=self._reopen,
-                          write_limiter=self.write_limiter)
+                          write_limiter=self.write_limiter, counts=self.counts)
 
     def limited(self, limiter: WriteLimiter | None) -> KubeClient:
         """This client's connection (and fence), each write first waiting for a token of
@@ -81,7 +95,7 @@ class KubeClient:
         not limited, nor is a client :meth:`reopen` builds from it (the Lease renewals').
         Close the client it came from, not this one."""
         return KubeClient(self._api, name=self.name, write_fence=self._write_fence,
-                          reopen=self._reopen, write_limiter=limiter)
+                          reopen=self._reopen, write_limiter=limiter, counts=self.counts)
 
     async def reopen(self, *, name: str | None = None) -> KubeClient:
         """A new client for the same API server with the same credentials and TLS but
@@ -201,7 +215,7 @@ class KubeClient:
                 if wait is None:
                     raise
                 retries += 1
-                self.retries_asked += 1
+                self.counts.retries_asked += 1
                 log.info("%s: GET %s: %s; again in %.1fs (the server asked)", self.name,
                          path, e, wait)
                 await anyio.sleep(wait)
