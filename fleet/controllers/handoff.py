@@ -1,42 +1,20 @@
-"""The pure parts of taking over a shard another replica held (sharded replicas).
+"""The pure part of taking over a shard another replica held (sharded replicas).
 
 Before a replica acts on the clusters of a shard it has just taken, it reads their
-objects again in full (they were kept foreign, fleet/kept.py) and makes sure its
-NodePlan cache holds what the previous holder dispatched. The I/O is
-:meth:`fleet.controllers.runner.FleetController.warm_taken`; what it keeps and decides
-is here.
+NodePlans (what the previous holder dispatched) and the objects kept foreign until then
+(fleet/kept.py) again. The I/O is
+:meth:`fleet.controllers.runner.FleetController.warm_taken`; the progress of its bulk
+re-read, kept across looks that are cut off, is here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from fleet.model import ClusterKey
 
 # Where one list of a bulk re-read stands: (namespace or None, resource plural).
 ListAt = tuple[str | None, str]
-
-
-def plans_not_cached(listed: Iterable[Mapping[str, Any]], cached: Callable[[str, str], bool],
-                     taken: Callable[[ClusterKey], bool] | None = None) -> list[str]:
-    """The listed NodePlans the cache does not hold yet (``cached(name, namespace)``),
-    counting with ``taken`` only those of the clusters it names: what a replica that
-    stopped dispatched for the shards just taken. The other replicas' clusters go on
-    getting NodePlans while a fleet rolls, so a list of every NodePlan nearly always
-    holds one the watch has not delivered yet: a taken shard waited for a quiet moment
-    (minutes: 305-361 s in a 10 x 300 roll with one replica killed)."""
-    missing: list[str] = []
-    for p in listed:
-        meta = p.get("metadata") or {}
-        name, ns = str(meta.get("name") or ""), str(meta.get("namespace") or "")
-        if taken is not None and \
-                not taken((ns, str((p.get("spec") or {}).get("clusterName") or ""))):
-            continue
-        if not cached(name, ns):
-            missing.append(f"{ns}/{name}")
-    return missing
 
 
 @dataclass

@@ -24,10 +24,11 @@ import anyio
 import anyio.abc
 from opentelemetry import trace
 
+from fleet import nodeplan
 from fleet.clusters import WORKLOAD_WATCH_TIMEOUT, ClientFactory, ClusterRegistry
 from fleet.config import FleetConfig
 from fleet.controllers.dispatcher import Dispatcher, action_target
-from fleet.controllers.handoff import BulkReread, ListAt, plans_not_cached
+from fleet.controllers.handoff import BulkReread, ListAt
 from fleet.controllers.heap import HeapTrimmer
 from fleet.controllers.infra import InfraMachines
 from fleet.controllers.observe import SECRET_FIELD_SELECTOR, ManagementView, kubeconfig_secrets
@@ -321,70 +322,69 @@ class FleetController:
             return set(self.parts.members) | {k for k in busy if k is not None}
         return {k for k in busy if k is not None}
 
-    async def caches_hold_every_nodeplan(
-            self, taken: Callable[[ClusterKey], bool] | None = None) -> bool:
-        """True when the NodePlan cache holds every NodePlan a fresh list shows (asked
-        before acting on a shard another replica held: what it dispatched counts); with
-        ``taken``, every NodePlan of the clusters it names (:func:`plans_not_cached`)."""
-        if not self.ready.is_set():
-            return False
-        cache = self.view[NODE_PLANS]
-        for ns in self.view.namespaces:
-            listed = (await self.mgmt.list(NODE_PLANS, ns)).items
-            if plans_not_cached(listed, lambda name, ns_: cache.get(name, ns_) is not None,
-                                taken):
-                return False
-        return True
-
     async def warm_taken(self, taken: Callable[[ClusterKey], bool]) -> bool:
         """True once newly taken shards may be acted on (``taken``: whether a cluster is in
-        one): the objects of their clusters that were kept foreign (fleet/kept.py) have
-        been read again in full (one Machine list and one Secret list per cluster, by
-        Cluster API's cluster-name label; past ``reread_bulk`` clusters, one list of all
-        of them) and the NodePlan cache holds every NodePlan a
-        fresh list shows (what the previous holder dispatched counts). Re-reads that are
-        done stay done when the call is cut off (the claims task bounds it) or fails."""
+        one): their clusters' NodePlans have been read into the NodePlan cache (what the
+        previous holder dispatched counts, whether or not the watch has delivered it
+        yet), and with claims, the objects that were kept foreign (fleet/kept.py) have
+        been read again in full. Per cluster that is one list each of its NodePlans,
+        Machines and Secrets, by Cluster API's cluster-name label; past ``reread_bulk``
+        clusters, one paged list of every one of them. Re-reads that are done stay done
+        when the call is cut off (the claims task bounds it) or fails.
+
+        The cache is filled from a read rather than waited on: before, a taken shard
+        waited until the NodePlan watch had delivered every NodePlan a fresh list of all
+        of them showed. Mid-roll that list (~4 KB per NodePlan, ~3000 at 300 clusters)
+        took longer than a look under load and was cut off at every look: a 10 x 300
+        roll left the killed replica's clusters untouched for minutes (bench/README.md).
+        The cache keeps the newer of two copies (resourceVersion), so a read never
+        takes it back in time."""
         if not self.ready.is_set():
             return False
+        # Every cluster of a taken shard, even one kept in full before: its shard may
+        # have been given back and taken again between two passes (so never dropped),
+        # with events kept foreign in between.
+        todo = sorted(k for k in self.parts.known_clusters() if taken(k)
+                      and k not in self._warmed)
+        try:
+            if len(todo) > self.reread_bulk:
+                # Many at once (a replica's start-up takes all its shards): one list of
+                # each resource, page by page, as the watches' first one, instead of a
+                # label-selected list per cluster (each of which the API server answers
+                # by looking at every object of the namespace).
+                await self._reread_all(frozenset(todo))
+                self._warmed.update(todo)
+            for key in todo if len(todo) <= self.reread_bulk else ():
+                await self._reread(key)
+                self._warmed.add(key)
+        except KubeError as e:
+            log.warning("re-reading the objects of a taken shard's clusters: %s", e)
+            return False
         if self.claims is not None:
-            # Every cluster of a taken shard, even one kept in full before: its shard may
-            # have been given back and taken again between two passes (so never dropped),
-            # with events kept foreign in between.
-            todo = sorted(k for k in self.parts.known_clusters() if taken(k)
-                          and k not in self._warmed)
-            try:
-                if len(todo) > self.reread_bulk:
-                    # Many at once (a replica's start-up takes all its shards): one list
-                    # of every Machine and Secret, page by page, as the watches' first one,
-                    # instead of a label-selected list per cluster (each of which the API
-                    # server answers by looking at every Machine of the namespace).
-                    await self._reread_all(frozenset(todo))
-                    self._warmed.update(todo)
-                    self._full.update(todo)
-                for key in todo if len(todo) <= self.reread_bulk else ():
-                    await self._reread(key)
-                    self._warmed.add(key)
-                    self._full.add(key)
-            except KubeError as e:
-                log.warning("re-reading the objects of a taken shard's clusters: %s", e)
-                return False
+            self._full.update(todo)
             # Their Clusters, K0sControlPlanes, MachineDeployments and MachineSets are kept
             # whole either way, compressed while foreign: kept plain again.
             for key in todo:
                 self._rekeep_owners(key)
-        if not await self.caches_hold_every_nodeplan(taken):
-            return False
         self._warmed.clear()  # the shards warming now are acted on: the next take reads again
         return True
 
+    def _rereads(self) -> tuple[tuple[Resource, str | None], ...]:
+        """What a taken cluster's warm-up reads, with each list's field selector: its
+        NodePlans, and with claims the Machines and Secrets kept foreign until then."""
+        if self.claims is None:
+            return ((NODE_PLANS, None),)
+        return ((NODE_PLANS, None), (MACHINES, None), (SECRETS, SECRET_FIELD_SELECTOR))
+
     async def _reread_all(self, todo: frozenset[ClusterKey]) -> None:
-        """Read every Machine and Cluster API Secret again (those of held clusters are
-        kept in full now), for the clusters ``todo``. A call cut off goes on where it
+        """Read every NodePlan, and with claims every Machine and Cluster API Secret
+        (those of held clusters are kept in full now), again for the clusters ``todo``.
+        A call cut off goes on where it
         stopped at the next call for the same clusters or fewer (pages read stay read); for
         more, or once the server no longer keeps the list's snapshot, from the start."""
         self._bulk.start(todo)
         for ns in self.view.namespaces:
-            for res, fields in ((MACHINES, None), (SECRETS, SECRET_FIELD_SELECTOR)):
+            for res, fields in self._rereads():
                 at = (ns, res.plural)
                 if self._bulk.finished(at):
                     continue  # read in full by an earlier call
@@ -407,8 +407,15 @@ class FleetController:
             self.bulk_pages_read += 1
 
     async def _reread(self, key: ClusterKey) -> None:
-        """Read one cluster's Machines and Cluster API Secrets again (now kept in full)."""
+        """Read one cluster's NodePlans, and with claims its Machines and Cluster API
+        Secrets (now kept in full), again."""
         ns, name = key
+        plans = self.view[NODE_PLANS]
+        for obj in (await self.mgmt.list(NODE_PLANS, ns, label_selector=(
+                f"{nodeplan.LABEL_CLUSTER}={nodeplan.label_value(name)}"))).items:
+            plans.observe(obj)
+        if self.claims is None:
+            return
         selector = f"{CAPI_CLUSTER_LABEL}={name}"
         machines = self.view[MACHINES]
         listed = (await self.mgmt.list(MACHINES, ns, label_selector=selector)).items

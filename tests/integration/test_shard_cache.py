@@ -8,7 +8,8 @@ does not hold the caches keep a kubeconfig Secret without its kubeconfig and Mac
 without uid or infrastructure reference: what a NodePlan (its Machine owner reference,
 by uid) and the workload connection (the kubeconfig) need. Taking one of them re-reads
 them (``warm_taken``), after which it is rolled to a new version, every node once;
-giving it back keeps the foreign subset again; taking it again through the bulk re-read
+giving it back keeps the foreign subset again; taken again, its NodePlans are read into
+the cache (not waited for from the watch); taking it again through the bulk re-read
 (one list of everything, as at a replica's start-up) reads it in full again. The other
 cluster stays foreign throughout.
 """
@@ -120,6 +121,16 @@ async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
         # The other cluster (held by no one, nothing asked of it) was not touched.
         assert {v for m, v in (await machine_versions(mgmt, other)).items()
                 if m in other.machines} == {V1}
+        # Given back and taken again, its NodePlans not (yet) in this replica's cache, as
+        # when the NodePlan watch has not delivered what the previous holder dispatched:
+        # the warm-up reads them in (before, it waited for the watch to deliver them,
+        # here forever; mid-roll, minutes).
+        await _give_back_and_take_again(ctl, claims, taken)
+        ctl.view[NODE_PLANS].clear()
+        await wait_for("the taken shard warm (its NodePlans read)",
+                       lambda: ctl.warm_taken(claims.warming_cluster), 60, 0.2)
+        assert _cached_plans(ctl, namespace) == {p["metadata"]["name"] for p in plans}
+        claims.warming.clear()
         # Given back: projected down again once a pass sees it.
         await _give_back_and_take_again(ctl, claims, taken)
         # Taken again, with many clusters at once (as at start-up): one list of every
@@ -132,11 +143,13 @@ async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
         assert machines_kept(ctl, taken) == [True] * len(taken.machines)
         assert not kubeconfig_kept(ctl, other)
         assert machines_kept(ctl, other) == [False] * len(other.machines)
+        assert _cached_plans(ctl, namespace) == {p["metadata"]["name"] for p in plans}
         # Given back, then taken again by a start-up whose every look is cut off after
         # one more page (the claims task bounds each look; under load the whole list
         # takes longer): the pages read stay read, and the re-read ends.
         ctl.reread_page_size = 2
         await _give_back_and_take_again(ctl, claims, taken)
+        ctl.view[NODE_PLANS].clear()
         looks = 0
         while not await _one_more_page_at_most(ctl, claims.warming_cluster):
             looks += 1
@@ -145,6 +158,12 @@ async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
         assert kubeconfig_kept(ctl, taken)
         assert machines_kept(ctl, taken) == [True] * len(taken.machines)
         assert machines_kept(ctl, other) == [False] * len(other.machines)
+        assert _cached_plans(ctl, namespace) == {p["metadata"]["name"] for p in plans}
+
+
+def _cached_plans(ctl: Any, namespace: str) -> set[str]:
+    return {p["metadata"]["name"] for p in ctl.view[NODE_PLANS].items()
+            if p["metadata"]["namespace"] == namespace}
 
 
 async def _give_back_and_take_again(ctl: Any, claims: Any, fc: FleetCluster) -> None:
