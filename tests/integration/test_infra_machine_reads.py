@@ -22,36 +22,34 @@ from fleet.model import (
 )
 from fleet.testing.capi import INFRA_MACHINES, ensure_infra_crd
 from fleet.testing.providers import INFRA_GROUP
+from tests.helpers.clock import FakeClock
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+async def create_infra_machine(mgmt: KubeClient, name: str, namespace: str) -> None:
+    """An infrastructure Machine cloned from the template ``cp-template``."""
+    await mgmt.create(INFRA_MACHINES, {
+        "apiVersion": INFRA_MACHINES.api_version, "kind": INFRA_MACHINES.kind,
+        "metadata": {"name": name, "namespace": namespace, "annotations": {
+            ANN_CLONED_FROM_NAME: "cp-template",
+            ANN_CLONED_FROM_GROUPKIND: f"SimMachineTemplate.{INFRA_GROUP}"}},
+        "spec": {}}, namespace)
 
 
 @pytest.mark.anyio
 async def test_a_found_infrastructure_machine_is_not_read_again_for_the_same_machine(
         mgmt: KubeClient, namespace: str) -> None:
     await ensure_infra_crd(mgmt)
-    await mgmt.create(INFRA_MACHINES, {
-        "apiVersion": INFRA_MACHINES.api_version, "kind": INFRA_MACHINES.kind,
-        "metadata": {"name": "cp-0", "namespace": namespace, "annotations": {
-            ANN_CLONED_FROM_NAME: "cp-template",
-            ANN_CLONED_FROM_GROUPKIND: f"SimMachineTemplate.{INFRA_GROUP}"}},
-        "spec": {}}, namespace)
-    clock = Clock()
+    await create_infra_machine(mgmt, "cp-0", namespace)
+    clock = FakeClock(1000.0)
     infra = InfraMachines(mgmt, clock=clock)
     ref = TemplateRef(INFRA_GROUP, INFRA_MACHINES.kind, "cp-0")
 
     first = await infra.lookup(ref, namespace, machine_uid="uid-1")
     assert first.cloned_from_name == "cp-template" and first.error is None
     assert infra.reads == 1
-    clock.t += 11  # past the 10 s the old cache kept every answer
+    clock.now += 11  # past the 10 s the old cache kept every answer
     assert await infra.lookup(ref, namespace, machine_uid="uid-1") == first
-    clock.t += 200
+    clock.now += 200
     assert await infra.lookup(ref, namespace, machine_uid="uid-1") == first
     assert infra.reads == 1, "read again although the Machine is the same one"
 
@@ -60,7 +58,7 @@ async def test_a_found_infrastructure_machine_is_not_read_again_for_the_same_mac
     assert await infra.lookup(ref, namespace, machine_uid="uid-2") == first
     assert infra.reads == 2
     # Long after, even the same Machine's is read again (a hand edit is seen in time).
-    clock.t += 301
+    clock.now += 301
     await infra.lookup(ref, namespace, machine_uid="uid-2")
     assert infra.reads == 3
 
@@ -69,20 +67,15 @@ async def test_a_found_infrastructure_machine_is_not_read_again_for_the_same_mac
 async def test_an_infrastructure_machine_not_found_is_looked_up_again_after_ttl(
         mgmt: KubeClient, namespace: str) -> None:
     await ensure_infra_crd(mgmt)
-    clock = Clock()
+    clock = FakeClock(1000.0)
     infra = InfraMachines(mgmt, clock=clock)
     ref = TemplateRef(INFRA_GROUP, INFRA_MACHINES.kind, "cp-later")
     missing = await infra.lookup(ref, namespace, machine_uid="uid-1")
     assert missing.error is not None and infra.reads == 1
-    clock.t += 5
+    clock.now += 5
     assert await infra.lookup(ref, namespace, machine_uid="uid-1") == missing
     assert infra.reads == 1
-    await mgmt.create(INFRA_MACHINES, {
-        "apiVersion": INFRA_MACHINES.api_version, "kind": INFRA_MACHINES.kind,
-        "metadata": {"name": "cp-later", "namespace": namespace, "annotations": {
-            ANN_CLONED_FROM_NAME: "cp-template",
-            ANN_CLONED_FROM_GROUPKIND: f"SimMachineTemplate.{INFRA_GROUP}"}},
-        "spec": {}}, namespace)
-    clock.t += 6
+    await create_infra_machine(mgmt, "cp-later", namespace)
+    clock.now += 6
     found = await infra.lookup(ref, namespace, machine_uid="uid-1")
     assert found.cloned_from_name == "cp-template" and infra.reads == 2

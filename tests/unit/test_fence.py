@@ -10,6 +10,7 @@ from fleet.controllers.shard import ShardMembership, shard_of
 from fleet.fence import fleet_wide, fleet_wide_writes, write_cluster, writes_for
 from fleet.kube import KubeClient
 from fleet.model import ClusterKey
+from tests.helpers.clock import FakeClock
 
 SHARDS = 4
 
@@ -51,15 +52,8 @@ async def test_a_task_started_inside_keeps_the_mark_and_none_leaks_out() -> None
     assert write_cluster() is None
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
 
-    def __call__(self) -> float:
-        return self.now
-
-
-def _membership(clock: _Clock) -> ShardMembership:
+def _membership(clock: FakeClock) -> ShardMembership:
     # never run: its state is set as its renewal and rebalancing would
     client = KubeClient.__new__(KubeClient)
     return ShardMembership(client, namespace="ns", identity="ctl-a", shards=SHARDS,
@@ -73,7 +67,7 @@ def _cluster_in(shard: int) -> ClusterKey:
 
 def test_the_shard_fence_needs_a_fresh_member_lease_the_shard_and_for_fleet_wide_the_writer(
         ) -> None:
-    clock = _Clock()
+    clock = FakeClock(100.0)
     m = _membership(clock)
     writer = {"holds": False}
     fence = m.write_fence(lambda: writer["holds"])

@@ -12,18 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleet.kube.ratelimit import TokenBucket, WriteLimiter
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.helpers.clock import FakeClock
 
 
 def test_starts_full_then_one_token_every_1_over_qps() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     b = TokenBucket(10, 3, clock=clock)
     assert [b.reserve() for _ in range(3)] == [0.0, 0.0, 0.0]
     # empty: the waiters queue, the n-th one n/qps after the bucket ran dry
@@ -35,7 +28,7 @@ def test_starts_full_then_one_token_every_1_over_qps() -> None:
 
 
 def test_an_idle_bucket_refills_to_burst_and_no_further() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     b = TokenBucket(2, 5, clock=clock)
     for _ in range(5):
         b.reserve()
@@ -48,7 +41,7 @@ def test_an_idle_bucket_refills_to_burst_and_no_further() -> None:
 
 
 def test_a_cancelled_waiter_gives_its_token_back() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     b = TokenBucket(1, 1, clock=clock)
     assert b.reserve() == 0.0
     assert b.reserve() == pytest.approx(1.0)
@@ -78,7 +71,7 @@ def test_released_writes_never_exceed_burst_plus_qps_times_t(
     """Writes arrive in clumps at arbitrary times; some waiters give up (their token goes
     back, their write is not sent). For every interval [a, b] between release times, the
     writes released in it are at most burst + qps * (b - a) (float slack 1e-6)."""
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     b = TokenBucket(qps, burst, clock=clock)
     released: list[float] = []
     pending: list[float] = []  # release times of waiters not yet released
@@ -109,7 +102,7 @@ def test_a_burst_at_one_instant_is_released_as_fast_as_the_bound_allows(
         qps: float, burst: int, n: int) -> None:
     """n writes at once from a full bucket: the first `burst` go now, the k-th after
     that (k = 1, 2...) k/qps later: never later than needed."""
-    b = TokenBucket(qps, burst, clock=FakeClock())
+    b = TokenBucket(qps, burst, clock=FakeClock(1000.0))
     waits = [b.reserve() for _ in range(n)]
     expected = [max(0, i + 1 - burst) / qps for i in range(n)]
     assert waits == pytest.approx(expected)
@@ -117,7 +110,7 @@ def test_a_burst_at_one_instant_is_released_as_fast_as_the_bound_allows(
 
 @pytest.mark.anyio
 async def test_write_limiter_sleeps_the_reserved_delay_and_returns_it_when_cancelled() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     slept: list[float] = []
     blocked = anyio.Event()
 

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fleet.controllers.renewal import Heartbeat, renew_while_held, renewal_wait
+from tests.helpers.clock import FakeClock
 
 
 def test_a_good_renewal_is_followed_renew_every_after_its_start() -> None:
@@ -36,13 +37,6 @@ def test_the_wait_never_passes_the_deadline(failed: bool, elapsed: float, every:
     assert wait >= 0.0
     assert elapsed + wait <= max(elapsed, deadline) + 1e-9
 
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.mark.anyio
