@@ -936,32 +936,41 @@ async def rollout(r: Run, fleet: list[FleetCluster]) -> dict[str, Any]:
     controllers, audit = r.controllers, r.audit
     out: dict[str, Any] = {"step_seconds": args.step_seconds}
     r.result["rollout"] = out  # filled in place: kept if a later phase stops the run
-    one = fleet[0]
+    alone = fleet[:max(1, min(args.one_by_one, len(fleet)))]
     audit.read()
     before = await sim.admin(session, "/kubesim/stats")
     u0 = {c.identity: c.usage()["cpu_s"] for c in controllers}
-    await bump(mgmt, one, V2)
     stop = asyncio.Event()
     lat_task = asyncio.create_task(probe_latency(session, controllers[0], 1e9, stop))
-    took = await wait_rolled(r, {one.name})
     events: list[dict[str, Any]] = []
-    await wait_quiet(audit, events, 3.0, time.monotonic() + args.timeout)
+    took: list[float] = []
+    for one in alone:  # each alone: the next bumped once the last is done and quiet
+        await bump(mgmt, one, V2)
+        took.append(await wait_rolled(r, {one.name}))
+        await wait_quiet(audit, events, 3.0, time.monotonic() + args.timeout)
     after = await sim.admin(session, "/kubesim/stats")
     stop.set()
     latencies = await lat_task
     report = await sim.admin(session, "/kubesim/standin")
-    seen = [(row[1], row[3]) for row in report["seen"] if row[0] == one.name]
-    done = [(row[1], row[3]) for row in report["completed"] if row[0] == one.name]
-    gaps = completion_gaps(seen, done)
-    wl = sim_requests(after, one.name) - sim_requests(before, one.name)
+    gaps: list[float] = []
+    done_nodes = 0
+    wl: Counter[str] = Counter()
+    for one in alone:
+        seen = [(row[1], row[3]) for row in report["seen"] if row[0] == one.name]
+        done = [(row[1], row[3]) for row in report["completed"] if row[0] == one.name]
+        gaps += completion_gaps(seen, done)
+        done_nodes += len(done)
+        wl += sim_requests(after, one.name) - sim_requests(before, one.name)
     mg = Counter(describe(e) for e in events)
     out["one_cluster"] = {
-        "cluster": one.name, "roll_s": round(took, 2),
-        "nodes_upgraded": len(done),
+        "cluster": alone[0].name, "roll_s": round(took[0], 2),
+        **({"clusters_one_by_one": len(alone), "roll_s_each": [round(t, 2) for t in took]}
+           if len(alone) > 1 else {}),
+        "nodes_upgraded": done_nodes,
         "healthz_round_trip": ms(latencies),
         "completion_to_next_request": ms(gaps),
         "api_requests_per_node_upgrade": round((sum(mg.values()) + sum(wl.values()))
-                                               / max(1, len(done)), 2),
+                                               / max(1, done_nodes), 2),
         "management_requests": dict(mg.most_common()),
         "workload_requests": dict(wl.most_common()),
         "controller_cpu_s": {c.identity: round(c.usage()["cpu_s"] - u0[c.identity], 2)
@@ -979,7 +988,7 @@ async def rollout_all(r: Run, fleet: list[FleetCluster]) -> dict[str, Any]:
     budget, quorum, concurrency and wave-order breaches."""
     args = r.args
     nodes_per = CONTROL_PLANES + WORKERS
-    rest = {fc.name for fc in fleet[1:]}
+    rest = {fc.name for fc in fleet[max(1, args.one_by_one):]}
     u0 = {c.identity: c.usage()["cpu_s"] for c in r.controllers}
     t0 = time.monotonic()
     bump_wall = time.time()
@@ -1146,6 +1155,9 @@ def main(argv: list[str] | None = None) -> int:
                    "only (repeatable; e.g. GOGC=50, GOMEMLIMIT=1GiB)")
     p.add_argument("--rollout", action="store_true",
                    help="also roll one cluster to a new version while the others idle")
+    p.add_argument("--one-by-one", type=int, default=1, metavar="K",
+                   help="with --rollout: roll K clusters one after the other, each alone "
+                   "(9 completion -> next request samples per cluster)")
     p.add_argument("--rollout-all", action="store_true",
                    help="with --rollout: then roll every other cluster too")
     p.add_argument("--max-concurrent-clusters", type=int, default=1,
