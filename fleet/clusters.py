@@ -286,6 +286,18 @@ class ClusterRegistry:
         return (wc.observed and wc.control_nodes.synced and wc.plans.synced) or \
             wc.error is not None or self.unreachable(key) is not None
 
+    def waiting_for(self, key: ClusterKey) -> str:
+        """What :meth:`settled` still waits for on this cluster, in words (for logs)."""
+        wc = self.clusters.get(key)
+        if wc is None:
+            return "no client asked for"
+        if wc.client is None:
+            return "client being built"
+        parts = [name for name, done in (("Nodes", wc.nodes.synced),
+                                         ("ControlNodes", wc.control_nodes.synced),
+                                         ("autopilot Plans", wc.plans.synced)) if not done]
+        return "not yet listed: " + ", ".join(parts) if parts else "answered"
+
     def want(self, wanted: Mapping[ClusterKey, str]) -> None:
         """Make the set of connections match ``wanted`` (cluster -> kubeconfig Secret name).
 

@@ -197,6 +197,7 @@ class FleetController:
         self._mine: set[ClusterKey] = set()  # the fleet's clusters this replica acts on
         self._acting_set: set[ClusterKey] = set()  # ... and has heard from (planned)
         self._wanted_since: dict[ClusterKey, float] = {}  # monotonic, when it became ours
+        self._said_unanswered: set[ClusterKey] = set()  # logged as waiting for an answer
         self._stopped = False
         self.recorder = recorder or EventRecorder(
             mgmt, instance=identity, default_namespace=config.management.namespace)
@@ -346,6 +347,7 @@ class FleetController:
         # with events kept foreign in between.
         todo = sorted(k for k in self.parts.known_clusters() if taken(k)
                       and k not in self._warmed)
+        started, before = time.monotonic(), len(self._warmed)
         try:
             if len(todo) > self.reread_bulk:
                 # Many at once (a replica's start-up takes all its shards): one list of
@@ -360,6 +362,10 @@ class FleetController:
         except KubeError as e:
             log.warning("re-reading the objects of a taken shard's clusters: %s", e)
             return False
+        finally:
+            if todo:  # also when the claims task cut this look off
+                log.info("taken shards: %d of %d clusters read again in %.1fs",
+                         len(self._warmed) - before, len(todo), time.monotonic() - started)
         if self.claims is not None:
             self._full.update(todo)
             # Their Clusters, K0sControlPlanes, MachineDeployments and MachineSets are kept
@@ -586,12 +592,38 @@ class FleetController:
                   or self.registry.settled(k)}
         if acting != mine:
             self._retry_at = now + timedelta(seconds=1)
+            self._say_unanswered(mine - acting, t)
+        if acting - self._acting_set:
+            self._say_answered(acting - self._acting_set, t)
         if acting != self._acting_set or changed:
             for k in acting ^ self._acting_set:
                 parts.touch(k)
             parts.foreign = frozenset(members) - acting
             self._acting_set = acting
         return acting
+
+    def _say_answered(self, new: set[ClusterKey], t: float) -> None:
+        """Log the clusters taken over (past the first pass) that are planned from now."""
+        waited = sorted(t - self._wanted_since[k] for k in new
+                        if self._wanted_since[k] > -math.inf)
+        if waited:
+            log.info("acting on %d more clusters (%s), %.1f-%.1fs after they became this "
+                     "replica's", len(waited), ", ".join(f"{ns}/{n}" for ns, n in
+                                                         sorted(new)[:5]),
+                     waited[0], waited[-1])
+        for k in new:
+            self._said_unanswered.discard(k)
+
+    def _say_unanswered(self, waiting: set[ClusterKey], t: float) -> None:
+        """Log once per cluster what a taken-over cluster still waits for, 10 s on."""
+        for k in sorted(waiting):
+            if k in self._said_unanswered or t - self._wanted_since[k] < 10:
+                continue
+            self._said_unanswered.add(k)
+            log.info("workload cluster %s/%s: no answer %.0fs after it became this "
+                     "replica's (%s); planned anyway %.0fs after", k[0], k[1],
+                     t - self._wanted_since[k], self.registry.waiting_for(k),
+                     self.settle_bound)
 
     def _settle(self, now: datetime) -> bool:
         """Before the first pass: wait until every workload cluster of this replica has

@@ -216,6 +216,7 @@ class ShardMembership:
         self.held: set[int] = set()  # claims this replica holds
         self.releasing: set[int] = set()  # held, no longer ours: drain, then give back
         self.warming: set[int] = set()  # taken, caches not yet confirmed fresh
+        self._taken_at: dict[int, float] = {}  # monotonic, per warming shard (for the log)
         self.members: tuple[str, ...] = ()  # live replicas as last seen (sorted)
         # Set by the renewal thread (fleet.controllers.renewal), read by the main loop:
         self.active = False  # member Lease renewed within the deadline
@@ -502,12 +503,17 @@ class ShardMembership:
                     log.info("%s: took shard %d", self.identity, shard)
                 self.held.add(shard)
                 self.warming.add(shard)
+                self._taken_at[shard] = self.monotonic()
                 changed = True
         if disagree:
             log.error("%s: replicas %s announce a different shard count than %d; taking no "
                       "new shards until every replica runs with the same --shards",
                       self.identity, ", ".join(disagree), self.shards)
         if self.warming and (self.warm is None or await self.warm()):
+            taken = [self._taken_at.pop(s, now) for s in self.warming]
+            log.info("%s: shards %s warm, acted on from now (%.1fs after the first was "
+                     "taken)", self.identity, ",".join(map(str, sorted(self.warming))),
+                     self.monotonic() - min(taken))
             self.warming.clear()
             changed = True
         if changed:
