@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -132,6 +132,30 @@ class ControllerStats:
     by_type: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
+async def all_or_first_error(calls: Sequence[Callable[[], Awaitable[None]]],
+                             limit: int) -> None:
+    """Run ``calls``, ``limit`` at a time. Once one raises a KubeError no more are
+    started, and that error is raised when the ones running have ended (not an
+    exception group: callers handle a KubeError as from one call)."""
+    slots = anyio.CapacityLimiter(limit)
+    failed: list[KubeError] = []
+
+    async def run(call: Callable[[], Awaitable[None]]) -> None:
+        async with slots:
+            if failed:
+                return
+            try:
+                await call()
+            except KubeError as e:
+                failed.append(e)
+
+    async with anyio.create_task_group() as tg:
+        for call in calls:
+            tg.start_soon(run, call)
+    if failed:
+        raise failed[0]
+
+
 class FleetController:
     """One controller instance (run it only while holding the leader Lease)."""
 
@@ -228,6 +252,7 @@ class FleetController:
         # More clusters than this to re-read at once: one list of everything instead,
         # its progress kept when a call is cut off.
         self.reread_bulk = 64
+        self.reread_concurrency = 8  # clusters re-read at once (below reread_bulk)
         self._bulk = BulkReread()
         self.reread_page_size = 500
         self.bulk_pages_read = 0
@@ -356,9 +381,8 @@ class FleetController:
                 # by looking at every object of the namespace).
                 await self._reread_all(frozenset(todo))
                 self._warmed.update(todo)
-            for key in todo if len(todo) <= self.reread_bulk else ():
-                await self._reread(key)
-                self._warmed.add(key)
+            else:
+                await self._reread_each(todo)
         except KubeError as e:
             log.warning("re-reading the objects of a taken shard's clusters: %s", e)
             return False
@@ -374,6 +398,19 @@ class FleetController:
                 self._rekeep_owners(key)
         self._warmed.clear()  # the shards warming now are acted on: the next take reads again
         return True
+
+    async def _reread_each(self, todo: list[ClusterKey]) -> None:
+        """:meth:`_reread` each cluster, ``reread_concurrency`` of them at a time (one
+        after the other a cluster took ~4 s on a loaded API server, about as long as a
+        look may last, so a taker of 14 clusters read 0-2 per look and acted on them
+        minutes later); each one done stays done. Raises the first KubeError."""
+        def reread(key: ClusterKey) -> Callable[[], Awaitable[None]]:
+            async def call() -> None:
+                await self._reread(key)
+                self._warmed.add(key)
+            return call
+
+        await all_or_first_error([reread(k) for k in todo], self.reread_concurrency)
 
     def _rereads(self) -> tuple[tuple[Resource, str | None], ...]:
         """What a taken cluster's warm-up reads, with each list's field selector: its
@@ -414,28 +451,35 @@ class FleetController:
 
     async def _reread(self, key: ClusterKey) -> None:
         """Read one cluster's NodePlans, and with claims its Machines and Cluster API
-        Secrets (now kept in full), again."""
+        Secrets (now kept in full), again: the lists at once."""
         ns, name = key
-        plans = self.view[NODE_PLANS]
-        for obj in (await self.mgmt.list(NODE_PLANS, ns, label_selector=(
-                f"{nodeplan.LABEL_CLUSTER}={nodeplan.label_value(name)}"))).items:
-            plans.observe(obj)
-        if self.claims is None:
-            return
         selector = f"{CAPI_CLUSTER_LABEL}={name}"
-        machines = self.view[MACHINES]
-        listed = (await self.mgmt.list(MACHINES, ns, label_selector=selector)).items
-        for obj in listed:
-            machines.observe(obj)
-        seen = {(ns, str((o.get("metadata") or {}).get("name") or "")) for o in listed}
-        for mkey in sorted(self.parts.machine_keys(key) - seen):  # named by spec only
-            found = await self.mgmt.get_or_none(MACHINES, mkey[1], mkey[0])
-            if found is not None:
-                machines.observe(found)
-        secrets = self.view[SECRETS]
-        for obj in (await self.mgmt.list(SECRETS, ns, label_selector=selector,
-                                         field_selector=SECRET_FIELD_SELECTOR)).items:
-            secrets.observe(obj)
+
+        async def plans() -> None:
+            cache = self.view[NODE_PLANS]
+            for obj in (await self.mgmt.list(NODE_PLANS, ns, label_selector=(
+                    f"{nodeplan.LABEL_CLUSTER}={nodeplan.label_value(name)}"))).items:
+                cache.observe(obj)
+
+        async def machines() -> None:
+            cache = self.view[MACHINES]
+            listed = (await self.mgmt.list(MACHINES, ns, label_selector=selector)).items
+            for obj in listed:
+                cache.observe(obj)
+            seen = {(ns, str((o.get("metadata") or {}).get("name") or "")) for o in listed}
+            for mkey in sorted(self.parts.machine_keys(key) - seen):  # named by spec only
+                found = await self.mgmt.get_or_none(MACHINES, mkey[1], mkey[0])
+                if found is not None:
+                    cache.observe(found)
+
+        async def secrets() -> None:
+            cache = self.view[SECRETS]
+            for obj in (await self.mgmt.list(SECRETS, ns, label_selector=selector,
+                                             field_selector=SECRET_FIELD_SELECTOR)).items:
+                cache.observe(obj)
+
+        await all_or_first_error([plans] if self.claims is None
+                                 else [plans, machines, secrets], 3)
 
     def _rekeep_owners(self, key: ClusterKey) -> None:
         """Keep one cluster's Cluster, K0sControlPlanes, MachineDeployments and MachineSets
