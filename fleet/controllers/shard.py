@@ -612,6 +612,8 @@ class ShardMembership:
                         pause = self.renew_every
                         if (expires := self.next_expiry()) is not None:
                             pause = min(pause, expires - self.monotonic() + 0.01)
+                        if self.warming:  # a warm-up cut off by the look's bound goes on
+                            pause = min(pause, 0.1)
                         await wake.wait(pause)
                 except LostMembershipError as e:
                     lost = e  # raised below, not wrapped in the task group's error group
