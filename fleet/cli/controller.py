@@ -27,6 +27,7 @@ from fleet.cli import common, memtrace
 from fleet.cli.probes import probes
 from fleet.config import FleetConfig
 from fleet.config_errors import ConfigError
+from fleet.controllers.gcpause import GcPauses
 from fleet.controllers.heap import fixed_mmap_threshold
 from fleet.controllers.leader import LeaderElector, LostLeadershipError
 from fleet.controllers.runner import FleetController, Trigger
@@ -273,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
     # large transient buffers (list bodies, /status) mapped and unmapped, not left in the
     # heap: the start-up's peak resident size (fleet.controllers.heap)
     fixed_mmap_threshold()
+    GcPauses().install()  # a long collection stops the event loop: logged (INFO)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
