@@ -27,7 +27,7 @@ from fleet.cli import common, memtrace
 from fleet.cli.probes import probes
 from fleet.config import FleetConfig
 from fleet.config_errors import ConfigError
-from fleet.controllers.gcpause import GcPauses
+from fleet.controllers.gcpause import GcPauses, freeze_survivors
 from fleet.controllers.heap import fixed_mmap_threshold
 from fleet.controllers.leader import LeaderElector, LostLeadershipError
 from fleet.controllers.runner import FleetController, Trigger
@@ -150,7 +150,8 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
                                      trigger=trigger, policy=exclusion,
                                      tracer=get_tracer("fleet.controller", provider),
                                      shard=membership, write_fence=fence,
-                                     claims=membership.claims if membership else None)
+                                     claims=membership.claims if membership else None,
+                                     after_first_pass=_freeze_startup)
         if membership is not None:
             membership.busy = controller.busy_clusters
             membership.warm = functools.partial(controller.warm_taken,
@@ -267,6 +268,13 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
     """The exceptions in ``group`` and the groups nested in it."""
     return [leaf for e in group.exceptions
             for leaf in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])]
+
+
+def _freeze_startup() -> None:
+    """What the start-up built is left out of later garbage collections (fleet.controllers
+    .gcpause): their pauses stop the one event loop."""
+    log.info("start-up over: %d objects left out of garbage collections from now",
+             freeze_survivors())
 
 
 def run(args: argparse.Namespace) -> int:

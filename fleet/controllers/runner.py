@@ -170,7 +170,8 @@ class FleetController:
                  wedged_after: float | None = None, settle_bound: float | None = None,
                  shard: Shard | None = None,
                  claims: Callable[[ClusterKey], bool] | None = None,
-                 write_fence: Callable[[], bool] | None = None) -> None:
+                 write_fence: Callable[[], bool] | None = None,
+                 after_first_pass: Callable[[], None] | None = None) -> None:
         """``unreachable_after`` / ``wedged_after`` (seconds) override the fleet config's
         ``clusters.unreachableAfter`` / ``status.wedgedAfter`` (tests use short ones);
         ``settle_bound``: how long a workload cluster's first answer is waited for before
@@ -180,7 +181,8 @@ class FleetController:
         re-read by :meth:`warm_taken` before acting on them); ``write_fence``: every write of
         this controller (management and workload clusters, Events) is sent only while it
         answers True (:meth:`fleet.kube.KubeClient.fenced`; each action's writes are marked
-        as its cluster's, :func:`fleet.fence.writes_for`)."""
+        as its cluster's, :func:`fleet.fence.writes_for`); ``after_first_pass``: called
+        once, when the first pass is about to run (the process's start-up is over)."""
         if write_fence is not None:
             mgmt = mgmt.fenced(write_fence)
         self.mgmt = mgmt
@@ -218,6 +220,7 @@ class FleetController:
         self.settle_bound = (settle_bound if settle_bound is not None
                              else self.registry.unreachable_after + 30)
         self._settled = False
+        self.after_first_pass = after_first_pass
         self._mine: set[ClusterKey] = set()  # the fleet's clusters this replica acts on
         self._acting_set: set[ClusterKey] = set()  # ... and has heard from (planned)
         self._wanted_since: dict[ClusterKey, float] = {}  # monotonic, when it became ours
@@ -691,6 +694,8 @@ class FleetController:
         else:
             log.info("every workload cluster answered; planning")
         self._settled = True
+        if self.after_first_pass is not None:
+            self.after_first_pass()
         # Past the first pass: what was waited for (or given up on) is planned from now on.
         self._wanted_since = dict.fromkeys(self._mine, -math.inf)
         self.parts.touch_all()

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from fleet.controllers.gcpause import GcPauses
+from fleet.controllers.gcpause import GcPauses, freeze_survivors
 from tests.helpers.clock import FakeClock
 
 
@@ -37,3 +37,12 @@ def test_it_hears_the_real_collector() -> None:
     finally:
         pauses.remove()
     assert pauses.collections[2] >= 1 and pauses not in gc.callbacks
+
+
+def test_what_lives_at_the_end_of_the_start_up_is_frozen() -> None:
+    kept = [{"node": i} for i in range(1000)]
+    try:
+        assert freeze_survivors() >= len(kept)
+    finally:
+        gc.unfreeze()
+    assert gc.get_freeze_count() == 0
