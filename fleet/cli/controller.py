@@ -151,7 +151,7 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
                                      tracer=get_tracer("fleet.controller", provider),
                                      shard=membership, write_fence=fence,
                                      claims=membership.claims if membership else None,
-                                     after_first_pass=_freeze_startup)
+                                     after_start_up=_freeze_startup)
         if membership is not None:
             membership.busy = controller.busy_clusters
             membership.warm = functools.partial(controller.warm_taken,
@@ -270,10 +270,11 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
             for leaf in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])]
 
 
-def _freeze_startup() -> None:
-    """What the start-up built is left out of later garbage collections (fleet.controllers
-    .gcpause): their pauses stop the one event loop."""
-    log.info("start-up over: %d objects left out of garbage collections from now",
+def _freeze_startup(stage: str) -> None:
+    """What the start-up built (caches when the first pass is about to run; that pass's
+    records once its writes are done) is left out of later garbage collections
+    (fleet.controllers.gcpause): their pauses stop the one event loop."""
+    log.info("start-up, %s: %d objects left out of garbage collections from now", stage,
              freeze_survivors())
 
 

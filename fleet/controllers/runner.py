@@ -100,6 +100,10 @@ class Trigger:
         self.first_poke: float | None = None  # monotonic time of the oldest unserved poke
         self.served: float | None = None  # ... of the poke the current pass serves
 
+    def pending(self) -> bool:
+        """Whether a poke waits to be served."""
+        return self._event.is_set()
+
     def poke(self) -> None:
         self.pokes += 1
         if not self._event.is_set():
@@ -171,7 +175,7 @@ class FleetController:
                  shard: Shard | None = None,
                  claims: Callable[[ClusterKey], bool] | None = None,
                  write_fence: Callable[[], bool] | None = None,
-                 after_first_pass: Callable[[], None] | None = None) -> None:
+                 after_start_up: Callable[[str], None] | None = None) -> None:
         """``unreachable_after`` / ``wedged_after`` (seconds) override the fleet config's
         ``clusters.unreachableAfter`` / ``status.wedgedAfter`` (tests use short ones);
         ``settle_bound``: how long a workload cluster's first answer is waited for before
@@ -181,8 +185,9 @@ class FleetController:
         re-read by :meth:`warm_taken` before acting on them); ``write_fence``: every write of
         this controller (management and workload clusters, Events) is sent only while it
         answers True (:meth:`fleet.kube.KubeClient.fenced`; each action's writes are marked
-        as its cluster's, :func:`fleet.fence.writes_for`); ``after_first_pass``: called
-        once, when the first pass is about to run (the process's start-up is over)."""
+        as its cluster's, :func:`fleet.fence.writes_for`); ``after_start_up``: called with
+        ``"first pass"`` when the first pass is about to run, and with ``"first quiet"``
+        once the work that pass started is done (nothing in flight, no change waiting)."""
         if write_fence is not None:
             mgmt = mgmt.fenced(write_fence)
         self.mgmt = mgmt
@@ -220,7 +225,8 @@ class FleetController:
         self.settle_bound = (settle_bound if settle_bound is not None
                              else self.registry.unreachable_after + 30)
         self._settled = False
-        self.after_first_pass = after_first_pass
+        self.after_start_up = after_start_up
+        self._quiet_seen = after_start_up is None
         self._mine: set[ClusterKey] = set()  # the fleet's clusters this replica acts on
         self._acting_set: set[ClusterKey] = set()  # ... and has heard from (planned)
         self._wanted_since: dict[ClusterKey, float] = {}  # monotonic, when it became ours
@@ -342,6 +348,11 @@ class FleetController:
                 if t is not None and (wake is None or t < wake):
                     wake = t
             timeout = None if wake is None else (wake - self.clock()).total_seconds()
+            if not self._quiet_seen and self._settled and self.settled() and \
+                    not self.trigger.pending():
+                self._quiet_seen = True
+                assert self.after_start_up is not None
+                self.after_start_up("first quiet")
 
     def busy_clusters(self) -> set[ClusterKey]:
         """Clusters with an action in flight (or queued); every cluster of the fleet when
@@ -694,8 +705,8 @@ class FleetController:
         else:
             log.info("every workload cluster answered; planning")
         self._settled = True
-        if self.after_first_pass is not None:
-            self.after_first_pass()
+        if self.after_start_up is not None:
+            self.after_start_up("first pass")
         # Past the first pass: what was waited for (or given up on) is planned from now on.
         self._wanted_since = dict.fromkeys(self._mine, -math.inf)
         self.parts.touch_all()

@@ -85,9 +85,19 @@ async def test_a_restarted_controller_writes_no_status_on_a_settled_fleet(
         return await all_up_to_date(mgmt, fcs) and \
             (fu.get("status") or {}).get("phase") == "Complete"
 
-    async with policy_controller(mgmt, cfg) as first:
+    stages: list[tuple[str, bool]] = []  # the start-up's marks (the CLI freezes the heap)
+    async with policy_controller(mgmt, cfg, after_start_up=lambda stage: stages.append(
+            (stage, bool(first._inflight)))) as first:
         await wait_for("the first controller's status written", settled, 120, 0.1)
         await wait_for("the first controller quiet", lambda: quiet(first), 60, 0.1)
+        async def marked() -> bool:
+            return len(stages) == 2
+
+        await wait_for("its start-up marked done", marked, 30, 0.1)
+    # the first pass had writes to send (status of a fresh fleet): "first quiet" came once
+    # they were all done
+    assert stages == [("first pass", False), ("first quiet", False)]
+    assert first.stats.actions > 0
     before = await versions(mgmt, wl1, namespace, fcs)
     assert len(before) > CLUSTERS * 6  # the objects are there to be compared
 
