@@ -100,10 +100,6 @@ class Trigger:
         self.first_poke: float | None = None  # monotonic time of the oldest unserved poke
         self.served: float | None = None  # ... of the poke the current pass serves
 
-    def pending(self) -> bool:
-        """Whether a poke waits to be served."""
-        return self._event.is_set()
-
     def poke(self) -> None:
         self.pokes += 1
         if not self._event.is_set():
@@ -348,8 +344,7 @@ class FleetController:
                 if t is not None and (wake is None or t < wake):
                     wake = t
             timeout = None if wake is None else (wake - self.clock()).total_seconds()
-            if not self._quiet_seen and self._settled and self.settled() and \
-                    not self.trigger.pending():
+            if not self._quiet_seen and self._settled and self.settled():
                 self._quiet_seen = True
                 assert self.after_start_up is not None
                 self.after_start_up("first quiet")
