@@ -109,8 +109,10 @@ def one_size(n: int, events: int) -> dict[str, Any]:
         status = writer.status(upgrade, intents, stand, _waves(decision), fleet_hold(decision))
         t2 = time.perf_counter()
         inc = planner.plan(parts, sim.now, hold=DecisionHold(decision))
-        return (time.perf_counter() - t0, t2 - t1, inc.fresh.actions, inc.result.actions,
-                decision, status)
+        t3 = time.perf_counter()
+        # The fleet's whole plan (put together when asked for; a pass does not): checked
+        # against the full pass, not timed.
+        return t3 - t0, t2 - t1, inc.fresh.actions, inc.result.actions, decision, status
 
     # Warm up: the first passes write every object's status; act on them until quiet.
     incremental_pass(None)

@@ -57,7 +57,7 @@ from fleet.planner.actions import (
     SignalNode,
     StartNodePlan,
 )
-from fleet.planner.incremental import IncrementalPlanner, Merger, merge
+from fleet.planner.incremental import IncrementalPlanner, IncrementalResult, Merger
 from fleet.signal import SignalState
 from fleet.snapshot import custom_kubeconfig_secrets, watched_namespaces
 from fleet.telemetry import get_tracer, link_from_traceparent
@@ -217,6 +217,7 @@ class FleetController:
         self.parts.attach(self.view.caches, self.registry)
         self.planner = IncrementalPlanner(self.settings)
         self.merger = Merger()  # the fleet's snapshot from the parts, re-merging what moved
+        self.acting_merger = Merger()  # the same of the clusters this replica acts on
         # The first pass waits for every workload cluster's first answer, at most this long.
         self.settle_bound = (settle_bound if settle_bound is not None
                              else self.registry.unreachable_after + 30)
@@ -530,7 +531,7 @@ class FleetController:
         while self._inflight:
             await anyio.sleep(0.005)
 
-    async def reconcile_once(self) -> PlanResult:
+    async def reconcile_once(self) -> IncrementalResult:
         """One observe -> decide -> act pass, over the clusters that moved.
 
         The snapshot is kept per cluster (:class:`~fleet.controllers.parts.FleetParts`):
@@ -551,7 +552,7 @@ class FleetController:
         t0 = time.perf_counter()
         if not await self.dispatcher.settle_unsure():
             self._retry_at = self.clock() + timedelta(seconds=self._backoff.next_delay())
-            return PlanResult()
+            return IncrementalResult.empty()
         self._retry_at = None
         now = self.clock()
         for target, until in list(self._cooldown.items()):
@@ -562,7 +563,7 @@ class FleetController:
         parts = self.parts
         acting = self._acting(now)
         if acting is None:
-            return PlanResult()
+            return IncrementalResult.empty()
         dirty = parts.take_dirty()
         infra = await self.infra.for_machines(parts.needing_infra(sorted(dirty & acting)))
         parts.rebuild(sorted(dirty), now, infra)
@@ -575,7 +576,7 @@ class FleetController:
         planned = parts.parts if acting.issuperset(parts.parts) else {
             k: v for k, v in parts.parts.items() if k in acting}
         snapshot = fleet if planned is parts.parts else dataclasses.replace(
-            merge(planned, now), upgrades=parts.upgrades)
+            self.acting_merger.merge(planned, now), upgrades=parts.upgrades)
         hold = await self.policy(fleet) if self.policy is not None else None
         stopped = self.config.rollout.emergency_stop or (
             self.policy is not None and self.policy.stopped)
@@ -583,7 +584,6 @@ class FleetController:
             self._stopped = stopped
             self.planner.forget()  # what the stop held back is decided (and done) again
         inc = self.planner.plan(planned, now, hold=hold)
-        result = inc.result
         if len(self._target_cluster) > 10_000:  # only in-flight or cooling targets are asked
             self._target_cluster = {t: c for t, c in self._target_cluster.items()
                                     if t in self._inflight or t in self._cooldown}
@@ -608,10 +608,10 @@ class FleetController:
                   self.stats.passes, len(dirty), len(inc.replanned), len(actions),
                   (time.perf_counter() - t0) * 1000)
         if self.policy is not None:
-            self.policy.on_pass(snapshot, result)
+            self.policy.on_pass(snapshot)
         if self.on_pass is not None:
-            self.on_pass(snapshot, result)
-        return result
+            self.on_pass(snapshot, inc.result)  # the fleet's whole plan: put together now
+        return inc
 
     def _acting(self, now: datetime) -> set[ClusterKey] | None:
         """The clusters this pass plans (None: no pass yet, first answers awaited).

@@ -20,7 +20,6 @@ from fleet.kube import KubeClient
 from fleet.kube.resources import EXTENSION_CONFIGS
 from fleet.kube.watch import Reflector, WatchEvent
 from fleet.model import ClusterKey, ObjectRef, Snapshot
-from fleet.planner.actions import PlanResult
 from fleet.planner.policy import FleetPolicy, Hold
 from fleet.planner.writer import EXTENSION_HOLD_REASON, ExtensionDrives
 
@@ -66,9 +65,9 @@ class ExtensionExclusion:
     def stopped(self) -> bool:
         return self.inner is not None and self.inner.stopped
 
-    def on_pass(self, snapshot: Snapshot, result: PlanResult) -> None:
+    def on_pass(self, snapshot: Snapshot) -> None:
         if self.inner is not None:
-            self.inner.on_pass(snapshot, result)
+            self.inner.on_pass(snapshot)
 
     @property
     def digest(self) -> Callable[[Snapshot, Mapping[str, str]], Snapshot] | None:

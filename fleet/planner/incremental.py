@@ -20,17 +20,19 @@ whole snapshot for random fleets and event sequences.
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import weakref
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from fleet.model import ClusterKey, ObjectRef, Snapshot
 from fleet.planner.actions import Action, Decision, PlanResult
 from fleet.planner.core import plan
-from fleet.planner.policy import Hold, VerdictHold
+from fleet.planner.policy import DiffableHold, Hold, VerdictHold
 from fleet.planner.settings import PlannerSettings
 
 T = TypeVar("T")
@@ -133,23 +135,89 @@ _MERGED = ("clusters", "deployments", "machine_sets", "control_planes", "machine
            "nodeplans", "nodes", "intents", "autopilot_plans")
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _Merged(Mapping[K, V]):
+    """One of :class:`Merger`'s merged mappings as a snapshot holds it: the merger's own
+    dict, read in place (a pass copies nothing). Before the merger changes its dicts
+    (the next merge), every view still referenced somewhere (a snapshot someone kept) is
+    given a copy, so a snapshot's mappings never change under its holder. Its ``keys``,
+    ``values`` and ``items`` are the dict's own views: iterate them in the pass."""
+
+    __slots__ = ("__weakref__", "_d")
+
+    def __init__(self, d: dict[K, V]) -> None:
+        self._d = d
+
+    def __getitem__(self, key: K) -> V:
+        return self._d[key]
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._d
+
+    def get(self, key: K, default: Any = None) -> Any:
+        return self._d.get(key, default)
+
+    def keys(self) -> KeysView[K]:
+        return self._d.keys()
+
+    def values(self) -> ValuesView[V]:
+        return self._d.values()
+
+    def items(self) -> ItemsView[K, V]:
+        return self._d.items()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _Merged):
+            other = other._d
+        return self._d == other if isinstance(other, dict) else Mapping.__eq__(self, other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"_Merged({self._d!r})"
+
+    def detach(self) -> None:
+        self._d = dict(self._d)
+
+
 class Merger:
     """:func:`merge`, remembering the last result: the parts that are the same objects as
-    last time are not merged again. The previous snapshot's mappings are copied (a C-level
-    copy, far cheaper than re-merging a thousand parts) and only the changed parts' entries
-    are taken out and put back. Equal to :func:`merge` as mappings (the order of their
-    entries may differ)."""
+    last time are not merged again. The merged mappings are kept here and changed in
+    place (only the changed parts' entries are taken out and put back); the snapshot
+    reads them through views (:class:`_Merged`) that get their own copy only if still
+    held when the next merge changes them. Equal to :func:`merge` as mappings (the order
+    of their entries may differ)."""
 
     def __init__(self) -> None:
         self._parts: dict[ClusterKey, Snapshot] = {}
         self._fields: dict[str, dict[object, object]] = {name: {} for name in _MERGED}
         self._foreign: set[ClusterKey] = set()
+        self._frozen_foreign: frozenset[ClusterKey] = frozenset()
+        self._views: list[weakref.ref[_Merged[object, object]]] = []
 
     def merge(self, parts: Mapping[ClusterKey, Snapshot], now: datetime) -> Snapshot:
         old = self._parts
         changed = [k for k, p in parts.items() if old.get(k) is not p]
-        gone = [k for k in old if k not in parts]
+        gone = [k for k in old if k not in parts] if len(old) + sum(
+            1 for k in changed if k not in old) != len(parts) else []
         fields, foreign = self._fields, self._foreign
+        if changed or gone:
+            for ref in self._views:  # a snapshot still held keeps what it had
+                view = ref()
+                if view is not None:
+                    view.detach()
+            self._views = []
+        else:  # nothing changes: the views handed out stay right (drop the dead ones)
+            self._views = [ref for ref in self._views if ref() is not None]
         if len(changed) + len(gone) > len(parts) // 2:  # most moved: start afresh
             for into in fields.values():
                 into.clear()
@@ -168,14 +236,19 @@ class Merger:
             foreign.update(part.foreign)
             for name, into in fields.items():
                 into.update(getattr(part, name))
-        self._parts = dict(parts)
-        upgrades: Mapping[tuple[str, str], object] = {}
-        for part in parts.values():  # as merge(): every part holds the fleet's upgrades
-            upgrades = part.upgrades
-        # The snapshot gets copies: the mappings kept here change with the next merge.
+        if changed or gone:
+            self._parts = dict(parts)
+            self._frozen_foreign = frozenset(foreign)
+        upgrades: Mapping[tuple[str, str], object] = (
+            self._parts[next(reversed(self._parts))].upgrades if self._parts else {})
+        views: dict[str, _Merged[object, object]] = {}
+        for name, into in fields.items():
+            view = _Merged(into)
+            self._views.append(weakref.ref(view))
+            views[name] = view
         return Snapshot(now=now, upgrades=upgrades,  # type: ignore[arg-type]
-                        foreign=frozenset(foreign), parts=self._parts,
-                        **{name: dict(into) for name, into in fields.items()})  # type: ignore[arg-type]
+                        foreign=self._frozen_foreign, parts=self._parts,
+                        **views)  # type: ignore[arg-type]
 
 
 @dataclass(slots=True)
@@ -186,16 +259,37 @@ class _Memo:
     verdict: object = None  # the VerdictHold's verdict the answers were last checked with
 
 
-@dataclass(frozen=True, slots=True)
 class IncrementalResult:
-    """``result``: the plan of the whole fleet (equal to a full pass);
+    """``result``: the plan of the whole fleet (equal to a full pass; put together from
+    every cluster's plan when first asked for: a pass itself needs only the fresh part);
     ``fresh``: the actions and decisions of the clusters planned in this pass
-    (``replanned``): the others' are what their last plan said, already acted on."""
+    (``replanned``): the others' are what their last plan said, already acted on;
+    ``wake_at``: the soonest wake-up time of any cluster's plan."""
 
-    result: PlanResult
-    fresh: PlanResult
-    replanned: frozenset[ClusterKey] = field(default_factory=frozenset)
-    fresh_by_cluster: Mapping[ClusterKey, PlanResult] = field(default_factory=dict)
+    __slots__ = ("_memos", "_result", "fresh", "fresh_by_cluster", "replanned", "wake_at")
+
+    def __init__(self, memos: Mapping[ClusterKey, _Memo], fresh: PlanResult, *,
+                 replanned: frozenset[ClusterKey] = frozenset(),
+                 fresh_by_cluster: Mapping[ClusterKey, PlanResult] | None = None,
+                 wake_at: datetime | None = None) -> None:
+        self._memos = memos  # a copy: the planner's own changes with the next pass
+        self._result: PlanResult | None = None
+        self.fresh = fresh
+        self.replanned = replanned
+        self.fresh_by_cluster: Mapping[ClusterKey, PlanResult] = fresh_by_cluster or {}
+        self.wake_at = wake_at
+
+    @classmethod
+    def empty(cls) -> IncrementalResult:
+        """A pass that planned nothing (nothing known yet, or it could not run)."""
+        return cls({}, PlanResult())
+
+    @property
+    def result(self) -> PlanResult:
+        if self._result is None:
+            memos = self._memos
+            self._result = _union(memos[k].result for k in sorted(memos))
+        return self._result
 
 
 def _no_hold(_cluster: ClusterKey, _owner: ObjectRef) -> str | None:
@@ -213,16 +307,27 @@ def _recording(hold: Hold, into: HoldAnswers) -> Hold:
 
 class IncrementalPlanner:
     """Per-cluster plans, memoised by (the cluster's snapshot part, the hold's answers
-    for it, its wake-up time)."""
+    for it, its wake-up time). A pass costs what moved: the clusters planned again, one
+    identity check per cluster, the verdicts the hold says may have moved
+    (:class:`~fleet.planner.policy.DiffableHold`), and the wake-up times that came (a
+    heap); the fleet's whole plan is put together only when asked for."""
 
     def __init__(self, settings: PlannerSettings) -> None:
         self.settings = settings
         self._memo: dict[ClusterKey, _Memo] = {}
+        # (wake_at, cluster) of every memo with a wake-up time; an entry whose memo was
+        # replaced since is dropped when it comes up.
+        self._wakes: list[tuple[datetime, ClusterKey]] = []
+        # The last pass's hold when it can tell what moved since (every memo's verdict
+        # was checked against it), else None: the next pass checks every memo.
+        self._hold: object | None = None
         self.replanned_total = 0  # clusters planned, over the planner's life (metrics)
 
     def forget(self) -> None:
         """Drop every memo: the next pass plans every cluster."""
         self._memo.clear()
+        self._wakes.clear()
+        self._hold = None
 
     def plan(self, parts: Mapping[ClusterKey, Snapshot], now: datetime, *,
              hold: Hold | None = None, dirty: Iterable[ClusterKey] = ()) -> IncrementalResult:
@@ -230,40 +335,77 @@ class IncrementalPlanner:
         part is a new object (identity: the caller rebuilds a part only when its objects
         changed), it is in ``dirty``, its wake-up time has come, or ``hold`` now answers
         differently for it; otherwise its last plan stands."""
-        force = set(dirty)
-        for gone in set(self._memo) - set(parts):
-            del self._memo[gone]
+        memos = self._memo
+        todo = {k for k in dirty if k in parts}
+        new = 0
+        for ckey, part in parts.items():
+            memo = memos.get(ckey)
+            if memo is None:
+                new += 1
+                todo.add(ckey)
+            elif memo.part is not part:
+                todo.add(ckey)
+        if len(memos) + new != len(parts):  # some left
+            for gone in [k for k in memos if k not in parts]:
+                del memos[gone]
+        todo.update(self._due(now))
         verdict = hold.verdict if isinstance(hold, VerdictHold) else None
-        replanned: list[ClusterKey] = []
-        for ckey in sorted(parts):
-            part = parts[ckey]
-            memo = self._memo.get(ckey)
-            if memo is not None and memo.part is part and ckey not in force \
-                    and not _due(memo.result, now):
-                # The hold's answers for it: the same when its verdict is (no need to ask).
-                now_verdict = verdict(ckey) if verdict is not None else None
-                if now_verdict is not None and memo.verdict == now_verdict:
-                    continue
-                if _same_holds(memo.holds, hold):
-                    memo.verdict = now_verdict
-                    continue
+        moved = hold.moved_since(self._hold) if isinstance(hold, DiffableHold) \
+            and self._hold is not None else None
+        # The others: planned again only if the hold now answers differently for them.
+        for ckey in (memos.keys() if moved is None else moved & memos.keys()):
+            if ckey in todo:
+                continue
+            memo = memos[ckey]
+            # The hold's answers for it: the same when its verdict is (no need to ask).
+            now_verdict = verdict(ckey) if verdict is not None else None
+            if now_verdict is not None and memo.verdict == now_verdict:
+                continue
+            if _same_holds(memo.holds, hold):
+                memo.verdict = now_verdict
+                continue
+            todo.add(ckey)
+        self._hold = hold if isinstance(hold, DiffableHold) else None
+        replanned = sorted(todo)
+        for ckey in replanned:
             answers: HoldAnswers = {}
+            part = parts[ckey]
             if part.now != now:
                 part = dataclasses.replace(part, now=now)
             result = plan(part, self.settings, hold=_recording(hold or _no_hold, answers))
-            self._memo[ckey] = _Memo(parts[ckey], result, answers,
-                                     verdict(ckey) if verdict is not None else None)
-            replanned.append(ckey)
+            memos[ckey] = _Memo(parts[ckey], result, answers,
+                                verdict(ckey) if verdict is not None else None)
+            if result.wake_at is not None:
+                heapq.heappush(self._wakes, (result.wake_at, ckey))
+        if len(self._wakes) > 2 * len(memos) + 64:  # many replaced: keep the live ones
+            self._wakes = [(m.result.wake_at, k) for k, m in memos.items()
+                           if m.result.wake_at is not None]
+            heapq.heapify(self._wakes)
         self.replanned_total += len(replanned)
-        fresh = {k: self._memo[k].result for k in replanned}
+        fresh = {k: memos[k].result for k in replanned}
         return IncrementalResult(
-            result=_union(self._memo[k].result for k in sorted(self._memo)),
-            fresh=_union(fresh.values()), replanned=frozenset(replanned),
-            fresh_by_cluster=fresh)
+            dict(memos), _union(fresh.values()), replanned=frozenset(replanned),
+            fresh_by_cluster=fresh, wake_at=self._next_wake())
 
+    def _live(self, entry: tuple[datetime, ClusterKey]) -> bool:
+        memo = self._memo.get(entry[1])
+        return memo is not None and memo.result.wake_at == entry[0]
 
-def _due(result: PlanResult, now: datetime) -> bool:
-    return result.wake_at is not None and result.wake_at <= now
+    def _due(self, now: datetime) -> list[ClusterKey]:
+        """The clusters whose wake-up time came (their entries taken off the heap)."""
+        due: list[ClusterKey] = []
+        wakes = self._wakes
+        while wakes and wakes[0][0] <= now:
+            entry = heapq.heappop(wakes)
+            if self._live(entry):
+                due.append(entry[1])
+        return due
+
+    def _next_wake(self) -> datetime | None:
+        wakes = self._wakes
+        while wakes and not self._live(wakes[0]):
+            heapq.heappop(wakes)
+        return wakes[0][0] if wakes else None
 
 
 def _same_holds(recorded: HoldAnswers, hold: Hold | None) -> bool:

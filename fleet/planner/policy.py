@@ -5,10 +5,10 @@ exclusion, which wraps it). Given to the controller when it is built."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from typing import Protocol, runtime_checkable
 
 from fleet.model import ClusterKey, ObjectRef, Snapshot
-from fleet.planner.actions import PlanResult
 
 # hold(cluster, owner): a reason to start no new node upgrade for that object now (waves,
 # windows, pauses, another path driving the cluster), or None.
@@ -27,6 +27,17 @@ class VerdictHold(Protocol):
     def verdict(self, cluster: ClusterKey) -> object: ...
 
 
+@runtime_checkable
+class DiffableHold(VerdictHold, Protocol):
+    """A verdict hold that can also name the clusters whose verdict may have moved since
+    an earlier hold: the incremental planner then looks at those only, not at every
+    cluster of the fleet on every pass."""
+
+    def moved_since(self, before: object) -> AbstractSet[ClusterKey] | None:
+        """The clusters whose verdict may differ from ``before``'s (None: any may)."""
+        ...
+
+
 class FleetPolicy(Protocol):
     """Consulted before and told after each planning pass."""
 
@@ -40,6 +51,6 @@ class FleetPolicy(Protocol):
         start or signal NodePlans already created (as for ``rollout.emergencyStop``)."""
         ...
 
-    def on_pass(self, snapshot: Snapshot, result: PlanResult) -> None:
-        """What the pass decided (metrics)."""
+    def on_pass(self, snapshot: Snapshot) -> None:
+        """What the pass decided on (metrics)."""
         ...

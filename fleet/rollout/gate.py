@@ -23,6 +23,7 @@ finish. The rules (docs/rollout-policy.md has the long form):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -190,6 +191,23 @@ class DecisionHold:
     def verdict(self, cluster: ClusterKey) -> object:
         d = self.decision
         return (d.clusters.get(cluster), d.held_objects)
+
+    def moved_since(self, before: object) -> AbstractSet[ClusterKey] | None:
+        """The clusters whose verdict may differ from ``before``'s: those whose gate is
+        another (the gate keeps a settled cluster's object from one decision to the next,
+        so this is mostly identity checks); None when the held objects moved (every
+        cluster's verdict holds them) or ``before`` is no decision hold."""
+        if not isinstance(before, DecisionHold):
+            return None
+        was, now = before.decision, self.decision
+        if was is now:
+            return frozenset()
+        if was.held_objects != now.held_objects:
+            return None
+        old, new = was.clusters, now.clusters
+        moved = {k for k, g in new.items() if (o := old.get(k)) is not g and o != g}
+        moved.update(old.keys() - new.keys())  # gone: no verdict now
+        return moved
 
 
 FOREIGN = "acted on by another controller replica"

@@ -28,7 +28,6 @@ from fleet.events import EventRecorder
 from fleet.fence import fleet_wide_writes
 from fleet.kube import KubeClient
 from fleet.model import Snapshot
-from fleet.planner.actions import PlanResult
 from fleet.planner.policy import Hold
 from fleet.rollout.coordinator import RolloutCoordinator
 from fleet.rollout.gate import DecisionHold, GateDecision
@@ -111,7 +110,7 @@ class RolloutPolicy:
         starts and signals of NodePlans already created, as for rollout.emergencyStop."""
         return self.decision is not None and self.decision.emergency_stop is not None
 
-    def on_pass(self, snapshot: Snapshot, result: PlanResult) -> None:
+    def on_pass(self, snapshot: Snapshot) -> None:
         if self.board is not None:
             self.board.observe_pass(snapshot)
 

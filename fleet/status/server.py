@@ -40,6 +40,7 @@ class StatusBoard:
         self._doc: dict[str, Any] | None = None
         self._body: bytes | None = None  # _doc as /status sends it
         self._gauges_from: dict[str, Any] | None = None
+        self._observed: dict[ClusterKey, Snapshot] = {}  # each cluster's part last observed
 
     def publish(self, decision: GateDecision, clusters: Sequence[ClusterProgress], *,
                 problems: dict[ClusterKey, str] | None = None) -> None:
@@ -47,7 +48,22 @@ class StatusBoard:
         self._doc = self._body = None
 
     def observe_pass(self, snapshot: Snapshot) -> None:
-        self.metrics.observe_nodeplans(snapshot.nodeplans.values())
+        """Count the NodePlans' transitions: of the clusters whose snapshot part is new
+        since the last pass (the same part object: none of its NodePlans moved), or of
+        every NodePlan when the snapshot is not kept in parts."""
+        parts = snapshot.parts
+        if parts is None:
+            self._observed = {}
+            self.metrics.observe_nodeplans(snapshot.nodeplans.values())
+            return
+        seen = self._observed
+        moved = [(k, part) for k, part in parts.items() if seen.get(k) is not part]
+        seen.update(moved)
+        if len(seen) > len(parts):
+            self._observed = {k: part for k, part in seen.items() if k in parts}
+        # One call (the first learns what exists: every part is new then).
+        self.metrics.observe_nodeplans(
+            p for _, part in moved for p in part.nodeplans.values())
 
     @property
     def status(self) -> dict[str, Any] | None:

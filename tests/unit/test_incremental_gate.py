@@ -30,7 +30,13 @@ from fleet.planner import PlannerSettings, plan
 from fleet.planner.incremental import merge, split
 from fleet.planner.simulate import SimFleet, add_cluster, bump
 from fleet.rollout.annotations import ANN_PAUSED
-from fleet.rollout.gate import FleetControls, FleetView, GateDecision, RolloutGate
+from fleet.rollout.gate import (
+    DecisionHold,
+    FleetControls,
+    FleetView,
+    GateDecision,
+    RolloutGate,
+)
 from fleet.rollout.progress import (
     ClusterProgress,
     NodeProgress,
@@ -161,6 +167,7 @@ def test_the_incremental_gate_decides_as_the_walk_over_the_whole_fleet(
     gate = RolloutGate(cfg)
     kept: dict[str, ClusterProgress] = {}
     state, controls, now, writer = RolloutState(), FleetControls(), T0, True
+    previous: DecisionHold | None = None
     for _ in range(data.draw(st.integers(1, 40))):
         for name in [k for k in kept if k not in clusters]:
             del kept[name]
@@ -171,6 +178,14 @@ def test_the_incremental_gate_decides_as_the_walk_over_the_whole_fleet(
         d = gate.evaluate(FleetView(view, controls, state, fleet_writer=writer), now)
         assert d == ReferenceGate(cfg).evaluate(
             FleetView(view, controls, state, fleet_writer=writer), now)
+        # As the planner's hold: what it names as moved covers every verdict that did.
+        hold = DecisionHold(d)
+        if previous is not None:
+            moved = hold.moved_since(previous)
+            keys = {c.key for c in view} | set(previous.decision.clusters)
+            changed = {k for k in keys if hold.verdict(k) != previous.verdict(k)}
+            assert moved is None or changed <= moved
+        previous = hold
         # What moves before the next evaluation.
         state = _record(d, state, rnd)
         for name in rnd.sample(sorted(clusters), rnd.randint(0, len(clusters))):

@@ -53,10 +53,11 @@ def assert_same(inc: PlanResult, full: PlanResult) -> None:
 class Controller:
     """What the controller does around the planner, on a simulated world."""
 
-    def __init__(self, sim: SimFleet, cfg: PlannerSettings, *, verdicts: bool = False) -> None:
+    def __init__(self, sim: SimFleet, cfg: PlannerSettings, *, verdicts: str = "") -> None:
         self.sim, self.cfg = sim, cfg
-        # The hold as a VerdictHold (as the rollout policy's is): the planner asks only the
-        # clusters whose verdict moved.
+        # The hold as a VerdictHold ("verdicts": the planner asks only the clusters whose
+        # verdict moved) or a DiffableHold ("diff", as the rollout policy's is: the hold
+        # names those clusters, the planner does not look at the others at all).
         self.verdicts = verdicts
         self.planner = IncrementalPlanner(cfg)
         self.parts: dict[ClusterKey, Snapshot] = {}
@@ -74,7 +75,9 @@ class Controller:
 
     @property
     def the_hold(self) -> Hold:
-        return _Verdicts(frozenset(self.held)) if self.verdicts else self.hold
+        held = frozenset(self.held)
+        return _DiffVerdicts(held) if self.verdicts == "diff" else _Verdicts(held) \
+            if self.verdicts else self.hold
 
     def refresh(self) -> None:
         fresh = split(self.sim.snapshot())
@@ -119,6 +122,18 @@ class _Verdicts:
         return (cluster in self.held, frozenset(h for h in self.held if isinstance(h, ObjectRef)))
 
 
+@dataclass(frozen=True)
+class _DiffVerdicts(_Verdicts):
+    """:class:`_Verdicts` that also names what moved since an earlier one."""
+
+    def moved_since(self, before: object) -> frozenset[ClusterKey] | None:
+        if not isinstance(before, _Verdicts):
+            return None
+        if {h for h in self.held ^ before.held if isinstance(h, ObjectRef)}:
+            return None  # an object's hold is in every cluster's verdict
+        return frozenset(self.held ^ before.held)  # type: ignore[arg-type]
+
+
 EVENTS = ["plan", "plan", "plan", "crash", "node", "node", "node", "fail", "ready", "time",
           "time", "retry", "delete", "bump", "hold", "hold"]
 
@@ -128,7 +143,8 @@ EVENTS = ["plan", "plan", "plan", "crash", "node", "node", "node", "fail", "read
 def test_incremental_equals_full_replan(fleet: tuple[SimFleet, PlannerSettings],
                                         data: st.DataObject) -> None:
     sim, cfg = fleet
-    ctl = Controller(sim, cfg, verdicts=data.draw(st.booleans(), label="verdicts"))
+    ctl = Controller(sim, cfg, verdicts=data.draw(st.sampled_from(["", "verdicts", "diff"]),
+                                                  label="verdicts"))
     for _ in range(data.draw(st.integers(10, 80), label="steps")):
         event = data.draw(st.sampled_from(EVENTS), label="event")
         if event == "plan":
@@ -313,3 +329,84 @@ def test_the_merger_equals_merge_while_parts_move_come_and_go() -> None:
         merged = merger.merge(parts, sim.now)
         assert merged == merge(parts, sim.now)
         assert merged.parts == parts
+
+
+def test_a_diffable_hold_names_the_clusters_looked_at() -> None:
+    """With a hold that names what moved (the rollout's), a pass asks the hold about those
+    clusters only, not about every cluster of the fleet; a cluster it names whose answer
+    did change is planned again."""
+    sim = SimFleet(now=T0)
+    keys = [add_cluster(sim, f"c{i}", control_planes=0, workers=2) for i in range(20)]
+    for k in keys:
+        bump(sim, k, V2, control_plane=False, workers=True)
+    cfg = PlannerSettings(default_deadline=timedelta(hours=1))
+    ctl = Controller(sim, cfg, verdicts="diff")
+    ctl.held = set(keys)
+    ctl.run_pass()
+    while ctl.run_pass().fresh.actions:  # first status writes
+        pass
+    asked: list[ClusterKey] = []
+
+    class Counting(_DiffVerdicts):
+        def verdict(self, cluster: ClusterKey) -> object:
+            asked.append(cluster)
+            return super().verdict(cluster)
+
+    ctl.held.discard(keys[7])
+    inc = ctl.planner.plan(ctl.parts, sim.now, hold=Counting(frozenset(ctl.held)))
+    assert inc.replanned == {keys[7]}
+    assert set(asked) == {keys[7]}, "only the cluster the hold named was asked about"
+    assert inc.fresh.actions
+    asked.clear()
+    inc = ctl.planner.plan(ctl.parts, sim.now, hold=Counting(frozenset(ctl.held)))
+    assert not inc.replanned and not asked
+
+
+def test_wake_up_times_come_from_the_clusters_plans() -> None:
+    """The pass's wake-up is the soonest of every cluster's plan (kept in a heap, not
+    found by walking the fleet; run_pass checks it against the full plan's), and when it
+    comes, the cluster it is of is planned again, not the other."""
+    sim = SimFleet(now=T0)
+    a = add_cluster(sim, "a", control_planes=0, workers=2, max_unavailable=1)
+    b = add_cluster(sim, "b", control_planes=0, workers=2, max_unavailable=1)
+    bump(sim, a, V2, control_plane=False, workers=True)
+    cfg = PlannerSettings(default_deadline=timedelta(seconds=30))
+    ctl = Controller(sim, cfg)
+    while ctl.run_pass().fresh.actions:  # a's first node: dispatched and signalled
+        pass
+    sim.advance(2)
+    bump(sim, b, V2, control_plane=False, workers=True)
+    ctl.touch(b)
+    while ctl.run_pass().fresh.actions:  # b's: two seconds later
+        pass
+    inc = ctl.run_pass()
+    own = {k: plan(p, cfg).wake_at for k, p in split(sim.snapshot()).items()}
+    assert own[a] is not None and own[b] is not None and own[a] < own[b]
+    assert inc.wake_at == own[a] and not inc.replanned
+    sim.now = own[a]
+    inc = ctl.run_pass()
+    assert inc.replanned == {a}
+    assert inc.wake_at is not None and inc.wake_at > own[a]
+
+
+def test_a_merged_snapshot_kept_does_not_change_with_the_next_merge() -> None:
+    """The merger's snapshot reads its own mappings in place (no copy per pass); one that
+    is still held when the next merge changes them keeps what it had."""
+    sim = SimFleet(now=T0)
+    keys = [add_cluster(sim, f"c{i}", control_planes=1, workers=2) for i in range(4)]
+    merger = Merger()
+    parts = split(sim.snapshot())
+    kept = merger.merge(parts, sim.now)
+    before = {name: dict(getattr(kept, name)) for name in ("machines", "nodes", "nodeplans")}
+    bump(sim, keys[2], V2)
+    sim.apply_all(plan(sim.snapshot(), PlannerSettings()).actions)  # a NodePlan created
+    fresh = split(sim.snapshot())
+    parts = {**parts, keys[2]: fresh[keys[2]]}
+    parts.pop(keys[0])
+    merged = merger.merge(parts, sim.now)
+    assert merged == merge(parts, sim.now)
+    assert merged.nodeplans and not before["nodeplans"]
+    for name, was in before.items():
+        assert dict(getattr(kept, name)) == was, name
+    again = merger.merge(parts, sim.now)  # nothing moved: the same mappings, still right
+    assert again == merged and again.nodeplans == merged.nodeplans

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 from datetime import timedelta
+from typing import Any
 
 import aiohttp
 import anyio
@@ -15,6 +16,9 @@ from rich.console import Console
 
 from fleet.model import NodePlanInfo, ObjectRef
 from fleet.nodeplan import NodePlanPhase
+from fleet.planner import PlannerSettings, plan
+from fleet.planner.incremental import Merger, split
+from fleet.planner.simulate import SimFleet, add_cluster, bump
 from fleet.rollout.gate import FleetControls
 from fleet.status.health import Health
 from fleet.status.metrics import FleetMetrics
@@ -187,3 +191,35 @@ def test_status_body_is_encoded_once_per_decision() -> None:
     again = board.status_body
     assert again is not body and again is not None
     assert len(json.loads(again)["waves"][1]["clusters"]) == 2
+
+
+def test_nodeplan_metrics_from_the_moved_parts_equal_those_from_every_nodeplan() -> None:
+    """The board counts NodePlan transitions from the snapshot parts that are new since
+    the last pass only (the same part object: none of its NodePlans moved); the counts
+    equal those of a board that looks at every NodePlan on every pass."""
+    sim = SimFleet(now=T0)
+    keys = [add_cluster(sim, f"c{i}", control_planes=1, workers=2) for i in range(4)]
+    by_part, whole = StatusBoard(), StatusBoard()
+    merger, cfg = Merger(), PlannerSettings(default_deadline=timedelta(hours=1))
+    parts = split(sim.snapshot())
+    for step in range(60):
+        if step == 2:
+            bump(sim, keys[1], "v1.31.3+k0s.0")
+        if step == 5:
+            bump(sim, keys[3], "v1.31.3+k0s.0")
+        fresh = split(sim.snapshot())
+        parts = {k: parts[k] if k in parts and parts[k] == p else p for k, p in fresh.items()}
+        snap = merger.merge(parts, sim.now)
+        by_part.observe_pass(snap)
+        whole.observe_pass(dataclasses.replace(snap, parts=None))
+        sim.apply_all(plan(sim.snapshot(), cfg).actions)
+        for active in sim.active_requests()[:1]:
+            sim.step_node(*active)
+        sim.advance(1)
+    def counts(board: StatusBoard) -> dict[Any, float]:
+        return {k: v for k, v in _samples(board.registry).items()
+                if not k[0].endswith("_created")}  # when the metric was made
+
+    counted = counts(by_part)
+    assert counted[("k0s_fleet_node_upgrades_completed_total", ())] == 6
+    assert counted == counts(whole)
