@@ -952,6 +952,8 @@ async def rollout(r: Run, fleet: list[FleetCluster]) -> dict[str, Any]:
     stop.set()
     latencies = await lat_task
     report = await sim.admin(session, "/kubesim/standin")
+    # The node side's record, for a closer look at single gaps afterwards.
+    (r.workdir / "standin.json").write_text(json.dumps(report))
     gaps: list[float] = []
     done_nodes = 0
     wl: Counter[str] = Counter()
