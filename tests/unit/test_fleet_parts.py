@@ -96,7 +96,7 @@ def test_a_new_fleet_upgrade_rebuilds_only_the_clusters_it_selects() -> None:
     cache = ObjectCache("FleetUpgrade")
     parts = parts_with(cache)
     settle(parts)
-    a, b, c = fleet_of(parts, "a", "b", "c")
+    _, b, _ = fleet_of(parts, "a", "b", "c")
     cache.observe(upgrade(1, name="b-only", selector={"matchLabels": {"ring": "b"}}))
     parts.refresh_upgrades()
     assert not parts.everything
