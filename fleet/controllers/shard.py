@@ -491,14 +491,16 @@ class ShardMembership:
                 continue
             if holder and self._holder_alive(holder, now):
                 continue  # the holder gives it back once it sees the new owner
+            # As the decision saw it: the holder's lease may be seen again during the take
+            # (a restarted holder renewing), which must not make the logged age negative.
+            age = now - self._seen[member_lease_name(self.group, holder)].at if holder \
+                else 0.0
             if await self._take(shard, lease):
                 if holder:
                     self.handoffs += 1
-                    seen = self._seen[member_lease_name(self.group, holder)]
                     log.warning("%s: took shard %d from %s (its member lease stopped "
                                 "moving: last seen %.2fs before this look began, expiry "
-                                "%.2fs)", self.identity, shard, holder, now - seen.at,
-                                self.expiry)
+                                "%.2fs)", self.identity, shard, holder, age, self.expiry)
                 else:
                     log.info("%s: took shard %d", self.identity, shard)
                 self.held.add(shard)
