@@ -565,6 +565,10 @@ class FleetController:
         if acting is None:
             return IncrementalResult.empty()
         dirty = parts.take_dirty()
+        if dirty and log.isEnabledFor(logging.DEBUG):
+            log.debug("pass %d starts: %s", self.stats.passes + 1,
+                      ", ".join(f"{ns}/{n}" for ns, n in sorted(dirty)[:5])
+                      + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else ""))
         infra = await self.infra.for_machines(parts.needing_infra(sorted(dirty & acting)))
         parts.rebuild(sorted(dirty), now, infra)
         # The fleet rollout looks at every cluster; with several replicas those another one
@@ -778,6 +782,7 @@ class FleetController:
                             not self.shard.acts_on(cluster):
                         return  # its shard is being given back (or lost): stop here
                     try:
+                        log.debug("performing %s on %s", type(a).__name__, "/".join(target))
                         await self.dispatcher.perform(a)
                     except Exception as e:  # KubeError, or a bug: never kill the loop
                         if not isinstance(e, KubeError):

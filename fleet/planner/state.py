@@ -215,14 +215,17 @@ class PassState:
                    for c in (ex.carried(node) for ex in EXECUTORS.values()))
 
     def _control_plane_busy(self, namespace: str, cluster: str, *,
-                            exclude: NodePlanInfo | None = None) -> bool:
+                            exclude: NodePlanInfo | None = None,
+                            recording: bool = True) -> bool:
+        """A control plane's NodePlan is in flight (or, with ``recording``, its
+        completion is being recorded: its node is done)."""
         for p in self.plans_by_cluster.get((namespace, cluster), ()):
             if p is exclude:
                 continue
             if p.role != ROLE_CONTROLLER:
                 continue
             view = self.views.get((p.ref.namespace, p.ref.name))
-            if view is not None and (view.in_flight or view.recording):
+            if view is not None and (view.in_flight or (recording and view.recording)):
                 return True
             if view is None and not p.terminal and not p.deleting:
                 return True

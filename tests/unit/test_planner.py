@@ -761,3 +761,37 @@ def test_a_control_plane_completion_counts_while_its_machine_write_lands() -> No
     [status] = of(actions, SetRolloutStatus)
     assert status.counts.as_status()["summary"] == "1/1"
     assert status.conditions[0].status == "True"  # K0sFleetUpToDate
+
+
+@pytest.mark.parametrize("landed", ["machine", "nodeplan"])
+def test_workers_start_once_the_last_control_plane_is_done_whichever_write_lands_first(
+        landed: str) -> None:
+    """The last control plane's completion is two writes (its NodePlan's status, its
+    Machine's version) that land at different moments. The node is done (it runs the
+    target and is Ready): the pass that finds it so lets the workers start, and so does a
+    pass that sees only one of the writes. They waited for both to be seen, one more
+    round trip or two (the longest completion -> next request gaps at 1000 clusters,
+    bench/README.md)."""
+    sim, ck = fleet(control_planes=1, workers=2)
+    bump(sim, ck, V2)
+    key = ("default", nodeplan_name("c1-cp-0", V2))
+    for _ in range(20):
+        actions = plan(sim.snapshot(), SETTINGS).actions
+        if of(actions, UpdateNodePlanStatus) and any(
+                a.phase == NodePlanPhase.COMPLETED for a in of(actions, UpdateNodePlanStatus)):
+            break
+        sim.apply_all(actions)
+        for ckey, node in sim.active_requests():
+            sim.finish_node(ckey, node)
+        sim.advance(1)
+    else:
+        raise AssertionError("the control plane never completed")
+    assert [a.machine.name for a in of(actions, PatchMachineVersion)] == ["c1-cp-0"]
+    assert [a.machine.name for a in of(actions, CreateNodePlan)] == ["c1-md-0", "c1-md-1"]
+    # One of the completion's writes has landed, the other is still on its way.
+    sim.apply_all([a for a in actions if isinstance(
+        a, PatchMachineVersion if landed == "machine" else UpdateNodePlanStatus)])
+    assert (sim.nodeplans[key].phase == NodePlanPhase.COMPLETED) == (landed == "nodeplan")
+    assert (sim.machines[("default", "c1-cp-0")].version == V2) == (landed == "machine")
+    actions = plan(sim.snapshot(), SETTINGS).actions
+    assert [a.machine.name for a in of(actions, CreateNodePlan)] == ["c1-md-0", "c1-md-1"]

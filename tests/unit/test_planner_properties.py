@@ -6,7 +6,8 @@ prefix of its actions) an independent oracle checks, from the physical state alo
 * no MachineDeployment is pushed above maxUnavailable by a dispatch;
 * never two control planes of a cluster are being upgraded at once, and a control plane
   is dispatched only while every other control-plane node is Ready;
-* no worker is dispatched while a control plane of its cluster is out of date or moving;
+* no worker is dispatched while a control plane of its cluster is out of date (neither
+  recorded on its Machine nor run by its Ready node) or moving;
 * a node's live request is never overwritten by another NodePlan's;
 * a request that takes a node down (its node was available before the signal) never
   leaves its MachineDeployment with more than maxUnavailable nodes physically down, nor
@@ -116,9 +117,15 @@ def check_pass(sim: SimFleet, before: SimFleet, actions: list[Action]) -> None:
         if w_creates:
             bcps = [m for m in before.machines.values()
                     if (m.ref.namespace, m.cluster) == ckey and m.role == ROLE_CONTROLLER]
+            bnodes = before.nodes.get(ckey) or {}
             for m in bcps:
                 target = kcp_target.get(m.owner)  # type: ignore[arg-type]
-                assert same_version(m.version, target), f"worker before control plane {m}"
+                # On the target: recorded on its Machine, or its node runs it and is Ready
+                # (a completion whose Machine write has not landed yet).
+                n = bnodes.get(m.node_name)
+                done = n is not None and n.ready and same_version(n.running_version, target)
+                assert same_version(m.version, target) or done, \
+                    f"worker before control plane {m}"
                 assert not taken(before, m, target), f"worker while {m} moves"
 
 
