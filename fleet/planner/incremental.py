@@ -365,18 +365,28 @@ class IncrementalPlanner:
                 memo.verdict = now_verdict
                 continue
             todo.add(ckey)
-        self._hold = hold if isinstance(hold, DiffableHold) else None
+        # Until every cluster to plan is planned, no memo is known to match this hold: a
+        # pass that fails half-way (an unreadable object) leaves the next one checking all.
+        self._hold = None
         replanned = sorted(todo)
-        for ckey in replanned:
-            answers: HoldAnswers = {}
-            part = parts[ckey]
-            if part.now != now:
-                part = dataclasses.replace(part, now=now)
-            result = plan(part, self.settings, hold=_recording(hold or _no_hold, answers))
-            memos[ckey] = _Memo(parts[ckey], result, answers,
-                                verdict(ckey) if verdict is not None else None)
-            if result.wake_at is not None:
-                heapq.heappush(self._wakes, (result.wake_at, ckey))
+        done = 0
+        try:
+            for ckey in replanned:
+                answers: HoldAnswers = {}
+                part = parts[ckey]
+                if part.now != now:
+                    part = dataclasses.replace(part, now=now)
+                result = plan(part, self.settings, hold=_recording(hold or _no_hold, answers))
+                memos[ckey] = _Memo(parts[ckey], result, answers,
+                                    verdict(ckey) if verdict is not None else None)
+                if result.wake_at is not None:
+                    heapq.heappush(self._wakes, (result.wake_at, ckey))
+                done += 1
+        except BaseException:
+            for ckey in replanned[done:]:  # not planned: planned afresh next pass
+                memos.pop(ckey, None)
+            raise
+        self._hold = hold if isinstance(hold, DiffableHold) else None
         if len(self._wakes) > 2 * len(memos) + 64:  # many replaced: keep the live ones
             self._wakes = [(m.result.wake_at, k) for k, m in memos.items()
                            if m.result.wake_at is not None]

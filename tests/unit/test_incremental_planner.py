@@ -14,8 +14,10 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 from datetime import timedelta
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -410,3 +412,37 @@ def test_a_merged_snapshot_kept_does_not_change_with_the_next_merge() -> None:
         assert dict(getattr(kept, name)) == was, name
     again = merger.merge(parts, sim.now)  # nothing moved: the same mappings, still right
     assert again == merged and again.nodeplans == merged.nodeplans
+
+
+def test_a_pass_that_fails_half_way_plans_the_rest_next_time(monkeypatch: Any) -> None:
+    """An unreadable object makes planning one cluster raise: the clusters that were not
+    planned in that pass are planned in the next one (their hold moved, their wake-up
+    came), not taken for settled."""
+    sim = SimFleet(now=T0)
+    keys = [add_cluster(sim, f"c{i}", control_planes=0, workers=2) for i in range(3)]
+    for k in keys:
+        bump(sim, k, V2, control_plane=False, workers=True)
+    cfg = PlannerSettings(default_deadline=timedelta(hours=1))
+    ctl = Controller(sim, cfg, verdicts="diff")
+    ctl.held = set(keys)
+    ctl.run_pass()
+    while ctl.run_pass().fresh.actions:
+        pass
+    import fleet.planner.incremental as incremental
+    real = incremental.plan
+    calls: list[object] = []
+
+    def failing(part: Snapshot, *args: Any, **kw: Any) -> PlanResult:
+        calls.append(part)
+        if len(calls) == 2:
+            raise ValueError("unreadable object")
+        return real(part, *args, **kw)
+
+    monkeypatch.setattr(incremental, "plan", failing)
+    ctl.held.clear()  # every cluster admitted at once
+    with pytest.raises(ValueError):
+        ctl.planner.plan(ctl.parts, sim.now, hold=_DiffVerdicts(frozenset()))
+    monkeypatch.setattr(incremental, "plan", real)
+    inc = ctl.planner.plan(ctl.parts, sim.now, hold=_DiffVerdicts(frozenset()))
+    assert inc.replanned == set(keys[1:]), "the failed cluster and the one after it"
+    assert_same(inc.result, plan(sim.snapshot(), cfg))
