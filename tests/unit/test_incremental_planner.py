@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from fleet.controllers.dispatcher import action_target
 from fleet.model import ANN_RETRY, KIND_MD, ClusterKey, ObjectRef, Snapshot
-from fleet.planner import PlannerSettings, PlanResult, plan
+from fleet.planner import PlannerSettings, PlanResult, incremental, plan
 from fleet.planner.actions import Action, ClearSignal, UncordonNode
 from fleet.planner.incremental import (
     IncrementalPlanner,
@@ -428,7 +428,6 @@ def test_a_pass_that_fails_half_way_plans_the_rest_next_time(monkeypatch: Any) -
     ctl.run_pass()
     while ctl.run_pass().fresh.actions:
         pass
-    import fleet.planner.incremental as incremental
     real = incremental.plan
     calls: list[object] = []
 
