@@ -4,8 +4,9 @@ Rules (docs/controller.md has the long form):
 
 * Control planes of a cluster: one node at a time, only while every control-plane node is
   Ready and none is in flight or failed-not-cleared, oldest Machine first.
-* Workers of a cluster wait until every control-plane Machine runs its KCP's target and
-  none is in flight, and never go to a version newer than the oldest control plane.
+* Workers of a cluster wait until every control-plane Machine runs its KCP's target (its
+  version recorded, or its node found Completed on it) and none is in flight, and never go
+  to a version newer than the oldest control plane.
 * Workers of a MachineDeployment: at most ``maxUnavailable`` unavailable, where
   unavailable = Machines with an in-flight NodePlan + nodes NotReady / unschedulable /
   missing + Failed NodePlans for the target not yet cleared + missing replicas.
