@@ -145,8 +145,8 @@ async def test_sigkill_one_of_three_sharded_replicas_mid_rollout(
                 stdout=subprocess.DEVNULL, stderr=log, cwd=str(REPO_ROOT),
                 env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
 
-    def logs() -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text()[-2500:]}"
+    def logs(tail: int = 2500) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-tail:]}"
                          for p in sorted(tmp_path.glob("ctl-*.log")))
 
     victim = ""
@@ -214,6 +214,8 @@ async def test_sigkill_one_of_three_sharded_replicas_mid_rollout(
               "max_clusters_upgrading": fleet.max_seen}
     print(f"\n[shard failover] {report}")
     violations = [v for w in watchers for v in w.violations] + fleet.violations
+    if violations:  # the whole story, shown with the failure (the assertion's is cut short)
+        print("\n".join(violations), logs(200_000))
     assert violations == [], (violations[:5], logs())
     # Zero double dispatch: one request per node, one NodePlan per machine, ever.
     for w in watchers:
