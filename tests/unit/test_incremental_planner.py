@@ -333,12 +333,10 @@ def test_the_merger_equals_merge_while_parts_move_come_and_go() -> None:
         assert merged.parts == parts
 
 
-def test_a_diffable_hold_names_the_clusters_looked_at() -> None:
-    """With a hold that names what moved (the rollout's), a pass asks the hold about those
-    clusters only, not about every cluster of the fleet; a cluster it names whose answer
-    did change is planned again."""
+def _held_fleet(n: int) -> tuple[SimFleet, PlannerSettings, Controller, list[ClusterKey]]:
+    """``n`` clusters bumped and all held by a diffable hold, their first writes done."""
     sim = SimFleet(now=T0)
-    keys = [add_cluster(sim, f"c{i}", control_planes=0, workers=2) for i in range(20)]
+    keys = [add_cluster(sim, f"c{i}", control_planes=0, workers=2) for i in range(n)]
     for k in keys:
         bump(sim, k, V2, control_plane=False, workers=True)
     cfg = PlannerSettings(default_deadline=timedelta(hours=1))
@@ -347,6 +345,14 @@ def test_a_diffable_hold_names_the_clusters_looked_at() -> None:
     ctl.run_pass()
     while ctl.run_pass().fresh.actions:  # first status writes
         pass
+    return sim, cfg, ctl, keys
+
+
+def test_a_diffable_hold_names_the_clusters_looked_at() -> None:
+    """With a hold that names what moved (the rollout's), a pass asks the hold about those
+    clusters only, not about every cluster of the fleet; a cluster it names whose answer
+    did change is planned again."""
+    sim, _, ctl, keys = _held_fleet(20)
     asked: list[ClusterKey] = []
 
     class Counting(_DiffVerdicts):
@@ -418,16 +424,7 @@ def test_a_pass_that_fails_half_way_plans_the_rest_next_time(monkeypatch: Any) -
     """An unreadable object makes planning one cluster raise: the clusters that were not
     planned in that pass are planned in the next one (their hold moved, their wake-up
     came), not taken for settled."""
-    sim = SimFleet(now=T0)
-    keys = [add_cluster(sim, f"c{i}", control_planes=0, workers=2) for i in range(3)]
-    for k in keys:
-        bump(sim, k, V2, control_plane=False, workers=True)
-    cfg = PlannerSettings(default_deadline=timedelta(hours=1))
-    ctl = Controller(sim, cfg, verdicts="diff")
-    ctl.held = set(keys)
-    ctl.run_pass()
-    while ctl.run_pass().fresh.actions:
-        pass
+    sim, cfg, ctl, keys = _held_fleet(3)
     real = incremental.plan
     calls: list[object] = []
 
