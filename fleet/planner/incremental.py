@@ -350,8 +350,10 @@ class IncrementalPlanner:
                 del memos[gone]
         todo.update(self._due(now))
         verdict = hold.verdict if isinstance(hold, VerdictHold) else None
-        moved = hold.moved_since(self._hold) if isinstance(hold, DiffableHold) \
-            and self._hold is not None else None
+        # (a runtime Protocol check walks the protocol's members: asked once per pass)
+        diff = hold if isinstance(hold, DiffableHold) else None
+        moved = diff.moved_since(self._hold) if diff is not None and self._hold is not None \
+            else None
         # The others: planned again only if the hold now answers differently for them.
         for ckey in (memos.keys() if moved is None else moved & memos.keys()):
             if ckey in todo:
@@ -386,7 +388,7 @@ class IncrementalPlanner:
             for ckey in replanned[done:]:  # not planned: planned afresh next pass
                 memos.pop(ckey, None)
             raise
-        self._hold = hold if isinstance(hold, DiffableHold) else None
+        self._hold = diff
         if len(self._wakes) > 2 * len(memos) + 64:  # many replaced: keep the live ones
             self._wakes = [(m.result.wake_at, k) for k, m in memos.items()
                            if m.result.wake_at is not None]
