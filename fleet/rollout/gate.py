@@ -311,6 +311,12 @@ class _WaveIndex:
 
 
 def _phase(f: _Facts, c: ClusterProgress, admitted: str | None) -> ClusterPhase:
+    if c.foreign and admitted is not None and admitted != f.fingerprint and not f.failed:
+        # Another replica admitted it for targets this one does not see (yet): one of the
+        # two is behind (the FleetUpgrades' watch and the record's are separate streams).
+        # It holds its slot until its own replica drops the admission (complete, or
+        # its targets changed) or this one catches up: never taken for free on a stale view.
+        return ClusterPhase.UPGRADING
     if f.complete:
         return ClusterPhase.COMPLETE
     if f.failed:
@@ -564,19 +570,21 @@ class RolloutGate:
         reasons = self._reasons
         gates = self._gates
         wakeups: list[datetime] = []
-        # The record's admissions of clusters in view, less those for targets that are no
-        # longer wanted and those of this replica's complete clusters. Another replica's
-        # complete cluster keeps its admission until its own replica drops it (a complete
-        # cluster holds no slot, admitted or not): when every replica dropped it, each
-        # completion made all of them rewrite the record at once, one write landing and
-        # the others conflicting (409), withdrawing whatever they had admitted with it.
+        # The record's admissions of clusters in view, less those of this replica's own
+        # clusters that are complete or for targets no longer wanted. Another replica's
+        # cluster keeps its admission until its own replica drops it: when every replica
+        # dropped a complete one, each completion made all of them rewrite the record at
+        # once, one write landing and the others conflicting (409), withdrawing whatever
+        # they had admitted with it; and one whose targets this replica sees otherwise
+        # was admitted by a replica that is ahead of it or behind it (a complete cluster,
+        # matching, holds no slot; a mismatched one does: _phase).
         admitted: dict[str, str] = {}
         for cid, fp in state.admitted.items():
             key = self._by_cid.get(cid)
             if key is not None:
                 m = members[key]
-                if m.facts.fingerprint == fp and (m.phase is not ClusterPhase.COMPLETE
-                                                  or m.progress.foreign):
+                if m.progress.foreign or (m.facts.fingerprint == fp
+                                          and m.phase is not ClusterPhase.COMPLETE):
                     admitted[cid] = fp
         records = dict(state.waves)
         statuses: list[WaveStatus] = []

@@ -183,7 +183,11 @@ class ReferenceGate:
             for c in cs:
                 f = self.facts(c)
                 cid, cfp = _cluster_id(c.key), f.fingerprint
-                if f.complete:
+                if c.foreign and cid in admitted and admitted[cid] != cfp and not f.failed:
+                    # admitted by its replica for targets this one does not see: its slot
+                    phases[c.key] = ClusterPhase.UPGRADING
+                    active.append(c)
+                elif f.complete:
                     phases[c.key] = ClusterPhase.COMPLETE
                     if not c.foreign:  # another replica's: dropped by that replica
                         admitted.pop(cid, None)
@@ -197,7 +201,7 @@ class ReferenceGate:
                     queued.append(c)
                 else:
                     phases[c.key] = ClusterPhase.WAITING
-                if cid in admitted and admitted[cid] != cfp:
+                if cid in admitted and admitted[cid] != cfp and not c.foreign:
                     del admitted[cid]  # admitted for targets that are no longer wanted
 
             # The slots go to the clusters admitted in the record first; a cluster that is

@@ -21,10 +21,10 @@ from fleet.planner import PlannerSettings, plan
 from fleet.planner.actions import ClearSignal, UncordonNode
 from fleet.planner.simulate import SimFleet, add_cluster, bump
 from fleet.rollout.gate import FOREIGN, ClusterPhase, FleetView, RolloutGate, WavePhase
-from fleet.rollout.progress import ClusterProgress, clusters_from_snapshot
+from fleet.rollout.progress import ClusterProgress, NodeState, clusters_from_snapshot
 from fleet.rollout.state import RolloutState
 from fleet.snapshot import restrict
-from tests.helpers.gate import CANARY, PROD, T0, cluster, config, waves_config
+from tests.helpers.gate import CANARY, OLD, PROD, T0, cluster, config, waves_config
 
 MEMBERS = ["ctl-a", "ctl-b", "ctl-c"]
 V2 = "v1.31.3+k0s.0"
@@ -227,3 +227,56 @@ def test_a_shard_leaves_other_clusters_requests_alone_on_a_shared_node_list() ->
     # Without the ids of the plans left out, the same request would be taken for an orphan.
     blind = dataclasses.replace(seen, other_nodeplans=frozenset())
     assert [x for x in plan(blind, PlannerSettings()).actions if isinstance(x, ClearSignal)]
+
+
+def _behind(c: ClusterProgress) -> ClusterProgress:
+    """``c`` as a replica sees it before the FleetUpgrade that gave it its target reached
+    that replica: its objects still aim at the version every node runs."""
+    objects = tuple(dataclasses.replace(o, target=OLD, started=False, nodes=tuple(
+        dataclasses.replace(n, state=NodeState.UP_TO_DATE, version=OLD) for n in o.nodes))
+        for o in c.objects)
+    return dataclasses.replace(c, objects=objects)
+
+
+def test_an_admission_for_targets_this_replica_has_not_seen_yet_holds_its_slot() -> None:
+    """Replica a saw c0's new target and admitted it; replica b's watch of FleetUpgrades
+    has not delivered it yet (the rollout record's watch is another stream), so to b c0
+    is at its old target, complete, and a's admission is for targets b does not know.
+    b must count c0 against the limit and keep a's admission in the record it writes.
+    Before, b took c0 for complete, admitted its own c1 over the limit, and dropped c0's
+    admission from the record (a fresh-clone CI saw 3 clusters upgrading at once with a
+    limit of 2 in tests/integration/test_shard_failover.py)."""
+    cfg = config(maxConcurrentClusters=1)
+    da = RolloutGate(cfg).evaluate(FleetView([cluster("c0"), _foreign(cluster("c1"))]), T0)
+    assert da.admitted_now == {("fleet", "c0")}
+    b = RolloutGate(cfg)
+    db = b.evaluate(FleetView([_foreign(_behind(cluster("c0"))), cluster("c1")],
+                              state=da.state, fleet_writer=False), T0)
+    assert db.admitted_now == frozenset() and db.allowed_clusters == frozenset()
+    assert db.clusters[("fleet", "c0")].phase is ClusterPhase.UPGRADING
+    assert db.state.admitted == da.state.admitted
+    # Caught up: the same; and once c0's own replica dropped it (complete), c1 goes.
+    db = b.evaluate(FleetView([_foreign(cluster("c0", "gw")), cluster("c1")],
+                              state=da.state, fleet_writer=False), T0)
+    assert db.allowed_clusters == frozenset()
+    done = RolloutGate(cfg).evaluate(FleetView([cluster("c0", "uu"), _foreign(cluster("c1"))],
+                                               state=da.state), T0)
+    assert "fleet/c0" not in done.state.admitted
+    db = b.evaluate(FleetView([_foreign(cluster("c0", "uu")), cluster("c1")],
+                              state=done.state, fleet_writer=False), T0)
+    assert db.admitted_now == {("fleet", "c1")}
+
+
+def test_its_own_replica_drops_an_admission_for_targets_no_longer_wanted() -> None:
+    """The owner of c0 admitted it for a target since replaced: it drops that admission
+    (and may admit c0 again for the new one); another replica keeps it meanwhile."""
+    cfg = config(maxConcurrentClusters=1)
+    first = RolloutGate(cfg).evaluate(FleetView([cluster("c0"), _foreign(cluster("c1"))]), T0)
+    moved = dataclasses.replace(cluster("c0"), objects=tuple(
+        dataclasses.replace(o, target="v1.32.0+k0s.0") for o in cluster("c0").objects))
+    again = RolloutGate(cfg).evaluate(FleetView([moved, _foreign(cluster("c1"))],
+                                                state=first.state), T0)
+    assert again.state.admitted["fleet/c0"] != first.state.admitted["fleet/c0"]
+    other = RolloutGate(cfg).evaluate(FleetView([_foreign(moved), cluster("c1")],
+                                                state=first.state, fleet_writer=False), T0)
+    assert other.state.admitted == first.state.admitted and not other.allowed_clusters
