@@ -36,7 +36,7 @@ from fleet.controllers.parts import FleetParts
 from fleet.events import EventRecorder
 from fleet.fence import writes_for
 from fleet.kept import CAPI_CLUSTER_LABEL
-from fleet.kube import GoneError, KubeClient, KubeError, KubeObject
+from fleet.kube import GoneError, KubeClient, KubeError
 from fleet.kube.backoff import Backoff
 from fleet.kube.resources import (
     CLUSTERS,
@@ -263,8 +263,7 @@ class FleetController:
         # More clusters than this to re-read at once: one list of everything instead,
         # its progress kept when a call is cut off.
         self.reread_bulk = 64
-        self.reread_group = 40  # clusters of a namespace read again by one list each
-        self.reread_concurrency = 4  # groups re-read at once (below reread_bulk)
+        self.reread_concurrency = 8  # clusters re-read at once (below reread_bulk)
         self._bulk = BulkReread()
         self.reread_page_size = 500
         self.bulk_pages_read = 0
@@ -419,29 +418,17 @@ class FleetController:
         return True
 
     async def _reread_each(self, todo: list[ClusterKey]) -> None:
-        """:meth:`_reread` the clusters ``todo`` in groups of ``reread_group`` of one
-        namespace, ``reread_concurrency`` groups at a time; each group done stays done.
-        Raises the first KubeError.
-
-        A group, not a cluster, per list: the API server answers a label-selected list by
-        looking at every object of the namespace, and a NodePlan list (a consistent read)
-        waits up to 3 s for its watch cache to catch up before it reads them all from etcd
-        instead. On a loaded 10 x 300 world that took 3.3-4.7 s per cluster, and 30 s
-        (the client's timeout, over and over) with 18 taken clusters listed at once."""
-        groups: list[list[ClusterKey]] = []
-        for key in todo:
-            if groups and groups[-1][0][0] == key[0] and len(groups[-1]) < self.reread_group:
-                groups[-1].append(key)
-            else:
-                groups.append([key])
-
-        def reread(group: list[ClusterKey]) -> Callable[[], Awaitable[None]]:
+        """:meth:`_reread` each cluster, ``reread_concurrency`` of them at a time (one
+        after the other a cluster took ~4 s on a loaded API server, about as long as a
+        look may last, so a taker of 14 clusters read 0-2 per look and acted on them
+        minutes later); each one done stays done. Raises the first KubeError."""
+        def reread(key: ClusterKey) -> Callable[[], Awaitable[None]]:
             async def call() -> None:
-                await self._reread(group)
-                self._warmed.update(group)
+                await self._reread(key)
+                self._warmed.add(key)
             return call
 
-        await all_or_first_error([reread(g) for g in groups], self.reread_concurrency)
+        await all_or_first_error([reread(k) for k in todo], self.reread_concurrency)
 
     def _rereads(self) -> tuple[tuple[Resource, str | None], ...]:
         """What a taken cluster's warm-up reads, with each list's field selector: its
@@ -490,47 +477,35 @@ class FleetController:
             self._bulk.read(at, page.continue_token)
             self.bulk_pages_read += 1
 
-    async def _reread(self, group: list[ClusterKey]) -> None:
-        """Read the NodePlans of a group of clusters of one namespace, and with claims
-        their Machines and Cluster API Secrets (now kept in full), again: one list of each
-        at once, by Cluster API's cluster-name label (a set-based selector)."""
-        ns = group[0][0]
-        names = sorted({name for _, name in group})
-        # (a name too long for a label value is on no object's label: Cluster API keeps
-        # cluster names within 63 characters; not in the selector, which it would void)
-        labelled = [n for n in names if len(n) <= 63]
-        selector = f"{CAPI_CLUSTER_LABEL} in ({','.join(labelled)})"
-
-        async def listed(res: Resource, fields: str | None = None) -> list[KubeObject]:
-            if not labelled:
-                return []
-            return (await self.mgmt.list(res, ns, label_selector=selector,
-                                         field_selector=fields)).items
+    async def _reread(self, key: ClusterKey) -> None:
+        """Read one cluster's NodePlans, and with claims its Machines and Cluster API
+        Secrets (now kept in full), again: the lists at once."""
+        ns, name = key
+        selector = f"{CAPI_CLUSTER_LABEL}={name}"
 
         async def plans() -> None:
             cache = self.view[NODE_PLANS]
-            values = sorted({nodeplan.label_value(name) for name in names})
             for obj in (await self.mgmt.list(NODE_PLANS, ns, label_selector=(
-                    f"{nodeplan.LABEL_CLUSTER} in ({','.join(values)})"))).items:
+                    f"{nodeplan.LABEL_CLUSTER}={nodeplan.label_value(name)}"))).items:
                 cache.observe(obj)
 
         async def machines() -> None:
             cache = self.view[MACHINES]
-            found = await listed(MACHINES)
-            for obj in found:
+            listed = (await self.mgmt.list(MACHINES, ns, label_selector=selector)).items
+            for obj in listed:
                 cache.observe(obj)
-            seen = {(ns, str((o.get("metadata") or {}).get("name") or "")) for o in found}
-            for key in group:
-                for mkey in sorted(self.parts.machine_keys(key) - seen):  # named by spec only
-                    one = await self.mgmt.get_or_none(MACHINES, mkey[1], mkey[0])
-                    if one is not None:
-                        cache.observe(one)
+            seen = {(ns, str((o.get("metadata") or {}).get("name") or "")) for o in listed}
+            for mkey in sorted(self.parts.machine_keys(key) - seen):  # named by spec only
+                found = await self.mgmt.get_or_none(MACHINES, mkey[1], mkey[0])
+                if found is not None:
+                    cache.observe(found)
 
         async def secrets() -> None:
             cache = self.view[SECRETS]
-            for obj in await listed(SECRETS, SECRET_FIELD_SELECTOR):
+            for obj in (await self.mgmt.list(SECRETS, ns, label_selector=selector,
+                                             field_selector=SECRET_FIELD_SELECTOR)).items:
                 cache.observe(obj)
-            self._may_connect(group)
+            self._may_connect([key])
 
         await all_or_first_error([plans] if self.claims is None
                                  else [plans, machines, secrets], 3)
