@@ -141,16 +141,8 @@ class Wake:
         self._event = asyncio.Event()
 
     def set(self) -> None:
-        with contextlib.suppress(RuntimeError):  # no loop on this thread
-            if asyncio.get_running_loop() is self._loop:
-                self._event.set()  # at once: a clear() after this call forgets it
-                return
         with contextlib.suppress(RuntimeError):  # that loop is closed: nobody to wake
             self._loop.call_soon_threadsafe(self._event.set)
-
-    def clear(self) -> None:
-        """Forget a wake-up not waited for yet (from the loop's own thread)."""
-        self._event.clear()
 
     async def wait(self, timeout: float) -> None:
         """Until woken (since the last wait) or ``timeout`` seconds passed."""

@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -255,11 +255,6 @@ class FleetController:
         # taken, or acted on since), projected down again once their shard is given back.
         self._full: set[ClusterKey] = set()
         self._warmed: set[ClusterKey] = set()  # re-read for the shards warming now
-        # Clusters of shards warming now whose kubeconfig Secret was read again in full:
-        # their workload clusters are connected to while the rest is read (the watches'
-        # first lists take a second or more), so that they are answered when acted on.
-        self._connectable: set[ClusterKey] = set()
-        self._connected: set[ClusterKey] = set()  # what the registry was last asked for
         # More clusters than this to re-read at once: one list of everything instead,
         # its progress kept when a call is cut off.
         self.reread_bulk = 64
@@ -371,10 +366,7 @@ class FleetController:
         been read again in full. Per cluster that is one list each of its NodePlans,
         Machines and Secrets, by Cluster API's cluster-name label; past ``reread_bulk``
         clusters, one paged list of every one of them. Re-reads that are done stay done
-        when the call is cut off or fails. The Secrets are read first: once a cluster's
-        is, its workload cluster is connected to (:meth:`_may_connect`) while the rest is
-        read, so that it has answered by the time it is acted on. The claims task runs
-        this on a task of its own, to its end (:meth:`ShardMembership._warm_up`).
+        when the call is cut off (the claims task bounds it) or fails.
 
         The cache is filled from a read rather than waited on: before, a taken shard
         waited until the NodePlan watch had delivered every NodePlan a fresh list of all
@@ -432,18 +424,10 @@ class FleetController:
 
     def _rereads(self) -> tuple[tuple[Resource, str | None], ...]:
         """What a taken cluster's warm-up reads, with each list's field selector: its
-        NodePlans, and with claims the Machines and Secrets kept foreign until then (the
-        Secrets first: the workload clusters are connected to once they are read)."""
+        NodePlans, and with claims the Machines and Secrets kept foreign until then."""
         if self.claims is None:
             return ((NODE_PLANS, None),)
-        return ((SECRETS, SECRET_FIELD_SELECTOR), (NODE_PLANS, None), (MACHINES, None))
-
-    def _may_connect(self, clusters: Iterable[ClusterKey]) -> None:
-        """The kubeconfig Secrets of these taken clusters were read again in full: connect
-        to their workload clusters now, before their shard is acted on."""
-        if self.claims is not None:
-            self._connectable.update(clusters)
-            self.trigger.poke()
+        return ((NODE_PLANS, None), (MACHINES, None), (SECRETS, SECRET_FIELD_SELECTOR))
 
     async def _reread_all(self, todo: frozenset[ClusterKey]) -> None:
         """Read every NodePlan, and with claims every Machine and Cluster API Secret
@@ -462,8 +446,6 @@ class FleetController:
                 except GoneError:  # that snapshot is gone: this list from the start
                     self._bulk.restart(at)
                     await self._reread_pages(res, ns, fields, at)
-                if res is SECRETS:
-                    self._may_connect(k for k in todo if ns is None or k[0] == ns)
         self._bulk.reset()
 
     async def _reread_pages(self, res: Resource, ns: str | None, fields: str | None,
@@ -505,7 +487,6 @@ class FleetController:
             for obj in (await self.mgmt.list(SECRETS, ns, label_selector=selector,
                                              field_selector=SECRET_FIELD_SELECTOR)).items:
                 cache.observe(obj)
-            self._may_connect([key])
 
         await all_or_first_error([plans] if self.claims is None
                                  else [plans, machines, secrets], 3)
@@ -653,15 +634,8 @@ class FleetController:
         if self.claims is not None:
             self._drop_given_back()
             self._full |= mine  # acted on: held (and read in full) since it was taken
-        if self._connectable:
-            # (those of shards given back meanwhile are not; those acted on are in mine)
-            claims = self.claims
-            self._connectable = {k for k in self._connectable if k not in mine
-                                 and claims is not None and claims(k)}
-        connect = mine | self._connectable
-        if changed or mine != self._mine or connect != self._connected:
-            self.registry.want(kubeconfig_secrets(self.config, sorted(connect)))
-            self._connected = connect
+        if changed or mine != self._mine:
+            self.registry.want(kubeconfig_secrets(self.config, sorted(mine)))
             t = time.monotonic()
             self._wanted_since = {k: self._wanted_since.get(k, t) for k in mine}
             self._mine = mine

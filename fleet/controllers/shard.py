@@ -217,12 +217,6 @@ class ShardMembership:
         self.releasing: set[int] = set()  # held, no longer ours: drain, then give back
         self.warming: set[int] = set()  # taken, caches not yet confirmed fresh
         self._taken_at: dict[int, float] = {}  # monotonic, per warming shard (for the log)
-        # Each take of a shard gets a number: a warm-up done for an earlier take of a shard
-        # (given back and taken again while it ran) does not make the later one warm.
-        self._take_no: dict[int, int] = {}
-        self._takes = 0
-        self._warm_wake: Wake | None = None  # wakes the warm-up task (a shard taken)
-        self.warm_rounds = 0  # warm-up calls made (tests)
         self.members: tuple[str, ...] = ()  # live replicas as last seen (sorted)
         # Set by the renewal thread (fleet.controllers.renewal), read by the main loop:
         self.active = False  # member Lease renewed within the deadline
@@ -462,7 +456,8 @@ class ShardMembership:
             if holder == self.identity and shard not in self.held:
                 # A claim this identity took before a restart of this process: the old
                 # process is gone (same identity = same pod), adopt it after warming.
-                self._start_warming(shard)
+                self.held.add(shard)
+                self.warming.add(shard)
                 changed = True
             if holder != self.identity and shard in self.held:
                 log.warning("%s: claim on shard %d now held by %r; stopping there",
@@ -508,53 +503,22 @@ class ShardMembership:
                                 "%.2fs)", self.identity, shard, holder, age, self.expiry)
                 else:
                     log.info("%s: took shard %d", self.identity, shard)
-                self._start_warming(shard)
+                self.held.add(shard)
+                self.warming.add(shard)
+                self._taken_at[shard] = self.monotonic()
                 changed = True
         if disagree:
             log.error("%s: replicas %s announce a different shard count than %d; taking no "
                       "new shards until every replica runs with the same --shards",
                       self.identity, ", ".join(disagree), self.shards)
-        if changed:
-            self.on_change()
-
-    def _start_warming(self, shard: int) -> None:
-        """A shard taken (or adopted): held, not acted on until :meth:`_warm_up` read it."""
-        self.held.add(shard)
-        self.warming.add(shard)
-        self._takes += 1
-        self._take_no[shard] = self._takes
-        self._taken_at[shard] = self.monotonic()
-        if self._warm_wake is not None:
-            self._warm_wake.set()
-
-    async def _warm_up(self, wake: Wake) -> None:
-        """Until cancelled: once shards are warming, ``warm()`` (the controller reads their
-        clusters again), then those shards are acted on. A task of its own, not bounded by
-        a look at the claims: a re-read that takes longer than a look (a loaded API server
-        answered one cluster's NodePlans in 4.6 s, a look lasts renew_every) goes on to its
-        end instead of being cut off and started again at the next look (bench/README.md).
-        A warm-up that fails (False) is tried again shortly; shards taken while one runs
-        get one of their own."""
-        while True:
-            if not self.warming:
-                await wake.wait(self.renew_every)
-                continue
-            batch = {s: self._take_no.get(s, 0) for s in self.warming}
-            wake.clear()  # what woke it is in this batch: only a later take wakes it again
-            self.warm_rounds += 1
-            if self.warm is not None and not await self.warm():
-                await wake.wait(0.5)
-                continue
-            done = {s for s, n in batch.items()
-                    if s in self.warming and self._take_no.get(s, 0) == n}
-            if not done:
-                continue
-            now = self.monotonic()
-            taken = [self._taken_at.pop(s, now) for s in done]
-            self.warming -= done
+        if self.warming and (self.warm is None or await self.warm()):
+            taken = [self._taken_at.pop(s, now) for s in self.warming]
             log.info("%s: shards %s warm, acted on from now (%.1fs after the first was "
-                     "taken)", self.identity, ",".join(map(str, sorted(done))),
-                     now - min(taken))
+                     "taken)", self.identity, ",".join(map(str, sorted(self.warming))),
+                     self.monotonic() - min(taken))
+            self.warming.clear()
+            changed = True
+        if changed:
             self.on_change()
 
     async def release_all(self) -> None:
@@ -625,8 +589,6 @@ class ShardMembership:
                 tg.start_soon(heartbeat.run)
                 thread.start(lambda client: self._keep(client, wake, heartbeat), wake.set)
                 self._wake = wake
-                self._warm_wake = Wake()
-                tg.start_soon(self._warm_up, self._warm_wake)
                 tg.start_soon(Reflector(
                     self.client, LEASES, namespace=self.namespace, keep_objects=False,
                     label_selector=f"{GROUP_LABEL}={self.group}", listener=self._on_lease,
@@ -652,12 +614,14 @@ class ShardMembership:
                         pause = self.renew_every
                         if (expires := self.next_expiry()) is not None:
                             pause = min(pause, expires - self.monotonic() + 0.01)
+                        if self.warming:  # a warm-up cut off by the look's bound goes on
+                            pause = min(pause, 0.1)
                         await wake.wait(pause)
                 except LostMembershipError as e:
                     lost = e  # raised below, not wrapped in the task group's error group
                 tg.cancel_scope.cancel()
         finally:
-            self._wake = self._warm_wake = None
+            self._wake = None
             self.active = False
             await thread.stop_and_join(self.renew_deadline)
         if lost is not None:
