@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -53,6 +54,15 @@ def cluster(name: str, states: str = "w", *, labels: Mapping[str, str] | None = 
                            annotations=dict(annotations or {}), objects=(obj,),
                            observed=observed, spec_paused=spec_paused)
 
+
+
+def behind(c: ClusterProgress) -> ClusterProgress:
+    """``c`` as a replica sees it before the FleetUpgrade that gave it its target reached
+    that replica: its objects still aim at the version every node runs (OLD)."""
+    objects = tuple(dataclasses.replace(o, target=OLD, started=False, nodes=tuple(
+        dataclasses.replace(n, state=NodeState.UP_TO_DATE, version=OLD) for n in o.nodes))
+        for o in c.objects)
+    return dataclasses.replace(c, objects=objects)
 
 CANARY = {"ring": "canary"}
 

@@ -19,21 +19,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleet.rollout.gate import FleetView, RolloutGate
-from fleet.rollout.progress import ClusterProgress, NodeState
+from fleet.rollout.progress import ClusterProgress
 from fleet.rollout.state import RolloutState
-from tests.helpers.gate import OLD, T0, cluster, config
+from tests.helpers.gate import T0, behind, cluster, config
 
 LIMIT = 1
 CLUSTERS = 4
 OWNER = {f"c{i}": i % 2 for i in range(CLUSTERS)}
 
-
-def _behind(c: ClusterProgress) -> ClusterProgress:
-    """The cluster before its FleetUpgrade reached this replica: at the old target."""
-    objects = tuple(dataclasses.replace(o, target=OLD, started=False, nodes=tuple(
-        dataclasses.replace(n, state=NodeState.UP_TO_DATE, version=OLD) for n in o.nodes))
-        for o in c.objects)
-    return dataclasses.replace(c, objects=objects)
 
 
 class Fleet:
@@ -58,7 +51,7 @@ class Fleet:
             else:
                 c = cluster(name, "ww")
             if name not in known:
-                c = _behind(c)
+                c = behind(c)
             out.append(dataclasses.replace(c, foreign=owner != replica))
         return out
 

@@ -21,10 +21,10 @@ from fleet.planner import PlannerSettings, plan
 from fleet.planner.actions import ClearSignal, UncordonNode
 from fleet.planner.simulate import SimFleet, add_cluster, bump
 from fleet.rollout.gate import FOREIGN, ClusterPhase, FleetView, RolloutGate, WavePhase
-from fleet.rollout.progress import ClusterProgress, NodeState, clusters_from_snapshot
+from fleet.rollout.progress import ClusterProgress, clusters_from_snapshot
 from fleet.rollout.state import RolloutState
 from fleet.snapshot import restrict
-from tests.helpers.gate import CANARY, OLD, PROD, T0, cluster, config, waves_config
+from tests.helpers.gate import CANARY, PROD, T0, behind, cluster, config, waves_config
 
 MEMBERS = ["ctl-a", "ctl-b", "ctl-c"]
 V2 = "v1.31.3+k0s.0"
@@ -229,14 +229,6 @@ def test_a_shard_leaves_other_clusters_requests_alone_on_a_shared_node_list() ->
     assert [x for x in plan(blind, PlannerSettings()).actions if isinstance(x, ClearSignal)]
 
 
-def _behind(c: ClusterProgress) -> ClusterProgress:
-    """``c`` as a replica sees it before the FleetUpgrade that gave it its target reached
-    that replica: its objects still aim at the version every node runs."""
-    objects = tuple(dataclasses.replace(o, target=OLD, started=False, nodes=tuple(
-        dataclasses.replace(n, state=NodeState.UP_TO_DATE, version=OLD) for n in o.nodes))
-        for o in c.objects)
-    return dataclasses.replace(c, objects=objects)
-
 
 def test_an_admission_for_targets_this_replica_has_not_seen_yet_holds_its_slot() -> None:
     """Replica a saw c0's new target and admitted it; replica b's watch of FleetUpgrades
@@ -250,7 +242,7 @@ def test_an_admission_for_targets_this_replica_has_not_seen_yet_holds_its_slot()
     da = RolloutGate(cfg).evaluate(FleetView([cluster("c0"), _foreign(cluster("c1"))]), T0)
     assert da.admitted_now == {("fleet", "c0")}
     b = RolloutGate(cfg)
-    db = b.evaluate(FleetView([_foreign(_behind(cluster("c0"))), cluster("c1")],
+    db = b.evaluate(FleetView([_foreign(behind(cluster("c0"))), cluster("c1")],
                               state=da.state, fleet_writer=False), T0)
     assert db.admitted_now == frozenset() and db.allowed_clusters == frozenset()
     assert db.clusters[("fleet", "c0")].phase is ClusterPhase.UPGRADING
