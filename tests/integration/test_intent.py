@@ -103,8 +103,12 @@ async def test_an_intent_upgrades_control_planes_paused_and_survives_a_controlle
             assert rc == 0, out.lines
 
             async def released() -> bool:
+                # Each object's pause is released by its own write: the MachineSet's may
+                # land after the MachineDeployment's (a fresh-clone CI stopped the
+                # controller in between and found the MachineSet still paused).
                 objs = [await mgmt.get(K0S_CONTROL_PLANES, fc.kcp, namespace),  # type: ignore[arg-type]
-                        await mgmt.get(MACHINE_DEPLOYMENTS, fc.md, namespace)]  # type: ignore[arg-type]
+                        await mgmt.get(MACHINE_DEPLOYMENTS, fc.md, namespace),  # type: ignore[arg-type]
+                        await mgmt.get(MACHINE_SETS, fc.machine_set, namespace)]  # type: ignore[arg-type]
                 return all(ANN_CAPI_PAUSED not in _ann(o) for o in objs)
 
             await wait_for("pauses released", released, 60, 0.05)
