@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -407,35 +407,13 @@ class FleetController:
         after the other a cluster took ~4 s on a loaded API server, about as long as a
         look may last, so a taker of 14 clusters read 0-2 per look and acted on them
         minutes later); each one done stays done. Raises the first KubeError."""
-        if not todo:
-            return
-        fresh = await self._current_versions({ns for ns, _ in todo})
-
         def reread(key: ClusterKey) -> Callable[[], Awaitable[None]]:
             async def call() -> None:
-                await self._reread(key, fresh)
+                await self._reread(key)
                 self._warmed.add(key)
             return call
 
         await all_or_first_error([reread(k) for k in todo], self.reread_concurrency)
-
-    async def _current_versions(self, namespaces: Collection[str]) -> dict[ListAt, str]:
-        """Each re-read resource's resourceVersion now, per namespace: one consistent read
-        each, all at once, made after the take (so past every write the previous holder
-        made before its fence: fleet/controllers/shard.py). The clusters' lists are then
-        read no older than these: served from the API server's cache without the wait
-        of a consistent read each (1.3 s for a Secrets list of a 10 x 300 hand-off, where
-        no Secret is written; a taker of 9 clusters was warm 4.4 s after its take)."""
-        fresh: dict[ListAt, str] = {}
-
-        def current(ns: str, res: Resource) -> Callable[[], Awaitable[None]]:
-            async def call() -> None:
-                fresh[(ns, res.plural)] = await self.mgmt.current_version(res, ns)
-            return call
-
-        await all_or_first_error([current(ns, res) for ns in sorted(namespaces)
-                                  for res, _ in self._rereads()], self.reread_concurrency)
-        return fresh
 
     def _rereads(self) -> tuple[tuple[Resource, str | None], ...]:
         """What a taken cluster's warm-up reads, with each list's field selector: its
@@ -474,24 +452,21 @@ class FleetController:
             self._bulk.read(at, page.continue_token)
             self.bulk_pages_read += 1
 
-    async def _reread(self, key: ClusterKey, fresh: Mapping[ListAt, str]) -> None:
+    async def _reread(self, key: ClusterKey) -> None:
         """Read one cluster's NodePlans, and with claims its Machines and Cluster API
-        Secrets (now kept in full), again, each list no older than ``fresh`` says: the
-        lists at once."""
+        Secrets (now kept in full), again: the lists at once."""
         ns, name = key
         selector = f"{CAPI_CLUSTER_LABEL}={name}"
 
         async def plans() -> None:
             cache = self.view[NODE_PLANS]
             for obj in (await self.mgmt.list(NODE_PLANS, ns, label_selector=(
-                    f"{nodeplan.LABEL_CLUSTER}={nodeplan.label_value(name)}"),
-                    not_older_than=fresh[(ns, NODE_PLANS.plural)])).items:
+                    f"{nodeplan.LABEL_CLUSTER}={nodeplan.label_value(name)}"))).items:
                 cache.observe(obj)
 
         async def machines() -> None:
             cache = self.view[MACHINES]
-            listed = (await self.mgmt.list(MACHINES, ns, label_selector=selector,
-                                           not_older_than=fresh[(ns, MACHINES.plural)])).items
+            listed = (await self.mgmt.list(MACHINES, ns, label_selector=selector)).items
             for obj in listed:
                 cache.observe(obj)
             seen = {(ns, str((o.get("metadata") or {}).get("name") or "")) for o in listed}
@@ -503,9 +478,7 @@ class FleetController:
         async def secrets() -> None:
             cache = self.view[SECRETS]
             for obj in (await self.mgmt.list(SECRETS, ns, label_selector=selector,
-                                             field_selector=SECRET_FIELD_SELECTOR,
-                                             not_older_than=fresh[(ns, SECRETS.plural)])
-                        ).items:
+                                             field_selector=SECRET_FIELD_SELECTOR)).items:
                 cache.observe(obj)
 
         await all_or_first_error([plans] if self.claims is None

@@ -240,14 +240,12 @@ class KubeClient:
 
     async def list(self, res: Resource, namespace: str | None = None, *,
                    label_selector: str | None = None, field_selector: str | None = None,
-                   page_size: int = 500, not_older_than: str | None = None) -> ObjectList:
-        """List all pages; the result's resource_version is where a watch continues.
-        ``not_older_than``: see :meth:`list_pages`."""
+                   page_size: int = 500) -> ObjectList:
+        """List all pages; the result's resource_version is where a watch continues."""
         items: list[KubeObject] = []
         rv = ""
         async for page in self.list_pages(res, namespace, label_selector=label_selector,
-                                          field_selector=field_selector, page_size=page_size,
-                                          not_older_than=not_older_than):
+                                          field_selector=field_selector, page_size=page_size):
             items += page.items
             rv = page.resource_version or rv
         return ObjectList(items=items, resource_version=rv)
@@ -256,31 +254,19 @@ class KubeClient:
                          label_selector: str | None = None,
                          field_selector: str | None = None,
                          page_size: int = 500,
-                         resume: str | None = None,
-                         not_older_than: str | None = None) -> AsyncIterator[ObjectList]:
+                         resume: str | None = None) -> AsyncIterator[ObjectList]:
         """List page by page (``limit=page_size``), each page as it arrives: a caller
         that converts or drops each page's objects never holds the whole list. Every
         page is of the same snapshot; the last one's resource_version is where a watch
         continues. ``resume``: a page's ``continue_token`` of an earlier call with the
         same selectors, to go on from there (GoneError once the server no longer keeps
-        that snapshot: list again from the start).
-
-        Without ``not_older_than`` the list is a consistent read: the API server first
-        makes sure its cache holds every write made before the request (under load that
-        wait is most of the request, 0.5-2.5 s: bench/README.md). With it (a
-        resourceVersion of this resource, as :meth:`current_version` gives), the list
-        holds every write up to that version and is served from the cache at once once
-        the cache has it (``resourceVersionMatch=NotOlderThan``)."""
+        that snapshot: list again from the start)."""
         cont: str | None = resume
         rv = ""
         while True:
             page = await self.request("GET", res.path(namespace), query={
                 "labelSelector": label_selector, "fieldSelector": field_selector,
                 "limit": page_size, "continue": cont,
-                # (a continued list is of the first page's snapshot: no version again)
-                "resourceVersion": None if cont else not_older_than,
-                "resourceVersionMatch": "NotOlderThan" if not_older_than and not cont
-                else None,
             })
             items: list[KubeObject] = []
             for item in page.get("items") or []:
@@ -295,15 +281,6 @@ class KubeClient:
             yield ObjectList(items=items, resource_version=rv, continue_token=cont)
             if not cont:
                 return
-
-    async def current_version(self, res: Resource, namespace: str | None = None) -> str:
-        """The resource's resourceVersion now: one consistent read of at most one object
-        (for lists ``not_older_than`` it, :meth:`list_pages`)."""
-        page = await self.request("GET", res.path(namespace), query={"limit": 1})
-        rv = str((page.get("metadata") or {}).get("resourceVersion") or "")
-        if not rv:
-            raise KubeError(f"a list of {res.plural} came without a resourceVersion")
-        return rv
 
     async def create(self, res: Resource, body: KubeObject,
                      namespace: str | None = None) -> KubeObject:

@@ -150,29 +150,6 @@ async def test_list_is_paginated(kube: KubeClient, namespace: str) -> None:
     assert all(o["kind"] == "ConfigMap" for o in listed.items)
 
 
-async def test_a_list_no_older_than_a_current_version_holds_every_write_before_it(
-        kube: KubeClient, namespace: str) -> None:
-    for i in range(5):
-        await kube.create(CONFIGMAPS, {"metadata": {"name": f"f{i}", "namespace": namespace,
-                                                    "labels": {"k0s-fleet-test": "fresh"}}})
-    rv = await kube.current_version(CONFIGMAPS, namespace)
-    await kube.create(CONFIGMAPS, {"metadata": {"name": "other", "namespace": namespace}})
-    listed = await kube.list(CONFIGMAPS, namespace, label_selector="k0s-fleet-test=fresh",
-                             page_size=2, not_older_than=rv)  # continued: no version again
-    assert sorted(o["metadata"]["name"] for o in listed.items) == [f"f{i}" for i in range(5)]
-
-
-async def test_a_list_no_older_than_a_version_the_server_has_not_reached_waits(
-        crds_installed: dict[str, Any]) -> None:
-    # The real API server only (kubesim, a single store, is never behind a version it
-    # gave): the version is sent and honoured, not ignored.
-    async with await KubeClient.from_kubeconfig(crds_installed["mgmt"].kubeconfig()) as c:
-        rv = await c.current_version(CONFIGMAPS, "default")
-        with anyio.move_on_after(2) as waited:
-            await c.list(CONFIGMAPS, "default", not_older_than=str(int(rv) + 10**9))
-        assert waited.cancelled_caught
-
-
 async def test_concurrent_writers_both_land_through_real_conflicts(
     kube: KubeClient, namespace: str
 ) -> None:
