@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 PassListener = Callable[[Snapshot, PlanResult], None]
 
 
+
 def _now() -> datetime:
     return datetime.now(UTC)
 

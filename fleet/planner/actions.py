@@ -296,7 +296,6 @@ class PlanResult:
     wake_at: datetime | None = None
     decisions: list[Decision] = field(default_factory=list)
 
-
 # What a rolling node waits for: a node's request (the first group) and the writes the
 # next request depends on (the second) before what only reports (the third).
 STARTS = (CreateNodePlan, StartNodePlan, SignalNode, RetryNodePlan)
@@ -312,3 +311,4 @@ def urgency(actions: Iterable[Action]) -> int:
     if any(issubclass(k, STARTS) for k in kinds):
         return 0
     return 2 if all(issubclass(k, REPORTS) for k in kinds) else 1
+
