@@ -55,7 +55,6 @@ def cluster(name: str, states: str = "w", *, labels: Mapping[str, str] | None = 
                            observed=observed, spec_paused=spec_paused)
 
 
-
 def behind(c: ClusterProgress) -> ClusterProgress:
     """``c`` as a replica sees it before the FleetUpgrade that gave it its target reached
     that replica: its objects still aim at the version every node runs (OLD)."""
@@ -63,6 +62,7 @@ def behind(c: ClusterProgress) -> ClusterProgress:
         dataclasses.replace(n, state=NodeState.UP_TO_DATE, version=OLD) for n in o.nodes))
         for o in c.objects)
     return dataclasses.replace(c, objects=objects)
+
 
 CANARY = {"ring": "canary"}
 

@@ -28,7 +28,6 @@ CLUSTERS = 4
 OWNER = {f"c{i}": i % 2 for i in range(CLUSTERS)}
 
 
-
 class Fleet:
     def __init__(self) -> None:
         self.upgrades: list[str] = []  # clusters given the new target, in order

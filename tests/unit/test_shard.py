@@ -86,7 +86,6 @@ def test_foreign_clusters_count_against_the_limit_but_are_never_admitted_here() 
     assert d.clusters[("fleet", "c0")].foreign and not d.clusters[("fleet", "c2")].foreign
 
 
-
 def test_only_its_own_replica_drops_a_complete_clusters_admission() -> None:
     """When c0 completes, every replica sees it; the record's admission of c0 is dropped
     by c0's replica only. Before, every replica dropped it: each one rewrote the record,
@@ -227,7 +226,6 @@ def test_a_shard_leaves_other_clusters_requests_alone_on_a_shared_node_list() ->
     # Without the ids of the plans left out, the same request would be taken for an orphan.
     blind = dataclasses.replace(seen, other_nodeplans=frozenset())
     assert [x for x in plan(blind, PlannerSettings()).actions if isinstance(x, ClearSignal)]
-
 
 
 def test_an_admission_for_targets_this_replica_has_not_seen_yet_holds_its_slot() -> None:
