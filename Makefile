@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 
-.PHONY: all demo test test-unit test-integration testenv venv lint typecheck bench bench-scale chaos chaos-real clean image
+.PHONY: all demo test test-unit test-integration testenv venv lint typecheck bench bench-scale chaos chaos-real stress-restarts clean image
 
 all: test
 
@@ -58,6 +58,14 @@ chaos: venv
 # min each). A failing trial prints its seed and replay command and keeps its logs.
 SEEDS ?= 20
 FIRST_SEED ?= 0
+# The controller cancelled and restarted at seeded random moments mid-rollout, over many
+# seeds (the README's suite runs one): tests/integration/test_controller_rollout.py.
+RESTART_SEEDS ?= 40
+stress-restarts: venv testenv
+	K0S_FLEET_RESTART_SEEDS=$$(seq -s, 0 $$(($(RESTART_SEEDS) - 1))) K0S_FLEET_RESTART_CYCLES=5 \
+		$(BIN)/pytest tests/integration/test_controller_rollout.py -q -n $(PYTEST_WORKERS) \
+		-k killed_and_restarted_mid_rollout
+
 chaos-real: venv testenv
 	$(BIN)/python -m tests.helpers.realchaos --seeds $(SEEDS) --first-seed $(FIRST_SEED) $(ARGS)
 

@@ -22,6 +22,7 @@ from typing import Protocol
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 from opentelemetry import trace
 
 from fleet import nodeplan
@@ -107,9 +108,19 @@ class Trigger:
         self._event.set()
 
     async def wait(self, timeout: float | None) -> bool:
-        """Wait for a poke (or the timeout); True when poked."""
+        """Wait for a poke (or the timeout); True when poked.
+
+        Always a checkpoint, even when a poke is waiting already: a loop poked again by
+        every pass must still yield to other tasks, and must stop once cancelled. Without
+        it a controller stopped from outside (its caller's cancel scope) was seen planning
+        on, 76 000 passes after the stop: each pass's action groups were cancelled at once
+        and poked it again, and anyio's cancel delivery never caught the loop itself.
+        ``checkpoint_if_cancelled`` yields until a pending cancellation is delivered."""
         poked = self._event.is_set()
-        if not poked:
+        if poked:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            await anyio.lowlevel.checkpoint()
+        else:
             with anyio.move_on_after(math.inf if timeout is None else max(0.0, timeout)):
                 await self._event.wait()
                 poked = True
@@ -768,6 +779,7 @@ class FleetController:
     async def _run_group(self, target: tuple[str, ...], group: list[Action],
                          cluster: ClusterKey | None = None) -> None:
         per_cluster = self._cluster_limiter(cluster)
+        cancelled = False
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if per_cluster is not None:
@@ -796,15 +808,20 @@ class FleetController:
                                     type(a).__name__, "/".join(target), delay, e)
                         return  # later actions of this object depend on this one
                 self._failures.pop(target, None)
+        except anyio.get_cancelled_exc_class():
+            cancelled = True
+            raise
         finally:
             self._inflight.discard(target)
             self._busy[cluster] -= 1
             if self._busy[cluster] <= 0:
                 del self._busy[cluster]
             # Its cluster is planned again (what the action changed, or what it could
-            # not do, decides the next step there).
-            if cluster is not None:
-                self.parts.touch(cluster)
-            else:
-                self.parts.touch_all()
-            self.trigger.poke()
+            # not do, decides the next step there); not when the controller is being
+            # stopped: a pass for that would start actions only to cancel them.
+            if not cancelled:
+                if cluster is not None:
+                    self.parts.touch(cluster)
+                else:
+                    self.parts.touch_all()
+                self.trigger.poke()
