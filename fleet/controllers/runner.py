@@ -51,13 +51,7 @@ from fleet.kube.resources import (
 )
 from fleet.model import ClusterKey, ObjectRef, Snapshot
 from fleet.planner import COMPLETING, PENDING, FleetPolicy, PlannerSettings, PlanResult
-from fleet.planner.actions import (
-    Action,
-    CreateNodePlan,
-    RetryNodePlan,
-    SignalNode,
-    StartNodePlan,
-)
+from fleet.planner.actions import STARTS, Action, CreateNodePlan, urgency
 from fleet.planner.incremental import IncrementalPlanner, IncrementalResult, Merger
 from fleet.signal import SignalState
 from fleet.snapshot import custom_kubeconfig_secrets, watched_namespaces
@@ -67,7 +61,6 @@ log = logging.getLogger(__name__)
 
 PassListener = Callable[[Snapshot, PlanResult], None]
 
-_STARTS = (CreateNodePlan, StartNodePlan, SignalNode, RetryNodePlan)
 
 
 def _now() -> datetime:
@@ -625,7 +618,7 @@ class FleetController:
         # Emergency stop (fleet YAML, or the rollout policy's annotation): start nothing,
         # signal nothing; what nodes already run finishes and is still looked after.
         if stopped:
-            actions = [a for a in actions if not isinstance(a, _STARTS)]
+            actions = [a for a in actions if not isinstance(a, STARTS)]
         actions = [a for a in actions if action_target(a) not in self._inflight
                    and action_target(a) not in self._cooldown]
         self.stats.passes += 1
@@ -770,7 +763,10 @@ class FleetController:
             if woke is not None and any(isinstance(a, CreateNodePlan) for a in actions) and \
                     len(self.stats.dispatch_reaction) < 10_000:
                 self.stats.dispatch_reaction.append(time.monotonic() - woke)
-            for target, group in groups.items():
+            # A node's request first, what only reports last (the limiters serve their
+            # waiters in order): at a control-plane -> worker step the next node's
+            # NodePlan was sent after two status writes of the same pass.
+            for target, group in sorted(groups.items(), key=lambda g: urgency(g[1])):
                 self._inflight.add(target)
                 cluster = self._target_cluster.get(target)
                 self._busy[cluster] += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -294,3 +295,20 @@ class PlanResult:
     actions: list[Action] = field(default_factory=list)
     wake_at: datetime | None = None
     decisions: list[Decision] = field(default_factory=list)
+
+# What a rolling node waits for: a node's request (the first group) and the writes the
+# next request depends on (the second) before what only reports (the third).
+STARTS = (CreateNodePlan, StartNodePlan, SignalNode, RetryNodePlan)
+REPORTS = (SetRolloutStatus, RecordEvent, ReportNotInPlace, ReportVersionConflict,
+           ReportOtherDriver)
+
+
+def urgency(actions: Iterable[Action]) -> int:
+    """0 for a group of actions that asks a node to move, 2 for one that only reports
+    (status, conditions, Events), 1 otherwise: the order in which a pass starts its
+    groups, so that a node's request is not queued behind another object's status."""
+    kinds = [type(a) for a in actions]
+    if any(issubclass(k, STARTS) for k in kinds):
+        return 0
+    return 2 if all(issubclass(k, REPORTS) for k in kinds) else 1
+
