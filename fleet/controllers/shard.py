@@ -418,6 +418,27 @@ class ShardMembership:
             return False  # another replica moved first: its claim stands
         return True
 
+    async def _take_all(self, claims: Sequence[tuple[int, dict[str, Any] | None]]
+                        ) -> tuple[list[bool], KubeError | None]:
+        """:meth:`_take` each of ``claims`` at the same time: whether each was taken, and
+        the first KubeError among them (None when none failed)."""
+        took = [False] * len(claims)
+        failed: list[KubeError] = []
+
+        slots = anyio.CapacityLimiter(16)  # a first replica takes every shard at once
+
+        async def take(i: int, shard: int, lease: dict[str, Any] | None) -> None:
+            async with slots:
+                try:
+                    took[i] = await self._take(shard, lease)
+                except KubeError as e:
+                    failed.append(e)
+
+        async with anyio.create_task_group() as tg:
+            for i, (shard, lease) in enumerate(claims):
+                tg.start_soon(take, i, shard, lease)
+        return took, (failed[0] if failed else None)
+
     async def _give_back(self, shard: int, lease: dict[str, Any] | None) -> bool:
         if lease is None:
             return True
@@ -451,6 +472,7 @@ class ShardMembership:
         owners = assignment(self.shards, live)
         busy = self._busy_shards()
         changed = False
+        to_take: list[tuple[int, dict[str, Any] | None, str, float]] = []
         for shard in range(self.shards):
             lease = claims.get(shard_lease_name(self.group, shard))
             holder = ((lease or {}).get("spec") or {}).get("holderIdentity") or ""
@@ -496,24 +518,34 @@ class ShardMembership:
             # (a restarted holder renewing), which must not make the logged age negative.
             age = now - self._seen[member_lease_name(self.group, holder)].at if holder \
                 else 0.0
-            if await self._take(shard, lease):
-                if holder:
-                    self.handoffs += 1
-                    log.warning("%s: took shard %d from %s (its member lease stopped "
-                                "moving: last seen %.2fs before this look began, expiry "
-                                "%.2fs)", self.identity, shard, holder, age, self.expiry)
-                else:
-                    log.info("%s: took shard %d", self.identity, shard)
-                self.held.add(shard)
-                self.warming.add(shard)
-                self._taken_at[shard] = self.monotonic()
-                changed = True
+            to_take.append((shard, lease, holder, age))
+        # All at once: each claim is a compare-and-swap of its own Lease. One after the
+        # other, a taker of 4 shards wrote its last claim 1.2 s after its first on a
+        # loaded API server, and its warm-up waited for them all (bench/README.md
+        # "Claims taken at once").
+        taken, failure = await self._take_all([(s, lease) for s, lease, _, _ in to_take])
+        for (shard, _, holder, age), took in zip(to_take, taken, strict=True):
+            if not took:
+                continue
+            if holder:
+                self.handoffs += 1
+                log.warning("%s: took shard %d from %s (its member lease stopped "
+                            "moving: last seen %.2fs before this look began, expiry "
+                            "%.2fs)", self.identity, shard, holder, age, self.expiry)
+            else:
+                log.info("%s: took shard %d", self.identity, shard)
+            self.held.add(shard)
+            self.warming.add(shard)
+            self._taken_at[shard] = self.monotonic()
+            changed = True
         if disagree:
             log.error("%s: replicas %s announce a different shard count than %d; taking no "
                       "new shards until every replica runs with the same --shards",
                       self.identity, ", ".join(disagree), self.shards)
         if changed:
             self.on_change()
+        if failure is not None:
+            raise failure  # the look failed (what the other claims took is recorded)
 
     async def _warm_up(self) -> None:
         """The shards taken and not yet acted on: once ``warm()`` says the caches are

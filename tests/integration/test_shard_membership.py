@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -25,7 +26,8 @@ from fleet.controllers.shard import (
     shard_of,
 )
 from fleet.kube import KubeClient
-from fleet.kube.resources import CONFIGMAPS, LEASES
+from fleet.kube.client import KubeObject
+from fleet.kube.resources import CONFIGMAPS, LEASES, Resource
 from fleet.model import ClusterKey
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP, STATE_KEY
 from fleet.rollout.coordinator import RolloutCoordinator
@@ -257,3 +259,48 @@ async def test_an_admission_lost_to_another_replica_keeps_the_held_reason(
     assert lost.reasons[("fleet", "c1")] == reason
     admitted = await b.decide(mine("c1", "uu"), T0)
     assert admitted.admitted_now == {("fleet", "c1")}
+
+
+class ClaimWrites:
+    """The real client (every request goes to the API server), counting how many claim
+    writes (Lease create or replace) are in flight at once."""
+
+    def __init__(self, real: KubeClient) -> None:
+        self.real = real
+        self.in_flight = self.most_at_once = self.sent = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    async def _counted(self, call: Awaitable[KubeObject]) -> KubeObject:
+        self.sent += 1
+        self.in_flight += 1
+        self.most_at_once = max(self.most_at_once, self.in_flight)
+        try:
+            return await call
+        finally:
+            self.in_flight -= 1
+
+    async def create(self, res: Resource, body: KubeObject,
+                     namespace: str | None = None) -> KubeObject:
+        return await self._counted(self.real.create(res, body, namespace))
+
+    async def replace(self, res: Resource, body: KubeObject, *,
+                      subresource: str | None = None) -> KubeObject:
+        return await self._counted(self.real.replace(res, body, subresource=subresource))
+
+
+async def test_a_replica_sends_the_claims_of_one_look_at_once(
+        mgmt: KubeClient, namespace: str) -> None:
+    """A replica alone takes every shard in its first look, with the claims' writes in
+    flight together (one after the other, a taker of several shards on a loaded API server
+    waited seconds for its last claim, and its warm-up for all of them)."""
+    writes = ClaimWrites(mgmt)
+    async with anyio.create_task_group() as tg:
+        r = Replicas(writes, namespace, tg)  # type: ignore[arg-type]
+        await r.start("solo")
+        assert await r.settled(timeout=30) == dict.fromkeys(range(SHARDS), "solo")
+        tg.cancel_scope.cancel()
+    assert await claims(mgmt, namespace) == dict.fromkeys(range(SHARDS), "solo")
+    assert writes.sent >= SHARDS
+    assert writes.most_at_once == SHARDS, writes.most_at_once
