@@ -79,7 +79,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--write-burst", type=int, default=DEFAULT_WRITE_BURST,
                    help="... and at most this many at once (token bucket; default "
                         "%(default)s)")
-    p.add_argument("--log-level", default=os.environ.get("K0S_FLEET_LOG_LEVEL", "INFO"))
+    p.add_argument("--log-level", default=os.environ.get("K0S_FLEET_LOG_LEVEL", "INFO"),
+                   help="the level of every logger, then optionally LOGGER=LEVEL pairs for "
+                        "single loggers, comma-separated (e.g. "
+                        "INFO,fleet.controllers.runner=DEBUG: one line per planning pass)")
+
+
+_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+
+
+def log_levels(text: str) -> tuple[str, dict[str, str]]:
+    """``--log-level``: the root level, then ``LOGGER=LEVEL`` pairs. Raises ValueError
+    naming the part that is not understood."""
+    root, *pairs = (part.strip() for part in text.split(","))
+    if root.upper() not in _LEVELS:
+        raise ValueError(f"--log-level: {root!r} is not a level ({', '.join(_LEVELS)})")
+    levels: dict[str, str] = {}
+    for part in pairs:
+        name, sep, level = (x.strip() for x in part.partition("="))
+        if not sep or not name or level.upper() not in _LEVELS:
+            raise ValueError(f"--log-level: {part!r} is not LOGGER=LEVEL (levels: "
+                             f"{', '.join(_LEVELS)})")
+        levels[name] = level.upper()
+    return root.upper(), levels
 
 
 def write_qps(args: argparse.Namespace) -> float:
@@ -284,8 +306,15 @@ def run(args: argparse.Namespace) -> int:
     # heap: the start-up's peak resident size (fleet.controllers.heap)
     fixed_mmap_threshold()
     GcPauses().install()  # a long collection stops the event loop: logged (INFO)
-    logging.basicConfig(level=args.log_level.upper(),
+    try:
+        root_level, logger_levels = log_levels(args.log_level)
+    except ValueError as e:
+        print(f"k0s-fleet controller: {e}", file=sys.stderr)
+        return common.Exit.BAD_CONFIG
+    logging.basicConfig(level=root_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name, level in logger_levels.items():
+        logging.getLogger(name).setLevel(level)
     try:
         config = common.fleet_config(args)
     except ConfigError as e:
