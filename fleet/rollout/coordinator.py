@@ -20,12 +20,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
-
-import anyio
-import anyio.abc
 
 from fleet.config import FleetConfig
 from fleet.events import NORMAL, WARNING, EventRecorder, Regarding
@@ -68,18 +64,6 @@ class RolloutCoordinator:
         self._record: Reflector | None = None  # the ConfigMap's watch, while it runs
         self.gets = 0  # reads that had to ask the API server (no healthy watch)
         self.raced = False  # the last write lost the race for the record (another replica)
-        # Where the Events of a decision are sent from while :meth:`watch`'s caller runs
-        # (RolloutPolicy.run): in the background, a few at a time, so that a planning pass
-        # does not wait for them (each an API round trip: 0.5-1 s on a loaded server,
-        # during which no cluster of the replica was planned). None: sent in line.
-        # The record is written from there too: the pass that decided a change plans with
-        # the record as it was (new admissions withdrawn until they are durable), and the
-        # pass after the write lands acts on them (it is poked). One write at a time.
-        self.background: anyio.abc.TaskGroup | None = None
-        self._events = anyio.CapacityLimiter(8)
-        self._poke: Callable[[], None] | None = None  # the controller's, from watch()
-        self._writing = False
-        self.write_retry_delay = 1.0  # seconds before a pass is asked for after a failure
 
     async def watch(self, on_change: Callable[[], None] | None = None, *,
                     watch_timeout: int = 120) -> None:
@@ -93,8 +77,6 @@ class RolloutCoordinator:
         async def changed(ev: WatchEvent) -> None:
             if on_change is not None and _rv(ev.object) != _rv(self._configmap):
                 on_change()
-
-        self._poke = on_change
 
         reflector = Reflector(self.client, CONFIGMAPS, namespace=self.namespace,
                               field_selector=f"metadata.name={ROLLOUT_CONFIGMAP}",
@@ -191,55 +173,20 @@ class RolloutCoordinator:
             return decision.without_new_admissions()
         decision = self.gate.evaluate(
             FleetView(clusters, controls, state, fleet_writer=fleet_writer), now)
-        if decision.state_changed and self.background is not None:
-            if not self._writing:
-                self._writing = True
-                self.background.start_soon(self._write_in_background, decision)
-            # Until it lands: as the record is (what it would admit keeps its last verdict).
-            decision = replace(decision.without_new_admissions(kept=self.last),
-                               state=decision.previous)
-        else:
-            if decision.state_changed and not await self.write(decision):
-                # A lost race keeps the held clusters' last reasons (without_new_admissions)
-                decision = decision.without_new_admissions(
-                    kept=self.last if self.raced else None)
-            await self._report(decision)
+        if decision.state_changed and not await self.write(decision):
+            # A lost race keeps the held clusters' last reasons (see without_new_admissions)
+            decision = decision.without_new_admissions(
+                kept=self.last if self.raced else None)
+        await self._report(decision)
         self.last = decision
         return decision
-
-    async def _write_in_background(self, decision: GateDecision) -> None:
-        """Record ``decision`` (compare-and-swap, :meth:`write`), report it once durable,
-        then ask for a pass: it decides again from the record as it is now (ours, or the
-        other replica's that won the race). After a failure, a second later."""
-        written = False
-        try:
-            written = await self.write(decision)
-            if written:
-                await self._report(decision)
-        finally:
-            self._writing = False
-        if not written and not self.raced:
-            await anyio.sleep(self.write_retry_delay)
-        if self._poke is not None:
-            self._poke()
 
     # -- events ----------------------------------------------------------------------------
     async def _emit(self, regarding: Any, reason: str, note: str, *, type: str = NORMAL,
                     key: str = "") -> None:
-        recorder = self.recorder
-        if recorder is None:
-            return
-
-        async def emit() -> None:
-            async with self._events:
-                await recorder.emit(regarding, reason=reason, action=ACTION, note=note,
-                                    type=type, key=key)
-
-        if self.background is not None:
-            # started in this context: a fleet-wide writer's Events stay fenced as such
-            self.background.start_soon(emit)
-        else:
-            await emit()
+        if self.recorder is not None:
+            await self.recorder.emit(regarding, reason=reason, action=ACTION, note=note,
+                                     type=type, key=key)
 
     async def _fleet_transition(self, old: Transition | None, new: Transition | None,
                                 on: tuple[str, str], off: tuple[str, str]) -> None:

@@ -119,11 +119,7 @@ class RolloutPolicy:
         and the gate's wake-ups (both poke the controller)."""
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.wakeups, poke, clock)
-            self.coordinator.background = tg  # its Events: not waited for by a pass
-            try:
-                await self.coordinator.watch(poke)
-            finally:
-                self.coordinator.background = None
+            await self.coordinator.watch(poke)
 
     async def wakeups(self, poke: Callable[[], None], clock: Callable[[], datetime]) -> None:
         """Poke the controller when the gate's next wake-up time comes, or a deferred
