@@ -325,6 +325,24 @@ class ClusterRegistry:
                 self._drop(key)
             self._start(key, secret_name, secret, digest)
 
+    def connect(self, key: ClusterKey, secret_name: str) -> None:
+        """Start one cluster's client and watches now, if it has none from this Secret,
+        without touching the others (:meth:`want` makes the whole set match and is what
+        later keeps or drops it): a shard's cluster being taken over is connected while
+        the rest of its warm-up reads, not after."""
+        if self._tg is None:
+            return
+        wc = self.clusters.get(key)
+        if wc is not None and wc.secret_name == secret_name:
+            return  # want() follows a change of that Secret
+        secret = self.secrets.get(secret_name, key[0])
+        digest = secret_digest(secret)
+        if not digest:
+            return  # no kubeconfig there (yet): want() says so once the cluster is acted on
+        if wc is not None:
+            self._drop(key)
+        self._start(key, secret_name, secret, digest)
+
     def _drop(self, key: ClusterKey) -> None:
         wc = self.clusters.pop(key)
         wc.scope.cancel()

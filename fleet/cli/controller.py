@@ -172,12 +172,15 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
                                      trigger=trigger, policy=exclusion,
                                      tracer=get_tracer("fleet.controller", provider),
                                      shard=membership, write_fence=fence,
-                                     claims=membership.claims if membership else None,
+                                     claims=membership.keeps_full if membership else None,
+                                     kept_since=membership.kept_since if membership else None,
                                      after_start_up=_freeze_startup)
         if membership is not None:
             membership.busy = controller.busy_clusters
             membership.warm = functools.partial(controller.warm_taken,
                                                 membership.warming_cluster)
+            membership.read_ahead = functools.partial(controller.read_ahead,
+                                                      membership.readying_cluster)
         health = probes(controller, exclusion, config)
         lease_holder = membership or elector
         if lease_holder is not None:

@@ -189,6 +189,7 @@ class FleetController:
                  wedged_after: float | None = None, settle_bound: float | None = None,
                  shard: Shard | None = None,
                  claims: Callable[[ClusterKey], bool] | None = None,
+                 kept_since: Callable[[ClusterKey], int] | None = None,
                  write_fence: Callable[[], bool] | None = None,
                  after_start_up: Callable[[str], None] | None = None) -> None:
         """``unreachable_after`` / ``wedged_after`` (seconds) override the fleet config's
@@ -196,8 +197,11 @@ class FleetController:
         ``settle_bound``: how long a workload cluster's first answer is waited for before
         it is planned on (default: the unreachable bound + 30 s); ``shard``: act only on
         the clusters it names (several active replicas); ``claims``: whether this replica
-        holds the claim on a cluster's shard (sharded: of the other clusters less is kept,
-        re-read by :meth:`warm_taken` before acting on them); ``write_fence``: every write of
+        keeps a cluster's objects in full (sharded: it holds, or may soon take, the claim
+        on its shard; of the other clusters less is kept, re-read by :meth:`warm_taken`
+        before acting on them); ``kept_since``: a number that changes whenever a
+        cluster begins to be kept in full (what :meth:`read_ahead` read stays complete
+        while it does not); ``write_fence``: every write of
         this controller (management and workload clusters, Events) is sent only while it
         answers True (:meth:`fleet.kube.KubeClient.fenced`; each action's writes are marked
         as its cluster's, :func:`fleet.fence.writes_for`); ``after_start_up``: called with
@@ -274,6 +278,13 @@ class FleetController:
         # taken, or acted on since), projected down again once their shard is given back.
         self._full: set[ClusterKey] = set()
         self._warmed: set[ClusterKey] = set()  # re-read for the shards warming now
+        # Clusters of shards being taken whose workload client was started as soon as
+        # their kubeconfig Secret was read in full (before they are acted on).
+        self._connected_early: set[ClusterKey] = set()
+        self.kept_since = kept_since
+        # Read ahead (Machines and Secrets in full), with kept_since as of that read.
+        self._read_ahead: dict[ClusterKey, int] = {}
+        self._wanted: set[ClusterKey] = set()  # the registry's set, as last asked for
         # More clusters than this to re-read at once: one list of everything instead,
         # its progress kept when a call is cut off.
         self.reread_bulk = 64
@@ -478,13 +489,49 @@ class FleetController:
             self._bulk.read(at, page.continue_token)
             self.bulk_pages_read += 1
 
-    async def _reread(self, key: ClusterKey) -> None:
-        """Read one cluster's NodePlans, and with claims its Machines and Cluster API
-        Secrets (now kept in full), again: the lists at once."""
+    async def read_ahead(self, readying: Callable[[ClusterKey], bool]) -> None:
+        """Clusters of shards that may be taken soon (``readying``: their holder missed a
+        renewal): read their Machines and Secrets in full now and connect their workload
+        clusters, so that the warm-up after a take has only their NodePlans left to read
+        (which must follow the take: they count what the old holder dispatched). Nothing
+        is acted on or written. Past ``reread_bulk`` clusters, nothing (the take reads
+        them in one list of everything)."""
+        if self.claims is None or self.kept_since is None:
+            return
+        todo = sorted(k for k in self.parts.known_clusters() if readying(k)
+                      and self._read_ahead.get(k) != self.kept_since(k))
+        if not todo or len(todo) > self.reread_bulk:
+            return
+        started = time.monotonic()
+
+        def ahead(key: ClusterKey) -> Callable[[], Awaitable[None]]:
+            async def call() -> None:
+                since = self.kept_since(key) if self.kept_since else 0
+                await self._reread(key, plans=False)
+                self._read_ahead[key] = since
+                self._full.add(key)  # projected down again if it is not taken after all
+            return call
+
+        try:
+            await all_or_first_error([ahead(k) for k in todo], self.reread_concurrency)
+        finally:
+            log.info("read ahead: %d of %d clusters in %.1fs", sum(
+                1 for k in todo if k in self._read_ahead), len(todo), time.monotonic() - started)
+
+    def _read_in_full(self, key: ClusterKey) -> bool:
+        """Whether the cluster's Machines and Secrets were read ahead and kept in full
+        ever since (its shard did not stop being kept in between)."""
+        return self.kept_since is not None and key in self._read_ahead and \
+            self._read_ahead[key] == self.kept_since(key)
+
+    async def _reread(self, key: ClusterKey, *, plans: bool = True) -> None:
+        """Read one cluster's NodePlans (``plans``), and with claims its Machines and
+        Cluster API Secrets (now kept in full) unless read ahead, again: the lists at
+        once."""
         ns, name = key
         selector = f"{CAPI_CLUSTER_LABEL}={name}"
 
-        async def plans() -> None:
+        async def node_plans() -> None:
             cache = self.view[NODE_PLANS]
             for obj in (await self.mgmt.list(NODE_PLANS, ns, label_selector=(
                     f"{nodeplan.LABEL_CLUSTER}={nodeplan.label_value(name)}"))).items:
@@ -506,9 +553,25 @@ class FleetController:
             for obj in (await self.mgmt.list(SECRETS, ns, label_selector=selector,
                                              field_selector=SECRET_FIELD_SELECTOR)).items:
                 cache.observe(obj)
+            self._connect_early(key)
 
-        await all_or_first_error([plans] if self.claims is None
-                                 else [plans, machines, secrets], 3)
+        lists: list[Callable[[], Awaitable[None]]] = [node_plans] if plans else []
+        if self.claims is not None:
+            if plans and self._read_in_full(key):
+                self._connect_early(key)  # (connected when read ahead, unless dropped)
+            else:
+                lists += [machines, secrets]
+        await all_or_first_error(lists, 3)
+
+    def _connect_early(self, key: ClusterKey) -> None:
+        """Connect a taken cluster now, while the rest of its warm-up reads: its Nodes are
+        then listed by the time it is acted on. Connected after the warm-up, the first
+        pass that planned it waited for that connection and three workload lists too
+        (bench/README.md "The workload connection during the warm-up")."""
+        if self.claims is None or not self.claims(key):
+            return
+        self._connected_early.add(key)
+        self.registry.connect(key, kubeconfig_secrets(self.config, [key])[key])
 
     def _rekeep_owners(self, key: ClusterKey) -> None:
         """Keep one cluster's Cluster, K0sControlPlanes, MachineDeployments and MachineSets
@@ -520,7 +583,7 @@ class FleetController:
 
     def _drop_given_back(self) -> None:
         """Keep only the foreign subset of the clusters whose shard claim this replica no
-        longer holds (fleet/kept.py)."""
+        longer holds, nor may take soon (fleet/kept.py)."""
         claims = self.claims
         if claims is None:
             return
@@ -533,11 +596,12 @@ class FleetController:
         self._bulk.reset()
         for key in gone:
             self._full.discard(key)
+            self._read_ahead.pop(key, None)
             self.view[MACHINES].rekeep(self.parts.machine_keys(key))
             self.view[SECRETS].rekeep([(key[0], secrets[key])])
             self._rekeep_owners(key)
-        log.info("%d clusters of shards given back: their objects kept foreign again",
-                 len(gone))
+        log.info("%d clusters of shards given back (or not taken after all): their objects "
+                 "kept foreign again", len(gone))
 
     def settled(self) -> bool:
         """True when no pass runs, no poke waits to be served and no action is in flight:
@@ -653,8 +717,14 @@ class FleetController:
         if self.claims is not None:
             self._drop_given_back()
             self._full |= mine  # acted on: held (and read in full) since it was taken
-        if changed or mine != self._mine:
-            self.registry.want(kubeconfig_secrets(self.config, sorted(mine)))
+        # Connected early, while its shard warms up: kept while the claim is held.
+        early = {k for k in self._connected_early
+                 if k not in mine and self.claims is not None and self.claims(k)}
+        self._connected_early = early
+        wanted = mine | early
+        if changed or mine != self._mine or wanted != self._wanted:
+            self._wanted = wanted
+            self.registry.want(kubeconfig_secrets(self.config, sorted(wanted)))
             t = time.monotonic()
             self._wanted_since = {k: self._wanted_since.get(k, t) for k in mine}
             self._mine = mine

@@ -54,6 +54,19 @@ before this one plans. The controller's ``warm`` also reads its clusters' Machin
 kubeconfig Secrets again first: of clusters whose shard it did not hold it kept only a
 subset (fleet/kept.py ``FOREIGN_SPECS``).
 
+Reading ahead. A take at ``expiry`` used to be followed by the whole warm-up (three
+lists per cluster) and then the workload connection (three more lists on another
+server) before the first request. Once a live replica's member Lease has not moved for
+``suspect_after`` (1.5 renewal periods: one renewal missed), the shards it holds that
+would be this replica's without it are *readying*: the controller keeps their objects in
+full, reads their Machines and kubeconfig Secrets and connects their workload clusters
+(``read_ahead``, beside the looks, never delaying a take), all read-only. Nothing there
+is planned or written before the claim is taken (``acts_on``, ``holds_cluster``), so a
+replica that was only slow costs the others a few reads, dropped at their next pass.
+The take's warm-up still lists the NodePlans after the claim (the argument above needs
+that list); Machines and Secrets read ahead are not read again unless the shard stopped
+being kept in full in between (``kept_since``).
+
 Stopping "first" is the renewal thread's and the main loop's doing (the thread clears
 ``active``, the main loop then raises); a replica stopped past its deadline and then
 resumed may run other tasks before noticing. So its writes are fenced one by one
@@ -217,6 +230,19 @@ class ShardMembership:
         self.releasing: set[int] = set()  # held, no longer ours: drain, then give back
         self.warming: set[int] = set()  # taken, caches not yet confirmed fresh
         self._taken_at: dict[int, float] = {}  # monotonic, per warming shard (for the log)
+        # Read-ahead: a replica whose member Lease has not moved for ``suspect_after`` (one
+        # renewal missed) may be gone. The shards it holds that would be this replica's
+        # without it are "readying": their objects are kept in full, read again and their
+        # workload clusters connected (``read_ahead``) before ``expiry``, so a take has
+        # only their NodePlans left to read. Read-only: nothing there is acted on or
+        # written before the claim is taken (acts_on, holds_cluster).
+        self.suspect_after = self.renew_every * 1.5
+        self.readying: set[int] = set()
+        self.read_ahead: Callable[[], Awaitable[None]] | None = None
+        self._suspects: dict[str, float] = {}  # live holder -> when it is overdue
+        self._kept: set[int] = set()  # held | readying, as last noted
+        self._kept_epoch: dict[int, int] = {}  # shard -> times it became kept
+        self._reading_ahead = False
         self.members: tuple[str, ...] = ()  # live replicas as last seen (sorted)
         # Set by the renewal thread (fleet.controllers.renewal), read by the main loop:
         self.active = False  # member Lease renewed within the deadline
@@ -238,6 +264,29 @@ class ShardMembership:
         """Whether this replica holds the claim on the cluster's shard (acting on it,
         warming up to, or draining it): the management caches keep its objects in full."""
         return shard_of(cluster, self.shards) in self.held
+
+    def keeps_full(self, cluster: ClusterKey) -> bool:
+        """Whether the management caches keep the cluster's objects in full: its shard's
+        claim is held (:meth:`claims`), or it is readying (may be taken soon)."""
+        s = shard_of(cluster, self.shards)
+        return s in self.held or s in self.readying
+
+    def kept_since(self, cluster: ClusterKey) -> int:
+        """How many times the cluster's shard began to be kept in full: unchanged since a
+        read means everything since that read was kept in full too."""
+        return self._kept_epoch.get(shard_of(cluster, self.shards), 0)
+
+    def readying_cluster(self, cluster: ClusterKey) -> bool:
+        """Whether the cluster's shard may be taken soon (its holder is overdue)."""
+        return shard_of(cluster, self.shards) in self.readying
+
+    def _note_kept(self) -> None:
+        """Count each shard that began to be kept in full since the last call (called
+        after every change of ``held`` or ``readying``, with no await in between)."""
+        kept = self.held | self.readying
+        for shard in kept - self._kept:
+            self._kept_epoch[shard] = self._kept_epoch.get(shard, 0) + 1
+        self._kept = kept
 
     def warming_cluster(self, cluster: ClusterKey) -> bool:
         """Whether the cluster's shard was taken and is not acted on yet (``warm``)."""
@@ -331,6 +380,7 @@ class ShardMembership:
                       ) -> tuple[list[str], dict[str, int]]:
         """Live replica identities (self included) and the shard counts they announce."""
         self._expires.clear()
+        self._suspects.clear()
         live = {self.identity}
         counts: dict[str, int] = {}
         present: set[str] = set()
@@ -348,6 +398,9 @@ class ShardMembership:
             if now < expires:
                 live.add(holder)
                 self._expires[name] = expires
+                if self.suspect_after < self.expiry:
+                    self._suspects[holder] = seen.at + \
+                        duration * self.suspect_after / self.lease_seconds
                 try:
                     counts[holder] = int(((lease["metadata"].get("annotations") or {})
                                           .get(SHARDS_ANNOTATION)) or self.shards)
@@ -368,8 +421,11 @@ class ShardMembership:
         return now - seen.at < self.expiry
 
     def next_expiry(self) -> float | None:
-        """When (monotonic) the next member Lease seen live expires, unless it moves."""
-        return min(self._expires.values(), default=None)
+        """When (monotonic) the next member Lease seen live expires, or is overdue (to be
+        read ahead), unless it moves."""
+        now = self.monotonic()
+        return min((*self._expires.values(),
+                    *(t for t in self._suspects.values() if t > now)), default=None)
 
     async def _on_lease(self, event: WatchEvent) -> None:
         """A Lease of the group changed (the watch): a member Lease's renewal is seen now
@@ -481,6 +537,7 @@ class ShardMembership:
                 # process is gone (same identity = same pod), adopt it after warming.
                 self.held.add(shard)
                 self.warming.add(shard)
+                self._note_kept()
                 changed = True
             if holder != self.identity and shard in self.held:
                 log.warning("%s: claim on shard %d now held by %r; stopping there",
@@ -488,6 +545,7 @@ class ShardMembership:
                 self.held.discard(shard)
                 self.releasing.discard(shard)
                 self.warming.discard(shard)
+                self._note_kept()
                 changed = True
             mine = owners.get(shard) == self.identity
             if shard in self.held:
@@ -508,6 +566,7 @@ class ShardMembership:
                     self.held.discard(shard)
                     self.releasing.discard(shard)
                     self.warming.discard(shard)
+                    self._note_kept()
                     changed = True
                 continue
             if not mine or disagree:
@@ -537,6 +596,9 @@ class ShardMembership:
             self.held.add(shard)
             self.warming.add(shard)
             self._taken_at[shard] = self.monotonic()
+            self._note_kept()
+            changed = True
+        if self._set_readying(self._overdue_shards(claims, live, now, disagree)):
             changed = True
         if disagree:
             log.error("%s: replicas %s announce a different shard count than %d; taking no "
@@ -546,6 +608,47 @@ class ShardMembership:
             self.on_change()
         if failure is not None:
             raise failure  # the look failed (what the other claims took is recorded)
+
+    def _overdue_shards(self, claims: dict[str, dict[str, Any]], live: Sequence[str],
+                        now: float, disagree: Sequence[str]) -> set[int]:
+        """The shards held by live replicas overdue at ``now`` (one renewal missed) that
+        would be this replica's if they were gone."""
+        overdue = [h for h, at in self._suspects.items() if now >= at]
+        if disagree or not overdue:
+            return set()
+        out: set[int] = set()
+        for holder in overdue:
+            without = assignment(self.shards, [m for m in live if m != holder])
+            for shard in range(self.shards):
+                lease = claims.get(shard_lease_name(self.group, shard))
+                if ((lease or {}).get("spec") or {}).get("holderIdentity") == holder \
+                        and without.get(shard) == self.identity:
+                    out.add(shard)
+        return out - self.held
+
+    def _set_readying(self, readying: set[int]) -> bool:
+        """Make ``readying`` this (logged); whether it changed."""
+        if readying == self.readying:
+            return False
+        if readying - self.readying:
+            log.info("%s: shards %s may be taken soon (their holder is overdue): read "
+                     "ahead", self.identity, ",".join(map(str, sorted(readying -
+                                                                        self.readying))))
+        self.readying = readying
+        self._note_kept()
+        return True
+
+    async def _read_ahead(self) -> None:
+        """``read_ahead()`` once, bounded by a lease; a failure is only logged (the take
+        reads what is missing)."""
+        assert self.read_ahead is not None
+        try:
+            with anyio.move_on_after(self.lease_seconds):
+                await self.read_ahead()
+        except KubeError as e:
+            log.info("%s: reading ahead: %s", self.identity, e)
+        finally:
+            self._reading_ahead = False
 
     async def _warm_up(self) -> None:
         """The shards taken and not yet acted on: once ``warm()`` says the caches are
@@ -573,6 +676,8 @@ class ShardMembership:
             except KubeError as e:
                 log.info("could not give back shard %d: %s", shard, e)
         self.held.clear()
+        self.readying.clear()
+        self._note_kept()
         try:
             lease = await self.client.get_or_none(LEASES, self.member_name, self.namespace)
             if lease is not None and (lease.get("spec") or {}).get("holderIdentity") == \
@@ -648,6 +753,10 @@ class ShardMembership:
                             except KubeError as e:
                                 log.warning("%s: shard claims: %s", self.identity, e)
                         self._check(thread)
+                        if self.readying and self.read_ahead is not None and \
+                                not self._reading_ahead:
+                            self._reading_ahead = True  # beside the looks: takes wait for none
+                            tg.start_soon(self._read_ahead)
                         if self.warming:
                             # Its own bound, not what the look left of one: a taken
                             # cluster's three lists took 1.5-2.5 s on a loaded API server,

@@ -52,6 +52,19 @@ class Claims:
     def __init__(self) -> None:
         self.held: set[ClusterKey] = set()
         self.warming: set[ClusterKey] = set()
+        self.readying: set[ClusterKey] = set()  # may be taken soon: read ahead
+        self.epoch: dict[ClusterKey, int] = {}  # times it began to be kept in full
+
+    def ready(self, cluster: ClusterKey, on: bool = True) -> None:
+        if on and not self.keeps_full(cluster):
+            self.epoch[cluster] = self.epoch.get(cluster, 0) + 1
+        (self.readying.add if on else self.readying.discard)(cluster)
+
+    def keeps_full(self, cluster: ClusterKey) -> bool:
+        return cluster in self.held or cluster in self.readying
+
+    def kept_since(self, cluster: ClusterKey) -> int:
+        return self.epoch.get(cluster, 0)
 
     def acts_on(self, cluster: ClusterKey) -> bool:
         return cluster in self.held and cluster not in self.warming
@@ -104,6 +117,18 @@ async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
         assert machines_kept(ctl, taken) == [True] * len(taken.machines)
         assert not kubeconfig_kept(ctl, other)
         assert machines_kept(ctl, other) == [False] * len(other.machines)
+        # Connected while it warmed up (as soon as its kubeconfig was read), not once it is
+        # acted on: its Nodes are listed by then. Passes while it warms keep the client.
+        assert ctl.registry.get(taken.key) is not None
+        assert ctl.registry.get(other.key) is None
+        await wait_for("the warming cluster's Nodes listed",
+                       _async(lambda: ctl.registry.settled(taken.key)), 60, 0.1)
+        passes = ctl.stats.passes
+        ctl.trigger.poke()
+        await wait_for("a pass while it warms", _async(lambda: ctl.stats.passes > passes),
+                       60, 0.05)
+        wc = ctl.registry.get(taken.key)
+        assert wc is not None and ctl.registry.settled(taken.key)
         claims.warming.clear()
         ctl.trigger.poke()
         async with responder_running(responder):
@@ -126,6 +151,8 @@ async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
         # the warm-up reads them in (before, it waited for the watch to deliver them,
         # here forever; mid-roll, minutes).
         await _give_back_and_take_again(ctl, claims, taken)
+        # Given back, its client went with it; taken again, none until it is read again.
+        assert ctl.registry.get(taken.key) is None
         ctl.view[NODE_PLANS].clear()
         await wait_for("the taken shard warm (its NodePlans read)",
                        lambda: ctl.warm_taken(claims.warming_cluster), 60, 0.2)
@@ -159,6 +186,12 @@ async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
         assert machines_kept(ctl, taken) == [True] * len(taken.machines)
         assert machines_kept(ctl, other) == [False] * len(other.machines)
         assert _cached_plans(ctl, namespace) == {p["metadata"]["name"] for p in plans}
+
+
+def _async(check: Any) -> Any:
+    async def call() -> Any:
+        return check()
+    return call
 
 
 def _cached_plans(ctl: Any, namespace: str) -> set[str]:
@@ -210,3 +243,65 @@ async def responder_running(responder: NodeResponder) -> AsyncIterator[None]:
             yield
         finally:
             tg.cancel_scope.cancel()
+
+
+async def test_a_cluster_that_may_be_taken_soon_is_read_ahead_and_let_go_if_not_taken(
+        world: World, mgmt: KubeClient, wl1: KubeClient, namespace: str) -> None:
+    """Its holder missed a renewal (the membership's ``readying``): its Machines and
+    kubeconfig are read in full and its workload cluster connected before any claim, and
+    nothing is planned or written there. Not taken after all: kept foreign again and its
+    connection closed. Taken: the warm-up after the take finds it connected and it is
+    rolled, every node once."""
+    await ensure_infra_crd(mgmt)
+    ahead, other = [await small_cluster(mgmt, wl1, world, namespace, prefix="ra",
+                                        control_planes=1, workers=1, version=V1)
+                    for _ in range(2)]
+    cfg = FleetConfig.model_validate(fleet_config_dict(namespace, maxConcurrentClusters=2))
+    claims = Claims()
+    responder = NodeResponder(wl1, step_seconds=0.05, only=lambda n: n in ahead.machines)
+    async with policy_controller(mgmt, cfg, shard=claims, claims=claims.keeps_full,
+                                 kept_since=claims.kept_since) as ctl:
+        await bump(mgmt, ahead, V2)  # wanted already: only the claim is missing
+        claims.ready(ahead.key)
+        await ctl.read_ahead(lambda k: k in claims.readying)
+        assert kubeconfig_kept(ctl, ahead)
+        assert machines_kept(ctl, ahead) == [True] * len(ahead.machines)
+        assert not kubeconfig_kept(ctl, other) and ctl.registry.get(other.key) is None
+        await wait_for("the readying cluster's Nodes listed",
+                       _async(lambda: ctl.registry.settled(ahead.key)), 60, 0.1)
+        passes = ctl.stats.passes
+        ctl.trigger.poke()
+        await wait_for("a pass while it readies", _async(lambda: ctl.stats.passes > passes),
+                       60, 0.05)
+        assert ctl.registry.get(ahead.key) is not None  # the pass kept the connection
+        assert await _plans_of(mgmt, ahead) == [], "nothing dispatched before a claim"
+        # Not taken after all: projected down and disconnected by the next pass.
+        claims.ready(ahead.key, False)
+        ctl.trigger.poke()
+        await wait_for("the cluster not taken kept foreign again",
+                       lambda: _foreign_again(ctl, ahead), 60, 0.1)
+        await wait_for("its connection closed",
+                       _async(lambda: ctl.registry.get(ahead.key) is None), 60, 0.1)
+        # Readying again, then taken: connected by the read-ahead, acted on once warm.
+        claims.ready(ahead.key)
+        await ctl.read_ahead(lambda k: k in claims.readying)
+        assert ctl.registry.get(ahead.key) is not None
+        claims.held.add(ahead.key)
+        claims.warming.add(ahead.key)
+        claims.ready(ahead.key, False)
+        await wait_for("the taken shard warm",
+                       lambda: ctl.warm_taken(claims.warming_cluster), 60, 0.2)
+        assert kubeconfig_kept(ctl, ahead)
+        claims.warming.clear()
+        ctl.trigger.poke()
+        async with responder_running(responder):
+            await wait_rollout(mgmt, ahead, timeout=240)
+        assert sorted(p["spec"]["machineName"] for p in await _plans_of(mgmt, ahead)) == \
+            sorted(ahead.machines)
+        assert {v for m, v in (await machine_versions(mgmt, other)).items()
+                if m in other.machines} == {V1}
+
+
+async def _plans_of(mgmt: KubeClient, fc: FleetCluster) -> list[dict[str, Any]]:
+    return [p for p in (await mgmt.list(NODE_PLANS, fc.namespace)).items
+            if p["spec"]["machineName"] in fc.machines]
