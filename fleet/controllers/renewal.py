@@ -144,11 +144,13 @@ class Wake:
         with contextlib.suppress(RuntimeError):  # that loop is closed: nobody to wake
             self._loop.call_soon_threadsafe(self._event.set)
 
-    async def wait(self, timeout: float) -> None:
-        """Until woken (since the last wait) or ``timeout`` seconds passed."""
+    async def wait(self, timeout: float) -> bool:
+        """Until woken (since the last wait) or ``timeout`` seconds passed: whether woken."""
         with anyio.move_on_after(max(0.0, timeout)):
             await self._event.wait()
+        woken = self._event.is_set()
         self._event.clear()
+        return woken
 
 
 class RenewalThread:

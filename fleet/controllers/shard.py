@@ -239,7 +239,8 @@ class ShardMembership:
         self.suspect_after = self.renew_every * 1.5
         self.readying: set[int] = set()
         self.read_ahead: Callable[[], Awaitable[None]] | None = None
-        self._suspects: dict[str, float] = {}  # live holder -> when it is overdue
+        self._claims_seen: dict[str, dict[str, Any]] = {}  # claim Leases, last look
+        self._disagree = False  # the last look saw replicas with other shard counts
         self._kept: set[int] = set()  # held | readying, as last noted
         self._kept_epoch: dict[int, int] = {}  # shard -> times it became kept
         self._reading_ahead = False
@@ -380,7 +381,6 @@ class ShardMembership:
                       ) -> tuple[list[str], dict[str, int]]:
         """Live replica identities (self included) and the shard counts they announce."""
         self._expires.clear()
-        self._suspects.clear()
         live = {self.identity}
         counts: dict[str, int] = {}
         present: set[str] = set()
@@ -398,9 +398,6 @@ class ShardMembership:
             if now < expires:
                 live.add(holder)
                 self._expires[name] = expires
-                if self.suspect_after < self.expiry:
-                    self._suspects[holder] = seen.at + \
-                        duration * self.suspect_after / self.lease_seconds
                 try:
                     counts[holder] = int(((lease["metadata"].get("annotations") or {})
                                           .get(SHARDS_ANNOTATION)) or self.shards)
@@ -421,11 +418,23 @@ class ShardMembership:
         return now - seen.at < self.expiry
 
     def next_expiry(self) -> float | None:
-        """When (monotonic) the next member Lease seen live expires, or is overdue (to be
-        read ahead), unless it moves."""
+        """When (monotonic) the next member Lease seen live expires, unless it moves."""
+        return min(self._expires.values(), default=None)
+
+    def _last_seen(self, holder: str) -> float | None:
+        seen = self._seen.get(member_lease_name(self.group, holder))
+        return None if seen is None else seen.at
+
+    def next_suspicion(self) -> float | None:
+        """When (monotonic, from now on) the next live replica becomes overdue (one
+        renewal missed), unless its member Lease moves: known from the Lease watch, so
+        checked without a request (:meth:`_suspect`)."""
+        if self.suspect_after >= self.expiry:
+            return None
         now = self.monotonic()
-        return min((*self._expires.values(),
-                    *(t for t in self._suspects.values() if t > now)), default=None)
+        return min((t for h in self.members if h != self.identity
+                    and (at := self._last_seen(h)) is not None
+                    and (t := at + self.suspect_after) > now), default=None)
 
     async def _on_lease(self, event: WatchEvent) -> None:
         """A Lease of the group changed (the watch): a member Lease's renewal is seen now
@@ -440,8 +449,8 @@ class ShardMembership:
             self._observe(meta.get("name", ""), (holder, spec.get("renewTime"),
                                                  meta.get("resourceVersion")),
                           self.monotonic())
-            if not holder or holder in self.members:
-                return  # a renewal: nothing to rebalance
+            if (not holder or holder in self.members) and not self.readying:
+                return  # a renewal: nothing to rebalance (readying: perhaps no longer)
         if self._wake is not None:
             self._wake.set()
 
@@ -598,7 +607,8 @@ class ShardMembership:
             self._taken_at[shard] = self.monotonic()
             self._note_kept()
             changed = True
-        if self._set_readying(self._overdue_shards(claims, live, now, disagree)):
+        self._claims_seen, self._disagree = claims, bool(disagree)
+        if self._set_readying(self._overdue_shards(claims, live, now)):
             changed = True
         if disagree:
             log.error("%s: replicas %s announce a different shard count than %d; taking no "
@@ -610,11 +620,15 @@ class ShardMembership:
             raise failure  # the look failed (what the other claims took is recorded)
 
     def _overdue_shards(self, claims: dict[str, dict[str, Any]], live: Sequence[str],
-                        now: float, disagree: Sequence[str]) -> set[int]:
-        """The shards held by live replicas overdue at ``now`` (one renewal missed) that
-        would be this replica's if they were gone."""
-        overdue = [h for h, at in self._suspects.items() if now >= at]
-        if disagree or not overdue:
+                        now: float) -> set[int]:
+        """The shards held by live replicas overdue at ``now`` (one renewal missed, as the
+        Lease watch and the looks saw them) that would be this replica's if they were
+        gone."""
+        if self._disagree or self.suspect_after >= self.expiry:
+            return set()
+        overdue = [h for h in live if h != self.identity and (at := self._last_seen(h))
+                   is not None and now - at >= self.suspect_after]
+        if not overdue:
             return set()
         out: set[int] = set()
         for holder in overdue:
@@ -637,6 +651,20 @@ class ShardMembership:
         self.readying = readying
         self._note_kept()
         return True
+
+    def _suspect(self, tg: anyio.abc.TaskGroup) -> None:
+        """Between looks, at an instant a live replica may have become overdue: readying
+        from what is known (the watch's renewals, the last look's claims), no request;
+        the read-ahead started when there is something to read."""
+        if self._set_readying(self._overdue_shards(self._claims_seen, self.members,
+                                                   self.monotonic())):
+            self.on_change()
+        self._start_read_ahead(tg)
+
+    def _start_read_ahead(self, tg: anyio.abc.TaskGroup) -> None:
+        if self.readying and self.read_ahead is not None and not self._reading_ahead:
+            self._reading_ahead = True  # beside the looks: a take waits for none
+            tg.start_soon(self._read_ahead)
 
     async def _read_ahead(self) -> None:
         """``read_ahead()`` once, bounded by a lease; a failure is only logged (the take
@@ -753,10 +781,7 @@ class ShardMembership:
                             except KubeError as e:
                                 log.warning("%s: shard claims: %s", self.identity, e)
                         self._check(thread)
-                        if self.readying and self.read_ahead is not None and \
-                                not self._reading_ahead:
-                            self._reading_ahead = True  # beside the looks: takes wait for none
-                            tg.start_soon(self._read_ahead)
+                        self._start_read_ahead(tg)
                         if self.warming:
                             # Its own bound, not what the look left of one: a taken
                             # cluster's three lists took 1.5-2.5 s on a loaded API server,
@@ -774,7 +799,17 @@ class ShardMembership:
                             pause = min(pause, expires - self.monotonic() + 0.01)
                         if self.warming:  # a warm-up cut off by the look's bound goes on
                             pause = min(pause, 0.1)
-                        await wake.wait(pause)
+                        # Until then, at each instant a live replica becomes overdue, a
+                        # check of what is known (no request): looks at those instants
+                        # would list the Leases for each of them, and one running across
+                        # such an instant missed it.
+                        look_at = self.monotonic() + pause
+                        while (due := self.next_suspicion()) is not None and due < look_at:
+                            if await wake.wait(due - self.monotonic() + 0.01):
+                                break
+                            self._suspect(tg)
+                        else:
+                            await wake.wait(look_at - self.monotonic())
                 except LostMembershipError as e:
                     lost = e  # raised below, not wrapped in the task group's error group
                 tg.cancel_scope.cancel()

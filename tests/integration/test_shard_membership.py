@@ -55,9 +55,9 @@ class Replicas:
         self.first_acting: dict[tuple[str, int], float] = {}
 
     async def start(self, identity: str,
-                    busy: Callable[[], set[ClusterKey]] = set) -> ShardMembership:
+                    busy: Callable[[], set[ClusterKey]] = set, **kw: Any) -> ShardMembership:
         m = ShardMembership(self.mgmt, namespace=self.namespace, identity=identity,
-                            group=GROUP, shards=SHARDS, lease_seconds=LEASE, busy=busy)
+                            group=GROUP, shards=SHARDS, lease_seconds=LEASE, busy=busy, **kw)
         scope = anyio.CancelScope()
         self.members[identity], self.scopes[identity] = m, scope
         ended = self.ended[identity] = anyio.Event()
@@ -304,3 +304,40 @@ async def test_a_replica_sends_the_claims_of_one_look_at_once(
     assert await claims(mgmt, namespace) == dict.fromkeys(range(SHARDS), "solo")
     assert writes.sent >= SHARDS
     assert writes.most_at_once == SHARDS, writes.most_at_once
+
+
+async def test_a_replica_reads_ahead_what_it_will_take_from_one_that_missed_a_renewal(
+        mgmt: KubeClient, namespace: str) -> None:
+    """Killed, a replica stops renewing; once one renewal is missed (1.5 periods after
+    the last one seen: a check of what the Lease watch showed, no request) the survivor
+    reads ahead exactly the shards it will take, while the dead one still holds their
+    claims and nothing there is acted on; the take follows at the expiry, not sooner.
+    (Margin 2 s: 3 s between the two instants on this shared machine.)"""
+    reads: list[tuple[float, frozenset[int], dict[int, str], set[int]]] = []
+    async with anyio.create_task_group() as tg:
+        r = Replicas(mgmt, namespace, tg)
+        tg.start_soon(r.sample)
+        a = await r.start("ctl-a", handoff_margin=2.0)
+        await r.start("ctl-b", handoff_margin=2.0)
+        owners = await r.settled(timeout=60)
+        theirs = set(_shards_of(owners, "ctl-b"))
+
+        async def read_ahead() -> None:
+            reads.append((time.monotonic(), frozenset(a.readying),
+                          await claims(mgmt, namespace), a.acting_shards()))
+
+        a.read_ahead = read_ahead
+        r.kill("ctl-b")
+        await r.ended["ctl-b"].wait()
+        r.first_acting.clear()
+        after = await r.settled(timeout=LEASE + 30)
+        tg.cancel_scope.cancel()
+    assert r.overlaps == [], r.overlaps[:5]
+    assert set(after.values()) == {"ctl-a"}
+    assert reads, "no read-ahead before the take"
+    at, readying, held, acting = reads[0]
+    assert readying == theirs
+    assert {s: held[s] for s in theirs} == {s: "ctl-b" for s in theirs}, \
+        "read ahead while the dead replica still held the claims"
+    assert not acting & theirs
+    assert all(r.first_acting[("ctl-a", s)] > at for s in theirs)

@@ -51,7 +51,8 @@ def _claims(owners: dict[int, str]) -> dict[str, dict[str, Any]]:
 def _look(m: ShardMembership, claims: dict[str, dict[str, Any]], leases: list[dict[str, Any]],
           now: float) -> set[int]:
     live, _ = m._live_members(leases, now)
-    return m._overdue_shards(claims, live, now, [])
+    m.members = tuple(live)
+    return m._overdue_shards(claims, live, now)
 
 
 def _cluster_in(shard: int) -> ClusterKey:
@@ -69,8 +70,8 @@ def test_a_replica_missing_one_renewal_readies_exactly_what_it_would_take() -> N
     # Seen renewed at T0 (the first look), then not again.
     assert _look(m, claims, leases, T0) == set()
     assert m.suspect_after == 7.5 and m.expiry == 11.5
-    # The next look is due when the renewal is one period late, before the expiry.
-    assert m.next_expiry() == T0 + 7.5
+    # Checked (without a request) when the renewal is one period late, before the expiry.
+    assert m.next_suspicion() == T0 + 7.5 and m.next_expiry() == T0 + 11.5
     clock.now = T0 + 7.4
     assert _look(m, claims, leases, clock.now) == set()
     clock.now = T0 + 7.5
@@ -82,14 +83,18 @@ def test_a_replica_missing_one_renewal_readies_exactly_what_it_would_take() -> N
          and assignment(SHARDS, ["ctl-a", "ctl-b"])[s] == "ctl-a"}
     assert wanted and overdue == wanted
     assert not overdue & {s for s, h in owners.items() if h == "ctl-a"}
-    # Past the suspicion, the next look is the expiry itself (not a look at once).
-    assert m.next_expiry() == T0 + 11.5
+    # Past the suspicion, nothing more to check before the expiry's look.
+    assert m.next_suspicion() is None and m.next_expiry() == T0 + 11.5
     # ctl-c renews: only ctl-b's shards stay readying, its own are no longer ctl-a's.
     leases = [_member("ctl-a", "t0", "1"), _member("ctl-b", "t0", "1"),
               _member("ctl-c", "t8", "2")]
     clock.now = T0 + 8.0
     overdue = _look(m, claims, leases, clock.now)
     assert overdue == {s for s in wanted if owners[s] == "ctl-b"}
+    assert m.next_suspicion() == T0 + 15.5
+    # Replicas announcing different shard counts: nothing is readied (nor taken).
+    m._disagree = True
+    assert _look(m, claims, leases, clock.now) == set()
 
 
 def test_a_readying_shard_is_kept_in_full_not_acted_on_nor_written_and_counted_once() -> None:
