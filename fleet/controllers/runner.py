@@ -288,7 +288,8 @@ class FleetController:
         # More clusters than this to re-read at once: one list of everything instead,
         # its progress kept when a call is cut off.
         self.reread_bulk = 64
-        self.reread_concurrency = 8  # clusters re-read at once (below reread_bulk)
+        self.reread_concurrency = 8  # lists at once while re-reading (below reread_bulk)
+        self.plans_per_list = 50  # taken clusters whose NodePlans one list reads
         self._bulk = BulkReread()
         self.reread_page_size = 500
         self.bulk_pages_read = 0
@@ -393,10 +394,11 @@ class FleetController:
         one): their clusters' NodePlans have been read into the NodePlan cache (what the
         previous holder dispatched counts, whether or not the watch has delivered it
         yet), and with claims, the objects that were kept foreign (fleet/kept.py) have
-        been read again in full. Per cluster that is one list each of its NodePlans,
-        Machines and Secrets, by Cluster API's cluster-name label; past ``reread_bulk``
-        clusters, one paged list of every one of them. Re-reads that are done stay done
-        when the call is cut off (the claims task bounds it) or fails.
+        been read again in full. That is one NodePlan list per ``plans_per_list`` clusters and
+        per cluster one Machine and one Secret list (none for a cluster read ahead and
+        kept in full since: :meth:`read_ahead`), by Cluster API's cluster-name label; past
+        ``reread_bulk`` clusters, one paged list of every one of them. Re-reads that are
+        done stay done when the call is cut off (the claims task bounds it) or fails.
 
         The cache is filled from a read rather than waited on: before, a taken shard
         waited until the NodePlan watch had delivered every NodePlan a fresh list of all
@@ -440,17 +442,51 @@ class FleetController:
         return True
 
     async def _reread_each(self, todo: list[ClusterKey]) -> None:
-        """:meth:`_reread` each cluster, ``reread_concurrency`` of them at a time (one
-        after the other a cluster took ~4 s on a loaded API server, about as long as a
-        look may last, so a taker of 14 clusters read 0-2 per look and acted on them
-        minutes later); each one done stays done. Raises the first KubeError."""
-        def reread(key: ClusterKey) -> Callable[[], Awaitable[None]]:
+        """Read the NodePlans of the clusters ``todo``, up to ``plans_per_list`` clusters
+        per list (a set-based selector on Cluster API's cluster-name label), and each
+        one's Machines and Secrets unless read ahead (:meth:`read_ahead`), ``reread_
+        concurrency`` requests at a time; a cluster whose reads are all done stays done.
+        Raises the first KubeError. (One NodePlan list per cluster, 8 at a time, took
+        1.1-2.5 s each mid-roll at 10 x 300: a taker of 11 clusters waited two rounds,
+        4.8 s; bench/README.md "Reading ahead of a take".) (Before, one cluster after the
+        other took ~4 s each on a loaded API server, about as long as a look may last: a
+        taker of 14 clusters read 0-2 per look and acted on them minutes later.)"""
+        plans_read: set[ClusterKey] = set()
+        rest_read: set[ClusterKey] = set()
+
+        def read(keys: Sequence[ClusterKey], into: set[ClusterKey]) -> None:
+            into.update(keys)
+            self._warmed.update(k for k in keys if k in plans_read and k in rest_read)
+
+        def plans(ns: str, keys: list[ClusterKey]) -> Callable[[], Awaitable[None]]:
             async def call() -> None:
-                await self._reread(key)
-                self._warmed.add(key)
+                await self._reread_plans(ns, keys)
+                read(keys, plans_read)
             return call
 
-        await all_or_first_error([reread(k) for k in todo], self.reread_concurrency)
+        def rest(key: ClusterKey) -> Callable[[], Awaitable[None]]:
+            async def call() -> None:
+                await self._reread_kept(key)
+                read([key], rest_read)
+            return call
+
+        calls: list[Callable[[], Awaitable[None]]] = []
+        by_ns: dict[str, list[ClusterKey]] = defaultdict(list)
+        for key in todo:
+            by_ns[key[0]].append(key)
+        for ns, keys in sorted(by_ns.items()):
+            for i in range(0, len(keys), self.plans_per_list):
+                calls.append(plans(ns, keys[i:i + self.plans_per_list]))
+        calls += [rest(k) for k in todo]
+        await all_or_first_error(calls, self.reread_concurrency)
+
+    async def _reread_plans(self, ns: str, keys: Sequence[ClusterKey]) -> None:
+        """One list of the NodePlans of the clusters ``keys`` (of namespace ``ns``)."""
+        values = ",".join(sorted({nodeplan.label_value(k[1]) for k in keys}))
+        cache = self.view[NODE_PLANS]
+        for obj in (await self.mgmt.list(NODE_PLANS, ns, label_selector=(
+                f"{nodeplan.LABEL_CLUSTER} in ({values})"))).items:
+            cache.observe(obj)
 
     def _rereads(self) -> tuple[tuple[Resource, str | None], ...]:
         """What a taken cluster's warm-up reads, with each list's field selector: its
@@ -507,7 +543,7 @@ class FleetController:
         def ahead(key: ClusterKey) -> Callable[[], Awaitable[None]]:
             async def call() -> None:
                 since = self.kept_since(key) if self.kept_since else 0
-                await self._reread(key, plans=False)
+                await self._reread_kept(key)
                 self._read_ahead[key] = since
                 self._full.add(key)  # projected down again if it is not taken after all
             return call
@@ -524,18 +560,16 @@ class FleetController:
         return self.kept_since is not None and key in self._read_ahead and \
             self._read_ahead[key] == self.kept_since(key)
 
-    async def _reread(self, key: ClusterKey, *, plans: bool = True) -> None:
-        """Read one cluster's NodePlans (``plans``), and with claims its Machines and
-        Cluster API Secrets (now kept in full) unless read ahead, again: the lists at
-        once."""
+    async def _reread_kept(self, key: ClusterKey) -> None:
+        """With claims, read one cluster's Machines and Cluster API Secrets (kept in full
+        from now) again, unless read ahead and kept in full since; then connect it."""
+        if self.claims is None:
+            return
+        if self._read_in_full(key):
+            self._connect_early(key)  # (connected when read ahead, unless dropped since)
+            return
         ns, name = key
         selector = f"{CAPI_CLUSTER_LABEL}={name}"
-
-        async def node_plans() -> None:
-            cache = self.view[NODE_PLANS]
-            for obj in (await self.mgmt.list(NODE_PLANS, ns, label_selector=(
-                    f"{nodeplan.LABEL_CLUSTER}={nodeplan.label_value(name)}"))).items:
-                cache.observe(obj)
 
         async def machines() -> None:
             cache = self.view[MACHINES]
@@ -555,13 +589,7 @@ class FleetController:
                 cache.observe(obj)
             self._connect_early(key)
 
-        lists: list[Callable[[], Awaitable[None]]] = [node_plans] if plans else []
-        if self.claims is not None:
-            if plans and self._read_in_full(key):
-                self._connect_early(key)  # (connected when read ahead, unless dropped)
-            else:
-                lists += [machines, secrets]
-        await all_or_first_error(lists, 3)
+        await all_or_first_error([machines, secrets], 2)
 
     def _connect_early(self, key: ClusterKey) -> None:
         """Connect a taken cluster now, while the rest of its warm-up reads: its Nodes are
