@@ -595,7 +595,7 @@ class FleetController:
         """Connect a taken cluster now, while the rest of its warm-up reads: its Nodes are
         then listed by the time it is acted on. Connected after the warm-up, the first
         pass that planned it waited for that connection and three workload lists too
-        (bench/README.md "The workload connection during the warm-up")."""
+        (bench/README.md "Reading ahead of a take")."""
         if self.claims is None or not self.claims(key):
             return
         self._connected_early.add(key)
@@ -749,7 +749,7 @@ class FleetController:
         early = {k for k in self._connected_early
                  if k not in mine and self.claims is not None and self.claims(k)}
         self._connected_early = early
-        wanted = mine | early
+        wanted = mine | early if early else mine
         if changed or mine != self._mine or wanted != self._wanted:
             self._wanted = wanted
             self.registry.want(kubeconfig_secrets(self.config, sorted(wanted)))
