@@ -94,11 +94,7 @@ def machines_kept(ctl: Any, fc: FleetCluster) -> list[bool]:
 
 async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
         world: World, mgmt: KubeClient, wl1: KubeClient, namespace: str) -> None:
-    await ensure_infra_crd(mgmt)
-    taken, other = [await small_cluster(mgmt, wl1, world, namespace, prefix="sc",
-                                        control_planes=1, workers=2, version=V1)
-                    for _ in range(2)]
-    cfg = FleetConfig.model_validate(fleet_config_dict(namespace, maxConcurrentClusters=2))
+    taken, other, cfg = await _two_clusters(world, mgmt, wl1, namespace, "sc", workers=2)
     claims = Claims()
     responder = NodeResponder(wl1, step_seconds=0.05, only=lambda n: n in taken.machines)
     async with policy_controller(mgmt, cfg, shard=claims, claims=claims.claims) as ctl:
@@ -123,10 +119,7 @@ async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
         assert ctl.registry.get(other.key) is None
         await wait_for("the warming cluster's Nodes listed",
                        _async(lambda: ctl.registry.settled(taken.key)), 60, 0.1)
-        passes = ctl.stats.passes
-        ctl.trigger.poke()
-        await wait_for("a pass while it warms", _async(lambda: ctl.stats.passes > passes),
-                       60, 0.05)
+        await _one_pass(ctl)
         wc = ctl.registry.get(taken.key)
         assert wc is not None and ctl.registry.settled(taken.key)
         claims.warming.clear()
@@ -186,6 +179,25 @@ async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
         assert machines_kept(ctl, taken) == [True] * len(taken.machines)
         assert machines_kept(ctl, other) == [False] * len(other.machines)
         assert _cached_plans(ctl, namespace) == {p["metadata"]["name"] for p in plans}
+
+
+async def _two_clusters(world: World, mgmt: KubeClient, wl1: KubeClient, namespace: str,
+                        prefix: str, *, workers: int
+                        ) -> tuple[FleetCluster, FleetCluster, FleetConfig]:
+    """Two small clusters at V1 on ``wl1`` and a fleet that may roll both at once."""
+    await ensure_infra_crd(mgmt)
+    one, two = [await small_cluster(mgmt, wl1, world, namespace, prefix=prefix,
+                                    control_planes=1, workers=workers, version=V1)
+                for _ in range(2)]
+    cfg = FleetConfig.model_validate(fleet_config_dict(namespace, maxConcurrentClusters=2))
+    return one, two, cfg
+
+
+async def _one_pass(ctl: Any) -> None:
+    """Poke the controller and wait until one more planning pass has run."""
+    passes = ctl.stats.passes
+    ctl.trigger.poke()
+    await wait_for("a pass", _async(lambda: ctl.stats.passes > passes), 60, 0.05)
 
 
 def _async(check: Any) -> Any:
@@ -252,11 +264,7 @@ async def test_a_cluster_that_may_be_taken_soon_is_read_ahead_and_let_go_if_not_
     nothing is planned or written there. Not taken after all: kept foreign again and its
     connection closed. Taken: the warm-up after the take finds it connected and it is
     rolled, every node once."""
-    await ensure_infra_crd(mgmt)
-    ahead, other = [await small_cluster(mgmt, wl1, world, namespace, prefix="ra",
-                                        control_planes=1, workers=1, version=V1)
-                    for _ in range(2)]
-    cfg = FleetConfig.model_validate(fleet_config_dict(namespace, maxConcurrentClusters=2))
+    ahead, other, cfg = await _two_clusters(world, mgmt, wl1, namespace, "ra", workers=1)
     claims = Claims()
     responder = NodeResponder(wl1, step_seconds=0.05, only=lambda n: n in ahead.machines)
     async with policy_controller(mgmt, cfg, shard=claims, claims=claims.keeps_full,
@@ -269,10 +277,7 @@ async def test_a_cluster_that_may_be_taken_soon_is_read_ahead_and_let_go_if_not_
         assert not kubeconfig_kept(ctl, other) and ctl.registry.get(other.key) is None
         await wait_for("the readying cluster's Nodes listed",
                        _async(lambda: ctl.registry.settled(ahead.key)), 60, 0.1)
-        passes = ctl.stats.passes
-        ctl.trigger.poke()
-        await wait_for("a pass while it readies", _async(lambda: ctl.stats.passes > passes),
-                       60, 0.05)
+        await _one_pass(ctl)
         assert ctl.registry.get(ahead.key) is not None  # the pass kept the connection
         assert await _plans_of(mgmt, ahead) == [], "nothing dispatched before a claim"
         # Not taken after all: projected down and disconnected by the next pass.
