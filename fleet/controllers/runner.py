@@ -444,8 +444,9 @@ class FleetController:
     async def _reread_each(self, todo: list[ClusterKey]) -> None:
         """Read the NodePlans of the clusters ``todo``, up to ``plans_per_list`` clusters
         per list (a set-based selector on Cluster API's cluster-name label), and each
-        one's Machines and Secrets unless read ahead (:meth:`read_ahead`), ``reread_
-        concurrency`` requests at a time; a cluster whose reads are all done stays done.
+        one's Machines and Secrets unless read ahead (:meth:`read_ahead`),
+        ``reread_concurrency`` requests at a time; a cluster whose reads are all done
+        stays done.
         Raises the first KubeError. (One NodePlan list per cluster, 8 at a time, took
         1.1-2.5 s each mid-roll at 10 x 300: a taker of 11 clusters waited two rounds,
         4.8 s; bench/README.md "Reading ahead of a take".) (Before, one cluster after the
