@@ -533,17 +533,18 @@ class FleetController:
         (which must follow the take: they count what the old holder dispatched). Nothing
         is acted on or written. Past ``reread_bulk`` clusters, nothing (the take reads
         them in one list of everything)."""
-        if self.claims is None or self.kept_since is None:
+        kept_since = self.kept_since
+        if self.claims is None or kept_since is None:
             return
         todo = sorted(k for k in self.parts.known_clusters() if readying(k)
-                      and self._read_ahead.get(k) != self.kept_since(k))
+                      and self._read_ahead.get(k) != kept_since(k))
         if not todo or len(todo) > self.reread_bulk:
             return
         started = time.monotonic()
 
         def ahead(key: ClusterKey) -> Callable[[], Awaitable[None]]:
             async def call() -> None:
-                since = self.kept_since(key) if self.kept_since else 0
+                since = kept_since(key)  # as of before the read: a change meanwhile re-reads
                 await self._reread_kept(key)
                 self._read_ahead[key] = since
                 self._full.add(key)  # projected down again if it is not taken after all

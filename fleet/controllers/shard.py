@@ -261,14 +261,10 @@ class ShardMembership:
         return self.active and s in self.held and s not in self.releasing \
             and s not in self.warming
 
-    def claims(self, cluster: ClusterKey) -> bool:
-        """Whether this replica holds the claim on the cluster's shard (acting on it,
-        warming up to, or draining it): the management caches keep its objects in full."""
-        return shard_of(cluster, self.shards) in self.held
-
     def keeps_full(self, cluster: ClusterKey) -> bool:
-        """Whether the management caches keep the cluster's objects in full: its shard's
-        claim is held (:meth:`claims`), or it is readying (may be taken soon)."""
+        """Whether the management caches keep the cluster's objects in full: this replica
+        holds the claim on its shard (acting on it, warming up to, or draining it), or
+        the shard is readying (may be taken soon)."""
         s = shard_of(cluster, self.shards)
         return s in self.held or s in self.readying
 
