@@ -29,6 +29,7 @@ import yaml
 from fleet.kube import KubeClient, KubeError, KubeObject, NotFoundError
 from fleet.kube.backoff import Backoff
 from fleet.kube.cache import ObjectCache, RecordCache
+from fleet.kube.inline import check_inline
 from fleet.kube.resources import AUTOPILOT_PLANS, CONTROL_NODES, NODES, SECRETS, Resource
 from fleet.kube.watch import Reflector, crd_established
 from fleet.model import KIND_CONTROL_NODE, KIND_NODE, ClusterKey
@@ -69,8 +70,11 @@ def plan_cache(on_change: Callable[[], None] | None = None) -> RecordCache[PlanR
     return RecordCache("Plan", plan_record, on_change=on_change)
 
 
-def kubeconfig_from_secret(secret: KubeObject) -> dict[str, Any]:
-    """The kubeconfig in ``data.value`` (base64) or ``stringData.value``."""
+def kubeconfig_from_secret(secret: KubeObject, *, allow_files: bool = False) -> dict[str, Any]:
+    """The kubeconfig in ``data.value`` (base64) or ``stringData.value``, with inline
+    credentials only (:mod:`fleet.kube.inline`; ``allow_files``: the operator allows file
+    paths in the Secret's namespace), else
+    :class:`~fleet.kube.inline.KubeconfigNotAllowedError` naming the Secret and the field."""
     name = f"{(secret.get('metadata') or {}).get('namespace')}/" \
            f"{(secret.get('metadata') or {}).get('name')}"
     raw: str | None = None
@@ -92,6 +96,7 @@ def kubeconfig_from_secret(secret: KubeObject) -> dict[str, Any]:
                                     f"{e}") from None
     if not isinstance(config, dict) or not config.get("clusters"):
         raise KubeconfigSecretError(f"Secret {name}: {KUBECONFIG_KEY!r} is not a kubeconfig")
+    check_inline(config, what=f"kubeconfig Secret {name}", allow_files=allow_files)
     return config
 
 
@@ -109,8 +114,14 @@ def secret_digest(secret: KubeObject | None) -> str:
     return hashlib.sha256(str(value).encode()).hexdigest()[:16]
 
 
-async def _default_factory(kubeconfig: Mapping[str, Any], name: str) -> KubeClient:
-    return await KubeClient.for_many(kubeconfig, name=name)
+async def _default_factory(kubeconfig: Mapping[str, Any], name: str, *,
+                           allow_files: bool = False) -> KubeClient:
+    return await KubeClient.for_many(kubeconfig, name=name, allow_files=allow_files)
+
+
+def no_file_credentials(namespace: str) -> bool:
+    """The default kubeconfig Secret policy: no namespace may use file paths."""
+    return False
 
 
 @dataclass
@@ -127,6 +138,9 @@ class WorkloadCluster:
     # autopilot Plans: another driver of this cluster's k0s versions (k0smotron, a user)
     plans: RecordCache[PlanRecord] = field(default_factory=plan_cache)
     error: str | None = None
+    # when the Secret's kubeconfig was found unusable (refused, unreadable): from then on
+    # the cluster is unreachable, with ``error`` as the reason (no client to wait for)
+    unusable_since: datetime | None = None
     generation: int = 0  # bumped on every rebuild (a rotated Secret)
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     # the resourceVersion of the Secret ``digest`` was taken from (None: not held)
@@ -156,6 +170,8 @@ class WorkloadCluster:
         dropped watch is not an outage). A cluster whose Nodes answer but whose
         ControlNodes do not is no healthier for control-plane decisions (and one whose
         autopilot Plans do not might be driven by someone else unseen)."""
+        if self.unusable_since is not None:
+            return self.unusable_since, self.error or "kubeconfig unusable"
         now = time.monotonic() if now is None else now
         worst: tuple[float, datetime, str] | None = None
         for what, h in self._health():
@@ -211,11 +227,16 @@ class ClusterRegistry:
 
     def __init__(self, secrets: ObjectCache, *, on_change: Callable[[], None],
                  on_cluster: Callable[[ClusterKey], None] | None = None,
-                 client_factory: ClientFactory = _default_factory,
+                 client_factory: ClientFactory | None = None,
                  watch_timeout: int = WORKLOAD_WATCH_TIMEOUT, idle_timeout: float = 150.0,
                  unreachable_after: float = 30.0,
-                 write_fence: Callable[[], bool] | None = None) -> None:
+                 write_fence: Callable[[], bool] | None = None,
+                 allow_file_credentials: Callable[[str], bool] = no_file_credentials) -> None:
         self.secrets = secrets
+        # The operator's allowance (clusters.kubeconfigSecrets.allowFileCredentials):
+        # whether a kubeconfig Secret in this namespace may name files. Nothing else
+        # beyond inline credentials is ever allowed (fleet.kube.inline).
+        self.allow_file_credentials = allow_file_credentials
         # The controller's Lease fence (KubeClient.fenced) for its workload writes too.
         self.write_fence = write_fence
         # A cluster whose watches have failed this long is unreachable: its last cache
@@ -369,12 +390,18 @@ class ClusterRegistry:
         with wc.scope:
             try:
                 try:
-                    kubeconfig = kubeconfig_from_secret(secret)
-                    client = await self.client_factory(kubeconfig, f"workload:{wc.name}")
+                    files = self.allow_file_credentials(wc.key[0])
+                    kubeconfig = kubeconfig_from_secret(secret, allow_files=files)
+                    factory = self.client_factory or functools.partial(
+                        _default_factory, allow_files=files)
+                    client = await factory(kubeconfig, f"workload:{wc.name}")
                     wc.client = client if self.write_fence is None else \
                         client.fenced(self.write_fence)
                 except (KubeconfigSecretError, KubeError, ValueError, OSError) as e:
+                    # No client from this Secret: the cluster is unreachable (nothing is
+                    # dispatched to it) and says why until the Secret changes.
                     wc.error = str(e)
+                    wc.unusable_since = datetime.now(UTC)
                     log.warning("workload cluster %s: %s", wc.name, e)
                     self.changed(wc.key)
                     return

@@ -167,6 +167,31 @@ class ClusterEntry(ConfigModel):
         return self.kubeconfig_secret or f"{self.name}-kubeconfig"
 
 
+class KubeconfigSecretPolicy(ConfigModel):
+    """What a workload cluster's kubeconfig Secret may hold beyond inline credentials
+    (token, client certificate and key data, CA data, server, tls-server-name): whoever
+    may write Secrets in a cluster's namespace writes it, so only the operator widens it."""
+
+    allow_file_credentials: list[DnsLabel] = Field(
+        default_factory=list,
+        description="Namespaces whose kubeconfig Secrets may name files in the controller "
+        "(tokenFile, client-certificate, client-key, certificate-authority), which the "
+        "controller then reads and sends to the Secret's server. exec, auth-provider and "
+        "proxy-url are never allowed.",
+    )
+
+    @field_validator("allow_file_credentials")
+    @classmethod
+    def _no_duplicates(cls, v: list[str]) -> list[str]:
+        dup = sorted({ns for ns in v if v.count(ns) > 1})
+        if dup:
+            raise ValueError(f"duplicate namespace {dup[0]!r}")
+        return v
+
+    def allows_files(self, namespace: str) -> bool:
+        return namespace in self.allow_file_credentials
+
+
 class ClusterDiscovery(ConfigModel):
     """Which CAPI Clusters make up the fleet."""
 
@@ -186,6 +211,11 @@ class ClusterDiscovery(ConfigModel):
         description="A workload cluster whose watches (Nodes; ControlNodes and autopilot "
         "Plans where served) have failed this long without a success is unreachable: "
         "nothing new starts there until it answers again.",
+    )
+    kubeconfig_secrets: KubeconfigSecretPolicy = Field(
+        default_factory=KubeconfigSecretPolicy,
+        description="What kubeconfig Secrets may hold beyond inline credentials (refused "
+        "otherwise, the cluster then unreachable with the field named).",
     )
 
     @field_validator("label_selector")
@@ -640,6 +670,7 @@ __all__ = [
     "ExtensionMode",
     "ExtensionSettings",
     "FleetConfig",
+    "KubeconfigSecretPolicy",
     "MaintenanceWindow",
     "ManagementSettings",
     "NodePolicySettings",

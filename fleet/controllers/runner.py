@@ -236,6 +236,7 @@ class FleetController:
             unreachable_after=(config.clusters.unreachable_after.total_seconds()
                                if unreachable_after is None else unreachable_after),
             write_fence=write_fence,
+            allow_file_credentials=config.clusters.kubeconfig_secrets.allows_files,
             **({"client_factory": client_factory} if client_factory else {}))
         self.parts.attach(self.view.caches, self.registry)
         self.planner = IncrementalPlanner(self.settings)

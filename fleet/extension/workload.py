@@ -9,6 +9,7 @@ Secret's content changes.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -16,8 +17,13 @@ from typing import Any
 
 import anyio
 
-from fleet.clusters import KubeconfigSecretError, kubeconfig_from_secret, secret_digest
-from fleet.kube import KubeClient, UnreachableError
+from fleet.clusters import (
+    KubeconfigSecretError,
+    kubeconfig_from_secret,
+    no_file_credentials,
+    secret_digest,
+)
+from fleet.kube import KubeClient, KubeError, UnreachableError
 from fleet.kube.resources import SECRETS
 
 log = logging.getLogger(__name__)
@@ -26,8 +32,9 @@ ClientFactory = Callable[[Mapping[str, Any], str], Awaitable[KubeClient]]
 SecretName = Callable[[str, str], str]
 
 
-async def _factory(kubeconfig: Mapping[str, Any], name: str) -> KubeClient:
-    return await KubeClient.for_many(kubeconfig, name=name)
+async def _factory(kubeconfig: Mapping[str, Any], name: str, *,
+                   allow_files: bool = False) -> KubeClient:
+    return await KubeClient.for_many(kubeconfig, name=name, allow_files=allow_files)
 
 
 def default_secret_name(namespace: str, cluster: str) -> str:
@@ -45,10 +52,16 @@ class SecretWorkloadClients:
     """A :data:`~fleet.extension.update.WorkloadClientGetter` from kubeconfig Secrets."""
 
     def __init__(self, mgmt: KubeClient, *, secret_name: SecretName = default_secret_name,
-                 factory: ClientFactory = _factory) -> None:
+                 factory: ClientFactory | None = None,
+                 allow_file_credentials: Callable[[str], bool] = no_file_credentials
+                 ) -> None:
+        """``allow_file_credentials``: whether kubeconfig Secrets in a namespace may name
+        files (the operator's clusters.kubeconfigSecrets.allowFileCredentials); beyond
+        that only inline credentials are accepted (:mod:`fleet.kube.inline`)."""
         self.mgmt = mgmt
         self.secret_name = secret_name
         self.factory = factory
+        self.allow_file_credentials = allow_file_credentials
         self._entries: dict[tuple[str, str], _Entry] = {}
         self._locks: dict[tuple[str, str], anyio.Lock] = {}
         self.builds = 0
@@ -69,10 +82,13 @@ class SecretWorkloadClients:
             entry = self._entries.get(key)
             if entry is not None and entry.digest == digest:
                 return entry.client
+            files = self.allow_file_credentials(namespace)
+            factory = self.factory or functools.partial(_factory, allow_files=files)
             try:
-                client = await self.factory(kubeconfig_from_secret(secret),
-                                            f"workload:{namespace}/{cluster}")
-            except (KubeconfigSecretError, ValueError, OSError) as e:
+                client = await factory(kubeconfig_from_secret(secret, allow_files=files),
+                                       f"workload:{namespace}/{cluster}")
+            except (KubeconfigSecretError, KubeError, ValueError, OSError) as e:
+                # refused (fleet.kube.inline) or unusable: this cluster is unreachable
                 raise UnreachableError(f"cluster {namespace}/{cluster}: {e}") from None
             self._entries[key] = _Entry(digest, client)
             self.builds += 1

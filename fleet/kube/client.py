@@ -147,14 +147,32 @@ class KubeClient:
 
     @classmethod
     async def for_many(cls, kubeconfig: Mapping[str, Any], *, name: str = "cluster",
-                       context: str | None = None) -> KubeClient:
-        """A client for one of many clusters (the controller's workload clusters): the
-        ``light`` transport, whose connections cost little and whose SSL contexts are
-        shared by clients with the same CA and identity, and which open at most
-        :data:`MANY_CLIENTS_CONNECTING` connections at once between them; ``generated``
-        only for a kubeconfig that needs it (exec or auth-provider credentials, a proxy)."""
-        return await cls.from_kubeconfig(kubeconfig, name=name, context=context,
-                                         transport="auto", connect_slots=MANY_CLIENTS_CONNECTING)
+                       context: str | None = None, allow_files: bool = False,
+                       what: str | None = None) -> KubeClient:
+        """A client for one of many clusters (the controller's workload clusters), from a
+        kubeconfig someone other than the operator wrote (a Cluster API kubeconfig Secret):
+        inline credentials only (:func:`fleet.kube.inline.check_inline`; ``allow_files``:
+        the operator also allows file paths for it), else
+        :class:`~fleet.kube.inline.KubeconfigNotAllowedError` naming the field (``what``
+        starts its message). Always the ``light`` transport, never kubernetes-asyncio
+        (which would run an exec plugin): its connections cost little, its SSL contexts
+        are shared by clients with the same CA and identity, and it opens at most
+        :data:`MANY_CLIENTS_CONNECTING` connections at once between them."""
+        from fleet.kube.inline import check_inline  # noqa: PLC0415
+        from fleet.kube.light import (  # noqa: PLC0415
+            LightTransport,
+            credentials_from_kubeconfig,
+        )
+
+        check_inline(kubeconfig, what=what or f"kubeconfig of {name}", allow_files=allow_files)
+        creds = credentials_from_kubeconfig(kubeconfig, context=context)
+
+        async def again(other: str) -> KubeClient:  # reopen(): the same checks again
+            return await cls.for_many(kubeconfig, name=other, context=context,
+                                      allow_files=allow_files, what=what)
+
+        return cls(LightTransport(creds, name=name, connect_slots=MANY_CLIENTS_CONNECTING),
+                   name=name, reopen=again)
 
     @classmethod
     async def from_kubeconfig_file(cls, path: str, *, name: str = "cluster",

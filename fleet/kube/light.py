@@ -4,7 +4,11 @@ Supported credentials: bearer ``token``, ``tokenFile`` (re-read when it changes,
 the kubelet rotates projected tokens), client certificates (file or ``-data``), basic
 ``username``/``password``; cluster CA (file or ``-data``), ``insecure-skip-tls-verify``,
 ``tls-server-name``. Anything else (``exec``, ``auth-provider``, proxies) is refused
-with an error naming it: use the ``generated`` transport for those.
+with an error naming it: use the ``generated`` transport for those. A CA together with
+``insecure-skip-tls-verify`` is refused (as client-go does): it would silently turn
+verification off. Kubeconfigs from Secrets are checked further
+(:mod:`fleet.kube.inline`). Key material is never written to disk: a client key pair is
+loaded from anonymous memory (``memfd_create``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ import hashlib
 import json
 import os
 import ssl
-import tempfile
 import time
 import weakref
 from collections.abc import Mapping, Sequence
@@ -97,6 +100,17 @@ def credentials_from_kubeconfig(kubeconfig: Mapping[str, Any], *, context: str |
     if cluster.get("proxy-url"):
         raise NeedsGeneratedTransportError("kubeconfig: proxy-url needs the 'generated' "
                                            "transport")
+    insecure = cluster.get("insecure-skip-tls-verify")
+    if insecure is not None and not isinstance(insecure, bool):
+        raise KubeconfigError(f"kubeconfig cluster {ctx.get('cluster')!r}: "
+                              "insecure-skip-tls-verify is not a boolean")
+    if insecure and (cluster.get("certificate-authority-data")
+                     or cluster.get("certificate-authority")):
+        # client-go: "specifying a root certificates file with the insecure flag is not
+        # allowed"; taking the flag would silently drop the CA's verification.
+        raise KubeconfigError(f"kubeconfig cluster {ctx.get('cluster')!r}: "
+                              "insecure-skip-tls-verify together with a certificate "
+                              "authority is not allowed")
     server = cluster.get("server")
     if not server:
         raise KubeconfigError(f"kubeconfig cluster {ctx.get('cluster')!r} has no server")
@@ -106,7 +120,7 @@ def credentials_from_kubeconfig(kubeconfig: Mapping[str, Any], *, context: str |
     return Credentials(
         server=str(server),
         ca_pem=_data_or_file(cluster, "certificate-authority", base_dir),
-        insecure=bool(cluster.get("insecure-skip-tls-verify")),
+        insecure=bool(insecure),
         tls_server_name=cluster.get("tls-server-name"),
         token=user.get("token"),
         token_file=(base_dir / token_file if base_dir and not Path(token_file).is_absolute()
@@ -171,20 +185,39 @@ def _new_ssl_context(creds: Credentials) -> ssl.SSLContext:
     else:
         ctx.load_default_certs()
     if creds.cert_pem and creds.key_pem:
-        # ssl loads key pairs from files only: a private, short-lived temporary file.
-        with tempfile.TemporaryDirectory(prefix="k0s-fleet-tls-") as tmp:
-            cert, key = Path(tmp) / "cert.pem", Path(tmp) / "key.pem"
-            cert.write_bytes(creds.cert_pem)
-            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(creds.key_pem)
-            try:
-                ctx.load_cert_chain(cert, key)
-            except ssl.SSLError as e:
-                raise KubeconfigError(f"client certificate/key unusable: {e}") from None
+        _load_key_pair(ctx, creds.cert_pem, creds.key_pem)
     elif creds.cert_pem or creds.key_pem:
         raise KubeconfigError("kubeconfig user has a client certificate or key, not both")
     return ctx
+
+
+def _load_key_pair(ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
+    """``ctx.load_cert_chain`` from memory: ssl reads key pairs from files only, so the
+    pair goes into an anonymous memory file (memfd_create: no name on any file system,
+    gone when closed, which is right after loading) read through /proc/self/fd. Never a
+    file on disk: where memfd_create is missing, a clear error."""
+    memfd_create = getattr(os, "memfd_create", None)
+    if memfd_create is None:
+        raise KubeconfigError("a client certificate needs os.memfd_create (Linux) to load "
+                              "the key without writing it to disk; it is not available here")
+    try:
+        fd = memfd_create("k0s-fleet-client-key", os.MFD_CLOEXEC)
+    except OSError as e:
+        raise KubeconfigError(f"client certificate: memfd_create: {e.strerror or e}") from None
+    try:
+        data = cert_pem.rstrip(b"\n") + b"\n" + key_pem
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        try:
+            ctx.load_cert_chain(f"/proc/self/fd/{fd}")
+        except ssl.SSLError as e:
+            raise KubeconfigError(f"client certificate/key unusable: {e}") from None
+        except OSError as e:
+            raise KubeconfigError(f"client certificate: reading it back from memory "
+                                  f"(/proc/self/fd/{fd}): {e.strerror or e}") from None
+    finally:
+        os.close(fd)
 
 
 class _Token:

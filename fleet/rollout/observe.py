@@ -86,7 +86,9 @@ async def workload_client(mgmt: KubeClient, config: FleetConfig, namespace: str,
                           name: str) -> KubeClient:
     secret_name = config.for_cluster(namespace, name).kubeconfig_secret
     secret = await mgmt.get(SECRETS, secret_name, namespace)
-    return await KubeClient.for_many(kubeconfig_from_secret(secret), name=name)
+    files = config.clusters.kubeconfig_secrets.allows_files(namespace)
+    return await KubeClient.for_many(kubeconfig_from_secret(secret, allow_files=files),
+                                     name=name, allow_files=files)
 
 
 async def _nodes(mgmt: KubeClient, config: FleetConfig, key: ClusterKey,
