@@ -8,7 +8,8 @@ It answers with the patch that makes ``current`` equal ``desired`` only when
   ``bootstrap.cluster.x-k8s.io``, the same kind on both sides;
 - the Machine spec (``spec.template.spec`` for a MachineSet) differs in ``version``
   and nowhere else that CAPI compares, and both versions are k0s versions with the
-  desired one not older than the current one;
+  desired one neither older than the current one nor more than one minor ahead of it
+  (:func:`fleet.skew.check_move`: ``NoDowngrade``, ``OneMinorAtATime``);
 - the bootstrap config spec differs at most in its own ``version`` field;
 - the infrastructure object's spec is unchanged.
 
@@ -36,6 +37,7 @@ from fleet.extension.wire import (
     PatchType,
     ResponseStatus,
 )
+from fleet.skew import check_move
 from fleet.versions import InvalidVersionError, K0sVersion
 
 BOOTSTRAP_GROUP = "bootstrap.cluster.x-k8s.io"
@@ -190,9 +192,11 @@ def _decide(shape: _Shape, *, current: Mapping[str, Any], desired: Mapping[str, 
         return Decision.decline(f"desired {vpath} {want_raw!r} is not a k0s version")
     if cur_v is None:
         return Decision.decline(f"current {vpath} {cur_raw!r} is not a k0s version")
-    if want_v < cur_v:
-        return Decision.decline(f"{vpath} goes down from {cur_v} to {want_v}; k0s is not "
-                                f"downgraded in place")
+    # k0s's skew rules (fleet.skew): never down, at most one minor at a time; the decline
+    # names the rule.
+    refusal = check_move(cur_v, want_v, what=vpath)
+    if refusal is not None:
+        return Decision.decline(str(refusal))
 
     # Everything else CAPI compares in the Machine spec must already match.
     others = diff_paths(machine_spec_for_diff(_get(current, shape.spec_path)),

@@ -264,7 +264,7 @@ def test_declines() -> None:
     declined(decide_machine(machine_request(*up, want_infra=infra(customImage="other"))),
              "DockerMachine spec.customImage")
     declined(decide_machine(machine_request(machine("v1.32.1+k0s.0"),
-                                            machine("v1.31.3+k0s.0"))), "downgraded")
+                                            machine("v1.31.3+k0s.0"))), "NoDowngrade")
     declined(decide_machine(machine_request(machine("v1.31.3+k0s.0"), machine("latest"))),
              "not a k0s version")
     declined(decide_machine(machine_request(machine(None), machine("v1.32.1+k0s.0"))),
@@ -277,6 +277,23 @@ def test_declines() -> None:
     no_boot = req.model_copy(update={
         "current": req.current.model_copy(update={"bootstrap_config": None})})
     declined(decide_machine(no_boot), "no bootstrap config")
+
+
+def test_a_skip_of_two_minors_is_declined_naming_the_rule() -> None:
+    """k0s upgrades one minor at a time: v1.31 -> v1.33 is not done in place, for a
+    Machine or a MachineSet, and the answer names the rule; one minor is."""
+    declined(decide_machine(machine_request(machine("v1.31.3+k0s.0"),
+                                            machine("v1.33.1+k0s.0"))), "OneMinorAtATime")
+    declined(decide_machine_set(set_request(machine_set("v1.31.3+k0s.0"),
+                                            machine_set("v1.33.1+k0s.0"))), "OneMinorAtATime")
+    declined(decide_machine_set(set_request(machine_set("v1.32.1+k0s.0"),
+                                            machine_set("v1.31.3+k0s.0"))), "NoDowngrade")
+    wire = can_update_machine(machine_request(machine("v1.31.3+k0s.0"),
+                                              machine("v1.33.1+k0s.0"))).to_wire()
+    assert wire["status"] == ResponseStatus.SUCCESS and "OneMinorAtATime" in wire["message"]
+    assert not [k for k in wire if k.endswith("Patch")]
+    assert decide_machine_set(set_request(machine_set("v1.31.3+k0s.0"),
+                                          machine_set("v1.32.0+k0s.0"))).in_place
 
 
 def test_decline_answer_is_success_without_patches() -> None:
@@ -306,7 +323,8 @@ def test_property_in_place_iff_only_version_differs(
     req = machine_request(cur, want)
     d = decide_machine(req, patch_type)
     others_equal = machine_spec_for_diff(cur["spec"]) == machine_spec_for_diff(want["spec"])
-    upgrade = K0sVersion.parse(want_v) >= K0sVersion.parse(cur_v)
+    c, w = K0sVersion.parse(cur_v), K0sVersion.parse(want_v)
+    upgrade = w >= c and w.major == c.major and w.minor - c.minor <= 1
     assert d.in_place == (others_equal and upgrade), d.reason
     if d.in_place:
         patched = capi_apply(cur, d.machine_patch, ("spec",))
@@ -320,6 +338,10 @@ def test_property_in_place_iff_only_version_differs(
 def test_property_machine_set_round_trip(cur_v: str, want_v: str, patch_type: PatchType) -> None:
     assume(K0sVersion.parse(want_v) >= K0sVersion.parse(cur_v))
     req = set_request(machine_set(cur_v), machine_set(want_v))
+    c, w = K0sVersion.parse(cur_v), K0sVersion.parse(want_v)
+    if (w.major, w.minor) > (c.major, c.minor + 1):  # more than one minor: declined
+        assert not decide_machine_set(req, patch_type).in_place
+        return
     d = decide_machine_set(req, patch_type)
     assert d.in_place
     path = ("spec", "template", "spec")
