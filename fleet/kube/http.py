@@ -21,16 +21,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import ssl
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
+
+import h11
 
 _T = TypeVar("_T")
 
-MAX_HEADER_BYTES = 64 * 1024
+MAX_HEADER_BYTES = 64 * 1024  # an answer's status line and header fields, together
+MAX_HEADERS = 256  # header fields in one answer (a kube-apiserver sends about ten)
+MAX_INFORMATIONAL = 16  # 1xx answers skipped before the final one
 MAX_LINE_BYTES = 16 * 1024 * 1024  # one watch event (a large object) per line
 TLS_READ_BYTES = 16 * 1024  # the most plaintext one TLS record carries
 
@@ -238,14 +243,35 @@ class _TlsProtocol(asyncio.Protocol):
             await self._lost.wait()
 
 
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+# Fields whose repetition with different values changes what the answer means: refused
+# rather than joined (other repeated fields are joined with ", " as RFC 9110 allows).
+SINGLETON_FIELDS = frozenset({"content-length", "content-type", "content-range", "location",
+                              "retry-after", "etag", "last-modified"})
+
+
+class _NoAnswerError(HttpConnectionError):
+    """The connection failed before a byte of the answer arrived. ``sent``: whether any
+    of the request may have reached the server (False: it surely did not)."""
+
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
 class _Conn:
     def __init__(self, reader: asyncio.StreamReader, writer: _Writer) -> None:
         self.reader = reader
         self.writer = writer
+        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEADER_BYTES)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.writer.close()
+
+
+def _protocol_error(e: h11.ProtocolError) -> HttpProtocolError:
+    return HttpProtocolError(f"unreadable response: {e}")
 
 
 @dataclass
@@ -258,9 +284,6 @@ class Response:
     _conn: _Conn | None
     _pool: _Pool | None
     _read_timeout: float | None
-    _remaining: int | None = None  # Content-Length left, when framed by it
-    _chunked: bool = False
-    _chunk_left: int = 0
     _eof: bool = False
     _buffer: bytearray = field(default_factory=bytearray)
     _reusable: bool = False
@@ -268,74 +291,57 @@ class Response:
     @property
     def content_length(self) -> int | None:
         value = self.headers.get("content-length")
-        try:
-            return int(value) if value is not None else None
-        except ValueError:
-            return None
+        # h11 has checked it is digits (and that repetitions agree)
+        return int(value) if value is not None and value.isascii() and value.isdigit() \
+            else None
 
     async def _timed(self, aw: Awaitable[_T]) -> _T:
         try:
             async with asyncio.timeout(self._read_timeout):
                 return await aw
-        except asyncio.IncompleteReadError as e:
-            raise TruncatedBodyError(
-                f"connection closed {len(e.partial)} bytes into a read of {e.expected}") from None
         except (ConnectionError, ssl.SSLError) as e:
             raise HttpConnectionError(f"{type(e).__name__}: {e}") from e
 
     async def _read_raw(self, limit: int) -> bytes:
-        """Up to ``limit`` body bytes, b"" at the end of the body."""
+        """Body bytes, b"" at the end of the body: at most ``max(limit, what the head's
+        read brought along)``, never more than the connection delivered in one read."""
         if self._eof or self._conn is None:
             return b""
-        reader = self._conn.reader
-        if self._chunked:
-            if self._chunk_left == 0:
-                line = await self._timed(reader.readline())
-                if not line:
-                    raise TruncatedBodyError("connection closed before the next chunk")
-                try:
-                    size = int(line.split(b";", 1)[0].strip(), 16)
-                except ValueError:
-                    raise HttpProtocolError(f"bad chunk size line {line[:40]!r}") from None
-                if size == 0:
-                    while True:  # trailers, then the empty line
-                        trailer = await self._timed(reader.readline())
-                        if trailer in (b"\r\n", b"\n", b""):
-                            break
-                    self._finish(reusable=True)
-                    return b""
-                self._chunk_left = size
-            data = await self._timed(reader.read(min(limit, self._chunk_left)))
-            if not data:
-                raise TruncatedBodyError(f"connection closed with {self._chunk_left} bytes "
-                                         "of a chunk outstanding")
-            self._chunk_left -= len(data)
-            if self._chunk_left == 0:
-                await self._timed(reader.readexactly(2))  # CRLF after the chunk
-            return data
-        if self._remaining is not None:
-            if self._remaining == 0:
-                self._finish(reusable=True)
+        conn = self._conn
+        while True:
+            try:
+                event = conn.h11.next_event()
+            except h11.RemoteProtocolError as e:
+                self._finish(reusable=False)
+                if conn.h11.their_state is h11.ERROR and conn.h11.trailing_data[1]:
+                    raise TruncatedBodyError(f"connection closed inside the body: {e}") from None
+                raise _protocol_error(e) from None
+            if event is h11.NEED_DATA:
+                data = await self._timed(conn.reader.read(max(limit, 1)))
+                conn.h11.receive_data(data)  # b"": the end of the stream
+                continue
+            if isinstance(event, h11.Data):
+                if event.data:
+                    return bytes(event.data)
+                continue
+            if isinstance(event, h11.EndOfMessage):
+                self._finish(reusable=conn.h11.our_state is h11.DONE
+                             and conn.h11.their_state is h11.DONE)
                 return b""
-            data = await self._timed(reader.read(min(limit, self._remaining)))
-            if not data:
-                raise TruncatedBodyError(
-                    f"connection closed with {self._remaining} bytes of the body outstanding")
-            self._remaining -= len(data)
-            if self._remaining == 0:
-                self._finish(reusable=True)
-            return data
-        data = await self._timed(reader.read(limit))  # framed by connection close
-        if not data:
+            # PAUSED, ConnectionClosed or anything else: this answer is over, and the
+            # connection is not fit for another.
             self._finish(reusable=False)
-        return data
+            return b""
 
     async def read_chunk(self, limit: int = 256 * 1024) -> bytes:
-        if self._buffer:
-            out = bytes(self._buffer[:limit])
-            del self._buffer[:limit]
-            return out
-        return await self._read_raw(limit)
+        if not self._buffer:
+            data = await self._read_raw(limit)
+            if len(data) <= limit:
+                return data
+            self._buffer.extend(data)
+        out = bytes(self._buffer[:limit])
+        del self._buffer[:limit]
+        return out
 
     async def iter_chunks(self, limit: int = 256 * 1024) -> AsyncIterator[bytes]:
         while chunk := await self.read_chunk(limit):
@@ -343,14 +349,16 @@ class Response:
 
     async def readline(self) -> bytes:
         """One line of the body including its newline; b"" at the end."""
+        start = 0
         while True:
-            i = self._buffer.find(b"\n")
+            i = self._buffer.find(b"\n", start)
             if i >= 0:
                 out = bytes(self._buffer[:i + 1])
                 del self._buffer[:i + 1]
                 return out
             if len(self._buffer) > MAX_LINE_BYTES:
                 raise HttpProtocolError(f"a body line longer than {MAX_LINE_BYTES} bytes")
+            start = len(self._buffer)
             data = await self._read_raw(64 * 1024)
             if not data:
                 out = bytes(self._buffer)
@@ -375,7 +383,13 @@ class Response:
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        if self._eof and self._reusable and self._pool is not None:
+        if self._eof and self._reusable and self._pool is not None \
+                and not conn.h11.trailing_data[0]:  # nothing the server sent unasked
+            try:
+                conn.h11.start_next_cycle()
+            except h11.LocalProtocolError:
+                conn.close()
+                return
             self._pool.put(conn)
         else:
             conn.close()
@@ -411,13 +425,122 @@ class _Pool:
                 await asyncio.wait_for(conn.writer.wait_closed(), 1.0)
 
 
+# -- proxies ------------------------------------------------------------------------------
+
+def _no_proxy_matches(host: str, port: int, no_proxy: str) -> bool:
+    """curl's / Go's NO_PROXY: comma-separated host names (a name also covers its
+    subdomains; a leading "." or "*." is allowed), IP addresses, CIDR ranges, each
+    optionally with ":port"; "*" alone matches everything."""
+    host = host.lower().strip("[]")
+    for raw in no_proxy.split(","):
+        entry = raw.strip().lower()
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        entry_port = None
+        if entry.startswith("["):
+            addr, _, rest = entry[1:].partition("]")
+            entry, entry_port = addr, rest.removeprefix(":") or None
+        elif entry.count(":") == 1:
+            entry, entry_port = entry.split(":")
+        if entry_port is not None and entry_port != str(port):
+            continue
+        if "/" in entry or entry.replace(".", "").isdigit() or ":" in entry:
+            import ipaddress  # noqa: PLC0415 (rare: only with an IP entry)
+
+            try:
+                net = ipaddress.ip_network(entry, strict=False)
+                if ipaddress.ip_address(host) in net:
+                    return True
+            except ValueError:
+                pass
+            continue
+        entry = entry.removeprefix("*").removeprefix(".")
+        if host == entry or host.endswith("." + entry):
+            return True
+    return False
+
+
+def proxy_from_environment(url: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The proxy URL for ``url`` by ``HTTPS_PROXY`` / ``HTTP_PROXY`` (either case) unless
+    ``NO_PROXY`` / ``no_proxy`` exempts its host; None: connect directly."""
+    env = os.environ if env is None else env
+    origin = Origin.of(url)
+    name = "https_proxy" if origin.scheme == "https" else "http_proxy"
+    proxy = env.get(name) or env.get(name.upper())
+    if not proxy:
+        return None
+    no_proxy = env.get("no_proxy") or env.get("NO_PROXY") or ""
+    if _no_proxy_matches(origin.host, origin.port, no_proxy):
+        return None
+    return proxy if "://" in proxy else f"http://{proxy}"
+
+
+async def _read_head(conn: _Conn, timeout: float | None) -> h11.Response:
+    """The final answer's head (informational ones skipped), bounded in size and count.
+    Raises :class:`_NoAnswerError` when the connection ended before a byte of it."""
+    received = 0
+    informational = 0
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                event = conn.h11.next_event()
+            except h11.RemoteProtocolError as e:
+                if conn.h11.trailing_data[1]:
+                    raise HttpConnectionError(
+                        f"connection closed inside the response head: {e}") from None
+                raise _protocol_error(e) from None
+            if event is h11.NEED_DATA:
+                try:
+                    data = await conn.reader.read(MAX_HEADER_BYTES)
+                except (ConnectionError, ssl.SSLError) as e:
+                    if received:
+                        raise
+                    raise _NoAnswerError(f"{type(e).__name__}: {e}", sent=True) from e
+                if not data and not received:
+                    raise _NoAnswerError("connection closed before the response", sent=True)
+                received += len(data)
+                conn.h11.receive_data(data)
+            elif isinstance(event, h11.InformationalResponse):
+                informational += 1
+                if informational > MAX_INFORMATIONAL:
+                    raise HttpProtocolError(
+                        f"more than {MAX_INFORMATIONAL} informational (1xx) answers")
+            elif isinstance(event, h11.Response):
+                if len(event.headers) > MAX_HEADERS:
+                    raise HttpProtocolError(
+                        f"an answer with {len(event.headers)} header fields "
+                        f"(at most {MAX_HEADERS})")
+                return event
+            else:
+                raise HttpProtocolError(f"unexpected {type(event).__name__} for an answer")
+
+
+def _headers_of(event: h11.Response) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for raw_name, raw_value in event.headers:
+        name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
+        if name in out:
+            if name in SINGLETON_FIELDS:
+                if out[name] != value:
+                    raise HttpProtocolError(
+                        f"conflicting {name} fields: {out[name][:80]!r}, {value[:80]!r}")
+                continue
+            out[name] = f"{out[name]}, {value}"
+        else:
+            out[name] = value
+    return out
+
+
 class HttpClient:
     """Requests to one origin over a few kept-alive connections."""
 
     def __init__(self, base_url: str, *, ssl_context: ssl.SSLContext | None = None,
                  server_hostname: str | None = None, connect_timeout: float = 10.0,
                  pool_size: int = 32, unix_socket: str | None = None,
-                 connect_slots: ConnectSlots | None = None) -> None:
+                 connect_slots: ConnectSlots | None = None, proxy: str | None = None,
+                 trust_env: bool = False) -> None:
         """``pool_size``: idle connections kept for reuse. The pool holds only what
         concurrent requests once opened (a workload cluster's client seldom more than one
         or two), but it must hold as many as a busy client keeps in flight: the
@@ -425,7 +548,10 @@ class HttpClient:
         12 each paid a TLS handshake and a close, per request, through a whole start-up.
         ``unix_socket``: connect to this socket instead (``base_url`` names the Host);
         ``connect_slots``: opening a connection waits for one of these (shared by many
-        clients) before its ``connect_timeout`` starts."""
+        clients) before its ``connect_timeout`` starts.
+        ``proxy``: an ``http://[user:password@]host:port`` proxy, through a CONNECT tunnel
+        for https (TLS end to end), by absolute-form requests for http; ``trust_env``:
+        take it from ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``NO_PROXY`` when not given."""
         self.origin = Origin.of(base_url)
         self.unix_socket = unix_socket
         self.base_path = urlsplit(base_url).path.rstrip("/")
@@ -436,6 +562,20 @@ class HttpClient:
         self.connect_timeout = connect_timeout
         self._pool = _Pool(pool_size)
         self.connect_slots = connect_slots
+        if proxy is None and trust_env and unix_socket is None:
+            proxy = proxy_from_environment(base_url)
+        self.proxy: Origin | None = None
+        self._proxy_auth: str | None = None
+        if proxy is not None:
+            self.proxy = Origin.of(proxy)
+            if self.proxy.scheme != "http":
+                raise ValueError(f"only http:// proxies are supported, not {proxy!r}")
+            parts = urlsplit(proxy)
+            if parts.username is not None:
+                import base64  # noqa: PLC0415
+
+                user = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+                self._proxy_auth = f"Basic {base64.b64encode(user.encode()).decode()}"
 
     async def _connect(self) -> _Conn:
         if self.connect_slots is None:
@@ -451,8 +591,10 @@ class HttpClient:
                     self.unix_socket, limit=MAX_HEADER_BYTES), self.connect_timeout)
                 return _Conn(reader, writer)
             if self.ssl_context is None:
+                host, port = (o.host, o.port) if self.proxy is None else \
+                    (self.proxy.host, self.proxy.port)
                 reader, writer = await asyncio.wait_for(asyncio.open_connection(
-                    o.host, o.port, limit=MAX_HEADER_BYTES), self.connect_timeout)
+                    host, port, limit=MAX_HEADER_BYTES), self.connect_timeout)
                 return _Conn(reader, writer)
             return await asyncio.wait_for(self._connect_tls(self.ssl_context),
                                           self.connect_timeout)
@@ -467,9 +609,15 @@ class HttpClient:
         o = self.origin
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=MAX_HEADER_BYTES, loop=loop)
-        transport, proto = await loop.create_connection(
-            lambda: _TlsProtocol(context, self.server_hostname or o.host, reader),
-            o.host, o.port)
+        server_hostname = self.server_hostname or o.host
+        if self.proxy is not None:
+            transport = await self._tunnel()
+            proto = _TlsProtocol(context, server_hostname, reader)
+            transport.set_protocol(proto)
+            proto.connection_made(transport)
+        else:
+            transport, proto = await loop.create_connection(
+                lambda: _TlsProtocol(context, server_hostname, reader), o.host, o.port)
         try:
             await proto.handshake
         except BaseException:
@@ -477,14 +625,54 @@ class HttpClient:
             raise
         return _Conn(reader, proto)
 
+    async def _tunnel(self) -> asyncio.Transport:
+        """A TCP connection to the origin through the proxy's CONNECT, not yet used."""
+        assert self.proxy is not None
+        o = self.origin
+        reader, writer = await asyncio.open_connection(self.proxy.host, self.proxy.port,
+                                                       limit=MAX_HEADER_BYTES)
+        conn = _Conn(reader, writer)
+        try:
+            host = f"[{o.host}]" if ":" in o.host else o.host
+            authority = f"{host}:{o.port}"
+            headers = [("Host", authority)]
+            if self._proxy_auth is not None:
+                headers.append(("Proxy-Authorization", self._proxy_auth))
+            writer.write(conn.h11.send(h11.Request(method="CONNECT", target=authority,
+                                                   headers=headers)) or b"")
+            await writer.drain()
+            try:
+                head = await _read_head(conn, self.connect_timeout)
+            except _NoAnswerError:
+                raise HttpConnectionError(f"proxy {self.proxy.host}:{self.proxy.port} "
+                                          "closed the connection") from None
+            except HttpProtocolError as e:
+                raise HttpConnectionError(f"proxy {self.proxy.host}:{self.proxy.port}: "
+                                          f"{e}") from None
+            if not 200 <= head.status_code < 300:
+                raise HttpConnectionError(
+                    f"proxy {self.proxy.host}:{self.proxy.port} refused CONNECT {authority}: "
+                    f"{head.status_code} {head.reason.decode('latin-1')}")
+            if conn.h11.trailing_data[0]:
+                raise HttpConnectionError(f"proxy {self.proxy.host}:{self.proxy.port} sent "
+                                          "data before the TLS handshake")
+        except BaseException:
+            conn.close()
+            raise
+        transport = writer.transport
+        assert isinstance(transport, asyncio.Transport)
+        return transport
+
     async def request(self, method: str, target: str, *, headers: Mapping[str, str] | None = None,
                       body: bytes | None = None,
                       read_timeout: float | None = 30.0) -> Response:
         """Send one request; the response's body is left to read (then ``release()``).
 
-        ``target`` is the path (and query) below the base URL. A kept-alive connection
-        the server closed meanwhile is retried once on a fresh one (idempotent or not:
-        a request that reached no server was never received).
+        ``target`` is the path (and query) below the base URL. When a kept-alive
+        connection fails before a byte of the answer arrived (the server closed it
+        meanwhile), the request goes out again on a fresh one if that is safe: it did not
+        leave at all, or its method is idempotent. A POST or PATCH the server may have
+        acted on is not sent twice: the error is the caller's.
         """
         for attempt in (1, 2):
             conn = self._pool.get()
@@ -494,9 +682,9 @@ class HttpClient:
             try:
                 return await self._exchange(conn, method, target, headers=headers, body=body,
                                             read_timeout=read_timeout)
-            except (HttpConnectionError, TruncatedBodyError, asyncio.IncompleteReadError):
+            except _NoAnswerError as e:
                 conn.close()
-                if fresh or attempt == 2:
+                if fresh or attempt == 2 or (e.sent and method.upper() not in IDEMPOTENT):
                     raise
             except BaseException:
                 conn.close()
@@ -506,60 +694,49 @@ class HttpClient:
     async def _exchange(self, conn: _Conn, method: str, target: str, *,
                         headers: Mapping[str, str] | None, body: bytes | None,
                         read_timeout: float | None) -> Response:
-        lines = [f"{method} {self.base_path}{target} HTTP/1.1",
-                 f"Host: {self.origin.host_header}", "Accept-Encoding: identity"]
-        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        path = f"{self.base_path}{target}"
+        if self.proxy is not None and self.ssl_context is None:
+            path = f"http://{self.origin.host_header}{path}"  # absolute-form, to a proxy
+        fields = [("Host", self.origin.host_header)]
+        extra = dict(headers or {})
+        if not any(k.lower() == "accept-encoding" for k in extra):
+            fields.append(("Accept-Encoding", "identity"))
+        if self.proxy is not None and self.ssl_context is None and self._proxy_auth:
+            fields.append(("Proxy-Authorization", self._proxy_auth))
+        fields += [(k, v) for k, v in extra.items() if k.lower() != "content-length"]
         if body is not None or method in ("POST", "PUT", "PATCH"):
-            lines.append(f"Content-Length: {len(body or b'')}")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+            fields.append(("Content-Length", str(len(body or b""))))
         try:
-            conn.writer.write(head + (body or b""))
+            out = conn.h11.send(h11.Request(method=method, target=path, headers=fields)) or b""
+            if body:
+                out += b"".join(conn.h11.send_with_data_passthrough(h11.Data(data=body)) or [])
+            out += conn.h11.send(h11.EndOfMessage()) or b""
+        except h11.LocalProtocolError as e:
+            raise HttpProtocolError(f"cannot send {method} {target[:80]!r}: {e}") from None
+        if conn.writer.is_closing():
+            raise _NoAnswerError("connection closed before the request", sent=False)
+        try:
+            try:
+                conn.writer.write(out)
+            except ConnectionError as e:
+                raise _NoAnswerError(f"{type(e).__name__}: {e}", sent=False) from e
+            del out
             # Deadlines by asyncio.timeout, not wait_for: wait_for (Python 3.11) runs its
-            # awaitable as a new task, one event-loop turn per header line even when the
-            # line is already buffered; a thousand clusters' start-up is many requests.
-            async with asyncio.timeout(read_timeout):
-                await conn.writer.drain()  # a server not reading
-            async with asyncio.timeout(read_timeout):
-                status_line = await conn.reader.readline()
-            if not status_line:
-                raise HttpConnectionError("connection closed before the response")
-            parts = status_line.decode("latin-1").rstrip("\r\n").split(" ", 2)
-            if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
-                raise HttpProtocolError(f"not an HTTP/1.x status line: {status_line[:60]!r}")
-            status = int(parts[1])
-            resp_headers: dict[str, str] = {}
-            while True:
+            # awaitable as a new task, one event-loop turn per call even when the data is
+            # already buffered; a thousand clusters' start-up is many requests.
+            try:
                 async with asyncio.timeout(read_timeout):
-                    line = await conn.reader.readline()
-                if line in (b"\r\n", b"\n"):
-                    break
-                if not line:
-                    raise HttpConnectionError("connection closed inside the response headers")
-                name, _, value = line.decode("latin-1").partition(":")
-                key = name.strip().lower()
-                value = value.strip()
-                resp_headers[key] = f"{resp_headers[key]}, {value}" \
-                    if key in resp_headers else value
+                    await conn.writer.drain()  # a server not reading
+            except (ConnectionError, ssl.SSLError) as e:
+                raise _NoAnswerError(f"{type(e).__name__}: {e}", sent=True) from e
+            head = await _read_head(conn, read_timeout)
+        except _NoAnswerError:
+            raise
         except (ConnectionError, ssl.SSLError) as e:
             raise HttpConnectionError(f"{type(e).__name__}: {e}") from e
-        except ValueError as e:
-            raise HttpProtocolError(f"unreadable response: {e}") from e
-        resp = Response(status=status, reason=parts[2] if len(parts) > 2 else "",
-                        headers=resp_headers, _conn=conn, _pool=self._pool,
-                        _read_timeout=read_timeout)
-        keep = parts[0] == "HTTP/1.1" and "close" not in resp_headers.get("connection", "")
-        resp._reusable = keep
-        te = resp_headers.get("transfer-encoding", "").lower()
-        if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
-            resp._remaining = 0
-        elif "chunked" in te:
-            resp._chunked = True
-        elif resp.content_length is not None:
-            resp._remaining = resp.content_length
-        else:
-            resp._reusable = False  # body runs until the server closes
-        if resp._remaining == 0:
-            resp._finish(reusable=True)
+        resp = Response(status=head.status_code, reason=head.reason.decode("latin-1"),
+                        headers=_headers_of(head), _conn=conn, _pool=self._pool,
+                        _read_timeout=read_timeout, _reusable=True)
         return resp
 
     async def close(self) -> None:
