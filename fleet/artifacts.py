@@ -32,11 +32,13 @@ ManifestFetcher = Callable[[str], Awaitable[str]]
 
 
 async def fetch_text(url: str) -> str:
-    """The text at ``url`` (``file://`` or ``http(s)://``)."""
+    """The text at ``url`` (``file://`` or ``http(s)://``), through the proxy that
+    ``HTTPS_PROXY`` / ``HTTP_PROXY`` name unless ``NO_PROXY`` exempts the host."""
     if url.startswith("file://"):
         return await anyio.Path(url.removeprefix("file://")).read_text()
     timeout = aiohttp.ClientTimeout(total=MANIFEST_TIMEOUT_SECONDS)
-    async with aiohttp.ClientSession(timeout=timeout) as s, s.get(url) as resp:
+    async with aiohttp.ClientSession(timeout=timeout, trust_env=True) as s, \
+            s.get(url) as resp:
         resp.raise_for_status()
         return await resp.text()
 

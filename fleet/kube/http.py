@@ -4,7 +4,21 @@ Just what the node agent needs, so that it does not pay for a general HTTP libra
 (importing aiohttp costs ~20 MiB and ~0.2 s of CPU): one request at a time per
 connection, keep-alive with a small idle pool, bodies framed by Content-Length, chunked
 transfer coding or connection close, streamed to the caller (never buffered whole),
-a deadline per read. No cookies, no compression (it asks for ``identity``), no proxies.
+a deadline per read. No cookies, no compression (it asks for ``identity``).
+
+The HTTP/1.1 framing is h11's (a maintained sans-I/O parser), not ours: lengths and
+chunk sizes are digits only (``-1``, ``+0x10``, ``1_0`` are protocol errors), repeated
+Content-Lengths must agree, and an answer's head is bounded (:data:`MAX_HEADER_BYTES`,
+:data:`MAX_HEADERS`). Fields that must not be repeated with different values
+(:data:`SINGLETON_FIELDS`) are refused when they are; others are joined with ", ".
+Informational (1xx) answers are skipped. What a read returns is bounded by what the
+caller asked for and what one socket read delivered. A request is sent again on a fresh
+connection only when its pooled one failed before a byte of the answer arrived and the
+request either never left or is idempotent (:data:`IDEMPOTENT`).
+
+Proxies: an ``http://`` proxy (``proxy=``, or ``trust_env=True`` for ``HTTPS_PROXY`` /
+``HTTP_PROXY`` / ``NO_PROXY``), through a CONNECT tunnel for https (TLS end to end) and
+absolute-form requests for http.
 
 TLS runs over memory BIOs in :class:`_TlsProtocol` rather than asyncio's own TLS layer,
 which allocates a 256 KiB read buffer per connection: at a thousand workload clusters
@@ -12,9 +26,10 @@ with three open watches each, that buffer alone would be most of the controller'
 Here a connection holds what it has received and not yet read, and at most one TLS
 record (16 KiB) of decrypted data at a time.
 
-Errors: :class:`HttpConnectionError` (could not connect, reset, TLS failure),
-:class:`TruncatedBodyError` (the body ended before its framing said), :class:`TimeoutError`
-(a read or connect deadline passed), :class:`HttpProtocolError` (an unreadable answer).
+Errors: :class:`HttpConnectionError` (could not connect, reset, TLS failure, refused by
+the proxy), :class:`TruncatedBodyError` (the body ended before its framing said),
+:class:`TimeoutError` (a read or connect deadline passed), :class:`HttpProtocolError` (an
+unreadable or out-of-bounds answer, or a request h11 would not send).
 """
 
 from __future__ import annotations
@@ -477,7 +492,8 @@ def proxy_from_environment(url: str, env: Mapping[str, str] | None = None) -> st
     return proxy if "://" in proxy else f"http://{proxy}"
 
 
-async def _read_head(conn: _Conn, timeout: float | None) -> h11.Response:
+async def _read_head(reader: asyncio.StreamReader, parser: h11.Connection,
+                     timeout: float | None) -> h11.Response:
     """The final answer's head (informational ones skipped), bounded in size and count.
     Raises :class:`_NoAnswerError` when the connection ended before a byte of it."""
     received = 0
@@ -485,15 +501,15 @@ async def _read_head(conn: _Conn, timeout: float | None) -> h11.Response:
     async with asyncio.timeout(timeout):
         while True:
             try:
-                event = conn.h11.next_event()
+                event = parser.next_event()
             except h11.RemoteProtocolError as e:
-                if conn.h11.trailing_data[1]:
+                if parser.trailing_data[1]:
                     raise HttpConnectionError(
                         f"connection closed inside the response head: {e}") from None
                 raise _protocol_error(e) from None
             if event is h11.NEED_DATA:
                 try:
-                    data = await conn.reader.read(MAX_HEADER_BYTES)
+                    data = await reader.read(MAX_HEADER_BYTES)
                 except (ConnectionError, ssl.SSLError) as e:
                     if received:
                         raise
@@ -501,7 +517,7 @@ async def _read_head(conn: _Conn, timeout: float | None) -> h11.Response:
                 if not data and not received:
                     raise _NoAnswerError("connection closed before the response", sent=True)
                 received += len(data)
-                conn.h11.receive_data(data)
+                parser.receive_data(data)
             elif isinstance(event, h11.InformationalResponse):
                 informational += 1
                 if informational > MAX_INFORMATIONAL:
@@ -628,39 +644,36 @@ class HttpClient:
     async def _tunnel(self) -> asyncio.Transport:
         """A TCP connection to the origin through the proxy's CONNECT, not yet used."""
         assert self.proxy is not None
-        o = self.origin
-        reader, writer = await asyncio.open_connection(self.proxy.host, self.proxy.port,
-                                                       limit=MAX_HEADER_BYTES)
-        conn = _Conn(reader, writer)
+        o, p = self.origin, self.proxy
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=MAX_HEADER_BYTES, loop=loop)
+        # A bare protocol, no StreamWriter: one dropped would close the transport.
+        transport, _ = await loop.create_connection(
+            lambda: asyncio.StreamReaderProtocol(reader, loop=loop), p.host, p.port)
+        assert isinstance(transport, asyncio.Transport)
         try:
+            parser = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEADER_BYTES)
             host = f"[{o.host}]" if ":" in o.host else o.host
             authority = f"{host}:{o.port}"
             headers = [("Host", authority)]
             if self._proxy_auth is not None:
                 headers.append(("Proxy-Authorization", self._proxy_auth))
-            writer.write(conn.h11.send(h11.Request(method="CONNECT", target=authority,
-                                                   headers=headers)) or b"")
-            await writer.drain()
+            transport.write(parser.send(h11.Request(method="CONNECT", target=authority,
+                                                    headers=headers)) or b"")
             try:
-                head = await _read_head(conn, self.connect_timeout)
-            except _NoAnswerError:
-                raise HttpConnectionError(f"proxy {self.proxy.host}:{self.proxy.port} "
-                                          "closed the connection") from None
-            except HttpProtocolError as e:
-                raise HttpConnectionError(f"proxy {self.proxy.host}:{self.proxy.port}: "
-                                          f"{e}") from None
+                head = await _read_head(reader, parser, self.connect_timeout)
+            except (HttpError, ConnectionError) as e:
+                raise HttpConnectionError(f"proxy {p.host}:{p.port}: {e}") from None
             if not 200 <= head.status_code < 300:
                 raise HttpConnectionError(
-                    f"proxy {self.proxy.host}:{self.proxy.port} refused CONNECT {authority}: "
+                    f"proxy {p.host}:{p.port} refused CONNECT {authority}: "
                     f"{head.status_code} {head.reason.decode('latin-1')}")
-            if conn.h11.trailing_data[0]:
-                raise HttpConnectionError(f"proxy {self.proxy.host}:{self.proxy.port} sent "
-                                          "data before the TLS handshake")
+            if parser.trailing_data[0]:
+                raise HttpConnectionError(f"proxy {p.host}:{p.port} sent data before the "
+                                          "TLS handshake")
         except BaseException:
-            conn.close()
+            transport.close()
             raise
-        transport = writer.transport
-        assert isinstance(transport, asyncio.Transport)
         return transport
 
     async def request(self, method: str, target: str, *, headers: Mapping[str, str] | None = None,
@@ -729,7 +742,7 @@ class HttpClient:
                     await conn.writer.drain()  # a server not reading
             except (ConnectionError, ssl.SSLError) as e:
                 raise _NoAnswerError(f"{type(e).__name__}: {e}", sent=True) from e
-            head = await _read_head(conn, read_timeout)
+            head = await _read_head(conn.reader, conn.h11, read_timeout)
         except _NoAnswerError:
             raise
         except (ConnectionError, ssl.SSLError) as e:
