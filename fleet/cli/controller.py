@@ -209,8 +209,11 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
             tg.start_soon(exclusion.run)
             # CAPI calls the hooks through the Service, i.e. on any replica: serve them on
             # every replica, leader or not (returns at once when the extension is off).
+            # UpdateMachine's NodePlan writes go through the replica's fenced client like
+            # the controller's: a replica that may not write for the cluster answers CAPI
+            # "again later" (docs/runtime-extension.md).
             tg.start_soon(functools.partial(
-                serve_configured_extension, config, mgmt=mgmt,
+                serve_configured_extension, config, mgmt=writes,
                 tracer=get_tracer("fleet.extension", provider),
                 on_serving=health.extension_serving))
             try:

@@ -27,14 +27,17 @@ from fleet.extension.server import (
 )
 from fleet.extension.update import (
     ClusterSettingsGetter,
+    ExtensionDrives,
     UpdateMachineService,
     WorkloadClientGetter,
+    extension_drives,
     workload_client_from_registry,
 )
 from fleet.extension.workload import SecretWorkloadClients
 
 __all__ = [
     "ClusterSettingsGetter",
+    "ExtensionDrives",
     "ExtensionEndpoint",
     "ExtensionHandlers",
     "ExtensionMode",
@@ -44,6 +47,7 @@ __all__ = [
     "WorkloadClientGetter",
     "build_app",
     "extension_active",
+    "extension_drives",
     "handlers_from_config",
     "running_extension_server",
     "serve_configured_extension",

@@ -165,6 +165,16 @@ def check_update_machine(s: UpdateSubject) -> list[Refusal]:
     return out
 
 
+def check_cluster_skew(role: str, desired: str, control_planes: Iterable[str],
+                       workers: Iterable[str], *, what: str) -> SkewRefusal | None:
+    """CanUpdate*'s view of the cluster: a worker version newer than the oldest control
+    plane's minor, or a control-plane version leaving a worker more than one minor
+    behind, is not done in place (the move itself is :func:`fleet.skew.check_move`'s)."""
+    if role == "controller":
+        return check_control_plane_move((), workers, desired, what=what)
+    return check_worker_move((), control_planes, desired, what=what)
+
+
 def refusal_message(what: str, refusals: Iterable[Refusal]) -> str:
     """One line for CAPI's log and the Machine's condition, naming every failed check."""
     return f"{what}: refused by k0s-fleet: " + "; ".join(str(r) for r in refusals)
@@ -180,6 +190,7 @@ __all__ = [
     "UPDATE_IN_PROGRESS_ANNOTATION",
     "Refusal",
     "UpdateSubject",
+    "check_cluster_skew",
     "check_update_machine",
     "in_place_update_in_progress",
     "pending_hooks",

@@ -267,23 +267,29 @@ def decide_machine_set(req: CanUpdateMachineSetRequest,
     )
 
 
-def can_update_machine(req: CanUpdateMachineRequest,
-                       patch_type: PatchType = PatchType.JSON_PATCH) -> CanUpdateMachineResponse:
-    d = decide_machine(req, patch_type)
+def machine_answer(d: Decision) -> CanUpdateMachineResponse:
     return CanUpdateMachineResponse(
         status=ResponseStatus.SUCCESS, message=d.reason,
         machine_patch=d.machine_patch, bootstrap_config_patch=d.bootstrap_patch,
     )
 
 
-def can_update_machine_set(req: CanUpdateMachineSetRequest,
-                           patch_type: PatchType = PatchType.JSON_PATCH,
-                           ) -> CanUpdateMachineSetResponse:
-    d = decide_machine_set(req, patch_type)
+def machine_set_answer(d: Decision) -> CanUpdateMachineSetResponse:
     return CanUpdateMachineSetResponse(
         status=ResponseStatus.SUCCESS, message=d.reason,
         machine_set_patch=d.machine_patch, bootstrap_config_template_patch=d.bootstrap_patch,
     )
+
+
+def can_update_machine(req: CanUpdateMachineRequest,
+                       patch_type: PatchType = PatchType.JSON_PATCH) -> CanUpdateMachineResponse:
+    return machine_answer(decide_machine(req, patch_type))
+
+
+def can_update_machine_set(req: CanUpdateMachineSetRequest,
+                           patch_type: PatchType = PatchType.JSON_PATCH,
+                           ) -> CanUpdateMachineSetResponse:
+    return machine_set_answer(decide_machine_set(req, patch_type))
 
 
 def declined_machine(reason: str) -> CanUpdateMachineResponse:

@@ -33,7 +33,12 @@ from fleet.extension.catalog import DISCOVERY_PATH, HANDLERS, hook_path
 from fleet.extension.handlers import ExtensionHandlers
 from fleet.extension.policyhold import policy_hold_from_config
 from fleet.extension.tls import ReloadingServerTLS
-from fleet.extension.update import UpdateMachineService, WorkloadClientGetter
+from fleet.extension.update import (
+    ExtensionDrives,
+    UpdateMachineService,
+    WorkloadClientGetter,
+    extension_drives,
+)
 from fleet.extension.wire import (
     HOOKS_API_VERSION,
     REQUEST_TYPES,
@@ -236,10 +241,16 @@ async def serve_extension(handlers: ExtensionHandlers, *,
 def handlers_from_config(config: FleetConfig, *, mgmt: KubeClient,
                          workload_client: WorkloadClientGetter | None,
                          artifacts: ArtifactResolver | None = None,
-                         tracer: Tracer | None = None) -> ExtensionHandlers:
+                         tracer: Tracer | None = None,
+                         drives: ExtensionDrives | None = None) -> ExtensionHandlers:
     """The hooks as the fleet config says: mode, download policy (digest manifest
     included), per-cluster settings. ``artifacts`` lets a caller share its resolver
-    (and manifest cache); by default one is made from ``config.download``."""
+    (and manifest cache); by default one is made from ``config.download``. ``drives``:
+    which clusters the extension path drives; by default
+    :func:`~fleet.extension.update.extension_drives` on ``mgmt``'s ExtensionConfigs.
+
+    ``mgmt`` is also the client UpdateMachine writes NodePlans with: pass the replica's
+    fenced client (:meth:`fleet.kube.KubeClient.fenced`), as the controller does."""
     return ExtensionHandlers(
         update=UpdateMachineService(
             mgmt=mgmt, workload_client=workload_client,
@@ -247,6 +258,7 @@ def handlers_from_config(config: FleetConfig, *, mgmt: KubeClient,
             cluster_settings=config.for_cluster, tracer=tracer,
             node_policy=config.agent.node_policy(),
             policy_hold=policy_hold_from_config(config, mgmt),
+            drives=drives if drives is not None else extension_drives(config.extension, mgmt),
         ),
         mode=config.extension.mode,
     )
@@ -263,7 +275,8 @@ async def serve_configured_extension(config: FleetConfig, *, mgmt: KubeClient,
 
     Without ``workload_client``, workload clusters are reached through their kubeconfig
     Secrets (:class:`SecretWorkloadClients`), which works on every replica; the leader's
-    cluster registry exists only on the leader.
+    cluster registry exists only on the leader. ``mgmt``: the replica's fenced client
+    (UpdateMachine's NodePlan writes are fenced like the controller's).
     """
     ext = config.extension
     if not ext.enabled:

@@ -19,9 +19,11 @@ from typing import Any, Protocol
 from opentelemetry.trace import Tracer
 
 from fleet.artifacts import ArtifactResolver
-from fleet.config import ClusterSettings
+from fleet.config import ClusterSettings, ExtensionMode, ExtensionSettings
 from fleet.dispatch import create_or_adopt_nodeplan, nodeplan_to_dispatch
 from fleet.downloads import DownloadResolutionError
+from fleet.extension.activation import extension_active, own_endpoint
+from fleet.extension.admission import UpdateSubject, check_update_machine, refusal_message
 from fleet.extension.policyhold import PolicyHold
 from fleet.extension.progress import (
     RETRY_AFTER_SECONDS,
@@ -31,14 +33,32 @@ from fleet.extension.progress import (
     update_progress,
 )
 from fleet.extension.wire import ResponseStatus, UpdateMachineRequest, UpdateMachineResponse
+from fleet.fence import writes_for
 from fleet.kube import (
+    FencedError,
     KubeClient,
     KubeError,
     KubeObject,
     NotFoundError,
     UnreachableError,
 )
-from fleet.kube.resources import CLUSTERS, MACHINES, NODE_PLANS, NODES
+from fleet.kube.resources import (
+    CLUSTERS,
+    EXTENSION_CONFIGS,
+    K0S_CONTROL_PLANES,
+    MACHINE_DEPLOYMENTS,
+    MACHINES,
+    NODE_PLANS,
+    NODES,
+)
+from fleet.model import (
+    ANN_MACHINE_RUNNING_VERSION,
+    ANN_WRITTEN_VERSION,
+    KIND_KCP,
+    KIND_MD,
+    LABEL_CLUSTER_NAME,
+    machine_from,
+)
 from fleet.nodeplan import TRACEPARENT_ANNOTATION, nodeplan_name
 from fleet.rollout.hookgate import HELD_RETRY_SECONDS
 from fleet.signal import NodePolicy
@@ -52,6 +72,9 @@ LABEL_CONTROL_PLANE = "cluster.x-k8s.io/control-plane"
 LABEL_DEPLOYMENT_NAME = "cluster.x-k8s.io/deployment-name"
 
 PAUSED_RETRY_SECONDS = 30
+# This replica may not write for the cluster now (its Lease, or the cluster's shard, is
+# another replica's): CAPI asks again, through the Service, maybe reaching the holder.
+FENCED_RETRY_SECONDS = 5
 
 # (namespace, cluster name) -> a client for that workload cluster. The controller's
 # cluster registry provides it (one cached client per cluster, from <name>-kubeconfig).
@@ -59,6 +82,9 @@ WorkloadClientGetter = Callable[[str, str], Awaitable[KubeClient]]
 # (namespace, cluster name, Cluster labels) -> that cluster's effective fleet settings;
 # normally ``FleetConfig.for_cluster``.
 ClusterSettingsGetter = Callable[[str, str, Mapping[str, str]], ClusterSettings]
+# (namespace, cluster name) -> whether Cluster API drives that cluster's in-place updates
+# through this extension (fleet.extension.activation.extension_active).
+ExtensionDrives = Callable[[str, str], Awaitable[bool]]
 
 
 class _Registry(Protocol):
@@ -77,6 +103,23 @@ def workload_client_from_registry(registry: _Registry) -> WorkloadClientGetter:
         return client
 
     return get
+
+
+def extension_drives(settings: ExtensionSettings, mgmt: KubeClient) -> ExtensionDrives:
+    """The activation rule the controller's sequencer uses to stand aside
+    (:class:`fleet.extension.exclusion.ExtensionExclusion`), on the ExtensionConfigs as
+    they are now (one list per call)."""
+    mode = ExtensionMode(settings.mode)
+    endpoint = own_endpoint(settings)
+
+    async def drives(namespace: str, cluster: str) -> bool:
+        if mode is not ExtensionMode.AUTO:
+            return extension_active({}, [], mode)
+        configs = (await mgmt.list(EXTENSION_CONFIGS)).items
+        return extension_active({"metadata": {"namespace": namespace, "name": cluster}},
+                                configs, mode, endpoint=endpoint)
+
+    return drives
 
 
 def machine_role(machine: Mapping[str, Any]) -> str:
@@ -128,8 +171,15 @@ class UpdateMachineService:
     # The fleet rollout policy (fleet.extension.policyhold): why no node may start now
     # (paused, emergency stop, window closed, wave not admitted); None: no such policy.
     policy_hold: PolicyHold | None = None
+    # Whether Cluster API drives a cluster through this extension (:func:`extension_drives`);
+    # None: not known, and UpdateMachine refuses every request.
+    drives: ExtensionDrives | None = None
 
     async def handle(self, req: UpdateMachineRequest) -> UpdateMachineResponse:
+        """The request is a hint: only its Machine's name and namespace and the version are
+        taken from it, and they must agree with the live objects
+        (:func:`fleet.extension.admission.check_update_machine`) before anything is
+        written; otherwise the answer is a Failure naming every check that failed."""
         desired = req.desired.machine
         meta = desired.get("metadata") or {}
         name, namespace = str(meta.get("name") or ""), str(meta.get("namespace") or "")
@@ -140,23 +190,29 @@ class UpdateMachineService:
         except InvalidVersionError:
             return UpdateMachineResponse.failure(
                 f"{what}: desired spec.version {raw_version!r} is not a k0s version")
-        if not namespace:
-            return UpdateMachineResponse.failure(f"{what}: desired machine has no namespace")
+        if not namespace or not name:
+            return UpdateMachineResponse.failure(f"{what}: desired machine has no name or "
+                                                 f"namespace")
 
         try:
             machine = await self.mgmt.get(MACHINES, name, namespace)
         except NotFoundError:
             return UpdateMachineResponse.failure(f"{what} not found in the management cluster")
-        cluster = str((machine.get("spec") or {}).get("clusterName")
-                      or (desired.get("spec") or {}).get("clusterName") or "")
+        # The live Machine's cluster, never the request's.
+        cluster = str((machine.get("spec") or {}).get("clusterName") or "")
         if not cluster:
             return UpdateMachineResponse.failure(f"{what} has no spec.clusterName")
-        machine.setdefault("spec", {})["clusterName"] = cluster
         node_name = node_name_of(machine)
         plan_name = nodeplan_name(name, version)
 
-        plan = await self.mgmt.get_or_none(NODE_PLANS, plan_name, namespace)
         node = await self._observe(namespace, cluster, node_name)
+        refusals = check_update_machine(await self._subject(machine, version, cluster, node))
+        if refusals:
+            message = refusal_message(what, refusals)
+            log.warning("UpdateMachine %s", message)
+            return UpdateMachineResponse.failure(message)
+
+        plan = await self.mgmt.get_or_none(NODE_PLANS, plan_name, namespace)
         if plan is None:
             if node is not None and node.runs(version):
                 return UpdateMachineResponse(
@@ -183,11 +239,78 @@ class UpdateMachineService:
                         status=ResponseStatus.SUCCESS, retry_after_seconds=HELD_RETRY_SECONDS,
                         message=f"{what}: not yet: {held}")
             try:
-                plan = await self._dispatch(machine, node_name, version, node, executor)
+                # Fenced like the controller's writes for this cluster (fleet.fence).
+                with writes_for((namespace, cluster)):
+                    plan = await self._dispatch(machine, node_name, version, node, executor)
             except DownloadResolutionError as e:
                 return UpdateMachineResponse.failure(f"{what}: {e}")
+            except FencedError as e:
+                return UpdateMachineResponse(
+                    status=ResponseStatus.SUCCESS, retry_after_seconds=FENCED_RETRY_SECONDS,
+                    message=f"{what}: not dispatched by this replica: {e}")
             log.info("UpdateMachine %s: dispatched as NodePlan %s", what, plan_name)
         return update_progress(plan, node, version, table=self.retry_table)
+
+    async def _subject(self, machine: KubeObject, version: str, cluster: str,
+                       node: NodeObservation | None) -> UpdateSubject:
+        """What the checks need, read from the management cluster now."""
+        namespace = machine["metadata"]["namespace"]
+        info = machine_from(machine)
+        drives = await self.drives(namespace, cluster) if self.drives is not None else False
+        owner_found, owner_target = False, None
+        owner = info.owner
+        if owner is not None:
+            res = MACHINE_DEPLOYMENTS if owner.kind == KIND_MD else K0S_CONTROL_PLANES
+            obj = await self.mgmt.get_or_none(res, owner.name, namespace)
+            if obj is not None:
+                owner_found = True
+                owner_target = ((obj.get("metadata") or {}).get("annotations") or {}).get(
+                    ANN_WRITTEN_VERSION) or None
+        control_planes, workers = await self.cluster_versions(
+            namespace, cluster, exclude=machine["metadata"]["name"])
+        node_version = node.running_version if node is not None else None
+        return UpdateSubject(
+            requested=version, machine=machine, role=machine_role(machine), drives=drives,
+            owner_kind=owner.kind if owner is not None else "",
+            owner_name=owner.name if owner is not None else "",
+            owner_found=owner_found, owner_target=owner_target,
+            node_version=node_version or info.annotations.get(ANN_MACHINE_RUNNING_VERSION),
+            control_planes=tuple(control_planes), workers=tuple(workers))
+
+    async def cluster_versions(self, namespace: str, cluster: str, *, exclude: str = ""
+                               ) -> tuple[list[str], list[str]]:
+        """What the cluster's control planes and workers run, as far as the management
+        cluster tells: its Machines (their running-version record, else ``spec.version``;
+        ``exclude`` left out) and its K0sControlPlane (``spec.version`` and
+        ``status.version``); the skew rules count the oldest."""
+        listed = await self.mgmt.list(MACHINES, namespace,
+                                      label_selector=f"{LABEL_CLUSTER_NAME}={cluster}")
+        control_planes: list[str] = []
+        workers: list[str] = []
+        for m in listed.items:
+            if exclude and m["metadata"].get("name") == exclude:
+                continue
+            other = machine_from(m)
+            if other.cluster != cluster or other.deleting:
+                continue
+            running = other.annotations.get(ANN_MACHINE_RUNNING_VERSION) or other.version
+            if running:
+                (control_planes if other.role == "controller" else workers).append(running)
+        control_planes.extend(await self._control_plane_versions(namespace, cluster))
+        return control_planes, workers
+
+    async def _control_plane_versions(self, namespace: str, cluster: str) -> list[str]:
+        """The versions the cluster's K0sControlPlane names (``spec.version`` and
+        ``status.version``, k0smotron's minimum over its Machines)."""
+        obj = await self.mgmt.get_or_none(CLUSTERS, cluster, namespace)
+        ref = ((obj or {}).get("spec") or {}).get("controlPlaneRef") or {}
+        if not isinstance(ref, Mapping) or ref.get("kind") != KIND_KCP or not ref.get("name"):
+            return []
+        kcp = await self.mgmt.get_or_none(K0S_CONTROL_PLANES, str(ref["name"]), namespace)
+        if kcp is None:
+            return []
+        found = [(kcp.get("spec") or {}).get("version"), (kcp.get("status") or {}).get("version")]
+        return [str(v) for v in found if v]
 
     async def _observe(self, namespace: str, cluster: str,
                        node_name: str) -> NodeObservation | None:

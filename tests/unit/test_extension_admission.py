@@ -15,6 +15,7 @@ from fleet.extension.admission import (
     PENDING_HOOKS_ANNOTATION,
     UPDATE_IN_PROGRESS_ANNOTATION,
     UpdateSubject,
+    check_cluster_skew,
     check_update_machine,
     in_place_update_in_progress,
     pending_hooks,
@@ -146,3 +147,16 @@ def test_property_acts_only_when_every_fact_agrees(  # noqa: PLR0917
     refusals = check_update_machine(s)
     assert (refusals == []) == ok, refusals
     assert all(r.message for r in refusals)
+
+
+def test_cluster_skew_for_can_update() -> None:
+    def rule(role: str, desired: str, cps: tuple[str, ...], ws: tuple[str, ...]) -> str | None:
+        r = check_cluster_skew(role, desired, cps, ws, what="c")
+        return r.rule if r else None
+
+    assert rule("worker", NEW, (OLD,), ()) == RULE_WORKERS_NOT_NEWER
+    assert rule("worker", NEW, (NEW, "v1.32.0+k0s.0"), ()) is None
+    assert rule("worker", NEW, (), ()) is None  # control plane not known: not refused here
+    assert rule("controller", "v1.33.0+k0s.0", (), (OLD,)) == \
+        RULE_WORKERS_AT_MOST_ONE_MINOR_OLDER
+    assert rule("controller", NEW, (), (OLD,)) is None
