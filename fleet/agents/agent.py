@@ -28,7 +28,6 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -43,13 +42,16 @@ from fleet.agents.hostfault import HostFaults, describe, failure_state
 from fleet.agents.restart import K0sProbe, Restarter, RestartError, read_marker, restart_once
 from fleet.agents.settings import CRASH_ENV, AgentSettings
 from fleet.agents.state import (
+    Decision,
     Idle,
+    Journal,
     Reject,
     RequestKey,
     Work,
     classify,
     cordon_patch,
     cordoned_by_agent,
+    corroborate,
     first_status,
     holds_cordon,
     next_status,
@@ -57,6 +59,7 @@ from fleet.agents.state import (
     policy_problem,
     rejection_value,
     request_id,
+    same_status,
     uncordon_patch,
 )
 from fleet.agents.verify import wait_running
@@ -84,6 +87,10 @@ log = logging.getLogger(__name__)
 # Test-only fault injection: CRASH_ENV holds a comma-separated list of crash points (e.g.
 # "ApplyingUpdate:after"); reaching one kills the agent with SIGKILL. Unset in production.
 MIN_STEP_SECONDS = 1.0
+# Steps before the binary is replaced: the request is judged against the agent's policy
+# again in each of them.
+BEFORE_THE_SWAP = frozenset({SignalState.DOWNLOADING, SignalState.CORDONING,
+                             SignalState.APPLYING_UPDATE})
 
 
 def crash_point(name: str) -> None:
@@ -133,6 +140,7 @@ class Agent:
             max_bytes=settings.max_binary_bytes,
             free_space_margin=settings.free_space_margin_bytes,
             file_url_roots=settings.file_url_roots,
+            url_prefixes=settings.allowed_url_prefixes,
         )
         self.ready = anyio.Event()
         self._latest: KubeObject | None = None
@@ -144,6 +152,12 @@ class Agent:
         self._aux_backoff = Backoff(initial=0.5, maximum=30.0)
         # the request whose Cordoning write (by this process) also cordoned the node
         self._cordoned_with: RequestKey | None = None
+        # the status on the object of the worker's request, as last read or written: what
+        # the next write must still find there (the agent's own view is in the journal)
+        self._seen: SignalStatus | None = None
+        # statuses this agent did not write that it reported already (request, status)
+        self._reported: set[tuple[RequestKey, str]] = set()
+        self.foreign_statuses = 0  # how many it ignored and reported
 
     # -- main loop ---------------------------------------------------------------------------
     async def run(self) -> None:
@@ -176,6 +190,7 @@ class Agent:
     async def _dispatch(self, tg: anyio.abc.TaskGroup) -> None:
         obj = self._latest
         decision = classify(self._annotations(obj)) if obj is not None else Idle("no object")
+        decision = self._second_opinion(decision)
         worker = self._worker
         if isinstance(decision, Work):
             if worker is not None and worker.key == decision.key:
@@ -208,6 +223,76 @@ class Agent:
             log.warning("%s; retrying in %.1fs", e, delay)
             tg.start_soon(self._poke_after, delay)
 
+    def _second_opinion(self, decision: Decision) -> Decision:
+        """The status on the object is data: weigh it against the agent's own record.
+
+        A status that contradicts the record of a request the agent is driving (a forged
+        ``Completed``, another step, another timestamp) makes it go on from its record
+        (the worker writes that record back first); a status on a request it has no
+        record of is ignored and reported, never resumed from."""
+        sig = decision.signal if isinstance(decision, (Work, Idle)) else None
+        if sig is None or (isinstance(decision, Idle) and sig.status is None):
+            return decision
+        if self._worker is not None and self._worker.key == sig.request_key:
+            return decision  # the worker judges the status itself, before its next write
+        judged = corroborate(self._read_journal(sig.request_key), sig.status)
+        if judged.foreign is None:
+            return decision
+        if judged.known:
+            return Work(sig)
+        self._report_foreign(sig, judged.foreign)
+        return Idle(f"ignored: {judged.foreign}")
+
+    def _report_foreign(self, sig: SignalData, why: str) -> None:
+        """Log (once per request and status) and count a status this agent did not write."""
+        status = sig.status.model_dump_json() if sig.status is not None else ""
+        mark = (sig.request_key, status)
+        if mark in self._reported:
+            return
+        if len(self._reported) > 64:
+            self._reported.clear()
+        self._reported.add(mark)
+        self.foreign_statuses += 1
+        log.warning("%s: ignoring a status this agent did not write: %s", sig.planId, why)
+        trace.get_current_span().add_event("k0s_fleet.foreign_status", {
+            "k0s_fleet.nodeplan": sig.planId, "k0s_fleet.reason": why})
+
+    def _journal_path(self, key: RequestKey) -> Path:
+        return self.s.state_dir / f"{request_id(key)}.journal"
+
+    def _read_journal(self, key: RequestKey) -> Journal | None:
+        try:
+            data = self._journal_path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            log.warning("cannot read the record of a request: %s", describe(e))
+            return None
+        return Journal.from_json(data)
+
+    async def _write_journal(self, key: RequestKey, journal: Journal) -> None:
+        await anyio.to_thread.run_sync(write_durably, self._journal_path(key),
+                                       journal.to_json())
+
+    async def _resume_point(self, seen: SignalData) -> SignalData | None:
+        """The request as the agent's own record has it (None: not to be driven).
+
+        ``seen`` is the request as on the object; its status is only what the next write
+        must find there. A status that is not the agent's is reported; the agent's own
+        record is written back over it before anything else happens."""
+        self._seen = seen.status
+        judged = corroborate(self._read_journal(seen.request_key), seen.status)
+        if judged.foreign is not None:
+            self._report_foreign(seen, judged.foreign)
+            if not judged.known:
+                return None
+            if judged.own is not None:
+                return await self._transition(seen.model_copy(update={"status": judged.own}),
+                                              judged.own)
+        elif not judged.act and judged.own is None:
+            return None
+        return seen.model_copy(update={"status": judged.own})
+
     async def _poke_after(self, delay: float) -> None:
         await anyio.sleep(delay)
         self._changed.set()
@@ -234,8 +319,14 @@ class Agent:
     async def _drive(self, sig: SignalData) -> None:
         backoff = Backoff(initial=0.5, maximum=30.0)
         faults = HostFaults()
+        resolved = False  # sig's status is the agent's own (else: as read from the object)
         while True:
             try:
+                if not resolved:
+                    own = await self._resume_point(sig)
+                    if own is None:
+                        return
+                    sig, resolved = own, True
                 sig = await self._step(sig)
                 backoff.reset()
                 faults.reset()
@@ -256,9 +347,10 @@ class Agent:
                     return
                 if moved is None or not moved.same_request(sig):
                     return
-                log.warning("status of %s changed under us (now %s); resuming from there",
-                            sig.planId, moved.status.status if moved.status else None)
-                sig = moved
+                log.info("status of %s changed under us (now %s); judging it against "
+                         "this agent's record", sig.planId,
+                         moved.status.status if moved.status else None)
+                sig, resolved = moved, False
             except OSError as e:  # the host's filesystem: read-only, full, vanished
                 state = sig.status.status if sig.status else None
                 if faults.give_up(state, e):
@@ -320,8 +412,22 @@ class Agent:
         with self._span(str(state) if state else "Start", sig) as span:
             if state is not None:
                 crash_point(f"{state}:before")
+            if state in BEFORE_THE_SWAP:
+                # The request's URL and digest are judged again at every step before the
+                # binary is replaced: whatever the status says, nothing this agent's policy
+                # refuses is downloaded or installed.
+                problem = self._policy_problem(sig)
+                if problem:
+                    log.warning("refusing request %s in %s: %s", sig.planId, state, problem)
+                    return await self._transition(sig, self._status(
+                        sig, failure_state(state), reason=f"refused in {state}: {problem}"))
             result: SignalData = await handler(sig, span)
             return result
+
+    def _policy_problem(self, sig: SignalData) -> str | None:
+        return policy_problem(sig.command.k0supdate, allow_unverified=self.s.allow_unverified,
+                              file_url_roots=tuple(str(r) for r in self.s.file_url_roots),
+                              url_prefixes=self.s.allowed_url_prefixes)
 
     def _upgrade(self, sig: SignalData) -> DurableSpan:
         """The request's upgrade span: a child of the controller's dispatch span (the
@@ -392,8 +498,12 @@ class Agent:
 
         ``node_change`` (cordon, uncordon) goes into the same write, judged on the same
         object: one request where there were two, and no instant where the node shows
-        one without the other."""
-        seen = sig.status
+        one without the other.
+
+        The agent's own record of the request (its journal) names ``status`` as pending
+        before the write and as current once a terminal write landed; what the write
+        compares against is the status last seen on the object (``self._seen``)."""
+        seen = self._seen
         moved = False
 
         def mutate(obj: KubeObject) -> dict[str, Any] | None:
@@ -406,7 +516,7 @@ class Agent:
                 return None
             if raw is None or current is None or not current.same_request(sig):
                 return None
-            moved = _status_mark(current.status) != _status_mark(seen)
+            moved = not same_status(current.status, seen)
             if moved:
                 return None
             patch: dict[str, Any] = {"metadata": {"annotations": {
@@ -419,6 +529,8 @@ class Agent:
                     patch["spec"] = change["spec"]
             return patch
 
+        key = sig.request_key
+        await self._write_journal(key, Journal(current=sig.status, pending=status))
         # The watch cache saves a GET when it is current; when it is behind (it has not
         # delivered our own last write yet, say), judge again on a fresh read.
         obj = await patch_with_retry(self.client, self.res, self.name, mutate,
@@ -429,6 +541,9 @@ class Agent:
             if moved:
                 raise StateMovedError()
             raise RequestReplacedError()
+        self._seen = status
+        if status.status.terminal:  # an ended request stays ended, whatever is written later
+            await self._write_journal(key, Journal(current=status))
         log.info("%s: %s -> %s%s", sig.planId, seen.status if seen else "(new)", status.status,
                  f" ({status.reason})" if status.reason else "")
         if status.status.terminal and status.status is not SignalState.COMPLETED:
@@ -463,9 +578,7 @@ class Agent:
     # -- steps -------------------------------------------------------------------------------
     async def _start(self, sig: SignalData, span: trace.Span) -> SignalData:
         cmd = sig.command.k0supdate
-        problem = policy_problem(cmd, allow_unverified=self.s.allow_unverified,
-                                 file_url_roots=tuple(str(r) for r in self.s.file_url_roots),
-                                 url_prefixes=self.s.allowed_url_prefixes)
+        problem = self._policy_problem(sig)
         if problem:
             log.warning("refusing request %s: %s", sig.planId, problem)
             return await self._transition(sig, SignalStatus(
@@ -534,7 +647,9 @@ class Agent:
     async def _apply(self, sig: SignalData, span: trace.Span) -> SignalData:
         cmd = sig.command.k0supdate
         assert sig.status is not None
-        expected = sig.status.sha256 or cmd.sha256
+        # The request's digest; only a request that allowed an unverified download uses
+        # the one this agent computed while downloading (its own record, not the object's).
+        expected = cmd.sha256 or sig.status.sha256
         if expected is None:
             return await self._transition(sig, self._status(
                 sig, SignalState.FAILED_APPLY, reason="no digest recorded for the staged binary"))
@@ -693,12 +808,6 @@ class Agent:
             if path.name == LOCK_NAME or (keep is not None and path.name.startswith(keep)):
                 continue
             unlink_quiet(path)
-
-
-def _status_mark(status: SignalStatus | None) -> tuple[str, datetime] | None:
-    if status is None:
-        return None
-    return (str(status.status), status.timestamp)
 
 
 # -- process entry -------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from fleet.agents.files import (
     staged_path,
     unlink_quiet,
 )
+from fleet.agents.state import redirect_problem, url_problem
 from fleet.kube.backoff import Backoff
 from fleet.kube.http import HttpClient, Response, TruncatedBodyError
 
@@ -59,6 +60,10 @@ class DownloadPolicy:
     max_bytes: int = 2 * 1024**3
     free_space_margin: int = 64 * 1024**2
     file_url_roots: tuple[Path, ...] = ()
+    # http(s) URLs every hop (the request's URL and each redirect) must lie under; None:
+    # any origin (the URL itself was judged by the caller). Either way each hop must be
+    # RFC 3986 clean and https is never followed to http.
+    url_prefixes: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +214,15 @@ REDIRECTS = (301, 302, 303, 307, 308)
 
 async def _open_following_redirects(url: str, headers: dict[str, str],
                                     policy: DownloadPolicy) -> tuple[HttpClient, Response]:
-    """GET ``url``, following redirects to http(s) URLs; the caller releases and closes."""
+    """GET ``url``, following redirects to http(s) URLs; the caller releases and closes.
+
+    Every hop is judged before it is requested (:func:`fleet.agents.state.redirect_problem`):
+    a refused hop is final, nothing is fetched from it."""
+    problem = url_problem(url)
+    if problem is None and policy.url_prefixes is not None:
+        problem = redirect_problem(url, url, policy.url_prefixes)
+    if problem:
+        raise FinalDownloadError(f"refusing to download {url}: {problem}")
     current = url
     for _ in range(MAX_REDIRECTS + 1):
         parts = urlsplit(current)
@@ -227,9 +240,14 @@ async def _open_following_redirects(url: str, headers: dict[str, str],
             return client, resp
         resp.release()
         await client.close()
-        current = urljoin(current, location)
-        if urlsplit(current).scheme.lower() not in ("http", "https"):
-            raise FinalDownloadError(f"{url} redirects to a non-http(s) URL: {current}")
+        following = urljoin(current, location)
+        if urlsplit(following).scheme.lower() not in ("http", "https"):
+            raise FinalDownloadError(f"{url} redirects to a non-http(s) URL: {following}")
+        problem = redirect_problem(current, following, policy.url_prefixes)
+        if problem:
+            log.warning("download of %s refused: %s", url, problem)
+            raise FinalDownloadError(f"{url}: {problem}")
+        current = following
     raise FinalDownloadError(f"{url}: more than {MAX_REDIRECTS} redirects")
 
 

@@ -27,6 +27,13 @@ from fleet.signal import (
 # Where k0s releases come from unless the agent is told otherwise: the fixed part of the
 # fleet config's default download.urlTemplate (fleet.config.DEFAULT_URL_TEMPLATE).
 DEFAULT_RELEASE_PREFIX = "https://get.k0sproject.io/"
+# Where that location's downloads redirect to (GitHub's release downloads and the CDN
+# they hand over to): every redirect hop must lie under an accepted prefix too.
+DEFAULT_REDIRECT_PREFIXES = (
+    "https://github.com/k0sproject/k0s/releases/download/",
+    "https://objects.githubusercontent.com/github-production-release-asset-2e65be/",
+    "https://release-assets.githubusercontent.com/github-production-release-asset/",
+)
 
 
 ENV_PREFIX = AGENT_ENV_PREFIX
@@ -122,12 +129,13 @@ class AgentSettings(BaseSettings):
     file_url_roots: tuple[Path, ...] = Field((), description="directory file: URLs may read "
                                              "from (repeatable; default: none)")
     # http(s) download URLs must lie under one of these (scheme, host, port, path prefix);
-    # anything else is refused (InvalidRequest) before anything is touched. file: URLs
-    # are judged by file_url_roots instead.
+    # anything else is refused (InvalidRequest) before anything is touched, and so is every
+    # redirect hop (FailedDownload). file: URLs are judged by file_url_roots instead.
     allowed_url_prefixes: tuple[str, ...] = Field(
-        (DEFAULT_RELEASE_PREFIX,),
-        description="http(s) download URLs must lie under this prefix (repeatable; default: "
-        f"{DEFAULT_RELEASE_PREFIX}, the fleet's default release location)")
+        (DEFAULT_RELEASE_PREFIX, *DEFAULT_REDIRECT_PREFIXES),
+        description="http(s) download URLs, and every redirect hop, must lie under this "
+        f"prefix (repeatable; default: {DEFAULT_RELEASE_PREFIX}, the fleet's default "
+        "release location, and the GitHub release locations it redirects to)")
 
     drain: bool = Field(True, description="evict pods (without it: cordon only)")
     drain_timeout: float = Field(default=300.0, gt=0)

@@ -125,6 +125,57 @@ def url_prefix_problem(prefix: str) -> str | None:
     return None
 
 
+# RFC 3986 path and query characters: unreserved, sub-delims, ":", "@", "/", "?" and
+# percent-encodings. Anything else (a backslash, a space, non-ASCII) is read differently
+# by different parsers; such a URL is refused, never normalised.
+_URI_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+                       "-._~!$&'()*+,;=:@/?%")
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def url_problem(url: str) -> str | None:
+    """Why an http(s) download URL is unusable as given, or None: characters outside
+    RFC 3986 (``\\`` included) or a malformed percent-encoding in its path or query.
+    (User information and the host are judged by :func:`url_under_prefix`.)"""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises on a malformed port)
+    except ValueError as e:
+        return f"URL {url!r} is malformed: {e}"
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        return f"URL {url!r} is not an http(s) URL with a host"
+    rest = parts.path + ("?" + parts.query if parts.query else "")
+    bad = sorted({c for c in rest if c not in _URI_CHARS})
+    if bad:
+        return (f"URL {url!r} has characters outside RFC 3986 in its path or query: "
+                f"{', '.join(repr(c) for c in bad)}")
+    for i, c in enumerate(rest):
+        if c == "%" and not (len(rest) > i + 2 and rest[i + 1] in _HEX and rest[i + 2] in _HEX):
+            return f"URL {url!r} has a malformed percent-encoding"
+    return None
+
+
+def redirect_problem(current: str, location: str, url_prefixes: tuple[str, ...] | None
+                     ) -> str | None:
+    """Why a download must not follow a redirect from ``current`` to ``location`` (already
+    resolved against ``current``), or None: each hop is judged like the request's URL
+    (RFC 3986, under an accepted prefix when ``url_prefixes`` is given), and never from
+    https to http."""
+    problem = url_problem(location)
+    if problem:
+        return f"redirect to a refused URL: {problem}"
+    if urlsplit(location).username is not None or urlsplit(location).password is not None:
+        return f"redirect to {location!r}, a URL with user information"
+    if urlsplit(current).scheme.lower() == "https" and \
+            urlsplit(location).scheme.lower() != "https":
+        return f"redirect from https to {location!r} (no downgrade to http)"
+    if url_prefixes is not None and not any(url_under_prefix(location, p)
+                                            for p in url_prefixes):
+        return (f"redirect to {location!r}, not under any prefix this agent accepts "
+                f"({', '.join(url_prefixes) or 'none'})")
+    return None
+
+
 def _origin(parts: SplitResult) -> tuple[str, str, int]:
     scheme = parts.scheme.lower()
     return (scheme, (parts.hostname or "").lower(),
@@ -177,6 +228,9 @@ def policy_problem(cmd: K0sUpdateCommand, *, allow_unverified: bool,
             return (f"file URL {cmd.url!r} is outside the directories this agent may read "
                     f"({', '.join(file_url_roots) or 'none configured: --file-url-root'})")
         return None
+    problem = url_problem(cmd.url)
+    if problem:
+        return problem
     if not any(url_under_prefix(cmd.url, prefix) for prefix in url_prefixes):
         return (f"download URL {cmd.url!r} is not under any prefix this agent accepts "
                 f"({', '.join(url_prefixes) or 'none configured: --allowed-url-prefix'})")
@@ -185,6 +239,89 @@ def policy_problem(cmd: K0sUpdateCommand, *, allow_unverified: bool,
 
 def _under(path: PurePosixPath, root: PurePosixPath) -> bool:
     return path == root or root in path.parents
+
+
+# -- the agent's own record of a request (its status is data, not orders) ------------------
+@dataclass(frozen=True, slots=True)
+class Journal:
+    """What this agent itself recorded for one request, durably, in its state directory:
+    the last status of its own that landed (``current``) and the one it is about to write
+    (``pending``: written before the API write, so a crash between the two is recognised).
+
+    The status member on the object is only a report: anyone allowed to patch the Node
+    could write it. Where the agent is, which digest it installs, when a step's deadline
+    started and from which version it rolls back come from here."""
+
+    current: SignalStatus | None = None
+    pending: SignalStatus | None = None
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "current": _dump(self.current), "pending": _dump(self.pending)}).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Journal | None:
+        """None when unreadable (no record: nothing is resumed from it)."""
+        try:
+            raw: Any = json.loads(data)
+            return cls(current=_load(raw["current"]), pending=_load(raw["pending"]))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+
+def _dump(status: SignalStatus | None) -> dict[str, Any] | None:
+    return None if status is None else status.model_dump(mode="json")
+
+
+def _load(raw: Any) -> SignalStatus | None:
+    return None if raw is None else SignalStatus.model_validate(raw)
+
+
+def same_status(a: SignalStatus | None, b: SignalStatus | None) -> bool:
+    """Field for field (as JSON): a status is ours only if nothing of it was changed."""
+    return _dump(a) == _dump(b)
+
+
+@dataclass(frozen=True, slots=True)
+class Corroborated:
+    """Where the agent stands on a request, from its own record, given the status seen."""
+
+    own: SignalStatus | None  # the status the agent resumes from (None: not started)
+    act: bool  # drive the request (resume ``own``)
+    # why the status on the object is not one this agent wrote (to report), else None
+    foreign: str | None = None
+    known: bool = False  # the agent has a record of this request
+
+
+def corroborate(journal: Journal | None, seen: SignalStatus | None) -> Corroborated:
+    """Judge the status on the object against the agent's own record of the request.
+
+    - No record: a request without status is new (start it); a terminal status is an
+      ended request whose record was cleaned up (or an older agent's: nothing to do);
+      any other status is not this agent's: ignored, reported, never resumed from.
+    - A record: the status on the object must be the one the agent last wrote or the one
+      it was writing when it stopped (then that write landed). Anything else is someone
+      else's: reported, and the agent goes on from its own record.
+    """
+    if journal is None:
+        if seen is None:
+            return Corroborated(own=None, act=True)
+        if seen.status.terminal:
+            return Corroborated(own=seen, act=False)
+        return Corroborated(own=None, act=False, foreign=(
+            f"status {seen.status} is on a request this agent has no record of"))
+    known = journal.current
+    if journal.pending is not None and same_status(seen, journal.pending):
+        known = journal.pending
+    elif not same_status(seen, journal.current):
+        what = f"status {seen.status} of {seen.timestamp.isoformat()}" if seen is not None \
+            else "no status"
+        mine = journal.current.status if journal.current is not None else "not started"
+        return Corroborated(own=journal.current, known=True,
+                            act=journal.current is None or not journal.current.status.terminal,
+                            foreign=f"{what} is not what this agent wrote (its record: {mine})")
+    return Corroborated(own=known, known=True,
+                        act=known is None or not known.status.terminal)
 
 
 # -- the walk -----------------------------------------------------------------------------

@@ -153,7 +153,8 @@ class ReleaseServer:
         return rel
 
     def fail(self, version: str, mode: str, times: int = 1_000_000) -> None:
-        """Serve ``version`` with a failure mode for the next ``times`` requests."""
+        """Serve ``version`` with a failure mode for the next ``times`` requests: ``404``,
+        ``500``, ``wrong-bytes``, ``stall``, ``truncate`` or ``redirect:<location>``."""
         self.modes[version] = (mode, times)
 
     def _take_mode(self, version: str) -> str | None:
@@ -176,6 +177,8 @@ class ReleaseServer:
             return web.Response(status=404, text="no such release\n")
         if mode == "500":
             return web.Response(status=500, text="simulated server error\n")
+        if mode is not None and mode.startswith("redirect:"):  # e.g. to another origin
+            return web.Response(status=302, headers={"Location": mode[len("redirect:"):]})
         body = rel.body
         if mode == "wrong-bytes":
             body = bytes(b ^ 0x5A for b in body[:64]) + body[64:]

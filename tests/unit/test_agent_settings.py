@@ -172,7 +172,9 @@ async def test_signal_strategy_without_a_process(tmp_path: Path) -> None:
 
 def test_allowed_url_prefixes_from_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("K0S_FLEET_AGENT_NODE_NAME", "n")
-    assert settings_from([]).allowed_url_prefixes == ("https://get.k0sproject.io/",)
+    default = settings_from([]).allowed_url_prefixes
+    assert default[0] == "https://get.k0sproject.io/"
+    assert all(p.startswith("https://") for p in default)  # no hop may go to clear text
     monkeypatch.setenv("K0S_FLEET_AGENT_ALLOWED_URL_PREFIXES", '["https://m.example/k0s/"]')
     assert settings_from([]).allowed_url_prefixes == ("https://m.example/k0s/",)
     monkeypatch.setenv("K0S_FLEET_AGENT_ALLOWED_URL_PREFIXES", '["https://m.example/k0s/"]')

@@ -617,7 +617,8 @@ def test_agent_allowed_url_prefixes_reach_the_agent() -> None:
         "download.allowedUrlPrefixes[0]=https://mirror.example/k0s/"]).workload()))
     assert env["K0S_FLEET_AGENT_ALLOWED_URL_PREFIXES"] == '["https://mirror.example/k0s/"]'
     default = _env(pod_spec(render(AGENT_CHART).workload()))
-    assert default["K0S_FLEET_AGENT_ALLOWED_URL_PREFIXES"] == '["https://get.k0sproject.io/"]'
+    assert json.loads(default["K0S_FLEET_AGENT_ALLOWED_URL_PREFIXES"]) == list(
+        AgentSettings.model_fields["allowed_url_prefixes"].default)
 
 
 # -- schema: a typo fails at install, not at 3 a.m. ----------------------------------------
