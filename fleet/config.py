@@ -46,6 +46,7 @@ from fleet.schedule import CronError, format_duration, parse_cron
 from fleet.schedule import zone as _zone
 from fleet.selectors import LabelSelector, parse_label_selector
 from fleet.signal import MAX_POLICY_SECONDS, DrainTimeoutAction, NodePolicy, SignalState
+from fleet.skew import ReleaseCatalog
 from fleet.versions import InvalidVersionError, K0sVersion
 
 DEFAULT_URL_TEMPLATE = "https://get.k0sproject.io/{version}/k0s-{version}-{arch}"
@@ -433,10 +434,22 @@ class DownloadSettings(ConfigModel):
     allow_unverified: bool = Field(
         False, description="Allow installing a binary for which no digest is known."
     )
+    releases: list[VersionKey] = Field(
+        default_factory=list,
+        description="The k0s releases the fleet may pass through on a ladder (a FleetUpgrade "
+        "more than one minor ahead is carried out one minor at a time, on the newest patch "
+        "of each minor between): this list together with the versions in `digests`.",
+    )
     arches: list[Arch] = Field(
         default_factory=lambda: ["amd64", "arm64", "arm"],
         description="Node architectures the fleet supports.",
     )
+
+    def catalog(self) -> ReleaseCatalog:
+        """The releases a ladder may climb by (fleet/skew.py)."""
+        return ReleaseCatalog.of(
+            self.releases, self.digests,
+            rungs_need_digest=self.digest_manifest_url is None and not self.allow_unverified)
 
     @field_validator("url_template")
     @classmethod

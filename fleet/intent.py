@@ -35,7 +35,8 @@ from fleet.model import (
     truncate,
 )
 from fleet.selectors import LabelSelector
-from fleet.versions import InvalidVersionError, normalize
+from fleet.skew import EMPTY_CATALOG, RULE_NO_DOWNGRADE, ReleaseCatalog, SkewRefusal, climb
+from fleet.versions import InvalidVersionError, K0sVersion, normalize, valid_version
 
 KIND_FLEET_UPGRADE = "FleetUpgrade"
 
@@ -43,11 +44,16 @@ KIND_FLEET_UPGRADE = "FleetUpgrade"
 COND_COMPLETE = "Complete"
 COND_PROGRESSING = "Progressing"
 COND_FAILED = "Failed"
+# True while k0s's version skew policy (fleet/skew.py) keeps some selected cluster where it
+# is (a downgrade, a minor skipped with no rung to climb by); its reason names the rule.
+COND_REFUSED = "Refused"
+REASON_REFUSED = "VersionSkewRefused"
 
 PHASE_PENDING = "Pending"
 PHASE_PROGRESSING = "Progressing"
 PHASE_COMPLETE = "Complete"
 PHASE_FAILED = "Failed"
+PHASE_REFUSED = "Refused"  # a cluster's phase: the skew rules keep it where it is
 
 _Owner = TypeVar("_Owner", MachineDeploymentInfo, ControlPlaneInfo)
 
@@ -116,20 +122,73 @@ def target_of(obj: MachineDeploymentInfo | ControlPlaneInfo,
     else wrote since is not a target: the writer reports it, fleet/planner/writer.py),
     else, before its first sight, what the object says."""
     if intent is not None:
-        return intent.version
+        return intent.step
     return obj.written_version or obj.object_version
 
 
-def apply_intents(snapshot: Snapshot, upgrades: Iterable[FleetUpgradeInfo]) -> Snapshot:
+def cluster_versions(snapshot: Snapshot) -> dict[ClusterKey, list[str]]:
+    """Per cluster, every version it runs or k0s-fleet has recorded for it: its Machines'
+    (not those being deleted) and its MachineDeployments' and K0sControlPlanes' (what
+    k0s-fleet wrote, else, before its first sight, what the object says). The oldest of
+    them is where a ladder starts."""
+    out: dict[ClusterKey, list[str]] = {}
+    for m in snapshot.machines.values():
+        if not m.deleting and m.version:
+            out.setdefault((m.ref.namespace, m.cluster), []).append(m.version)
+    owners: list[MachineDeploymentInfo | ControlPlaneInfo] = [
+        *snapshot.deployments.values(), *snapshot.control_planes.values()]
+    for o in owners:
+        # k0s-fleet's record, not a version someone else edited in (the writer reports that)
+        v = o.written_version or o.object_version
+        if v:
+            out.setdefault((o.ref.namespace, o.cluster), []).append(v)
+    return out
+
+
+def with_ladders(intents: Mapping[ClusterKey, IntentTarget],
+                 versions: Mapping[ClusterKey, Sequence[str]],
+                 catalog: ReleaseCatalog = EMPTY_CATALOG) -> dict[ClusterKey, IntentTarget]:
+    """Each intent with the rung its cluster works towards now: the first of the ladder
+    from the oldest version the cluster has to the FleetUpgrade's (k0s upgrades one minor
+    at a time), or the refusal that keeps the cluster where it is (a downgrade, a missing
+    rung, a rung with no digest)."""
+    out: dict[ClusterKey, IntentTarget] = {}
+    for key, t in intents.items():
+        have = [v for v in (valid_version(x) for x in versions.get(key, ())) if v]
+        oldest = min(have, key=K0sVersion.parse) if have else None
+        if oldest is not None and any(K0sVersion.parse(v) > K0sVersion.parse(t.version)
+                                      for v in have):
+            newest = max(have, key=K0sVersion.parse)
+            out[key] = dataclasses.replace(t, refusal=(RULE_NO_DOWNGRADE, (
+                f"the cluster runs {newest}, newer than {t.version}; k0s is never "
+                "downgraded")))
+            continue
+        rungs = climb(oldest, t.version, catalog)
+        if isinstance(rungs, SkewRefusal):
+            out[key] = dataclasses.replace(t, refusal=(rungs.rule, rungs.message))
+        elif len(rungs) > 1:
+            out[key] = dataclasses.replace(t, rung=str(rungs[0]),
+                                           ladder=tuple(str(r) for r in rungs[1:]))
+        else:
+            out[key] = t
+    return out
+
+
+def apply_intents(snapshot: Snapshot, upgrades: Iterable[FleetUpgradeInfo],
+                  catalog: ReleaseCatalog = EMPTY_CATALOG) -> Snapshot:
     """The snapshot with every object's target set (:func:`target_of`): its cluster's
-    intent, else k0s-fleet's record of what it wrote (``spec_version`` keeps what the
-    object itself says)."""
+    intent (the rung of its ladder it is on, :func:`with_ladders`), else k0s-fleet's record
+    of what it wrote (``spec_version`` keeps what the object itself says). A cluster whose
+    intent k0s's skew rules refuse keeps its record as its target (nothing moves)."""
     ups = {(u.ref.namespace, u.ref.name): u for u in upgrades}
     intents = resolve(ups.values(), snapshot.clusters)
+    if intents:
+        intents = with_ladders(intents, cluster_versions(snapshot), catalog)
 
     def targeted(obj: _Owner) -> _Owner:
         t = intents.get((obj.ref.namespace, obj.cluster))
-        target = target_of(obj, t)
+        target = (obj.written_version or obj.object_version) if t is not None \
+            and t.refusal is not None else target_of(obj, t)
         if t is None and target == obj.version:
             return obj
         return dataclasses.replace(obj, version=target, intent=t.intent if t else None,
@@ -180,8 +239,9 @@ def upgrade_status(u: FleetUpgradeInfo, intents: Mapping[ClusterKey, IntentTarge
                     _cond(COND_COMPLETE, False, "Invalid", msg),
                     _cond(COND_PROGRESSING, False, "Invalid", msg),
                     _cond(COND_FAILED, True, "Invalid", msg)]}
-    mine = [s for s in standings
+    mine = [_refused(s, t) if t.refusal is not None else s for s in standings
             if (t := intents.get(s.key)) is not None and (t.intent.namespace, t.intent.name) == ref]
+    refused = [s for s in mine if intents[s.key].refusal is not None]
     total, done = len(mine), sum(1 for s in mine if s.complete)
     failed = [s for s in mine if s.failed]
     nodes_total = sum(s.nodes_total for s in mine)
@@ -197,9 +257,7 @@ def upgrade_status(u: FleetUpgradeInfo, intents: Mapping[ClusterKey, IntentTarge
             "complete": sum(1 for s in ws if s.complete),
             "upgrading": sum(1 for s in ws if s.phase == "Upgrading"),
             "failed": sum(1 for s in ws if s.failed), "message": truncate(w.message)})
-    cluster_list = [{"namespace": s.key[0], "name": s.key[1], "wave": s.wave,
-                     "phase": s.phase, "nodes": f"{s.nodes_done}/{s.nodes_total}",
-                     "message": truncate(s.message)}
+    cluster_list = [_cluster_entry(s, intents[s.key])
                     for s in sorted(mine, key=lambda s: s.key)[:_MAX_CLUSTERS_IN_STATUS]]
     summary = f"{done}/{total}"
     if total == 0:
@@ -212,6 +270,16 @@ def upgrade_status(u: FleetUpgradeInfo, intents: Mapping[ClusterKey, IntentTarge
         conds = [_cond(COND_COMPLETE, True, "AllClustersUpToDate", message),
                  _cond(COND_PROGRESSING, False, "AllClustersUpToDate", ""),
                  _cond(COND_FAILED, False, "AllClustersUpToDate", "")]
+    elif refused:
+        rules = sorted({r[0] for s in refused if (r := intents[s.key].refusal) is not None})
+        listed = "; ".join(f"{s.key[0]}/{s.key[1]}: {s.message}" for s in refused[:3])
+        phase = PHASE_FAILED
+        message = truncate(f"k0s's version skew policy refuses {len(refused)} cluster(s) "
+                           f"({', '.join(rules)}): {listed}; nothing was written to them")
+        conds = [_cond(COND_COMPLETE, False, REASON_REFUSED, message),
+                 _cond(COND_PROGRESSING, done + len(refused) < total, REASON_REFUSED, message),
+                 _cond(COND_FAILED, True, REASON_REFUSED, message),
+                 _cond(COND_REFUSED, True, rules[0], message)]
     elif failed:
         listed = ", ".join(f"{s.key[0]}/{s.key[1]}" for s in failed[:5])
         phase = PHASE_FAILED
@@ -234,6 +302,25 @@ def upgrade_status(u: FleetUpgradeInfo, intents: Mapping[ClusterKey, IntentTarge
             "message": message, "clustersTotal": total, "clustersComplete": done,
             "nodesTotal": nodes_total, "nodesUpToDate": nodes_done, "waves": wave_list,
             "clusters": cluster_list, "conditions": conds}
+
+
+def _refused(s: ClusterStanding, t: IntentTarget) -> ClusterStanding:
+    assert t.refusal is not None
+    rule, why = t.refusal
+    return dataclasses.replace(s, phase=PHASE_REFUSED, message=f"{rule}: {why}",
+                               complete=False, failed=True)
+
+
+def _cluster_entry(s: ClusterStanding, t: IntentTarget) -> dict[str, Any]:
+    entry: dict[str, Any] = {"namespace": s.key[0], "name": s.key[1], "wave": s.wave,
+                             "phase": s.phase, "nodes": f"{s.nodes_done}/{s.nodes_total}",
+                             "message": truncate(s.message)}
+    if t.rung is not None:
+        entry["rung"] = t.rung
+        entry["ladder"] = list(t.ladder)
+    if t.refusal is not None:
+        entry["refusedBy"] = t.refusal[0]
+    return entry
 
 
 def _cond(ctype: str, status: bool, reason: str, message: str) -> dict[str, Any]:
@@ -260,13 +347,16 @@ __all__ = [
     "COND_COMPLETE",
     "COND_FAILED",
     "COND_PROGRESSING",
+    "COND_REFUSED",
     "KIND_FLEET_UPGRADE",
     "ClusterStanding",
     "WaveStanding",
     "apply_intents",
+    "cluster_versions",
     "fleet_upgrade_from",
     "resolve",
     "status_changed",
     "target_of",
     "upgrade_status",
+    "with_ladders",
 ]

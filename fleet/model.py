@@ -175,6 +175,19 @@ class IntentTarget:
 
     intent: ObjectRef  # the FleetUpgrade
     version: str  # normalised
+    # The rung this cluster works towards now (a version at most one minor ahead of the
+    # oldest it runs: fleet/skew.py ladder); None when it is ``version`` itself.
+    rung: str | None = None
+    # The rungs still ahead after ``rung`` (the ladder to ``version``), for the status.
+    ladder: tuple[str, ...] = ()
+    # Why the cluster is not moved towards ``version`` at all (k0s's skew rules): the
+    # rule's name and a sentence naming the versions. None: it is moved.
+    refusal: tuple[str, str] | None = None
+
+    @property
+    def step(self) -> str:
+        """The version the cluster's objects are moved to now."""
+        return self.rung or self.version
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,9 +29,11 @@ RULE_ONE_MINOR_AT_A_TIME = "OneMinorAtATime"
 RULE_WORKERS_NOT_NEWER = "WorkersNotNewerThanControlPlanes"
 RULE_WORKERS_AT_MOST_ONE_MINOR_OLDER = "WorkersAtMostOneMinorOlder"
 RULE_MISSING_RUNG = "MissingRung"
+RULE_NO_DIGEST = "NoDigestForRung"
 
 RULES = (RULE_NOT_A_VERSION, RULE_NO_DOWNGRADE, RULE_ONE_MINOR_AT_A_TIME,
-         RULE_WORKERS_NOT_NEWER, RULE_WORKERS_AT_MOST_ONE_MINOR_OLDER, RULE_MISSING_RUNG)
+         RULE_WORKERS_NOT_NEWER, RULE_WORKERS_AT_MOST_ONE_MINOR_OLDER, RULE_MISSING_RUNG,
+         RULE_NO_DIGEST)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,18 +189,62 @@ def ladder(current: str | K0sVersion, target: str | K0sVersion,
     return rungs
 
 
+@dataclass(frozen=True, slots=True)
+class ReleaseCatalog:
+    """The releases a ladder may pass through (the fleet YAML's ``download.releases`` and
+    the versions it pins digests for), and whether a rung needs a pinned digest (no digest
+    manifest and unverified downloads refused: nothing else could verify its binary)."""
+
+    offered: frozenset[K0sVersion] = frozenset()
+    pinned: frozenset[K0sVersion] = frozenset()
+    rungs_need_digest: bool = False
+
+    @classmethod
+    def of(cls, releases: Iterable[str], pinned: Iterable[str], *,
+           rungs_need_digest: bool) -> ReleaseCatalog:
+        p = frozenset(_versions(pinned))
+        return cls(offered=frozenset(_versions(releases)) | p, pinned=p,
+                   rungs_need_digest=rungs_need_digest)
+
+
+EMPTY_CATALOG = ReleaseCatalog()
+
+
+def climb(current: str | K0sVersion | None, target: str | K0sVersion,
+          catalog: ReleaseCatalog = EMPTY_CATALOG) -> list[K0sVersion] | SkewRefusal:
+    """:func:`ladder` over ``catalog``, each rung on the way (not the target, which the
+    FleetUpgrade names itself) refused when it needs a pinned digest and has none."""
+    if current is None:
+        t = _parse(target)
+        return [t] if t is not None else SkewRefusal(RULE_NOT_A_VERSION,
+                                                     f"{target!s} is not a k0s version")
+    rungs = ladder(current, target, catalog.offered)
+    if isinstance(rungs, SkewRefusal) or not catalog.rungs_need_digest:
+        return rungs
+    for r in rungs[:-1]:
+        if r not in catalog.pinned:
+            return SkewRefusal(RULE_NO_DIGEST,
+                               f"rung {r} on the way to {rungs[-1]} has no pinned digest (and "
+                               f"no digest manifest is configured)")
+    return rungs
+
+
 __all__ = [
+    "EMPTY_CATALOG",
     "RULES",
     "RULE_MISSING_RUNG",
     "RULE_NOT_A_VERSION",
+    "RULE_NO_DIGEST",
     "RULE_NO_DOWNGRADE",
     "RULE_ONE_MINOR_AT_A_TIME",
     "RULE_WORKERS_AT_MOST_ONE_MINOR_OLDER",
     "RULE_WORKERS_NOT_NEWER",
+    "ReleaseCatalog",
     "SkewRefusal",
     "check_control_plane_move",
     "check_move",
     "check_worker_move",
+    "climb",
     "ladder",
     "minors_apart",
 ]

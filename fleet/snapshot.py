@@ -40,6 +40,7 @@ from fleet.model import (
     worker_template_from,
 )
 from fleet.records import NodeRecord
+from fleet.skew import EMPTY_CATALOG, ReleaseCatalog
 from fleet.versions import same_version
 
 log = logging.getLogger(__name__)
@@ -284,7 +285,8 @@ def build_snapshot(*, now: datetime, objects: ManagementObjects,
                    clusters: Mapping[ClusterKey, ClusterInfo],
                    nodes: Mapping[ClusterKey, Mapping[str, NodeInfo] | None],
                    infra: Mapping[tuple[str, str], InfraMachineInfo],
-                   autopilot_plans: Mapping[ClusterKey, str]) -> Snapshot:
+                   autopilot_plans: Mapping[ClusterKey, str],
+                   catalog: ReleaseCatalog = EMPTY_CATALOG) -> Snapshot:
     """The snapshot of ``clusters``, each object's target set by the FleetUpgrade that
     covers its cluster. ``nodes``: each cluster's nodes, None when they cannot be seen;
     ``infra``: the infrastructure objects of the Machines
@@ -302,7 +304,7 @@ def build_snapshot(*, now: datetime, objects: ManagementObjects,
         nodeplans=_fleet_objects(objects.nodeplans, nodeplan_from, clusters),
         nodes={key: nodes.get(key) for key in clusters},
         autopilot_plans={key: v for key, v in autopilot_plans.items() if key in clusters}),
-        fleet_upgrades(objects))
+        fleet_upgrades(objects), catalog)
 
 
 def restrict(snapshot: Snapshot, keep: Collection[ClusterKey]) -> Snapshot:

@@ -105,6 +105,7 @@ class FleetParts:
 
     def __init__(self, config: FleetConfig) -> None:
         self.config = config
+        self.catalog = config.download.catalog()
         self.caches: Mapping[Resource, ObjectCache] = {}
         self.registry: ClusterRegistry | None = None
         self.parts: dict[ClusterKey, Snapshot] = {}
@@ -359,7 +360,8 @@ class FleetParts:
                     autopilot[key] = live
             part = build_snapshot(
                 now=now, objects=self.objects(key), clusters={key: self.info(key)},
-                nodes={key: nodes}, infra=infra, autopilot_plans=autopilot)
+                nodes={key: nodes}, infra=infra, autopilot_plans=autopilot,
+                catalog=self.catalog)
             part = dataclasses.replace(
                 part, other_nodeplans=OtherNodePlans(self._where[NODE_PLANS], key),
                 foreign=frozenset({key}) if key in self.foreign else frozenset())

@@ -65,6 +65,7 @@ from fleet.planner.writer import (
     template_step,
     version_step,
 )
+from fleet.skew import SkewRefusal, check_control_plane_move, check_worker_move
 from fleet.versions import K0sVersion, valid_version
 
 CONTROL_PLANE_BUSY = "another control plane is being upgraded"
@@ -201,7 +202,8 @@ class Sequencing(PassState):
             # CAPI's in-place updates (our extension) are for workers; control planes are
             # k0s-fleet's own (paused executor).
             policy_hold = policy_hold.inner
-        step = version_step(kcp, hold=policy_hold, write_blocked=blocked)
+        step = version_step(kcp, hold=policy_hold, write_blocked=blocked,
+                            skew=self._skew(kcp, target))
         self.emit(*step.actions)
         driver = other_driver(kcp, live, autopilot_plan=self.s.autopilot_plans.get(ckey))
         release = release_pause(kcp, live, in_flight=bool(in_flight))
@@ -241,6 +243,31 @@ class Sequencing(PassState):
                     waiting = CONTROL_PLANE_BUSY
         self._report(kcp, st, budget, dispatched=dispatched, waiting=waiting,
                      budget_problem=None, step=step, driver=driver)
+
+    def _skew(self, owner: ControlPlaneInfo | MachineDeploymentInfo, target: str
+              ) -> SkewRefusal | None:
+        """k0s's version skew rules for moving ``owner`` to ``target``, given the versions
+        the Machines of its cluster say (fleet/skew.py): one minor at a time, no downgrade,
+        workers never newer than the oldest control plane nor more than one minor older.
+        Control planes hosted outside the cluster's Machines are not counted here."""
+        if same_version(owner.object_version, target):
+            return None
+        ckey = (owner.ref.namespace, owner.cluster)
+        mine, cps, workers = [owner.written_version], [], []
+        for m in self.machines_by_cluster.get(ckey, ()):
+            if m.deleting or not m.version:
+                continue
+            if m.owner == owner.ref:
+                mine.append(m.version)
+            if m.role == ROLE_CONTROLLER:
+                cps.append(m.version)
+            else:
+                workers.append(m.version)
+        if isinstance(owner, ControlPlaneInfo):
+            return check_control_plane_move(mine, workers, target,
+                                            what=f"K0sControlPlane {owner.ref.name}")
+        return check_worker_move(mine, cps, target,
+                                 what=f"MachineDeployment {owner.ref.name}")
 
     def _workers_blocked(self, ns: str, cluster: str, target: str) -> str:
         """Why workers of this cluster must wait for its control planes ('' = they need not).
@@ -323,7 +350,7 @@ class Sequencing(PassState):
             elsewhere if on_delete else blocked) or (
             self._workers_blocked(ns, md.cluster, target))
             or tstep.hold_write or tstep.conflict,
-            pause=not capi_drives and not on_delete)
+            pause=not capi_drives and not on_delete, skew=self._skew(md, target))
         self.emit(*step.actions)
         step = _with_template(step, tstep)
         self._finish_paused_deployment(md, target, live, sets, elig,

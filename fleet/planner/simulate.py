@@ -76,6 +76,7 @@ from fleet.signal import (
     SignalStatus,
     parse_signal,
 )
+from fleet.skew import EMPTY_CATALOG, ReleaseCatalog
 
 AGENT = "sim-agent"
 
@@ -99,6 +100,7 @@ class SimFleet:
     # FleetUpgrades; MD/KCP ``version`` here is what the object itself says
     upgrades: dict[tuple[str, str], FleetUpgradeInfo] = field(default_factory=dict)
     autopilot_plans: dict[ClusterKey, str] = field(default_factory=dict)
+    catalog: ReleaseCatalog = EMPTY_CATALOG  # the releases a ladder may climb by
 
     def snapshot(self) -> Snapshot:
         snap = Snapshot(
@@ -108,7 +110,7 @@ class SimFleet:
             nodes={k: (None if v is None else dict(v)) for k, v in self.nodes.items()},
             autopilot_plans=dict(self.autopilot_plans),
         )
-        return apply_intents(snap, self.upgrades.values())
+        return apply_intents(snap, self.upgrades.values(), self.catalog)
 
     # -- controller side ---------------------------------------------------------------
     def apply_all(self, actions: Iterable[Action]) -> None:

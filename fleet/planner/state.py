@@ -123,9 +123,11 @@ class PassState:
         # (namespace, machine) -> views of all its NodePlans
         self.by_machine: dict[tuple[str, str], list[PlanView]] = defaultdict(list)
         self.machines_by_owner: dict[ObjectRef, list[MachineInfo]] = defaultdict(list)
+        self.machines_by_cluster: dict[ClusterKey, list[MachineInfo]] = defaultdict(list)
         for m in snapshot.machines.values():
             if m.owner is not None:
                 self.machines_by_owner[m.owner].append(m)
+            self.machines_by_cluster[(m.ref.namespace, m.cluster)].append(m)
         # Indexes, so that a pass stays linear in the size of the fleet.
         self.plans_by_cluster: dict[ClusterKey, list[NodePlanInfo]] = defaultdict(list)
         for p in snapshot.nodeplans.values():

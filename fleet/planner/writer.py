@@ -40,6 +40,7 @@ from fleet.model import (
 )
 from fleet.planner import conditions as C
 from fleet.planner.actions import Action, RecordWrittenVersion, ReleasePause, WriteVersion
+from fleet.skew import SkewRefusal, check_move
 from fleet.versions import same_version
 
 # Cluster API's in-place update markers on a Machine (set by the owner of the Machine
@@ -93,12 +94,14 @@ def enrolled(obj: Owner) -> bool:
 
 
 def version_step(obj: Owner, *, hold: str | None, write_blocked: str,
-                 pause: bool = True) -> VersionStep:
+                 pause: bool = True, skew: SkewRefusal | None = None) -> VersionStep:
     """The writer's decision for one MD/KCP whose target is ``obj.version``.
 
     ``hold`` is the rollout policy's (not admitted, paused, window closed...) and
     ``write_blocked`` any other reason not to write now (Cluster paused, halted, control
-    planes first); neither matters once the version is written.
+    planes first); neither matters once the version is written. ``skew``: k0s's version
+    skew rules refuse moving this object to its target now (fleet/skew.py); the version
+    is then not written, whoever asked for it.
     """
     spec, written, target = obj.object_version, obj.written_version, obj.version
     label = "spec.template.spec.version" if isinstance(obj, MachineDeploymentInfo) \
@@ -114,7 +117,9 @@ def version_step(obj: Owner, *, hold: str | None, write_blocked: str,
                     f"(recording {spec})",
             writer=("True", C.R_WRITTEN, f"version {spec} adopted by k0s-fleet"))
     if not same_version(spec, written):
-        if obj.intent is not None and target is not None and same_version(spec, target):
+        jump = check_move(written, spec, what=obj.ref.kind) if spec is not None else None
+        if obj.intent is not None and target is not None and same_version(spec, target) \
+                and jump is None:
             # The FleetUpgrade asks for exactly what was written: adopt it.
             return VersionStep(
                 actions=(RecordWrittenVersion(obj.ref, spec or target, obj.intent),),
@@ -123,7 +128,8 @@ def version_step(obj: Owner, *, hold: str | None, write_blocked: str,
         message = (f"{label} was changed to {spec} by someone else (k0s-fleet wrote "
                    f"{written}); k0s-fleet writes versions itself and starts no node of "
                    f"this object until it is set back to {written}"
-                   + (f" or a FleetUpgrade asks for {spec}" if spec else ""))
+                   + (f" or a FleetUpgrade asks for {spec}" if spec and jump is None
+                      else f" ({jump})" if jump is not None else ""))
         return VersionStep(waiting=message, conflict=True,
                            writer=("False", C.R_CHANGED_BY_OTHER, message))
     ok = ("True", C.R_WRITTEN, f"version {written} written by k0s-fleet")
@@ -135,6 +141,9 @@ def version_step(obj: Owner, *, hold: str | None, write_blocked: str,
             return VersionStep(waiting=f"held: {hold or 'paused'}", writer=ok)
         if write_blocked:
             return VersionStep(waiting=write_blocked, writer=ok)
+        if skew is not None:
+            return VersionStep(waiting=f"not written: k0s's version skew policy refuses "
+                                       f"it ({skew})", writer=ok)
         return VersionStep(
             actions=(WriteVersion(obj.ref, target, expected=spec, pause=pause,
                                   intent=obj.intent),),

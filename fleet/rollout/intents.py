@@ -13,7 +13,15 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from fleet.intent import ClusterStanding, WaveStanding, status_changed, upgrade_status
+from fleet.events import WARNING, EventRecorder, Regarding
+from fleet.intent import (
+    COND_REFUSED,
+    REASON_REFUSED,
+    ClusterStanding,
+    WaveStanding,
+    status_changed,
+    upgrade_status,
+)
 from fleet.kube import KubeClient, KubeError, KubeObject, NotFoundError, patch_with_retry
 from fleet.kube.cache import newer_or_same
 from fleet.kube.resources import FLEET_UPGRADES
@@ -85,8 +93,10 @@ class UpgradeStatusWriter:
     """
 
     def __init__(self, client: KubeClient, *, clock: Callable[[], datetime],
-                 settle: timedelta = timedelta(seconds=5)) -> None:
+                 settle: timedelta = timedelta(seconds=5),
+                 recorder: EventRecorder | None = None) -> None:
         self.client = client
+        self.recorder = recorder
         self.clock = clock
         self.settle = settle
         self._written: dict[tuple[str, str], KubeObject] = {}
@@ -225,7 +235,32 @@ class UpgradeStatusWriter:
         if obj is None:
             return False
         self._written[key] = obj
+        await self._announce_refusal(u, current.get("status") or {}, new)
         return True
+
+    async def _announce_refusal(self, u: FleetUpgradeInfo, old: Mapping[str, Any],
+                                new: Mapping[str, Any]) -> None:
+        """A Warning Event on the FleetUpgrade when k0s's version skew policy starts refusing
+        some of its clusters (the condition ``Refused`` turns True), naming rule and versions."""
+        if self.recorder is None:
+            return
+        refused = _condition(new, COND_REFUSED)
+        if refused is None or refused.get("status") != "True":
+            return
+        before = _condition(old, COND_REFUSED)
+        if before is not None and before.get("status") == "True" \
+                and before.get("message") == refused.get("message"):
+            return
+        await self.recorder.emit(
+            Regarding(kind=FLEET_UPGRADES.kind, name=u.ref.name, namespace=u.ref.namespace,
+                      uid=u.ref.uid, api_version=FLEET_UPGRADES.api_version),
+            reason=str(refused.get("reason") or REASON_REFUSED), action="Refuse",
+            note=str(refused.get("message") or ""), type=WARNING)
+
+
+def _condition(status: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | None:
+    return next((c for c in status.get("conditions") or []
+                 if isinstance(c, Mapping) and c.get("type") == ctype), None)
 
 
 def _rv_of(obj: KubeObject) -> str:

@@ -166,6 +166,7 @@ async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None
 
     snapshot = build_snapshot(now=now or datetime.now(UTC), objects=objects,
                               clusters=clusters, nodes=nodes, infra=infra,
-                              autopilot_plans=autopilot)
+                              autopilot_plans=autopilot,
+                              catalog=config.download.catalog())
     return Observation(snapshot=snapshot, controls=controls, state=state,
                        problems=problems)

@@ -65,7 +65,7 @@ class RolloutPolicy:
         self._wakeup_changed = anyio.Event()
         self.progress = ProgressMemo()
         # FleetUpgrade status: from the cached objects, count-only changes coalesced.
-        self.upgrade_status = UpgradeStatusWriter(mgmt, clock=self.clock)
+        self.upgrade_status = UpgradeStatusWriter(mgmt, clock=self.clock, recorder=recorder)
         # Count-only changes wait only while :meth:`wakeups` runs (it writes them later).
         self._waking = False
 

@@ -49,6 +49,8 @@ from fleet.planner.actions import (
     WriteVersion,
 )
 from fleet.planner.simulate import SimFleet, add_cluster
+from fleet.planner.writer import version_step
+from fleet.skew import ReleaseCatalog
 from fleet.versions import same_version
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -683,3 +685,89 @@ def test_a_worker_template_out_of_step_shared_or_without_version_is_left_alone(
     assert {m.version for m in sim.machines.values()} == {V2}  # the MD rolled all the same
     cond = sim.deployments[("default", "c1-md")].status.condition(C.VERSION_WRITER)
     assert cond is not None and cond.status == "True" and why in cond.message
+
+
+# -- k0s's version skew rules on the FleetUpgrade path (fleet/skew.py) ---------------------
+
+def _minor(v: str | None) -> int:
+    assert v is not None
+    return int(v.split(".")[1])
+
+
+def skew_watcher(sim: SimFleet) -> None:
+    """The skew rules, checked over what the Machines of every cluster say."""
+    for ckey in sim.clusters:
+        ms = [m for m in sim.machines.values() if (m.ref.namespace, m.cluster) == ckey]
+        cps = [_minor(m.version) for m in ms if m.role == "controller"]
+        ws = [_minor(m.version) for m in ms if m.role != "controller"]
+        if cps:
+            assert max(cps) - min(cps) <= 1, f"control planes apart: {cps}"
+        if cps and ws:
+            assert max(ws) <= min(cps), f"a worker newer than a control plane: {ws} {cps}"
+            assert min(cps) - min(ws) <= 1, f"workers too old: {ws} {cps}"
+
+
+def test_a_fleet_upgrade_two_minors_ahead_climbs_the_ladder_rung_by_rung() -> None:
+    sim = SimFleet(now=T0)
+    sim.catalog = ReleaseCatalog.of(["v1.32.0+k0s.0", "v1.32.4+k0s.0"], [],
+                                    rungs_need_digest=False)
+    add_cluster(sim, "c1", control_planes=3, workers=2, max_unavailable=1)
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", "v1.33.1+k0s.0")
+    snap = sim.snapshot()
+    t = snap.intents[("default", "c1")]
+    assert t.rung == "v1.32.4+k0s.0" and t.ladder == ("v1.33.1+k0s.0",)
+    writes: list[WriteVersion] = []
+    for _ in range(800):
+        result = plan(sim.snapshot(), SETTINGS)
+        writes += of(result.actions, WriteVersion)
+        sim.apply_all(result.actions)
+        skew_watcher(sim)
+        for ckey, name in sim.active_requests():
+            sim.step_node(ckey, name)
+        sim.advance(1)
+        if {m.version for m in sim.machines.values()} == {"v1.33.1+k0s.0"} and not \
+                result.actions and not sim.active_requests():
+            break
+    assert {m.version for m in sim.machines.values()} == {"v1.33.1+k0s.0"}
+    assert [(w.owner.kind, w.version) for w in writes] == [
+        (KIND_KCP, "v1.32.4+k0s.0"), (KIND_MD, "v1.32.4+k0s.0"),
+        (KIND_KCP, "v1.33.1+k0s.0"), (KIND_MD, "v1.33.1+k0s.0")]
+
+
+def test_a_skip_without_a_rung_and_a_downgrade_are_refused_and_nothing_is_written() -> None:
+    for version, rule in (("v1.33.1+k0s.0", "MissingRung"), ("v1.30.9+k0s.0", "NoDowngrade")):
+        sim = SimFleet(now=T0)
+        add_cluster(sim, "c1", control_planes=1, workers=1)
+        u = upgrade("u", version)
+        sim.upgrades[("k0s-fleet-system", "u")] = u
+        actions = drive(sim, passes=20)
+        assert not of(actions, WriteVersion) and not of(actions, CreateNodePlan)
+        assert {m.version for m in sim.machines.values()} == {V1}
+        snap = sim.snapshot()
+        t = snap.intents[("default", "c1")]
+        assert t.refusal is not None and t.refusal[0] == rule
+        stand = [ClusterStanding(("default", "c1"), "default", "Complete", 2, 2, "up to date",
+                                 complete=True)]
+        s = upgrade_status(u, snap.intents, stand, [])
+        assert s["phase"] == "Failed", s
+        conds = {c["type"]: (c["status"], c["reason"]) for c in s["conditions"]}
+        assert conds["Refused"] == ("True", rule) and conds["Failed"][0] == "True"
+        assert s["clusters"][0]["phase"] == "Refused" and s["clusters"][0]["refusedBy"] == rule
+        assert rule in s["message"]
+        assert version in s["message"] or rule == "MissingRung"
+
+
+def test_a_hand_edit_two_minors_ahead_is_not_adopted_even_when_a_fleet_upgrade_asks() -> None:
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "c1", control_planes=1, workers=0)
+    drive(sim, passes=3)  # adopt
+    key = ("default", "c1-cp")
+    kcp = sim.control_planes[key]
+    assert kcp.annotations.get(ANN_WRITTEN_VERSION) == V1
+    sim.control_planes[key] = dataclasses.replace(kcp, version="v1.33.0+k0s.0")
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", "v1.33.0+k0s.0")
+    snap = sim.snapshot()
+    obj = snap.control_planes[key]
+    step = version_step(obj, hold=None, write_blocked="")
+    assert step.conflict and not of(list(step.actions), RecordWrittenVersion)
+    assert "OneMinorAtATime" in step.waiting

@@ -36,7 +36,7 @@ LAYERS = [
     "config",
     "selectors",
     "config_types",
-    "config_errors | schedule | signal | tracecontext",
+    "config_errors | schedule | signal | tracecontext | skew",
     "versions",
     "kube",                                           # the only API-server client layer
 ]
@@ -50,7 +50,7 @@ PURE = [
     "rollout/state.py", "rollout/progress.py", "extension/canupdate.py",
     "extension/patches.py", "extension/wire.py", "extension/progress.py",
     "extension/activation.py", "status/model.py", "intent.py", "rollout/hookgate.py",
-    "fence.py",
+    "fence.py", "skew.py",
 ]
 IO_MODULES = ("aiohttp", "kubernetes_asyncio", "subprocess", "socket", "fleet.kube.client",
               "fleet.kube.patch", "fleet.kube.watch", "fleet.clusters", "fleet.controllers")
