@@ -265,13 +265,16 @@ class _WaveIndex:
     """A wave's members and the aggregates the gate reads every evaluation, kept up to
     date member by member: counts per phase, who fails, who upgrades, who queues."""
 
-    __slots__ = ("active", "counts", "failed", "fp", "keys", "members", "queued")
+    __slots__ = ("active", "counts", "failed", "failing", "fp", "keys", "members", "queued")
 
     def __init__(self) -> None:
         self.members: dict[ClusterKey, _Member] = {}
         self.counts: dict[ClusterPhase, int] = dict.fromkeys(ClusterPhase, 0)
         self.failed: set[ClusterKey] = set()  # a failed node upgrade (facts.failed)
         self.active: set[ClusterKey] = set()  # UPGRADING: holds a slot
+        # FAILED with a node still working on its request (its NodePlan failed by a
+        # deadline): dispatches nothing, but holds its slot until the node has finished
+        self.failing: set[ClusterKey] = set()
         # QUEUED: wants a slot (this replica's own clusters: another replica's queued
         # cluster has the same verdict whatever the fleet does, kept as settled)
         self.queued: set[ClusterKey] = set()
@@ -286,6 +289,8 @@ class _WaveIndex:
             self.failed.add(key)
         if m.phase is ClusterPhase.UPGRADING:
             self.active.add(key)
+        elif m.phase is ClusterPhase.FAILED and m.progress.in_flight > 0:
+            self.failing.add(key)
         elif m.phase is ClusterPhase.QUEUED and not m.progress.foreign:
             self.queued.add(key)
 
@@ -294,6 +299,7 @@ class _WaveIndex:
         self.counts[m.phase] -= 1
         self.failed.discard(key)
         self.active.discard(key)
+        self.failing.discard(key)
         self.queued.discard(key)
         return m
 
@@ -632,7 +638,7 @@ class RolloutGate:
                         newly.add(c.key)
                 else:
                     verdicts[c.key] = (m.phase, hold)
-            slots = limit - len(active)
+            slots = limit - len(active) - len(wi.failing)
             held_by_waves = blocker if blocker is None or open_before is None \
                 else f"waiting for wave {open_before} to complete"
             for m in queued:  # this replica's own (another's: settled in _judge)

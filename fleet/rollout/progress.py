@@ -27,6 +27,7 @@ from fleet.eligibility import (
     control_plane_eligibility,
     machine_deployment_eligibility,
 )
+from fleet.executors import executor
 from fleet.model import (
     ClusterKey,
     ControlPlaneInfo,
@@ -192,6 +193,12 @@ def fingerprint(clusters: Iterable[ClusterProgress]) -> str:
 
 
 
+def _still_live(plan: NodePlanInfo, node: NodeInfo) -> bool:
+    """The node carries ``plan``'s request and has not ended it."""
+    carried = executor(plan.executor).carried(node)
+    return carried is not None and carried.plan_id == plan.plan_id and not carried.terminal
+
+
 def _node_progress(m: MachineInfo, target: str | None, nodes: Mapping[str, NodeInfo] | None,
                    plan: NodePlanInfo | None, eligibility: Eligibility | None,
                    *, foreign: bool = False) -> NodeProgress:
@@ -202,6 +209,14 @@ def _node_progress(m: MachineInfo, target: str | None, nodes: Mapping[str, NodeI
         return NodeProgress(m.ref.name, m.node_name, NodeState.UPGRADING, version,
                             plan.node_state or plan.phase, plan.message)
     if plan is not None and plan.phase == NodePlanPhase.FAILED:
+        if node is not None and _still_live(plan, node):
+            # Failed by a deadline while the node still works on the request: the node is
+            # mid-upgrade, so its cluster keeps its slot (no further cluster is admitted
+            # in its place) until the request ends on the node.
+            return NodeProgress(m.ref.name, m.node_name, NodeState.UPGRADING, version,
+                                plan.node_state or plan.phase,
+                                f"NodePlan failed ({plan.message}); the node has not "
+                                "finished the request yet")
         return NodeProgress(m.ref.name, m.node_name, NodeState.FAILED, version,
                             plan.node_state, plan.message)
     if node is None and not foreign:

@@ -50,6 +50,8 @@ from fleet.planner.actions import (
 )
 from fleet.planner.simulate import SimFleet, add_cluster
 from fleet.planner.writer import version_step
+from fleet.rollout.progress import NodeState, clusters_from_snapshot
+from fleet.signal import SignalState
 from fleet.skew import ReleaseCatalog
 from fleet.versions import same_version
 
@@ -771,3 +773,36 @@ def test_a_hand_edit_two_minors_ahead_is_not_adopted_even_when_a_fleet_upgrade_a
     step = version_step(obj, hold=None, write_blocked="")
     assert step.conflict and not of(list(step.actions), RecordWrittenVersion)
     assert "OneMinorAtATime" in step.waiting
+
+
+def test_a_nodeplan_failed_by_its_deadline_keeps_its_cluster_slot_while_the_node_works() -> None:
+    """Issue #30: a NodePlan failed by a deadline while its node's request is still live
+    used to free its cluster's slot (the node counted as failed), so with a wave failure
+    budget of 1 a further cluster was admitted while that node was mid-upgrade."""
+    sim = SimFleet(now=T0)
+    ck = add_cluster(sim, "c1", control_planes=1, workers=0)
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V2)
+    for _ in range(10):  # write the version, dispatch the one control plane
+        sim.apply_all(plan(sim.snapshot(), SETTINGS).actions)
+        sim.advance(1)
+        if sim.active_requests():
+            break
+    [(_, node)] = sim.active_requests()
+    sim.step_node(ck, node)  # the node starts (Downloading...) and then goes quiet
+    failed = False
+    for _ in range(400):  # past every deadline without the node moving
+        actions = plan(sim.snapshot(), SETTINGS).actions
+        sim.apply_all(actions)
+        failed = failed or any(type(a).__name__ == "MarkNodePlanFailed" for a in actions)
+        sim.advance(5)
+        if failed:
+            break
+    assert failed
+    [c] = clusters_from_snapshot(sim.snapshot())
+    states = [n.state for o in c.objects for n in o.nodes]
+    assert sim.active_requests() == [(ck, node)]  # the node still works on it
+    assert states == [NodeState.UPGRADING], c
+    assert c.in_flight == 1
+    sim.step_node(ck, node, fail=SignalState.FAILED_DOWNLOAD)
+    [c] = clusters_from_snapshot(sim.snapshot())
+    assert [n.state for o in c.objects for n in o.nodes] == [NodeState.FAILED]

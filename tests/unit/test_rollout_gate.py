@@ -467,3 +467,17 @@ def test_fleet_config_pause_is_not_reported_as_a_pause_of_every_cluster() -> Non
     assert d.reasons[("fleet", "a")].startswith("rollout paused")
     d2 = evaluate(config(), [cluster("a", spec_paused=True)])
     assert d2.clusters[("fleet", "a")].paused == "Cluster is paused (spec.paused)"
+
+
+def test_a_failed_cluster_whose_node_still_works_keeps_its_slot() -> None:
+    """Issue #30: a cluster failed while a node still works on its request (its NodePlan
+    failed by a deadline) holds its slot until that node has finished: no further cluster
+    is admitted in its place, failure budget or not."""
+    cfg = config(waves=[{"name": "all", "clusterSelector": {}, "maxConcurrentClusters": 1,
+                         "failureBudget": 1}])
+    busy = evaluate(cfg, [cluster("c0", "fg"), cluster("c1", "w")])
+    assert busy.clusters[("fleet", "c0")].phase is ClusterPhase.FAILED
+    assert ("fleet", "c1") not in busy.allowed_clusters
+    assert "maxConcurrentClusters" in busy.reasons[("fleet", "c1")]
+    done = evaluate(cfg, [cluster("c0", "fw"), cluster("c1", "w")])
+    assert ("fleet", "c1") in done.allowed_clusters
