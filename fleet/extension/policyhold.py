@@ -46,6 +46,8 @@ def policy_hold_from_config(config: FleetConfig, mgmt: KubeClient, *,
             controls = FleetControls.from_annotations(
                 (cm.get("metadata") or {}).get("annotations") or {})
             state = RolloutState.from_json((cm.get("data") or {}).get(STATE_KEY))
+            if state.problem is not None:
+                return f"the rollout record is unreadable, nothing new starts: {state.problem}"
         obj = await mgmt.get_or_none(CLUSTERS, cluster, namespace) or {}
         meta = obj.get("metadata") or {}
         labels = (machine.get("metadata") or {}).get("labels") or {}

@@ -173,6 +173,16 @@ class RolloutCoordinator:
             return decision.without_new_admissions()
         decision = self.gate.evaluate(
             FleetView(clusters, controls, state, fleet_writer=fleet_writer), now)
+        if state.problem is not None:
+            # Fail closed: the admissions it held are unknown, so nothing new is admitted
+            # and the record is not written over; upkeep and admitted work go on.
+            why = (f"no new cluster is admitted: {state.problem}; fix or delete the "
+                   f"{STATE_KEY} key of ConfigMap {self.namespace}/{ROLLOUT_CONFIGMAP}")
+            log.error("%s", why)
+            decision = decision.without_new_admissions(why=why)
+            await self._emit(self.configmap_ref, "RolloutRecordUnreadable", why, type=WARNING)
+            self.last = decision
+            return decision
         if decision.state_changed and not await self.write(decision):
             # A lost race keeps the held clusters' last reasons (see without_new_admissions)
             decision = decision.without_new_admissions(

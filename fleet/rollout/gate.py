@@ -140,7 +140,9 @@ class GateDecision:
             return self.held_objects.get(ObjectRef(owner.kind, owner.namespace, owner.name))
         return None
 
-    def without_new_admissions(self, kept: GateDecision | None = None) -> GateDecision:
+    def without_new_admissions(self, kept: GateDecision | None = None, *,
+                               why: str = "admission not yet recorded in the rollout state; "
+                                          "retrying") -> GateDecision:
         """This decision if its state could not be recorded: admissions not yet durable are
         withdrawn (they would not be counted after a restart).
 
@@ -155,7 +157,6 @@ class GateDecision:
         new = self.admitted_now
         if not new:
             return self
-        why = "admission not yet recorded in the rollout state; retrying"
         clusters = dict(self.clusters)
         reasons = dict(self.reasons)
         for k in new:

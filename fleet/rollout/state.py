@@ -44,6 +44,10 @@ class RolloutState:
     # written before the first dispatch so that a cache lagging behind NodePlans, or a
     # restart, never lets more than maxConcurrentClusters run. Dropped once complete.
     admitted: Mapping[str, str] = field(default_factory=dict)
+    # Why the stored record could not be read (not JSON, or not of the record's shape);
+    # None for a record that was read (or absent). Never stored: a record with a problem
+    # admits nothing new and is not written over (fail closed: its admissions are unknown).
+    problem: str | None = field(default=None, compare=False)
 
     def with_wave(self, name: str, record: WaveRecord) -> RolloutState:
         return replace(self, waves={**self.waves, name: record})
@@ -66,15 +70,28 @@ class RolloutState:
 
     @classmethod
     def from_json(cls, text: str | None) -> RolloutState:
-        """Lenient: an unreadable record is an empty one (soaks restart, never shorten)."""
+        """The record stored as ``text`` (absent: an empty one). A record that is not JSON,
+        or not of the record's shape, is an empty one with :attr:`problem` set, naming
+        what is wrong: its reader admits nothing new and does not write over it."""
         if not text:
             return cls()
         try:
             raw = json.loads(text)
-        except json.JSONDecodeError:
-            return cls()
+        except (json.JSONDecodeError, RecursionError) as e:
+            return cls(problem=f"the rollout record is not JSON ({e})")
         if not isinstance(raw, dict):
-            return cls()
+            return cls(problem=f"the rollout record is a JSON {type(raw).__name__}, not an "
+                               "object")
+        try:
+            return cls._of(raw)
+        except (AttributeError, TypeError, ValueError) as e:
+            return cls(problem=f"the rollout record is not of the expected shape ({e})")
+
+    @classmethod
+    def _of(cls, raw: Mapping[str, Any]) -> RolloutState:
+        for key in ("waves", "admitted"):
+            if raw.get(key) is not None and not isinstance(raw[key], dict):
+                raise ValueError(f"{key} is a {type(raw[key]).__name__}, not an object")
 
         def tr(x: Any) -> Transition | None:
             if not isinstance(x, dict):

@@ -13,6 +13,7 @@ import anyio.abc
 import pytest
 
 from fleet.config import FleetConfig
+from fleet.events import EventRecorder, list_events
 from fleet.kube import KubeClient
 from fleet.kube.resources import CONFIGMAPS
 from fleet.rollout.annotations import ANN_PAUSED, ROLLOUT_CONFIGMAP, STATE_KEY
@@ -103,3 +104,32 @@ async def test_admission_from_a_trailing_copy_is_withdrawn(
         db = await b.decide(mine_b, T0)
         assert db.admitted_now == frozenset() and db.allowed_clusters == frozenset()
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("record", ["{not json", '{"waves": [1, 2], "admitted": {}}',
+                                    '["a list"]', '{"admitted": "fleet/c9"}'])
+async def test_an_unreadable_record_fails_closed(mgmt: KubeClient, namespace: str,
+                                                 record: str) -> None:
+    """Issue #30: an unreadable record used to be read as empty (its admissions silently
+    lost, then written over), and one of the wrong shape raised in every pass. Now nothing
+    new is admitted, the record is left as it is, the reason is named in the decision and
+    in a Warning Event, and the pass goes on; once the record is fixed, admission resumes."""
+    cfg = FleetConfig.model_validate({"management": {"namespace": namespace}})
+    await mgmt.create(CONFIGMAPS, {"metadata": {"name": ROLLOUT_CONFIGMAP,
+                                                "namespace": namespace},
+                                   "data": {STATE_KEY: record}}, namespace)
+    c = RolloutCoordinator(mgmt, cfg, recorder=EventRecorder(mgmt, instance="test",
+                                                                default_namespace=namespace))
+    d = await c.decide([cluster("c0")], T0)
+    assert d.admitted_now == set() and ("fleet", "c0") not in d.allowed_clusters
+    assert "no new cluster is admitted" in d.reasons[("fleet", "c0")]
+    cm = await mgmt.get(CONFIGMAPS, ROLLOUT_CONFIGMAP, namespace)
+    assert cm["data"][STATE_KEY] == record  # not written over
+    events = await list_events(mgmt, namespace)
+    assert any(e.get("reason") == "RolloutRecordUnreadable" and e.get("type") == "Warning"
+               for e in events), events
+    # fixed by the operator: admission resumes
+    await mgmt.patch(CONFIGMAPS, ROLLOUT_CONFIGMAP,
+                     {"data": {STATE_KEY: RolloutState().to_json()}}, namespace)
+    d = await c.decide([cluster("c0")], T0)
+    assert d.admitted_now == {("fleet", "c0")}

@@ -481,3 +481,17 @@ def test_a_failed_cluster_whose_node_still_works_keeps_its_slot() -> None:
     assert "maxConcurrentClusters" in busy.reasons[("fleet", "c1")]
     done = evaluate(cfg, [cluster("c0", "fw"), cluster("c1", "w")])
     assert ("fleet", "c1") in done.allowed_clusters
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("{not json", "not JSON"), ("[1]", "JSON list"), ('{"waves": [1]}', "waves is a list"),
+    ('{"admitted": "x"}', "admitted is a str"), ('{"waves": {"a": {"fingerprint": 3}}}', None),
+    ('{"paused": {"since": 5}}', None)])
+def test_an_unreadable_record_is_flagged_not_read_as_empty(text: str, words: str | None) -> None:
+    state = RolloutState.from_json(text)
+    if words is None:  # a bad member is dropped, the rest is a record
+        assert state.problem is None
+    else:
+        assert state.problem is not None and words in state.problem, state.problem
+    assert RolloutState.from_json("").problem is None
+    assert RolloutState.from_json(None).problem is None
