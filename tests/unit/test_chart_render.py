@@ -489,6 +489,37 @@ def test_extension_with_own_secret() -> None:
     assert proc.returncode != 0 and "existingSecret is required" in proc.stderr
 
 
+def test_extension_network_policy_admits_only_cluster_api() -> None:
+    """On by default with the extension: the controller pods' extension port admits only
+    pods of Cluster API's controller namespace (a value); the metrics/health port stays
+    open to all; the selector is a value; it can be switched off."""
+    secret = CONTROLLER_CHART / "ci" / "extension-secret-values.yaml"
+    m = render(CONTROLLER_CHART, secret)
+    policy = m.one("NetworkPolicy", "r1-k0s-fleet-extension")
+    assert policy["metadata"]["namespace"] == "fleet-system"
+    deploy = m.workload()
+    assert policy["spec"]["podSelector"] == deploy["spec"]["selector"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [
+        {"from": [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "capi-system"}}}],
+         "ports": [{"port": "extension", "protocol": "TCP"}]},
+        {"ports": [{"port": "metrics", "protocol": "TCP"}]}]
+    ports = {p["name"] for p in pod_spec(deploy)["containers"][0]["ports"]}
+    assert ports == {"extension", "metrics"}  # every port of the pod is named in a rule
+    chosen = render(CONTROLLER_CHART, secret, sets=[
+        "extension.networkPolicy.namespaceSelector.matchLabels.team=capi",
+        "extension.networkPolicy.podSelector.matchLabels.cluster\\.x-k8s\\.io/provider"
+        "=cluster-api"]).one("NetworkPolicy")
+    assert chosen["spec"]["ingress"][0]["from"] == [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "capi-system",
+                                              "team": "capi"}},
+        "podSelector": {"matchLabels": {"cluster.x-k8s.io/provider": "cluster-api"}}}]
+    assert not render(CONTROLLER_CHART, secret,
+                      sets=["extension.networkPolicy.enabled=false"]).all("NetworkPolicy")
+    assert not render(CONTROLLER_CHART).all("NetworkPolicy")  # no extension, no policy
+
+
 def test_crd_ships_with_the_controller_chart() -> None:
     out = helm("template", "r1", "--include-crds", *template_args(CONTROLLER_CHART))
     crds = [d for d in yaml.safe_load_all(out.stdout)
