@@ -226,8 +226,9 @@ async def _open_following_redirects(url: str, headers: dict[str, str],
     current = url
     for _ in range(MAX_REDIRECTS + 1):
         parts = urlsplit(current)
+        # trust_env: through HTTPS_PROXY / HTTP_PROXY unless NO_PROXY exempts the host
         client = HttpClient(f"{parts.scheme}://{parts.netloc}",
-                            connect_timeout=policy.stall_timeout, pool_size=0)
+                            connect_timeout=policy.stall_timeout, pool_size=0, trust_env=True)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         try:
             resp = await client.request("GET", target, headers=headers,

@@ -232,3 +232,25 @@ async def test_the_digest_manifest_is_fetched_through_the_proxy(
         with anyio.fail_after(DEADLINE):
             text = await fetch_text("http://mirror.internal/k0s/sha256sums.txt")
     assert text == "proxied http://mirror.internal/k0s/sha256sums.txt"
+
+
+@pytest.mark.anyio
+async def test_the_agent_downloads_through_the_proxy(monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
+    import hashlib  # noqa: PLC0415
+
+    from fleet.agents.download import DownloadPolicy, ensure_staged  # noqa: PLC0415
+
+    url = "http://mirror.internal/k0s/v1.31.3+k0s.0/k0s"
+    body = b"proxied " + url.encode()
+    binary = tmp_path / "k0s"
+    binary.write_bytes(b"installed")
+    async with proxy() as p:
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{p.port}")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        with anyio.fail_after(DEADLINE):
+            result = await ensure_staged(url, hashlib.sha256(body).hexdigest(), binary,
+                                         DownloadPolicy(attempts=1, free_space_margin=0))
+    assert result.path.read_bytes() == body
+    assert p.asked[0].startswith(f"GET {url} HTTP/1.1\r\n".encode())
