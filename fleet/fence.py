@@ -12,9 +12,11 @@ it, so an Event emitted in the background for an action still counts as that clu
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 
 from fleet.model import ClusterKey
 
@@ -52,4 +54,31 @@ def fleet_wide() -> bool:
     return _FLEET_WIDE.get()
 
 
-__all__ = ["fleet_wide", "fleet_wide_writes", "write_cluster", "writes_for"]
+def lease_clock() -> float:
+    """Seconds on the clock the Lease fences run on: one that keeps counting while the
+    machine is suspended (Linux ``CLOCK_BOOTTIME``), so that a process resumed after a
+    suspension finds its renewal overdue; ``CLOCK_MONOTONIC`` stops during a suspension.
+    Where there is no such clock, the monotonic one."""
+    return time.clock_gettime(_CLOCK)
+
+
+_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteFence:
+    """A Lease fence for :meth:`fleet.kube.KubeClient.fenced`: ``holds()`` says whether a
+    write may be sent now, ``remaining()`` for how many more seconds the Lease is known to
+    be held (<= 0: not held). The client bounds the whole send of a write (its turn for a
+    connection, the connect, retries) by ``remaining()``: a write that could not be sent
+    within it is not sent at all (FencedError)."""
+
+    holds: Callable[[], bool]
+    remaining: Callable[[], float]
+
+    def __call__(self) -> bool:
+        return self.holds()
+
+
+__all__ = ["WriteFence", "fleet_wide", "fleet_wide_writes", "lease_clock", "write_cluster",
+           "writes_for"]

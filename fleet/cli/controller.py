@@ -145,12 +145,12 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
                                    identity=args.identity, name=f"{membership.group}-writer",
                                    lease_seconds=args.lease_seconds,
                                    stall_seconds=stall_seconds, on_stall=on_stall)
-            fence: Callable[[], bool] | None = membership.write_fence(writer.holds)
+            fence: Callable[[], bool] | None = membership.write_fence(writer.fence())
         elif args.leader_elect:
             elector = LeaderElector(mgmt, namespace=config.management.namespace,
                                     identity=args.identity, lease_seconds=args.lease_seconds,
                                     stall_seconds=stall_seconds, on_stall=on_stall)
-            fence = elector.holds
+            fence = elector.fence()
         else:
             fence = None  # --no-leader-elect: the only instance
         # The controller's writes wait for a token of the replica's write limiter (its

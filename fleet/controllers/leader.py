@@ -16,7 +16,6 @@ an old leader acting past the point where a standby, which counts the lease from
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -30,6 +29,7 @@ from fleet.controllers.renewal import (
     renew_while_held,
     stall_bound,
 )
+from fleet.fence import WriteFence, lease_clock
 from fleet.kube import AlreadyExistsError, ConflictError, KubeClient, KubeError, NotFoundError
 from fleet.kube.resources import LEASES
 from fleet.model import format_time
@@ -66,7 +66,7 @@ class LeaderElector:
                  renew_deadline: float | None = None,
                  stall_seconds: float | None = None,
                  on_stall: Callable[[str], None] | None = None,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = lease_clock) -> None:
         self.client = client
         self.namespace = namespace
         self.name = name
@@ -91,6 +91,14 @@ class LeaderElector:
         process resumed after a stop past its renew deadline does not write on (its
         renewal task may not have run yet)."""
         return self.leading and self.monotonic() < self._held_until
+
+    def remaining(self) -> float:
+        """Seconds this process still knows it leads, on its own clock (<= 0: not)."""
+        return self._held_until - self.monotonic() if self.leading else 0.0
+
+    def fence(self) -> WriteFence:
+        """The fence of the leader's writes (:meth:`fleet.kube.KubeClient.fenced`)."""
+        return WriteFence(self.holds, self.remaining)
 
     def _body(self, lease: dict[str, Any] | None, *, take: bool) -> dict[str, Any]:
         spec = dict((lease or {}).get("spec") or {})

@@ -80,7 +80,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -97,7 +96,7 @@ from fleet.controllers.renewal import (
     renew_while_held,
     stall_bound,
 )
-from fleet.fence import fleet_wide, write_cluster
+from fleet.fence import WriteFence, fleet_wide, lease_clock, write_cluster
 from fleet.kube import AlreadyExistsError, ConflictError, KubeClient, KubeError, NotFoundError
 from fleet.kube.resources import LEASES
 from fleet.kube.watch import Reflector, WatchEvent
@@ -199,7 +198,7 @@ class ShardMembership:
                  stall_seconds: float | None = None,
                  on_stall: Callable[[str], None] | None = None,
                  handoff_margin: float | None = None,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = lease_clock) -> None:
         if shards < 1:
             raise ValueError(f"shards must be at least 1, not {shards}")
         self.client = client
@@ -307,7 +306,14 @@ class ShardMembership:
         before it is given back; one taken by another replica does not)."""
         return self.holds() and shard_of(cluster, self.shards) in self.held
 
-    def write_fence(self, fleet_writer: Callable[[], bool]) -> Callable[[], bool]:
+    def remaining(self) -> float:
+        """Seconds the member Lease is still known to be held on this replica's own clock
+        (<= 0: not)."""
+        if not self.active or self.renewed_at is None:
+            return 0.0
+        return self.renewed_at + self.renew_deadline - self.monotonic()
+
+    def write_fence(self, fleet_writer: Callable[[], bool]) -> WriteFence:
         """The fence of this replica's writes (:meth:`fleet.kube.KubeClient.fenced`): a
         write for a cluster (:func:`fleet.fence.writes_for`) needs :meth:`holds_cluster`,
         any other :meth:`holds`; a fleet-wide one (:func:`fleet.fence.fleet_wide_writes`)
@@ -318,7 +324,14 @@ class ShardMembership:
                 return False
             return not fleet_wide() or fleet_writer()
 
-        return holds
+        def remaining() -> float:
+            left = self.remaining()
+            writer_left = getattr(fleet_writer, "remaining", None)
+            if fleet_wide() and writer_left is not None:
+                left = min(left, writer_left())
+            return left
+
+        return WriteFence(holds, remaining)
 
     # -- the member Lease ----------------------------------------------------------------
     def _labels(self, role: str) -> dict[str, str]:

@@ -223,6 +223,26 @@ class KubeClient:
             raise FencedError(f"{self.name}: {method} {path} not sent: this replica's Lease "
                               "is not known to be held any more")
         query_params = [(k, _query_value(v)) for k, v in (query or {}).items() if v is not None]
+        # A fence that knows how long its Lease is held (fleet.fence.WriteFence) bounds the
+        # whole send: waiting for a connection, connecting and retrying all count.
+        remaining = getattr(self._write_fence, "remaining", None) if method != "GET" else None
+        if remaining is None:
+            return await self._send(method, path, query_params, body=body,
+                                    content_type=content_type, timeout=timeout)
+        left = remaining()
+        if left <= 0:
+            raise FencedError(f"{self.name}: {method} {path} not sent: this replica's Lease "
+                              "is not known to be held any more")
+        with anyio.move_on_after(left) as scope:
+            return await self._send(method, path, query_params, body=body,
+                                    content_type=content_type, timeout=timeout)
+        assert scope.cancelled_caught
+        raise FencedError(f"{self.name}: {method} {path} not answered within the {left:.1f}s "
+                          "this replica's Lease was still known to be held; given up (it may "
+                          "or may not have been applied)")
+
+    async def _send(self, method: str, path: str, query_params: list[tuple[str, str]], *,
+                    body: Any, content_type: str, timeout: float | None) -> Any:
         retries = 0
         while True:
             try:

@@ -28,7 +28,7 @@ from fleet.controllers.shard import (
     shard_of,
 )
 from fleet.events import EventRecorder, Regarding, list_events
-from fleet.fence import fleet_wide_writes, writes_for
+from fleet.fence import WriteFence, fleet_wide_writes, writes_for
 from fleet.kube import FencedError, KubeClient, NotFoundError
 from fleet.kube.resources import CONFIGMAPS
 from fleet.model import ClusterKey, Snapshot
@@ -280,3 +280,38 @@ async def test_the_rollout_policy_marks_its_fleet_wide_writes(
         tg.cancel_scope.cancel()
     assert first is None  # the record's creation was not sent
     assert second is not None
+
+
+async def test_a_write_stuck_past_the_lease_is_given_up_not_sent_late(
+        world: World, namespace: str) -> None:
+    """Issue #30: the fence used to be asked once, before a send that could then wait for
+    a connection, a connect and retries for as long as its timeout (30 s) and land after
+    the Lease had passed to another replica. The whole send is now bounded by the time the
+    Lease is still known to be held: against a stalled API server, a leader's write with
+    1.5 s of Lease left is given up (FencedError) in about that time, and once the
+    connection flows again nothing of it arrives late."""
+    server = world["mgmt"]
+    async with StallingProxy(server.port) as proxy:
+        config = server.kubeconfig()
+        config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+        async with await KubeClient.from_kubeconfig(config, name="stuck") as client:
+            await client.get_or_none(CONFIGMAPS, "warm-up", namespace)
+            deadline = time.monotonic() + 1.5
+            fence = WriteFence(lambda: time.monotonic() < deadline,
+                               lambda: deadline - time.monotonic())
+            fenced = client.fenced(fence)
+            proxy.stall()
+            name = unique("late")
+            started = time.monotonic()
+            with anyio.fail_after(10), pytest.raises(FencedError, match="not answered within"):
+                await fenced.create(CONFIGMAPS, {"metadata": {"name": name},
+                                                 "data": {"k": "v"}}, namespace)
+            assert time.monotonic() - started < 5
+            proxy.resume()
+            # a fresh fenced write after the deadline is refused before it is sent
+            with pytest.raises(FencedError, match="not sent"):
+                await fenced.create(CONFIGMAPS, {"metadata": {"name": name}}, namespace)
+    async with await KubeClient.from_kubeconfig(server.kubeconfig(), name="check") as check:
+        with pytest.raises(NotFoundError):
+            await check.get(CONFIGMAPS, name, namespace)
+

@@ -3,11 +3,15 @@ the sharded replica's fence deciding from its membership's state and its own clo
 
 from __future__ import annotations
 
+import inspect
+import time
+
 import anyio
 import pytest
 
+from fleet.controllers.leader import LeaderElector
 from fleet.controllers.shard import ShardMembership, shard_of
-from fleet.fence import fleet_wide, fleet_wide_writes, write_cluster, writes_for
+from fleet.fence import fleet_wide, fleet_wide_writes, lease_clock, write_cluster, writes_for
 from fleet.kube import KubeClient
 from fleet.model import ClusterKey
 from tests.helpers.clock import FakeClock
@@ -96,3 +100,13 @@ def test_the_shard_fence_needs_a_fresh_member_lease_the_shard_and_for_fleet_wide
     clock.now += 0.02
     assert m.active and m.acts_on(mine)
     assert not any(verdicts().values())
+
+
+def test_the_lease_fences_run_on_a_clock_that_counts_suspension() -> None:
+    """Issue #30: CLOCK_MONOTONIC stops while the machine is suspended, so a process
+    resumed after a suspension past its Lease found its renewal fresh; the fences run on
+    CLOCK_BOOTTIME where the system has it."""
+    if hasattr(time, "CLOCK_BOOTTIME"):
+        assert abs(lease_clock() - time.clock_gettime(time.CLOCK_BOOTTIME)) < 1
+    for cls in (LeaderElector, ShardMembership):
+        assert inspect.signature(cls).parameters["monotonic"].default is lease_clock
