@@ -40,6 +40,27 @@ log = logging.getLogger(__name__)
 ACTION = "Rollout"
 
 
+def _log_admissions(d: GateDecision) -> None:
+    """One line per admission and per admission dropped, with what it was decided from
+    (the record's admissions before, the cluster's wave and verdict, the targets'
+    fingerprint), so that a count of clusters upgrading at once can be explained."""
+    prev, cur = d.previous.admitted, d.state.admitted
+    if not d.admitted_now and prev.keys() <= cur.keys():
+        return
+    before = ", ".join(sorted(prev)) or "none"
+    for key in sorted(d.admitted_now):
+        g = d.clusters[key]
+        cid = f"{key[0]}/{key[1]}"
+        log.info("admitted %s in wave %s (targets %s); admitted before: %s", cid, g.wave,
+                 cur.get(cid, "?"), before)
+    for cid in sorted(prev.keys() - cur.keys()):
+        ns, _, name = cid.partition("/")
+        gone = d.clusters.get((ns, name))
+        log.info("admission of %s dropped (%s)", cid,
+                 "no longer a member" if gone is None else f"{gone.phase.value}"
+                 + (f": {gone.reason}" if gone.reason else ""))
+
+
 def _utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -185,8 +206,14 @@ class RolloutCoordinator:
             return decision
         if decision.state_changed and not await self.write(decision):
             # A lost race keeps the held clusters' last reasons (see without_new_admissions)
+            if decision.admitted_now:
+                log.info("admission(s) of %s withdrawn: the record was %s",
+                         ", ".join(f"{k[0]}/{k[1]}" for k in sorted(decision.admitted_now)),
+                         "moved by another replica first" if self.raced else "not written")
             decision = decision.without_new_admissions(
                 kept=self.last if self.raced else None)
+        else:
+            _log_admissions(decision)
         await self._report(decision)
         self.last = decision
         return decision

@@ -7,6 +7,7 @@ API server.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import anyio
 import anyio.abc
@@ -133,3 +134,21 @@ async def test_an_unreadable_record_fails_closed(mgmt: KubeClient, namespace: st
                      {"data": {STATE_KEY: RolloutState().to_json()}}, namespace)
     d = await c.decide([cluster("c0")], T0)
     assert d.admitted_now == {("fleet", "c0")}
+
+
+async def test_each_admission_and_its_end_is_logged_with_what_it_was_decided_from(
+        mgmt: KubeClient, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
+    cfg = FleetConfig.model_validate({"management": {"namespace": namespace},
+                                      "rollout": {"maxConcurrentClusters": 1}})
+    c = RolloutCoordinator(mgmt, cfg)
+    with caplog.at_level(logging.INFO, logger="fleet.rollout.coordinator"):
+        d = await c.decide([cluster("c0"), cluster("c1")], T0)
+        assert d.admitted_now == {("fleet", "c0")}
+        d = await c.decide([cluster("c0", "u"), cluster("c1")], T0)  # c0 done, c1 next
+        assert d.admitted_now == {("fleet", "c1")}
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("admitted fleet/c0 in wave default") and m.endswith(
+        "admitted before: none") for m in lines), lines
+    assert any(m.startswith("admission of fleet/c0 dropped (Complete") for m in lines), lines
+    assert any(m.startswith("admitted fleet/c1 in wave default") and "fleet/c0" in m
+               for m in lines), lines
