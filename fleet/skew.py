@@ -212,8 +212,8 @@ EMPTY_CATALOG = ReleaseCatalog()
 
 def climb(current: str | K0sVersion | None, target: str | K0sVersion,
           catalog: ReleaseCatalog = EMPTY_CATALOG) -> list[K0sVersion] | SkewRefusal:
-    """:func:`ladder` over ``catalog``, each rung on the way (not the target, which the
-    FleetUpgrade names itself) refused when it needs a pinned digest and has none."""
+    """:func:`ladder` over ``catalog``; a rung (the target included) that needs a pinned
+    digest and has none is refused before anything is written, not at its dispatch."""
     if current is None:
         t = _parse(target)
         return [t] if t is not None else SkewRefusal(RULE_NOT_A_VERSION,
@@ -221,11 +221,13 @@ def climb(current: str | K0sVersion | None, target: str | K0sVersion,
     rungs = ladder(current, target, catalog.offered)
     if isinstance(rungs, SkewRefusal) or not catalog.rungs_need_digest:
         return rungs
-    for r in rungs[:-1]:
+    for r in rungs:
         if r not in catalog.pinned:
+            what = "the target" if r == rungs[-1] else f"rung {r} on the way to {rungs[-1]}"
             return SkewRefusal(RULE_NO_DIGEST,
-                               f"rung {r} on the way to {rungs[-1]} has no pinned digest (and "
-                               f"no digest manifest is configured)")
+                               f"{what} has no pinned digest (download.digests), no digest "
+                               f"manifest is configured and unverified downloads are refused: "
+                               f"no node could verify its binary")
     return rungs
 
 

@@ -94,9 +94,15 @@ def test_a_rung_without_a_digest_is_refused_when_nothing_else_verifies_it() -> N
     strict = ReleaseCatalog.of(["v1.31.1+k0s.0"], [], rungs_need_digest=True)
     r = climb("v1.30.2+k0s.0", "v1.32.0+k0s.0", strict)
     assert isinstance(r, SkewRefusal) and r.rule == RULE_NO_DIGEST
-    pinned = ReleaseCatalog.of([], ["v1.31.1+k0s.0"], rungs_need_digest=True)
+    target_unpinned = ReleaseCatalog.of([], ["v1.31.1+k0s.0"], rungs_need_digest=True)
+    r = climb("v1.30.2+k0s.0", "v1.32.0+k0s.0", target_unpinned)
+    assert isinstance(r, SkewRefusal) and r.rule == RULE_NO_DIGEST and "the target" in r.message
+    pinned = ReleaseCatalog.of([], ["v1.31.1+k0s.0", "v1.32.0+k0s.0"], rungs_need_digest=True)
     assert [str(v) for v in climb("v1.30.2+k0s.0", "v1.32.0+k0s.0", pinned)] == [  # type: ignore[union-attr]
         "v1.31.1+k0s.0", "v1.32.0+k0s.0"]
+    # a digest manifest (or unverified downloads allowed) verifies any rung
+    loose = ReleaseCatalog.of(["v1.31.1+k0s.0"], [], rungs_need_digest=False)
+    assert not isinstance(climb("v1.30.2+k0s.0", "v1.32.0+k0s.0", loose), SkewRefusal)
 
 
 @settings(max_examples=300, deadline=None)
