@@ -239,7 +239,7 @@ def upgrade_status(u: FleetUpgradeInfo, intents: Mapping[ClusterKey, IntentTarge
                     _cond(COND_COMPLETE, False, "Invalid", msg),
                     _cond(COND_PROGRESSING, False, "Invalid", msg),
                     _cond(COND_FAILED, True, "Invalid", msg)]}
-    mine = [_refused(s, t) if t.refusal is not None else s for s in standings
+    mine = [_refused(s, t) if t.refusal is not None else _climbing(s, t) for s in standings
             if (t := intents.get(s.key)) is not None and (t.intent.namespace, t.intent.name) == ref]
     refused = [s for s in mine if intents[s.key].refusal is not None]
     total, done = len(mine), sum(1 for s in mine if s.complete)
@@ -302,6 +302,14 @@ def upgrade_status(u: FleetUpgradeInfo, intents: Mapping[ClusterKey, IntentTarge
             "message": message, "clustersTotal": total, "clustersComplete": done,
             "nodesTotal": nodes_total, "nodesUpToDate": nodes_done, "waves": wave_list,
             "clusters": cluster_list, "conditions": conds}
+
+
+def _climbing(s: ClusterStanding, t: IntentTarget) -> ClusterStanding:
+    """A cluster on a lower rung of its ladder is not complete, whatever its rung says."""
+    if not s.complete or t.rung is None:
+        return s
+    return dataclasses.replace(s, phase=PHASE_PROGRESSING, complete=False,
+                               message=f"on {t.rung}; next {', '.join(t.ladder)}")
 
 
 def _refused(s: ClusterStanding, t: IntentTarget) -> ClusterStanding:

@@ -13,7 +13,7 @@ API, unreachable) is reported as blocked.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -23,6 +23,7 @@ from fleet.model import (
     EXECUTOR_AGENT,
     ClusterKey,
     ControlPlaneInfo,
+    IntentTarget,
     MachineDeploymentInfo,
     ObjectRef,
     format_time,
@@ -73,6 +74,9 @@ class DryRun:
     blocked: dict[ClusterKey, str] = field(default_factory=dict)
     waiting: dict[ObjectRef, str] = field(default_factory=dict)
     executors: dict[ObjectRef, tuple[str, str]] = field(default_factory=dict)
+    # per cluster a FleetUpgrade decides: its rung, the rungs after it and its version, or
+    # why k0s's skew rules refuse it (as the controller decides it now)
+    intents: Mapping[ClusterKey, IntentTarget] = field(default_factory=dict)
 
     @property
     def duration(self) -> timedelta | None:
@@ -115,7 +119,8 @@ def dry_run(obs: Observation, config: FleetConfig, *, now: datetime,
                         for k, o in snap.control_planes.items()},
         machines=dict(snap.machines), nodeplans=dict(snap.nodeplans),
         nodes={k: (None if v is None else dict(v)) for k, v in snap.nodes.items()},
-        upgrades=dict(snap.upgrades), autopilot_plans=dict(snap.autopilot_plans))
+        upgrades=dict(snap.upgrades), autopilot_plans=dict(snap.autopilot_plans),
+        catalog=config.download.catalog())
     owners: list[MachineDeploymentInfo | ControlPlaneInfo] = [
         *snap.deployments.values(), *snap.control_planes.values()]
     extension = obs.extension_clusters
@@ -136,7 +141,7 @@ def dry_run(obs: Observation, config: FleetConfig, *, now: datetime,
         last = decision
         if result is None:
             result = DryRun(start=now, decision=decision, clusters=progress,
-                            executors=executors)
+                            executors=executors, intents=snapshot.intents)
         if all(c.complete for c in progress):
             result.end = sim.now
             break
@@ -176,6 +181,11 @@ def dry_run(obs: Observation, config: FleetConfig, *, now: datetime,
     if result.end is None and last is not None:
         result.blocked = {c.key: last.reasons.get(c.key, "") for c in progress
                           if not c.complete}
+    for key, t in result.intents.items():
+        if t.refusal is not None:  # nothing moves there: the sim saw it "complete"
+            result.blocked[key] = f"refused by k0s's version skew policy: {t.refusal[0]}: " \
+                                  f"{t.refusal[1]}"
+            result.end = None
     return result
 
 
@@ -219,9 +229,15 @@ def plan_document(run: DryRun) -> dict[str, Any]:
                     "executor": run.executors.get(o.ref, ("", ""))[0] or None,
                     "executorReason": run.executors.get(o.ref, ("", ""))[1] or None,
                 })
+            t = run.intents.get(key)
             clusters.append({"namespace": key[0], "name": key[1], "phase": g.phase.value,
                              "allowedNow": g.allowed, "reason": g.reason or None,
-                             "blocked": run.blocked.get(key), "objects": objects})
+                             "blocked": run.blocked.get(key), "objects": objects,
+                             "ladder": ([t.step, *t.ladder] if t is not None
+                                        and t.refusal is None and t.rung is not None
+                                        else None),
+                             "refusedBy": t.refusal[0] if t is not None
+                             and t.refusal is not None else None})
         waves.append({"name": w.name, "canary": w.canary, "phase": w.phase.value,
                       "maxConcurrentClusters": w.max_concurrent,
                       "soak": format_duration(w.soak),
@@ -259,6 +275,8 @@ def plan_text(doc: dict[str, Any]) -> list[str]:
         for c in w["clusters"]:
             out.append(f"  cluster {c['namespace']}/{c['name']} [{c['phase']}]"
                        + (f" blocked: {c['blocked']}" if c["blocked"] else ""))
+            if c.get("ladder"):
+                out.append(f"    ladder (one minor at a time): {' -> '.join(c['ladder'])}")
             for o in c["objects"]:
                 out.append(f"    {o['kind']} {o['name']} -> {o['target']}: "
                            f"{len(o['upToDate'])}/{o['replicas']} up to date, "

@@ -126,6 +126,10 @@ class ClusterProgress:
     # Another controller replica acts on it (sharding): its nodes are judged from the
     # management objects (NodePlans, the versions recorded on Machines), not watched here.
     foreign: bool = False
+    # The FleetUpgrade's version while the cluster is on a lower rung of its ladder
+    # (fleet/skew.py: one minor at a time): not complete until it is there, and its
+    # targets (the rollout's identity) are that version, not the rung's.
+    climbing: str | None = None
     # (namespace, name), made once: the wave gate asks for it many times per cluster and
     # pass, over the whole fleet.
     key: ClusterKey = field(init=False, repr=False, compare=False)
@@ -148,7 +152,7 @@ class ClusterProgress:
 
     @property
     def complete(self) -> bool:
-        return self.observed and all(o.complete for o in self.objects)
+        return self.observed and self.climbing is None and all(o.complete for o in self.objects)
 
     @property
     def failed(self) -> int:
@@ -179,7 +183,8 @@ class ClusterProgress:
         return switch(self.annotations, ANN_PAUSED)
 
     def targets(self) -> list[tuple[str, str, str]]:
-        return sorted((o.ref.kind, o.ref.name, o.target or "") for o in self.objects)
+        return sorted((o.ref.kind, o.ref.name, self.climbing or o.target or "")
+                      for o in self.objects)
 
 
 def fingerprint(clusters: Iterable[ClusterProgress]) -> str:
@@ -333,8 +338,14 @@ def clusters_from_snapshot(snapshot: Snapshot) -> list[ClusterProgress]:
             objects=tuple(objects), observed=nodes is not None or foreign, foreign=foreign,
             spec_paused=bool(info and info.paused),
             unreachable_since=info.unreachable_since if info else None,
-            unreachable_error=info.unreachable_error if info else ""))
+            unreachable_error=info.unreachable_error if info else "",
+            climbing=_climbing(snapshot, key)))
     return out
+
+
+def _climbing(snapshot: Snapshot, key: ClusterKey) -> str | None:
+    t = snapshot.intents.get(key)
+    return t.version if t is not None and t.rung is not None and t.refusal is None else None
 
 
 _EMPTY: Mapping[Any, Any] = MappingProxyType({})
@@ -407,7 +418,7 @@ def _compact(c: ClusterProgress, names: Mapping[str, str]) -> ClusterProgress:
         labels=c.labels or _EMPTY, annotations=c.annotations or _EMPTY, objects=objects,
         observed=c.observed, spec_paused=c.spec_paused,
         unreachable_since=c.unreachable_since, unreachable_error=c.unreachable_error,
-        foreign=c.foreign)
+        foreign=c.foreign, climbing=_s(c.climbing))
 
 
 def foreign_digest(part: Snapshot, names: Mapping[str, str] | None = None) -> Snapshot:

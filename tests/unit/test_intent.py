@@ -720,7 +720,15 @@ def test_a_fleet_upgrade_two_minors_ahead_climbs_the_ladder_rung_by_rung() -> No
     assert t.rung == "v1.32.4+k0s.0" and t.ladder == ("v1.33.1+k0s.0",)
     writes: list[WriteVersion] = []
     for _ in range(800):
-        result = plan(sim.snapshot(), SETTINGS)
+        snap = sim.snapshot()
+        if all(m.version != "v1.33.1+k0s.0" for m in sim.machines.values()):
+            # mid-ladder the cluster is never complete (the gate would free its slot and
+            # let the next wave start; `k0s-fleet upgrade` would exit 0)
+            [progress] = clusters_from_snapshot(snap)
+            assert not progress.complete
+            assert progress.targets() == [("K0sControlPlane", "c1-cp", "v1.33.1+k0s.0"),
+                                          ("MachineDeployment", "c1-md", "v1.33.1+k0s.0")]
+        result = plan(snap, SETTINGS)
         writes += of(result.actions, WriteVersion)
         sim.apply_all(result.actions)
         skew_watcher(sim)
@@ -806,3 +814,16 @@ def test_a_nodeplan_failed_by_its_deadline_keeps_its_cluster_slot_while_the_node
     sim.step_node(ck, node, fail=SignalState.FAILED_DOWNLOAD)
     [c] = clusters_from_snapshot(sim.snapshot())
     assert [n.state for o in c.objects for n in o.nodes] == [NodeState.FAILED]
+
+
+def test_a_cluster_done_with_a_lower_rung_is_not_complete_in_the_status() -> None:
+    u = upgrade("u", "v1.33.1+k0s.0")
+    intents = {k: dataclasses.replace(t, rung="v1.32.4+k0s.0", ladder=("v1.33.1+k0s.0",))
+               for k, t in resolve([u], {("ns", "a"): ClusterInfo("ns", "a")}).items()}
+    stand = [ClusterStanding(("ns", "a"), "default", "Complete", 3, 3, "up to date",
+                             complete=True)]
+    s = upgrade_status(u, intents, stand, [])
+    assert s["phase"] == "Progressing" and s["clustersComplete"] == 0
+    [c] = s["clusters"]
+    assert c["rung"] == "v1.32.4+k0s.0" and c["ladder"] == ["v1.33.1+k0s.0"]
+    assert "next v1.33.1+k0s.0" in c["message"]

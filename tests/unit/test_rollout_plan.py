@@ -157,3 +157,32 @@ def test_plan_order_matches_a_rollout_at_random_node_speeds(data: st.DataObject)
     order = ["canary", "prod", "default"]
     seen = [wave_of[f"{a.cluster[0]}/{a.cluster[1]}"] for a in sim.created]
     assert seen == sorted(seen, key=order.index)
+
+
+def test_plan_shows_the_ladder_and_a_refusal_before_anything_is_written() -> None:
+    """Issue #30: `k0s-fleet plan` shows each cluster's ladder (one minor at a time) and
+    names a refusal, from the controller's own rules and the fleet YAML's releases."""
+    from fleet.config import FleetConfig
+    from fleet.intent import fleet_upgrade_from
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "climb", namespace="fleet", control_planes=1, workers=1)
+    sim.upgrades[("fleet", "u")] = fleet_upgrade_from({
+        "metadata": {"namespace": "fleet", "name": "u", "creationTimestamp": T0.isoformat()},
+        "spec": {"version": "v1.33.1+k0s.0"}})
+    obs = Observation(snapshot=sim.snapshot())
+    cfg = FleetConfig.model_validate({"download": {"allowUnverified": True,
+                                                   "releases": ["v1.32.3+k0s.0"]}})
+    doc = plan_document(dry_run(obs, cfg, now=T0))
+    [c] = [c for w in doc["waves"] for c in w["clusters"]]
+    assert c["ladder"] == ["v1.32.3+k0s.0", "v1.33.1+k0s.0"] and c["refusedBy"] is None
+    assert "ladder (one minor at a time): v1.32.3+k0s.0 -> v1.33.1+k0s.0" in render_plan(doc)
+    versions = [s for s in doc["steps"] if s["kind"] == "K0sControlPlane"]
+    assert len(versions) == 2  # the control plane is started once per rung
+    assert doc["estimatedDuration"] is not None
+    # without the release of v1.32: refused, nothing planned
+    bare = FleetConfig.model_validate({"download": {"allowUnverified": True}})
+    doc = plan_document(dry_run(Observation(snapshot=sim.snapshot()), bare, now=T0))
+    [c] = [c for w in doc["waves"] for c in w["clusters"]]
+    assert c["refusedBy"] == "MissingRung" and doc["steps"] == []
+    assert doc["estimatedDuration"] is None
+    assert any("MissingRung" in b["reason"] for b in doc["blocked"])
