@@ -9,6 +9,8 @@ from datetime import timedelta
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fleet.config import FleetConfig
+from fleet.intent import fleet_upgrade_from
 from fleet.model import TemplateRef
 from fleet.planner import PlannerSettings, plan
 from fleet.planner.simulate import SimFleet, add_cluster, bump
@@ -162,8 +164,6 @@ def test_plan_order_matches_a_rollout_at_random_node_speeds(data: st.DataObject)
 def test_plan_shows_the_ladder_and_a_refusal_before_anything_is_written() -> None:
     """Issue #30: `k0s-fleet plan` shows each cluster's ladder (one minor at a time) and
     names a refusal, from the controller's own rules and the fleet YAML's releases."""
-    from fleet.config import FleetConfig
-    from fleet.intent import fleet_upgrade_from
     sim = SimFleet(now=T0)
     add_cluster(sim, "climb", namespace="fleet", control_planes=1, workers=1)
     sim.upgrades[("fleet", "u")] = fleet_upgrade_from({
