@@ -6,12 +6,15 @@ signal (:func:`fleet.agents.state.classify`) and starts, keeps or cancels the on
 
 The worker runs the step the recorded state names (the state is written *before* its
 step runs, so a recorded state means "this step is in progress or about to be"), then
-records the next state. Every step is idempotent and rediscovers its progress from the
-disk, which is what makes killing the agent at any instant safe: the next agent resumes
-the recorded step. Every status write is a merge patch with a resourceVersion
-precondition (``patch_with_retry``) whose mutation re-reads the signal and declines
-unless it is still the same request in the state the worker last saw; a replaced
-request is abandoned, never written to.
+records the next state. "Recorded" means in the agent's own durable record of the
+request (``<state-dir>/<request>.journal``, :class:`fleet.agents.state.Journal`); the
+status on the object mirrors it and is never obeyed: one the agent did not write is
+ignored and reported (:func:`fleet.agents.state.corroborate`). Every step is idempotent
+and rediscovers its progress from the disk, which is what makes killing the agent at
+any instant safe: the next agent resumes the recorded step. Every status write is a
+merge patch with a resourceVersion precondition (``patch_with_retry``) whose mutation
+re-reads the signal and declines unless it is still the same request with the status the
+worker last saw; a replaced request is abandoned, never written to.
 
 Only one agent acts per host: an exclusive lock in the state directory (the kernel
 drops it when a holder dies, even by SIGKILL).

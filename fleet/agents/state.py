@@ -1,7 +1,8 @@
 """Pure decisions of the node agent: no I/O, every input passed in.
 
-"Where am I" is always derived from the signal annotation (the recorded state is the
-step in progress) plus facts read from disk (digests) and from the running k0s
+"Where am I" is always derived from the agent's own record of the request (the recorded
+state is the step in progress; the signal's status only mirrors it and is judged against
+it, never obeyed) plus facts read from disk (digests) and from the running k0s
 (version, pid). The agent's I/O layers gather those facts and act on the answers.
 """
 
