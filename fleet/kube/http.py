@@ -477,9 +477,17 @@ def _no_proxy_matches(host: str, port: int, no_proxy: str) -> bool:
     return False
 
 
+def _is_loopback(host: str) -> bool:
+    """As Go's net/http does: localhost and loopback addresses never go to a proxy."""
+    host = host.lower().strip("[]")
+    return host == "localhost" or host.endswith(".localhost") or host == "::1" \
+        or (host.startswith("127.") and host.replace(".", "").isdigit())
+
+
 def proxy_from_environment(url: str, env: Mapping[str, str] | None = None) -> str | None:
     """The proxy URL for ``url`` by ``HTTPS_PROXY`` / ``HTTP_PROXY`` (either case) unless
-    ``NO_PROXY`` / ``no_proxy`` exempts its host; None: connect directly."""
+    ``NO_PROXY`` / ``no_proxy`` exempts its host or the host is loopback; None: connect
+    directly."""
     env = os.environ if env is None else env
     origin = Origin.of(url)
     name = "https_proxy" if origin.scheme == "https" else "http_proxy"
@@ -487,7 +495,7 @@ def proxy_from_environment(url: str, env: Mapping[str, str] | None = None) -> st
     if not proxy:
         return None
     no_proxy = env.get("no_proxy") or env.get("NO_PROXY") or ""
-    if _no_proxy_matches(origin.host, origin.port, no_proxy):
+    if _is_loopback(origin.host) or _no_proxy_matches(origin.host, origin.port, no_proxy):
         return None
     return proxy if "://" in proxy else f"http://{proxy}"
 

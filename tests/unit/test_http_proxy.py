@@ -46,6 +46,10 @@ DEADLINE = 30.0
      {"HTTPS_PROXY": "http://p", "NO_PROXY": "dl.example.com:443"}, "http://p"),
     ("https://dl.example.com:8443/k0s",
      {"HTTPS_PROXY": "http://p", "NO_PROXY": "dl.example.com:8443"}, None),
+    ("http://127.0.0.1:8080/k0s", {"HTTP_PROXY": "http://p"}, None),  # loopback: as Go
+    ("http://localhost:8080/k0s", {"HTTP_PROXY": "http://p"}, None),
+    ("https://[::1]/k0s", {"HTTPS_PROXY": "http://p"}, None),
+    ("https://127.example.com/k0s", {"HTTPS_PROXY": "http://p"}, "http://p"),
 ])
 def test_the_proxy_comes_from_the_environment(url: str, env: dict[str, str],
                                               expected: str | None) -> None:
