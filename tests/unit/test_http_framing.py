@@ -16,6 +16,7 @@ import contextlib
 import tracemalloc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import anyio
 import pytest
@@ -365,3 +366,29 @@ def test_hostile_answers_end_in_a_typed_error_within_bounded_memory(head: bytes)
 def test_random_bytes_end_in_a_typed_error_within_bounded_memory(head: bytes) -> None:
     peak = anyio.run(_throw, head)
     assert peak < MEMORY_BOUND, f"{peak} bytes allocated reading {head[:200]!r}"
+
+
+@pytest.mark.anyio
+async def test_the_agent_download_of_a_negative_length_fails_without_reading_it_all(
+        tmp_path: Path) -> None:
+    """The issue's experiment through the agent's own download code: a release server
+    that announces ``Content-Length: -1`` and sends 32 MiB. The download fails naming the
+    framing, and no read takes the whole stream into memory (the old client read all 32
+    MiB in one call against the agent's 1 MiB reads)."""
+    from fleet.agents.download import DownloadError, DownloadPolicy, ensure_staged  # noqa: PLC0415
+
+    binary = tmp_path / "k0s"
+    binary.write_bytes(b"installed")
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n"
+    async with serving(Answer(head, tail=32 * 1024 * 1024)) as (server, _):
+        tracemalloc.start()
+        try:
+            with anyio.fail_after(DEADLINE), pytest.raises(DownloadError) as failed:
+                await ensure_staged(f"http://127.0.0.1:{server.port}/k0s", "0" * 64, binary,
+                                    DownloadPolicy(attempts=1, free_space_margin=0))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert "Content-Length" in str(failed.value), failed.value
+    assert peak < 4 * 1024 * 1024, peak
+    assert binary.read_bytes() == b"installed"
