@@ -161,6 +161,8 @@ class Agent:
         # statuses this agent did not write that it reported already (request, status)
         self._reported: set[tuple[RequestKey, str]] = set()
         self.foreign_statuses = 0  # how many it ignored and reported
+        # the statuses this process wrote, for its last few requests
+        self._wrote: dict[RequestKey, list[SignalStatus]] = {}
 
     # -- main loop ---------------------------------------------------------------------------
     async def run(self) -> None:
@@ -238,6 +240,13 @@ class Agent:
             return decision
         if self._worker is not None and self._worker.key == sig.request_key:
             return decision  # the worker judges the status itself, before its next write
+        if sig.request_key in self._ended:
+            # Ended here (its record cleaned up): a stale copy of one of its own writes is
+            # no news; anything else is reported. The dispatcher drives neither.
+            if not any(same_status(sig.status, w) for w in self._wrote.get(sig.request_key, ())):
+                self._report_foreign(sig, f"status {sig.status.status if sig.status else None}"
+                                     " on a request this agent ended")
+            return decision
         judged = corroborate(self._read_journal(sig.request_key), sig.status)
         if judged.foreign is None:
             return decision
@@ -276,6 +285,20 @@ class Agent:
     async def _write_journal(self, key: RequestKey, journal: Journal) -> None:
         await anyio.to_thread.run_sync(write_durably, self._journal_path(key),
                                        journal.to_json())
+
+    async def _record(self, key: RequestKey, journal: Journal, status: SignalStatus) -> None:
+        """Write the request's record; a host that refuses it (full, read-only) stops
+        every step but the end: a terminal status needs no record to resume from, so
+        it is written anyway (the record is dropped: one that still named an earlier
+        step would be resumed from)."""
+        try:
+            await self._write_journal(key, journal)
+        except OSError as e:
+            if not status.status.terminal:
+                raise
+            log.warning("cannot record %s for the request: %s", status.status, describe(e))
+            with contextlib.suppress(OSError):
+                unlink_quiet(self._journal_path(key))
 
     async def _resume_point(self, seen: SignalData) -> SignalData | None:
         """The request as the agent's own record has it (None: not to be driven).
@@ -391,8 +414,13 @@ class Agent:
             except swap.ApplyError as again:
                 why += f"; restoring the previous binary failed too: {again}"
         if sig.status is None:  # not even Downloading recorded: record the start first
-            sig = await self._transition(sig, first_status(sig.command.k0supdate, None,
-                                                           utcnow()))
+            # (unless the host cannot even record that: then the failure alone)
+            with contextlib.suppress(OSError):
+                sig = await self._transition(sig, first_status(sig.command.k0supdate, None,
+                                                               utcnow()))
+        if sig.status is None:
+            return await self._transition(sig, SignalStatus(
+                status=failure_state(state), timestamp=utcnow(), reason=why))
         return await self._transition(sig, self._status(sig, failure_state(state),
                                                         reason=why))
 
@@ -533,7 +561,7 @@ class Agent:
             return patch
 
         key = sig.request_key
-        await self._write_journal(key, Journal(current=sig.status, pending=status))
+        await self._record(key, Journal(current=sig.status, pending=status), status)
         # The watch cache saves a GET when it is current; when it is behind (it has not
         # delivered our own last write yet, say), judge again on a fresh read.
         obj = await patch_with_retry(self.client, self.res, self.name, mutate,
@@ -545,8 +573,11 @@ class Agent:
                 raise StateMovedError()
             raise RequestReplacedError()
         self._seen = status
+        if key not in self._wrote and len(self._wrote) >= 8:
+            del self._wrote[next(iter(self._wrote))]
+        self._wrote.setdefault(key, []).append(status)
         if status.status.terminal:  # an ended request stays ended, whatever is written later
-            await self._write_journal(key, Journal(current=status))
+            await self._record(key, Journal(current=status), status)
         log.info("%s: %s -> %s%s", sig.planId, seen.status if seen else "(new)", status.status,
                  f" ({status.reason})" if status.reason else "")
         if status.status.terminal and status.status is not SignalState.COMPLETED:

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import AsyncIterator
+import ssl
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
+from aiohttp import web
 
 from fleet.agents.download import DownloadPolicy, FinalDownloadError, ensure_staged
 from fleet.agents.files import partial_path, staged_path
+from fleet.testing.kubesim.certs import make_serving_cert
 from fleet.testing.releases import Release, ReleaseServer
 
 pytestmark = pytest.mark.anyio
@@ -154,3 +158,71 @@ async def test_file_url_symlink_escaping_root_is_refused(tmp_path: Path, binary:
     with pytest.raises(FinalDownloadError, match="does not exist"):
         await ensure_staged(f"file://{root}/missing", None, binary, policy)
     assert leftovers(binary) == []
+
+
+# -- redirects: every hop is judged ------------------------------------------------------------
+@pytest.fixture
+async def tls_redirector(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                         ) -> AsyncIterator[Callable[[str], str]]:
+    """An https server (its CA trusted through SSL_CERT_FILE, as an operator would) that
+    redirects /go?to=<location>; yields a function giving the URL that redirects there."""
+    cert = make_serving_cert(tmp_path / "tls")
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert.ca))
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert.cert, cert.key)
+
+    async def go(request: web.Request) -> web.Response:
+        return web.Response(status=302, headers={"Location": request.query["to"]})
+
+    app = web.Application()
+    app.router.add_get("/go", go)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield lambda location: f"https://127.0.0.1:{port}/go?to={quote(location, safe='')}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_redirect_from_https_to_http_is_refused(
+        rs: ReleaseServer, binary: Path, tls_redirector: Callable[[str], str]) -> None:
+    """A TLS download that a redirect would continue in clear text (where anyone on the
+    path may replace the bytes) is refused before the http hop is requested."""
+    rel = rs.add("v1.32.1")
+    with pytest.raises(FinalDownloadError, match=r"from https to .*no downgrade to http"):
+        await ensure_staged(tls_redirector(rel.url), rel.sha256, binary, FAST)
+    assert rs.requests["v1.32.1"] == 0
+    assert leftovers(binary) == []
+    # an https hop is followed (to the same refusal of the http one: nothing else differs)
+    with pytest.raises(FinalDownloadError, match="no downgrade"):
+        await ensure_staged(tls_redirector(tls_redirector(rel.url)), rel.sha256, binary, FAST)
+    assert rs.requests["v1.32.1"] == 0
+
+
+async def test_every_redirect_hop_is_judged(rs: ReleaseServer, binary: Path) -> None:
+    """With the agent's prefixes, a redirect to another origin is refused (nothing is
+    fetched there); whatever the prefixes, a hop whose path has ``\\`` or other characters
+    outside RFC 3986 is refused as such."""
+    async with ReleaseServer() as other:
+        target = other.add("v1.32.1")
+        hop = rs.add("v1.32.9")
+        rs.fail("v1.32.9", f"redirect:{target.url}")
+        prefixes = DownloadPolicy(attempts=1, free_space_margin=0,
+                                  url_prefixes=(f"{rs.base_url}/k0s/",))
+        with pytest.raises(FinalDownloadError, match="not under any prefix"):
+            await ensure_staged(hop.url, target.sha256, binary, prefixes)
+        assert other.requests["v1.32.1"] == 0
+        rs.fail("v1.32.9", "redirect:/k0s/..\\..\\v1.32.1")
+        with pytest.raises(FinalDownloadError, match="outside RFC 3986"):
+            await ensure_staged(hop.url, target.sha256, binary, FAST)
+        # the request's own URL too
+        with pytest.raises(FinalDownloadError, match="outside RFC 3986"):
+            await ensure_staged(f"{rs.base_url}/k0s/v1.32.1\\x", target.sha256, binary, FAST)
+        # a redirect under the prefixes is followed
+        rs.add("v1.32.1")
+        rs.fail("v1.32.9", f"redirect:{rs.base_url}/k0s/v1.32.1")
+        res = await ensure_staged(hop.url, rs.releases["v1.32.1"].sha256, binary, prefixes)
+        assert res.sha256 == rs.releases["v1.32.1"].sha256

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import yaml
 
@@ -47,6 +49,7 @@ from fleet.testing.simnode import SimNode
 from fleet.testing.world import World
 from tests.helpers.charts import (
     AGENT_CHART,
+    CLUSTER_ROLE_BINDINGS,
     CLUSTER_ROLES,
     DAEMONSETS,
     create_namespace,
@@ -55,7 +58,13 @@ from tests.helpers.charts import (
     pod_spec,
 )
 from tests.helpers.names import unique
-from tests.helpers.rbac import AUDIENCE, AgentInstall, agent_pod_on, token_for
+from tests.helpers.rbac import (
+    AUDIENCE,
+    AgentInstall,
+    agent_pod_on,
+    service_account_token,
+    token_for,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -236,6 +245,35 @@ async def test_agent_is_refused_everything_else(
 
 # -- who may write the request part of the signal -------------------------------------------
 SIGNAL_DENIED = "only the k0s-fleet controller may"
+STATUS_DENIED = "only the k0s-fleet controller and the agent of"
+
+
+def ann(**values: str | None) -> dict[str, Any]:
+    return {"metadata": {"annotations": values}}
+
+
+def a_request() -> SignalData:
+    return SignalData(
+        planId=unique("plan"), created=utcnow(), traceparent=None,
+        command=SignalCommand(id=1, k0supdate=K0sUpdateCommand(
+            url="https://get.k0sproject.io/v1.32.1+k0s.0/k0s-v1.32.1+k0s.0-amd64",
+            version=NEW, sha256="a" * 64)))
+
+
+async def signal_policy_in_force(admin: KubeClient, writer: KubeClient, node: str,
+                                 timeout: float = 60.0) -> None:
+    """Until the API server refuses ``writer`` a signal write on ``node`` (an admission
+    policy takes effect some time after its creation: the API server loads it
+    asynchronously). A probe write that still lands is undone by the admin."""
+    probe = ann(**{SIGNAL_DATA_KEY: a_request().to_json()})
+    with anyio.fail_after(timeout):
+        while True:
+            try:
+                await writer.patch(NODES, node, probe)
+            except ForbiddenError:
+                return
+            await admin.patch(NODES, node, ann(**{SIGNAL_DATA_KEY: None}))
+            await anyio.sleep(0.2)
 
 
 async def test_only_the_controller_identity_may_write_the_request(
@@ -245,17 +283,12 @@ async def test_only_the_controller_identity_may_write_the_request(
     signal, and nothing of the request: not the URL, not the digest, not the signal
     version, not a fresh request, not a second "command" smuggled after the status."""
     agent, mine, _ = agent_client
-    request = SignalData(
-        planId=unique("plan"), created=utcnow(), traceparent=None,
-        command=SignalCommand(id=1, k0supdate=K0sUpdateCommand(
-            url="https://get.k0sproject.io/v1.32.1+k0s.0/k0s-v1.32.1+k0s.0-amd64",
-            version=NEW, sha256="a" * 64)))
+    request = a_request()
     raw = request.to_json()
 
-    def ann(**values: str | None) -> dict[str, Any]:
-        return {"metadata": {"annotations": values}}
-
-    # Not even a request of its own making on a Node without one.
+    # Not even a request of its own making on a Node without one (once the freshly
+    # installed policy is in force: the API server loads it asynchronously).
+    await signal_policy_in_force(wl1, agent, mine)
     with pytest.raises(ForbiddenError, match=SIGNAL_DENIED):
         await agent.patch(NODES, mine, ann(**{SIGNAL_DATA_KEY: raw}))
     # The controller (admin, system:masters) writes the request.
@@ -296,3 +329,115 @@ async def test_only_the_controller_identity_may_write_the_request(
     # ... and the controller may replace or withdraw its request.
     await wl1.patch(NODES, mine, ann(**{SIGNAL_DATA_KEY: evil_url}))
     await wl1.patch(NODES, mine, ann(**{SIGNAL_DATA_KEY: None, SIGNAL_VERSION_KEY: None}))
+
+
+@pytest.fixture
+async def intruder(crds_installed: World, wl1: KubeClient, agent_install: AgentInstall
+                   ) -> AsyncIterator[KubeClient]:
+    """Another identity allowed to patch Nodes (what the kubelet, node-problem-detector or
+    many operators hold), not the controller's, not an agent's."""
+    ns, name = agent_install.namespace, unique("intruder")
+    await wl1.create(SERVICE_ACCOUNTS, {"metadata": {"name": name}}, ns)
+    await wl1.create(CLUSTER_ROLES, {"metadata": {"name": name}, "rules": [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}]})
+    await wl1.create(CLUSTER_ROLE_BINDINGS, {
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]})
+    token = await service_account_token(wl1, ns, name)
+    async with await crds_installed["wl1"].client(token=token) as c:
+        yield c
+    for res, obj in ((CLUSTER_ROLE_BINDINGS, name), (CLUSTER_ROLES, name)):
+        with contextlib.suppress(Exception):
+            await wl1.delete(res, obj)
+
+
+async def test_only_the_nodes_own_agent_may_write_the_status(
+        wl1: KubeClient, agent_client: tuple[KubeClient, str, str],
+        intruder: KubeClient) -> None:
+    """The status member: another identity with `patch nodes` may not forge one (a later
+    step, another digest, a 1970 timestamp, a drain or restart, a status removed), and
+    the agent of one node may not write another node's; the node's own agent may."""
+    agent, mine, other = agent_client
+    await signal_policy_in_force(wl1, intruder, mine)
+    raw = a_request().to_json()
+    await wl1.patch(NODES, mine, ann(**{SIGNAL_VERSION_KEY: SIGNAL_VERSION,
+                                        SIGNAL_DATA_KEY: raw}))
+    downloading = replace_status(raw, SignalStatus(status=SignalState.DOWNLOADING))
+    await agent.patch(NODES, mine, ann(**{SIGNAL_DATA_KEY: downloading}))  # its own agent
+
+    forged = {
+        "a later step": SignalStatus(status=SignalState.RESTARTING, restarted=True),
+        "another digest": SignalStatus(status=SignalState.APPLYING_UPDATE, sha256="b" * 64),
+        "a 1970 timestamp": SignalStatus(status=SignalState.VERIFYING,
+                                         timestamp=datetime(1970, 1, 1, tzinfo=UTC)),
+        "a drain": SignalStatus(status=SignalState.CORDONING),
+        "an outcome": SignalStatus(status=SignalState.COMPLETED),
+    }
+    landed = []
+    for what, status in forged.items():
+        try:
+            await intruder.patch(NODES, mine, ann(**{SIGNAL_DATA_KEY: replace_status(
+                downloading, status)}))
+        except ForbiddenError as e:
+            assert STATUS_DENIED in str(e) and mine in str(e), (what, e)
+            continue
+        landed.append(what)
+    try:  # the status removed: the request part alone
+        await intruder.patch(NODES, mine, ann(**{SIGNAL_DATA_KEY: raw}))
+        landed.append("the status removed")
+    except ForbiddenError as e:
+        assert STATUS_DENIED in str(e), e
+    assert landed == []
+    current = (await wl1.get(NODES, mine))["metadata"]["annotations"]
+    assert current[SIGNAL_DATA_KEY] == downloading
+    # other annotations and the cordon stay writable to such an identity (RBAC decides)
+    await intruder.patch(NODES, mine, ann(**{"example.com/probe": "x"}))
+
+    # The agent of `mine` may not write the status of `other`'s signal (the own-node
+    # policy already refuses it any write there; the signal policy says why, too).
+    await wl1.patch(NODES, other, ann(**{SIGNAL_VERSION_KEY: SIGNAL_VERSION,
+                                         SIGNAL_DATA_KEY: raw}))
+    with pytest.raises(ForbiddenError):
+        await agent.patch(NODES, other, ann(**{SIGNAL_DATA_KEY: downloading}))
+    # the controller (admin) may write a status, as it may write anything there
+    await wl1.patch(NODES, mine, ann(**{SIGNAL_DATA_KEY: replace_status(
+        downloading, SignalStatus(status=SignalState.CORDONING))}))
+    await wl1.patch(NODES, mine, ann(**{SIGNAL_DATA_KEY: None, SIGNAL_VERSION_KEY: None}))
+
+
+async def test_the_own_node_policy_covers_create(
+        wl1: KubeClient, agent_install: AgentInstall,
+        agent_client: tuple[KubeClient, str, str]) -> None:
+    """Were the agent's identity granted `create nodes` (an extra role someone adds), it
+    still could not register a Node under another name than its own."""
+    agent, mine, _ = agent_client
+    name = unique("grant-create")
+    await wl1.create(CLUSTER_ROLES, {"metadata": {"name": name}, "rules": [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["create"]}]})
+    await wl1.create(CLUSTER_ROLE_BINDINGS, {
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": agent_install.service_account,
+                      "namespace": agent_install.namespace}]})
+    stranger = unique("stranger-node")
+    try:
+        with anyio.fail_after(60):  # until RBAC grants it (the authorizer's cache)
+            while True:
+                try:
+                    await agent.create(NODES, {"metadata": {"name": stranger}})
+                except ForbiddenError as e:
+                    if "may only modify the Node its pod runs on" in str(e):
+                        break
+                    await anyio.sleep(0.2)
+                    continue
+                raise AssertionError(f"the agent of {mine} created the Node {stranger}")
+        assert await wl1.get_or_none(NODES, stranger) is None
+    finally:
+        for res, obj in ((CLUSTER_ROLE_BINDINGS, name), (CLUSTER_ROLES, name)):
+            with contextlib.suppress(Exception):
+                await wl1.delete(res, obj)
+        with contextlib.suppress(Exception):
+            await wl1.delete(NODES, stranger)
