@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from fleet.artifacts import ArtifactResolver
 from fleet.config import FleetConfig
+from fleet.extension.activation import own_endpoint
 from fleet.extension.catalog import DISCOVERY_PATH, HANDLERS, hook_path
 from fleet.extension.handlers import ExtensionHandlers
 from fleet.extension.policyhold import policy_hold_from_config
@@ -258,7 +259,8 @@ def handlers_from_config(config: FleetConfig, *, mgmt: KubeClient,
             cluster_settings=config.for_cluster, tracer=tracer,
             node_policy=config.agent.node_policy(),
             policy_hold=policy_hold_from_config(config, mgmt),
-            drives=drives if drives is not None else extension_drives(config.extension, mgmt),
+            drives=drives if drives is not None else extension_drives(
+                mgmt, config.extension.mode, own_endpoint(config.extension)),
         ),
         mode=config.extension.mode,
     )

@@ -7,6 +7,11 @@ unit of dispatch; AlreadyExists means someone already dispatched, and we adopt t
 NodePlan whatever its source. This module never drives the NodePlan: the controller's
 NodePlan reconciler signals the node and mirrors its state into the NodePlan status;
 we only create it and read it (plus the workload Node, for the final check).
+
+The request is a hint: before anything is written, what it asks is checked against the
+stored objects (:mod:`fleet.extension.admission`), and the one write, the NodePlan, goes
+through the client the service is given (the replica's fenced client) under
+:func:`fleet.fence.writes_for` the Machine's cluster.
 """
 
 from __future__ import annotations
@@ -19,10 +24,10 @@ from typing import Any, Protocol
 from opentelemetry.trace import Tracer
 
 from fleet.artifacts import ArtifactResolver
-from fleet.config import ClusterSettings, ExtensionMode, ExtensionSettings
+from fleet.config import ClusterSettings, ExtensionMode
 from fleet.dispatch import create_or_adopt_nodeplan, nodeplan_to_dispatch
 from fleet.downloads import DownloadResolutionError
-from fleet.extension.activation import extension_active, own_endpoint
+from fleet.extension.activation import ExtensionEndpoint, extension_active
 from fleet.extension.admission import UpdateSubject, check_update_machine, refusal_message
 from fleet.extension.policyhold import PolicyHold
 from fleet.extension.progress import (
@@ -105,19 +110,20 @@ def workload_client_from_registry(registry: _Registry) -> WorkloadClientGetter:
     return get
 
 
-def extension_drives(settings: ExtensionSettings, mgmt: KubeClient) -> ExtensionDrives:
+def extension_drives(mgmt: KubeClient, mode: ExtensionMode | str,
+                     endpoint: ExtensionEndpoint | None = None) -> ExtensionDrives:
     """The activation rule the controller's sequencer uses to stand aside
     (:class:`fleet.extension.exclusion.ExtensionExclusion`), on the ExtensionConfigs as
-    they are now (one list per call)."""
-    mode = ExtensionMode(settings.mode)
-    endpoint = own_endpoint(settings)
+    they are now (one list per call in mode ``auto``). ``endpoint``: how our
+    ExtensionConfigs refer to us (:func:`fleet.extension.activation.own_endpoint`)."""
+    m = ExtensionMode(mode)
 
     async def drives(namespace: str, cluster: str) -> bool:
-        if mode is not ExtensionMode.AUTO:
-            return extension_active({}, [], mode)
+        if m is not ExtensionMode.AUTO:
+            return extension_active({}, [], m)
         configs = (await mgmt.list(EXTENSION_CONFIGS)).items
         return extension_active({"metadata": {"namespace": namespace, "name": cluster}},
-                                configs, mode, endpoint=endpoint)
+                                configs, m, endpoint=endpoint)
 
     return drives
 

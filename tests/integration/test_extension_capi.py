@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from fleet.artifacts import ArtifactResolver
 from fleet.clusters import kubeconfig_secret
-from fleet.config import DownloadSettings, ExtensionSettings, FleetConfig
+from fleet.config import DownloadSettings, FleetConfig
 from fleet.extension import (
     ExtensionHandlers,
     SecretWorkloadClients,
@@ -95,7 +95,7 @@ async def extension(mgmt: KubeClient, wl1: KubeClient,
     service = UpdateMachineService(
         mgmt=mgmt, workload_client=workload,
         artifacts=ArtifactResolver(DownloadSettings(digests={NEW: {"amd64": DIGEST}})),
-        drives=extension_drives(ExtensionSettings(mode="always"), mgmt),
+        drives=extension_drives(mgmt, "always"),
     )
     server = await start_extension_server(ExtensionHandlers(update=service),
                                           cert_file=str(cert), key_file=str(key),
@@ -119,7 +119,7 @@ async def config_driver(config: FleetConfig, mgmt: KubeClient, wl1: KubeClient,
     # every cluster on the extension path, whatever the config's extension.mode
     handlers = handlers_from_config(
         config, mgmt=mgmt, workload_client=workload,
-        drives=extension_drives(ExtensionSettings(mode="always"), mgmt))
+        drives=extension_drives(mgmt, "always"))
     server = await start_extension_server(handlers, cert_file=str(cert), key_file=str(key),
                                           host="127.0.0.1", port=0)
     try:

@@ -27,7 +27,6 @@ import pytest
 
 from fleet.config import FleetConfig
 from fleet.extension import handlers_from_config, start_extension_server
-from fleet.extension.admission import PENDING_HOOKS_ANNOTATION, UPDATE_IN_PROGRESS_ANNOTATION
 from fleet.extension.selfsigned import make_cert_pair
 from fleet.extension.wire import Hook
 from fleet.fence import write_cluster
@@ -44,7 +43,7 @@ from fleet.kube.resources import (
 )
 from fleet.model import ANN_WRITTEN_VERSION
 from fleet.signal import RUNNING_VERSION_KEY
-from tests.helpers.capi import CapiDriver, Extension
+from tests.helpers.capi import PENDING_HOOKS, UPDATE_IN_PROGRESS, CapiDriver, Extension
 from tests.helpers.names import unique
 
 pytestmark = pytest.mark.anyio
@@ -54,7 +53,7 @@ NEW = "v1.32.1+k0s.0"
 PATCH_AHEAD = "v1.32.2+k0s.0"
 TWO_AHEAD = "v1.34.1+k0s.0"
 DIGEST = "e" * 64
-FORGED = {UPDATE_IN_PROGRESS_ANNOTATION: "", PENDING_HOOKS_ANNOTATION: "UpdateMachine"}
+FORGED = {UPDATE_IN_PROGRESS: "", PENDING_HOOKS: "UpdateMachine"}  # CAPI's markers
 
 
 @dataclass
@@ -110,7 +109,9 @@ def config(namespace: str, mode: str) -> FleetConfig:
     """Digests pinned for every version the tests ask for: only the checks refuse."""
     return FleetConfig.model_validate({
         "management": {"namespace": namespace},
-        "extension": {"mode": mode},
+        # enabled as in production (the files are not read: the test serves its own)
+        "extension": {"enabled": True, "mode": mode, "certFile": "/unused/tls.crt",
+                      "keyFile": "/unused/tls.key"},
         "download": {"digests": {v: {"amd64": DIGEST}
                                  for v in (OLD, NEW, PATCH_AHEAD, TWO_AHEAD)}}})
 
