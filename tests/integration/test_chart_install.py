@@ -11,11 +11,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import yaml
 
 from fleet.kube import ForbiddenError, KubeClient
-from fleet.kube.resources import CONFIGMAPS, NODES, PODS, SERVICE_ACCOUNTS, Resource
+from fleet.kube.resources import CONFIGMAPS, NODES, PODS, SECRETS, SERVICE_ACCOUNTS, Resource
 from fleet.testing.world import World
 from tests.helpers.charts import (
     AGENT_CHART,
@@ -36,6 +37,7 @@ from tests.helpers.charts import (
     render,
 )
 from tests.helpers.names import unique
+from tests.helpers.rbac import service_account_token
 
 pytestmark = pytest.mark.anyio
 
@@ -279,3 +281,43 @@ async def test_agent_pod_needs_the_privileged_level(
         admitted = await wl2.create(PODS, _pod_from(m, unique("agent"), node),
                                     psa_namespaces["privileged"])
         assert admitted["spec"]["hostPID"] is True
+
+
+async def test_secret_read_is_cluster_wide_only_by_an_explicit_value(
+        crds_installed: World, mgmt: KubeClient, mgmt_kubeconfig: Path) -> None:
+    """Issue #29: with namespaces and rbac.secrets.clusterWide=false the controller's
+    identity reads Secrets there and nowhere else; without namespaces that value refuses
+    the install (the controller would watch Secrets in every namespace) and creates
+    nothing."""
+    ns, release, capi_ns = unique("kf-sec"), unique("k0s-fleet"), unique("capi")
+    await create_namespace(mgmt, capi_ns)
+    try:
+        out = await helm_cli("install", release, CONTROLLER_CHART, "--namespace", ns,
+                             "--create-namespace",
+                             "--set", f"fleet.clusters.namespaces[0]={capi_ns}",
+                             "--set", "rbac.secrets.clusterWide=false",
+                             "--kubeconfig", mgmt_kubeconfig)
+        assert "STATUS: deployed" in out
+        token = await service_account_token(mgmt, ns, release)
+        async with await crds_installed["mgmt"].client(token=token) as ctl:
+            with anyio.fail_after(30):  # the authorizer's cache learns the new binding
+                while True:
+                    try:
+                        await ctl.list(SECRETS, capi_ns)
+                        break
+                    except ForbiddenError:
+                        await anyio.sleep(0.2)
+            with pytest.raises(ForbiddenError):
+                await ctl.list(SECRETS)
+            with pytest.raises(ForbiddenError):
+                await ctl.list(SECRETS, ns)
+    finally:
+        await helm_cli("uninstall", release, "--namespace", ns, "--kubeconfig",
+                       mgmt_kubeconfig)
+    other = unique("k0s-fleet")
+    out = await helm_cli("install", other, CONTROLLER_CHART, "--namespace", ns,
+                         "--set", "rbac.secrets.clusterWide=false",
+                         "--kubeconfig", mgmt_kubeconfig, check=False)
+    assert "rbac.secrets.clusterWide=false" in out and "STATUS: deployed" not in out
+    assert await mgmt.get_or_none(CLUSTER_ROLE_BINDINGS, other) is None
+    assert await mgmt.get_or_none(CLUSTER_ROLES, other) is None
