@@ -4,7 +4,9 @@ Creates (or updates) one ``FleetUpgrade`` in the controller's namespace
 (``management.namespace``): "this fleet, or the clusters matching ``--selector``, go to
 VERSION". The controller does the rest as the fleet YAML's rollout policy allows (waves,
 windows, budgets) and writes the FleetUpgrade's status, which this command prints until
-it is ``Complete`` (exit 0) or ``Failed`` (exit 1), or ``--timeout`` passes (exit 3).
+it is ``Complete`` (exit 0) or ``Failed`` (exit 1: failed nodes, or k0s's version skew
+policy refuses a cluster), selects no cluster of the fleet (exit 1, at once), or
+``--timeout`` passes (exit 3).
 ``--no-wait`` returns once the object is written.
 """
 
@@ -64,6 +66,11 @@ def progress_line(obj: dict[str, Any]) -> str:
                                                     else ""))
 
 
+def reason_of(obj: dict[str, Any], ctype: str) -> str | None:
+    return next((c.get("reason") for c in (obj.get("status") or {}).get("conditions") or []
+                 if c.get("type") == ctype), None)
+
+
 def condition(obj: dict[str, Any], ctype: str) -> bool:
     return any(c.get("type") == ctype and c.get("status") == "True"
                for c in (obj.get("status") or {}).get("conditions") or [])
@@ -97,6 +104,12 @@ async def follow(mgmt: KubeClient, *, namespace: str, name: str, generation: int
         if current and condition(obj, "Complete"):
             return common.Exit.OK
         if current and condition(obj, "Failed"):
+            return common.Exit.FAILED
+        if current and reason_of(obj, "Complete") == "NoClusters":
+            # Nothing would ever move: say so now instead of waiting out --timeout.
+            print(f"k0s-fleet upgrade: FleetUpgrade {namespace}/{name} selects no cluster "
+                  "of the fleet (check its clusterSelector and the fleet YAML's clusters)",
+                  file=sys.stderr)
             return common.Exit.FAILED
         await anyio.sleep(poll)
 
