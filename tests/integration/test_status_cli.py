@@ -53,7 +53,10 @@ async def test_status_and_plan_commands_and_http(  # noqa: PLR0917 (fixtures)
     cfg_file = tmp_path / "fleet.yaml"
     cfg_file.write_text(yaml.safe_dump({
         "management": {"namespace": namespace, "kubeconfig": str(kubeconfig)},
-        "clusters": {"namespaces": [namespace]}, "rollout": {"waves": WAVES}}))
+        "clusters": {"namespaces": [namespace]}, "rollout": {"waves": WAVES},
+        # the scripted nodes download nothing (without a digest the skew rules refuse the
+        # FleetUpgrade's target before any write, and plan shows that instead)
+        "download": {"allowUnverified": True}}))
 
     plan_doc = json.loads(await _cli("plan", "--config", str(cfg_file), "--output", "json",
                                      "--now", "2026-03-02T12:00:00Z"))
@@ -115,7 +118,7 @@ async def test_controller_process_serves_status_metrics_and_health(
     cfg_file.write_text(yaml.safe_dump({
         "management": {"namespace": namespace, "kubeconfig": str(kubeconfig)},
         "clusters": {"namespaces": [namespace]}, "status": {"port": port},
-        "rollout": {"waves": WAVES}}))
+        "rollout": {"waves": WAVES}, "download": {"allowUnverified": True}}))
     log = (tmp_path / "controller.log").open("wb")
     proc = await anyio.open_process(
         [sys.executable, "-m", "fleet.cli", "controller", "--config", str(cfg_file),
