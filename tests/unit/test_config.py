@@ -124,7 +124,7 @@ def test_example_file_loads() -> None:
     assert cfg.rollout.waves[1].soak == timedelta(minutes=10)
     assert cfg.rollout.waves[2].failure_budget == FailureBudget(10, percent=True)
     assert cfg.agent.drain_timeout_action is DrainTimeoutAction.FAIL
-    assert cfg.extension.enabled
+    assert not cfg.extension.enabled  # set by the chart: commented out in the example
     assert cfg.clusters.entry_for("fleet-prod", "edge-01") is not None
     assert len(cfg.rollout.maintenance_windows) == 2
 
