@@ -1,46 +1,110 @@
-"""What the commands share: the fleet config from ``--config``/``--kubeconfig``/``--context``,
-one way to report a bad config, exit codes, and the management cluster's client."""
+"""What the commands share: the fleet config from ``--config``/``--kubeconfig``/``--context``/
+``--namespace``, one way to report a bad config, exit codes, and the management cluster's
+client.
+
+The management cluster's kubeconfig is found as kubectl finds it, first match wins:
+
+1. ``--kubeconfig FILE`` (the fleet YAML's ``management.kubeconfig`` /
+   ``K0S_FLEET_MANAGEMENT__KUBECONFIG`` when the flag is not given);
+2. ``$KUBECONFIG``: a ``:``-separated list of files, merged as kubectl merges them (files
+   that do not exist are skipped; clusters, contexts and users by name, the first file that
+   has a name wins; ``current-context`` from the first file that sets one; a relative path
+   in a file is relative to that file);
+3. the in-cluster service account (skipped when ``--context`` is given: it has no contexts);
+4. ``~/.kube/config``.
+
+``--context`` picks a context of whichever kubeconfig was found (default: its
+``current-context``). These files are the operator's own and trusted as before: unlike the
+workload clusters' kubeconfig Secrets (:mod:`fleet.kube.inline`) they may name files and
+exec plugins.
+
+``-n/--namespace`` is the controller's namespace (where FleetUpgrades live and the rollout
+ConfigMap is); it overrides ``management.namespace`` (default ``k0s-fleet-system``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from enum import IntEnum
+from pathlib import Path
+from typing import Any
 
 import anyio
+import yaml
 
 from fleet.config import FleetConfig
 from fleet.config_errors import ConfigError
 from fleet.config_loader import load_config
 from fleet.kube import KubeClient, KubeError
+from fleet.kube.light import KubeconfigError
 
 
 class Exit(IntEnum):
     OK = 0
-    FAILED = 1  # the command ran and failed (unreachable cluster, rollout not done, ...)
-    BAD_CONFIG = 2  # the fleet config or the agent settings are unusable
-    LOST_LEADERSHIP = 3  # the controller lost its Lease (its Pod restarts)
+    FAILED = 1  # the command ran and failed (unreachable cluster, upgrade Failed, ...)
+    BAD_CONFIG = 2  # bad input: arguments, the fleet config, a kubeconfig, no controller
     NOT_DONE = 3  # upgrade: not complete within --timeout
+    LOST_LEADERSHIP = 4  # the controller lost its Lease (its Pod restarts)
     INTERRUPTED = 130
 
 
+EXIT_CODES_HELP = """exit codes:
+  0    done (upgrade: the FleetUpgrade is Complete)
+  1    failed (unreachable cluster, API error; upgrade: Failed, or selects no cluster)
+  2    bad input: arguments, fleet config, kubeconfig, or no controller in the namespace
+  3    upgrade: not complete within --timeout
+  4    controller: lost its Lease (the Pod restarts)
+  130  interrupted (Ctrl-C)"""
+
+
+class BadInputError(Exception):
+    """Something the user gave (an argument, a kubeconfig) is unusable: exit 2."""
+
+
 def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
-    """--config, --kubeconfig and --context, as every fleet-side command takes them."""
+    """--config, --kubeconfig, --context and -n/--namespace, as every fleet-side command
+    takes them; the exit codes in the help's epilog."""
     p.add_argument("--config", help="fleet YAML (default: $K0S_FLEET_CONFIG, else defaults)")
     p.add_argument("--kubeconfig", help="management cluster kubeconfig (overrides the "
-                   "config's management.kubeconfig; default: in-cluster service account)")
-    p.add_argument("--context", help="kubeconfig context")
+                   "config's management.kubeconfig; default: $KUBECONFIG, else in-cluster "
+                   "service account, else ~/.kube/config)")
+    p.add_argument("--context", help="kubeconfig context (default: its current-context)")
+    p.add_argument("-n", "--namespace", help="the controller's namespace, where FleetUpgrades "
+                   "and the rollout ConfigMap live (overrides management.namespace; "
+                   "default k0s-fleet-system)")
+    add_exit_codes_epilog(p)
+
+
+def add_exit_codes_epilog(p: argparse.ArgumentParser) -> None:
+    p.epilog = EXIT_CODES_HELP
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+OUTPUT_FORMATS = ("text", "json", "yaml")
 
 
 def add_output_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    p.add_argument("-o", "--output", choices=OUTPUT_FORMATS, default="text",
+                   help="text, json or yaml (default: text)")
+
+
+def dump(doc: Any, output: str) -> str:
+    """``doc`` as ``json`` (indented) or ``yaml``, ending in a newline."""
+    if output == "yaml":
+        return str(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False))
+    import json  # noqa: PLC0415
+
+    return json.dumps(doc, indent=2) + "\n"
 
 
 def fleet_config(args: argparse.Namespace) -> FleetConfig:
     """The fleet config (``--config``, else ``$K0S_FLEET_CONFIG``, else defaults) with
-    ``--kubeconfig``/``--context`` applied. Raises :class:`ConfigError`."""
-    given = {k: v for k, v in (("kubeconfig", args.kubeconfig), ("context", args.context)) if v}
+    ``--kubeconfig``/``--context``/``--namespace`` applied. Raises :class:`ConfigError`."""
+    given = {k: v for k, v in (("kubeconfig", args.kubeconfig), ("context", args.context),
+                               ("namespace", getattr(args, "namespace", None))) if v}
     return load_config(args.config, overrides={"management": given} if given else None)
 
 
@@ -60,15 +124,16 @@ def run_command(command: str, main: Callable[[argparse.Namespace], Awaitable[int
                 args: argparse.Namespace, *, bad_input: tuple[type[Exception], ...] = (),
                 failures: tuple[type[Exception], ...] = ()) -> int:
     """``main(args)`` under anyio, its errors as exit codes with one line each on stderr:
-    a bad config (a line per problem) or ``bad_input`` is :attr:`Exit.BAD_CONFIG`; an
-    API error, an OS error, a ValueError or one of ``failures`` is :attr:`Exit.FAILED`;
-    Ctrl-C is :attr:`Exit.INTERRUPTED`."""
+    a bad config (a line per problem), a :class:`BadInputError` or ``bad_input`` is
+    :attr:`Exit.BAD_CONFIG`; an API error, an OS error, a ValueError or one of
+    ``failures`` is :attr:`Exit.FAILED`; Ctrl-C is :attr:`Exit.INTERRUPTED`."""
     failed: tuple[type[Exception], ...] = (KubeError, OSError, ValueError, *failures)
+    bad: tuple[type[Exception], ...] = (BadInputError, *bad_input)
     try:
         return anyio.run(main, args)
     except ConfigError as e:
         return report_config_error(command, e)
-    except bad_input as e:
+    except bad as e:
         print(f"k0s-fleet {command}: {e}", file=sys.stderr)
         return Exit.BAD_CONFIG
     except failed as e:
@@ -77,15 +142,118 @@ def run_command(command: str, main: Callable[[argparse.Namespace], Awaitable[int
         return Exit.INTERRUPTED
 
 
-async def management_client(config: FleetConfig) -> KubeClient:
-    """A client for the management cluster: ``management.kubeconfig`` (and context), else
-    the in-cluster service account."""
-    m = config.management
-    if m.kubeconfig:
-        return await KubeClient.from_kubeconfig_file(m.kubeconfig, name="management",
-                                                     context=m.context, transport="auto")
+# -- kubeconfig resolution ---------------------------------------------------------------
+
+_PATH_FIELDS = {"clusters": ("cluster", ("certificate-authority",)),
+                "users": ("user", ("client-certificate", "client-key", "tokenFile"))}
+
+
+def _absolute_paths(doc: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """``doc`` with its relative file paths made relative to ``base`` (as kubectl does for
+    each file of a merged list)."""
+    out = dict(doc)
+    for section, (inner, fields) in _PATH_FIELDS.items():
+        items = []
+        for item in doc.get(section) or []:
+            if not isinstance(item, Mapping) or not isinstance(item.get(inner), Mapping):
+                items.append(item)
+                continue
+            body = dict(item[inner])
+            for f in fields:
+                v = body.get(f)
+                if isinstance(v, str) and v and not Path(v).is_absolute():
+                    body[f] = str(base / v)
+            items.append({**item, inner: body})
+        if section in doc:
+            out[section] = items
+    return out
+
+
+def merge_kubeconfigs(docs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Merge kubeconfigs as kubectl merges ``$KUBECONFIG``: clusters, contexts and users by
+    name, the first file that has a name wins; ``current-context`` (and any other top-level
+    key) from the first file that sets it."""
+    merged: dict[str, Any] = {"apiVersion": "v1", "kind": "Config"}
+    named: dict[str, dict[str, Any]] = {"clusters": {}, "contexts": {}, "users": {}}
+    for doc in docs:
+        for key, value in doc.items():
+            if key in named:
+                for item in value or []:
+                    if isinstance(item, Mapping) and item.get("name") is not None:
+                        named[key].setdefault(str(item["name"]), dict(item))
+            elif value not in (None, "", {}, []) and merged.get(key) in (None, "", {}, []):
+                merged[key] = value
+    for key, items in named.items():
+        merged[key] = list(items.values())
+    return merged
+
+
+def _read_kubeconfig(path: Path) -> dict[str, Any]:
     try:
-        return KubeClient.in_cluster(name="management", transport="auto")
-    except Exception as e:  # KubeconfigError, or kubernetes_asyncio's ConfigException
-        raise ValueError("no management kubeconfig: pass --kubeconfig or set "
-                         f"management.kubeconfig (not running in a cluster: {e})") from None
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise BadInputError(f"kubeconfig {path}: cannot read it: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise BadInputError(f"kubeconfig {path}: not YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise BadInputError(f"kubeconfig {path}: not a kubeconfig (a YAML mapping)")
+    return data
+
+
+def kubeconfig_from_env(value: str) -> dict[str, Any] | None:
+    """``$KUBECONFIG`` (``value``) loaded and merged; None when it names no existing file."""
+    paths = [Path(p).expanduser() for p in value.split(os.pathsep) if p]
+    docs = [_absolute_paths(_read_kubeconfig(p), p.absolute().parent)
+            for p in paths if p.exists()]
+    return merge_kubeconfigs(docs) if docs else None
+
+
+def home_kubeconfig() -> Path:
+    return Path("~/.kube/config").expanduser()
+
+
+def find_kubeconfig(management: Any, environ: Mapping[str, str]
+                    ) -> tuple[dict[str, Any], Path | None] | None:
+    """The kubeconfig to use (steps 1, 2 and 4 of this module's docstring) and the
+    directory its relative paths are relative to; None for the in-cluster service account
+    (step 3). Raises :class:`BadInputError` when there is none or it is unusable."""
+    if management.kubeconfig:
+        path = Path(management.kubeconfig).expanduser().absolute()
+        return _read_kubeconfig(path), path.parent
+    merged = kubeconfig_from_env(environ["KUBECONFIG"]) if environ.get("KUBECONFIG") else None
+    if merged is not None:
+        return merged, None
+    if not management.context and in_cluster_available(environ):
+        return None
+    home = home_kubeconfig()
+    if home.exists():
+        return _read_kubeconfig(home), home.parent
+    raise BadInputError(
+        "no management kubeconfig: pass --kubeconfig, set $KUBECONFIG or "
+        "management.kubeconfig, or create ~/.kube/config"
+        + (" (--context given: the in-cluster service account has no contexts)"
+           if management.context else " (not running in a cluster)"))
+
+
+def in_cluster_available(environ: Mapping[str, str]) -> bool:
+    """Running in a Pod: the service account's environment as client-go checks it."""
+    return bool(environ.get("KUBERNETES_SERVICE_HOST") and environ.get("KUBERNETES_SERVICE_PORT"))
+
+
+async def management_client(config: FleetConfig, *,
+                            environ: Mapping[str, str] | None = None) -> KubeClient:
+    """A client for the management cluster, the kubeconfig found in the order of this
+    module's docstring (:func:`find_kubeconfig`). An unusable kubeconfig raises
+    :class:`BadInputError`."""
+    m = config.management
+    found = find_kubeconfig(m, os.environ if environ is None else environ)
+    try:
+        if found is None:
+            return KubeClient.in_cluster(name="management", transport="auto")
+        data, base_dir = found
+        return await KubeClient.from_kubeconfig(data, name="management", context=m.context,
+                                                transport="auto", base_dir=base_dir)
+    except KubeconfigError as e:
+        raise BadInputError(str(e)) from None

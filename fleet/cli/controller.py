@@ -344,6 +344,9 @@ def run(args: argparse.Namespace) -> int:
         return common.Exit.BAD_CONFIG
     try:
         return anyio.run(_main, args, config)
+    except common.BadInputError as e:  # no usable management kubeconfig
+        print(f"k0s-fleet controller: {e}", file=sys.stderr)
+        return common.Exit.BAD_CONFIG
     except BaseExceptionGroup as group:
         # An endpoint that cannot listen (its port taken): one line naming it, not the
         # task group's traceback.

@@ -9,7 +9,6 @@ nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -23,7 +22,7 @@ from fleet.kube.resources import EXTENSION_CONFIGS
 from fleet.model import ClusterKey
 from fleet.rollout.observe import observe
 from fleet.rollout.plan import dry_run, plan_document, render_plan
-from fleet.schedule import parse_duration
+from fleet.schedule import DurationError, parse_duration
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -65,12 +64,19 @@ async def _run(args: argparse.Namespace) -> int:
     config = common.fleet_config(args)
     now = datetime.now(UTC)
     if args.now:
-        now = datetime.fromisoformat(args.now.replace("Z", "+00:00"))
+        try:
+            now = datetime.fromisoformat(args.now.replace("Z", "+00:00"))
+        except ValueError as e:
+            raise common.BadInputError(f"--now: {e}") from None
         if now.tzinfo is None:
             now = now.replace(tzinfo=UTC)
+    try:
+        parse_duration(args.node_duration)
+    except DurationError as e:
+        raise common.BadInputError(f"--node-duration: {e}") from None
     doc = await fleet_plan(config, now=now, node_duration=args.node_duration)
-    if args.output == "json":
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    if args.output != "text":
+        sys.stdout.write(common.dump(doc, args.output))
     else:
         sys.stdout.write(render_plan(doc) + "\n")
     return common.Exit.OK

@@ -9,7 +9,6 @@ controller's own ``/status`` instead.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -24,7 +23,7 @@ from fleet.config import FleetConfig
 from fleet.rollout.gate import FleetView, RolloutGate
 from fleet.rollout.observe import observe
 from fleet.rollout.progress import clusters_from_snapshot
-from fleet.schedule import parse_duration
+from fleet.schedule import DurationError, parse_duration
 from fleet.status.model import build_status
 from fleet.status.view import render
 
@@ -64,14 +63,16 @@ async def _once(args: argparse.Namespace, config: FleetConfig | None) -> dict[st
 async def _run(args: argparse.Namespace) -> int:
     config = None if args.url else common.fleet_config(args)
     console = Console()
-    if args.output == "json":
-        doc = await _once(args, config)
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    try:
+        interval = parse_duration(args.interval).total_seconds()
+    except DurationError as e:
+        raise common.BadInputError(f"--interval: {e}") from None
+    if args.output != "text":
+        sys.stdout.write(common.dump(await _once(args, config), args.output))
         return common.Exit.OK
     if args.once:
         console.print(render(await _once(args, config)))
         return common.Exit.OK
-    interval = parse_duration(args.interval).total_seconds()
     with Live(console=console, auto_refresh=False, screen=False) as live:
         while True:
             live.update(render(await _once(args, config)), refresh=True)

@@ -1,13 +1,20 @@
 """``k0s-fleet upgrade VERSION``: ask the fleet for a k0s version, and follow it.
 
 Creates (or updates) one ``FleetUpgrade`` in the controller's namespace
-(``management.namespace``): "this fleet, or the clusters matching ``--selector``, go to
-VERSION". The controller does the rest as the fleet YAML's rollout policy allows (waves,
-windows, budgets) and writes the FleetUpgrade's status, which this command prints until
-it is ``Complete`` (exit 0) or ``Failed`` (exit 1: failed nodes, or k0s's version skew
-policy refuses a cluster), selects no cluster of the fleet (exit 1, at once), or
-``--timeout`` passes (exit 3).
+(``-n/--namespace``, else ``management.namespace``): "this fleet, or the clusters matching
+``--selector``, go to VERSION". The controller does the rest as the fleet YAML's rollout
+policy allows (waves, windows, budgets) and writes the FleetUpgrade's status, which this
+command prints until it is ``Complete`` (exit 0) or ``Failed`` (exit 1: failed nodes, or
+k0s's version skew policy refuses a cluster), selects no cluster of the fleet (exit 1, at
+once), or ``--timeout`` passes (exit 3). While it waits it prints a line whenever the status
+changes and at least every 30 seconds (the same line with the time waited), so a long soak
+does not look hung.
 ``--no-wait`` returns once the object is written.
+
+Before writing, it checks that a controller runs in that namespace (its rollout ConfigMap
+``k0s-fleet-rollout``, or one of its Leases ``k0s-fleet-*``): without one, nothing would
+ever read the FleetUpgrade, so it exits 2 naming the namespace (``--force`` writes anyway).
+Bad input (a version, a selector, a duration, a kubeconfig) exits 2.
 """
 
 from __future__ import annotations
@@ -15,15 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
 from fleet.cli import common
 from fleet.kube import AlreadyExistsError, KubeClient
-from fleet.kube.resources import FLEET_UPGRADES
+from fleet.kube.resources import CONFIGMAPS, FLEET_UPGRADES, LEASES
 from fleet.nodeplan import version_slug
-from fleet.schedule import parse_duration
+from fleet.rollout.annotations import ROLLOUT_CONFIGMAP
+from fleet.schedule import DurationError, parse_duration
 from fleet.selectors import LabelSelector, parse_label_selector
 from fleet.versions import InvalidVersionError, normalize
 
@@ -39,6 +48,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-wait", dest="wait", action="store_false",
                    help="write the FleetUpgrade and return")
     p.add_argument("--timeout", default="6h", help="how long to follow, e.g. 90m")
+    p.add_argument("--force", action="store_true",
+                   help="write the FleetUpgrade even if no controller runs in the namespace")
+
+HEARTBEAT_SECONDS = 30.0
+CONTROLLER_LEASE_PREFIX = "k0s-fleet"
+
+
+async def controller_present(mgmt: KubeClient, namespace: str) -> bool:
+    """Whether a k0s-fleet controller marks ``namespace`` as its own: its rollout ConfigMap,
+    or one of its Leases."""
+    if await mgmt.get_or_none(CONFIGMAPS, ROLLOUT_CONFIGMAP, namespace) is not None:
+        return True
+    leases = (await mgmt.list(LEASES, namespace)).items
+    return any(str((lease.get("metadata") or {}).get("name", "")).startswith(
+        CONTROLLER_LEASE_PREFIX) for lease in leases)
+
+
+def no_controller_message(namespace: str) -> str:
+    return (f"no k0s-fleet controller in namespace {namespace!r} (no ConfigMap "
+            f"{ROLLOUT_CONFIGMAP}, no k0s-fleet Lease): nothing would read the FleetUpgrade. "
+            "Choose the controller's namespace with -n/--namespace (or management.namespace "
+            "in the fleet YAML), or pass --force to write it anyway")
 
 
 def upgrade_object(name: str, namespace: str, version: str,
@@ -66,6 +97,60 @@ def progress_line(obj: dict[str, Any]) -> str:
                                                     else ""))
 
 
+def _elapsed(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 \
+        else f"{s // 60}m{s % 60:02d}s"
+
+
+@dataclass
+class Printer:
+    """What ``follow`` prints: a line (text) or document (json/yaml) when the status
+    changes, and at least every ``heartbeat`` seconds a reminder that it is still waiting
+    (text: the same line with the time waited, on stdout; json/yaml: on stderr, so the
+    documents stay parseable)."""
+
+    output: str = "text"
+    heartbeat: float = HEARTBEAT_SECONDS
+    started: float = 0.0
+    _last: str = ""
+    _printed_at: float | None = field(default=None, repr=False)
+
+    def render(self, obj: dict[str, Any]) -> str:
+        st = obj.get("status") or {}
+        if self.output == "json":
+            return json.dumps(st, sort_keys=True) + "\n"
+        if self.output == "yaml":
+            return "---\n" + common.dump(st, "yaml")
+        return progress_line(obj) + "\n"
+
+    def update(self, obj: dict[str, Any], now: float) -> tuple[str, str]:
+        """(for stdout, for stderr) at time ``now``; either may be empty."""
+        text = self.render(obj)
+        if text != self._last:
+            self._last, self._printed_at = text, now
+            return text, ""
+        if self._printed_at is not None and now - self._printed_at >= self.heartbeat:
+            self._printed_at = now
+            waited = _elapsed(now - self.started)
+            if self.output == "text":
+                return f"{text.rstrip()} (still waiting, {waited})\n", ""
+            return "", (f"k0s-fleet upgrade: still waiting ({waited}): "
+                        f"{progress_line(obj)}\n")
+        return "", ""
+
+    def waiting(self, now: float) -> str:
+        """For stderr, at most every ``heartbeat`` seconds, while the controller has not
+        yet observed the FleetUpgrade's generation."""
+        if self._printed_at is None:
+            self._printed_at = now
+        elif now - self._printed_at >= self.heartbeat:
+            self._printed_at = now
+            return ("k0s-fleet upgrade: still waiting for the controller to pick up the "
+                    f"FleetUpgrade ({_elapsed(now - self.started)})\n")
+        return ""
+
+
 def reason_of(obj: dict[str, Any], ctype: str) -> str | None:
     return next((c.get("reason") for c in (obj.get("status") or {}).get("conditions") or []
                  if c.get("type") == ctype), None)
@@ -89,18 +174,26 @@ async def apply_upgrade(mgmt: KubeClient, *, namespace: str, name: str, version:
 
 
 async def follow(mgmt: KubeClient, *, namespace: str, name: str, generation: int,
-                 out: Any = sys.stdout, as_json: bool = False, poll: float = 1.0) -> int:
-    """Print the FleetUpgrade's progress until Complete (0) or Failed (1)."""
-    last = ""
+                 out: Any = sys.stdout, as_json: bool = False, poll: float = 1.0,
+                 output: str | None = None, heartbeat: float = HEARTBEAT_SECONDS) -> int:
+    """Print the FleetUpgrade's progress until Complete (0) or Failed (1) (``output``: text,
+    json or yaml; at least every ``heartbeat`` seconds a line, see :class:`Printer`)."""
+    printer = Printer(output or ("json" if as_json else "text"), heartbeat,
+                      started=anyio.current_time())
     while True:
         obj = await mgmt.get(FLEET_UPGRADES, name, namespace)
         st = obj.get("status") or {}
         current = int(st.get("observedGeneration") or 0) >= generation
-        line = json.dumps(st, sort_keys=True) if as_json else progress_line(obj)
-        if current and line != last:
-            out.write(line + "\n")
-            out.flush()
-            last = line
+        if current:
+            to_out, to_err = printer.update(obj, anyio.current_time())
+            if to_out:
+                out.write(to_out)
+                out.flush()
+        else:
+            to_err = printer.waiting(anyio.current_time())
+        if to_err:
+            sys.stderr.write(to_err)
+            sys.stderr.flush()
         if current and condition(obj, "Complete"):
             return common.Exit.OK
         if current and condition(obj, "Failed"):
@@ -117,14 +210,22 @@ async def follow(mgmt: KubeClient, *, namespace: str, name: str, generation: int
 async def _run(args: argparse.Namespace) -> int:
     config = common.fleet_config(args)
     version = normalize(args.version)
-    selector: LabelSelector | None = parse_label_selector(args.selector) \
-        if args.selector else None
+    try:
+        selector: LabelSelector | None = parse_label_selector(args.selector) \
+            if args.selector else None
+    except ValueError as e:
+        raise common.BadInputError(f"--selector: {e}") from None
     raw_selector = selector.model_dump(mode="json", by_alias=True, exclude_defaults=True) \
         if selector is not None else None
-    timeout = parse_duration(args.timeout).total_seconds()
+    try:
+        timeout = parse_duration(args.timeout).total_seconds()
+    except DurationError as e:
+        raise common.BadInputError(f"--timeout: {e}") from None
     namespace = config.management.namespace
     name = args.name or default_name(version)
     async with await common.management_client(config) as mgmt:
+        if not args.force and not await controller_present(mgmt, namespace):
+            raise common.BadInputError(no_controller_message(namespace))
         obj = await apply_upgrade(mgmt, namespace=namespace, name=name, version=version,
                                   selector=raw_selector)
         print(f"fleetupgrade.fleet.k0s-fleet.io/{name} in {namespace}: "
@@ -135,7 +236,7 @@ async def _run(args: argparse.Namespace) -> int:
         with anyio.move_on_after(timeout):
             return await follow(mgmt, namespace=namespace, name=name,
                                 generation=int(obj["metadata"].get("generation") or 1),
-                                as_json=args.output == "json")
+                                output=args.output)
         print(f"k0s-fleet upgrade: not complete after {args.timeout}", file=sys.stderr)
         return common.Exit.NOT_DONE
 
