@@ -23,9 +23,8 @@ def no_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_exit_codes_are_distinct() -> None:
     codes = [e.value for e in common.Exit]
     assert len(codes) == len(set(codes)), common.Exit.__members__
-    assert common.Exit.BAD_CONFIG == 2
-    assert common.Exit.NOT_DONE == 3
-    assert common.Exit.LOST_LEADERSHIP == 4
+    assert (int(common.Exit.BAD_CONFIG), int(common.Exit.NOT_DONE),
+            int(common.Exit.LOST_LEADERSHIP)) == (2, 3, 4)
 
 
 def test_every_exit_code_in_the_help_epilog(capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,6 +13,7 @@ import yaml
 
 from fleet.cli import common
 from fleet.config import ManagementSettings
+from fleet.config_loader import load_config
 
 
 def kubeconfig(name: str, server: str, *, current: str | None = None,
@@ -135,10 +136,10 @@ async def test_management_client_from_merged_env_with_context(tmp_path: Path,
     two = write(tmp_path / "two.yaml", kubeconfig("two", "https://127.0.0.1:2"))
     environ = {"KUBECONFIG": os.pathsep.join([str(one), str(two)])}
     client = await common.management_client(
-        common.load_config(None, overrides={"management": {"context": "two"}}),
+        load_config(None, overrides={"management": {"context": "two"}}),
         environ=environ)
     await client.close()
     with pytest.raises(common.BadInputError, match="three"):
         await common.management_client(
-            common.load_config(None, overrides={"management": {"context": "three"}}),
+            load_config(None, overrides={"management": {"context": "three"}}),
             environ=environ)
