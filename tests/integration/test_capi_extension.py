@@ -36,6 +36,7 @@ from fleet.extension import (
 )
 from fleet.extension.exclusion import ExtensionExclusion
 from fleet.extension.selfsigned import make_cert_pair
+from fleet.extension.wire import ResponseStatus, UpdateMachineRequest, UpdateMachineResponse
 from fleet.kube import KubeClient, NotFoundError
 from fleet.kube.resources import (
     EXTENSION_CONFIGS,
@@ -89,6 +90,7 @@ class Running:
     controller: FleetController
     exclusion: ExtensionExclusion
     holds: list[str]  # what the UpdateMachine hook's policy check answered CAPI ("" = go)
+    refusals: list[str]  # the UpdateMachine hook's Failure answers to CAPI
 
 
 @contextlib.asynccontextmanager
@@ -121,6 +123,17 @@ async def fleet_with_extension(mgmt: KubeClient, config: FleetConfig, ns: str, t
             return why
 
         handlers.update.policy_hold = observed
+        refusals: list[str] = []
+        service = handlers.update
+        handle = service.handle
+
+        async def answered(req: UpdateMachineRequest) -> UpdateMachineResponse:
+            resp = await handle(req)
+            if resp.status == ResponseStatus.FAILURE:
+                refusals.append(resp.message)
+            return resp
+
+        service.handle = answered  # type: ignore[method-assign]
         server = await start_extension_server(handlers, cert_file=str(tls.cert),
                                               key_file=str(tls.key), host="127.0.0.1", port=0)
         try:
@@ -139,7 +152,7 @@ async def fleet_with_extension(mgmt: KubeClient, config: FleetConfig, ns: str, t
                     return exclusion.owns(ns, name)
 
                 await wait_for("CAPI to discover the extension", discovered)
-            yield Running(controller, exclusion, holds)
+            yield Running(controller, exclusion, holds, refusals)
         finally:
             await server.close()
             with contextlib.suppress(NotFoundError):
@@ -349,8 +362,9 @@ async def test_a_hand_edited_version_is_reported_and_the_real_capi_is_held(  # n
     """No FleetUpgrade: the controller adopts the MachineDeployment at what it says. A
     user then writes a version into it by hand; the real CAPI manager reacts (in place:
     CanUpdateMachineSet, then UpdateMachine), but the hook answers "not yet" because
-    k0s-fleet did not write that version, the MD carries K0sFleetVersionWriter=False with
-    a Warning Event, and no node starts."""
+    k0s-fleet did not write that version (not the fleet's target: refused, the FleetTarget
+    check), the MD carries K0sFleetVersionWriter=False with a Warning Event, and no node
+    starts."""
     env = await capi_envs.get(version, IN_PLACE_GATES)
     mgmt = env.client
     kubeconfig = crds_installed["wl1"].kubeconfig()
@@ -387,7 +401,8 @@ async def test_a_hand_edited_version_is_reported_and_the_real_capi_is_held(  # n
                 await wait_for("K0sFleetVersionWriter=False", reported)
 
                 async def capi_held() -> bool:
-                    return any("by someone else" in h for h in run.holds)
+                    return any(f"FleetTarget: the fleet's target for MachineDeployment "
+                               f"{cluster.md} is {V1}, not {V2}" in r for r in run.refusals)
 
                 # CAPI moved on to UpdateMachine; the hook refused to start the node.
                 await wait_for("CAPI's UpdateMachine held", capi_held, timeout=180)
