@@ -142,6 +142,8 @@ def cluster_versions(snapshot: Snapshot) -> dict[ClusterKey, list[str]]:
         v = o.written_version or o.object_version
         if v:
             out.setdefault((o.ref.namespace, o.cluster), []).append(v)
+        if isinstance(o, ControlPlaneInfo) and o.hosted and o.status_version:
+            out.setdefault((o.ref.namespace, o.cluster), []).append(o.status_version)
     return out
 
 

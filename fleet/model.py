@@ -30,6 +30,7 @@ from fleet.signal import (
     parse_autopilot_signal,
     parse_signal,
 )
+from fleet.versions import same_version
 
 ROLE_CONTROLLER = "controller"
 ROLE_WORKER = "worker"
@@ -39,6 +40,7 @@ EXECUTOR_AUTOPILOT = "autopilot"
 
 KIND_MD = "MachineDeployment"
 KIND_KCP = "K0sControlPlane"
+KIND_HOSTED_CP = "K0smotronControlPlane"  # k0smotron's hosted control plane (pods)
 KIND_WORKER_TEMPLATE = "K0sWorkerConfigTemplate"
 GROUP_BOOTSTRAP = "bootstrap.cluster.x-k8s.io"
 KIND_MACHINE = "Machine"
@@ -302,6 +304,20 @@ class ControlPlaneInfo(_VersionOwner):
     status: RolloutStatus = field(default_factory=RolloutStatus)
     spec_version: str | None = None  # spec.version as written in the object
     intent: ObjectRef | None = None  # the FleetUpgrade that sets ``version``
+    # A K0smotronControlPlane (hosted: the control plane runs as pods k0smotron rolls
+    # itself, no Machines): what k0smotron reports of it.
+    hosted: bool = False
+    status_version: str | None = None
+    ready_replicas: int = 0
+    status_replicas: int = 0
+
+    def hosted_on(self, target: str | None) -> bool:
+        """A hosted control plane k0smotron reports on ``target`` with every replica ready
+        (and no more replicas than wanted: the old pods are gone)."""
+        return (self.hosted and target is not None
+                and same_version(self.status_version, target)
+                and self.ready_replicas >= self.replicas
+                and self.status_replicas <= self.replicas)
 
 
 @dataclass(frozen=True, slots=True)
@@ -611,6 +627,27 @@ def control_plane_from(obj: Mapping[str, Any]) -> ControlPlaneInfo:
         status=_rollout_status(obj),
         spec_version=spec.get("version"),
     )
+
+
+def hosted_control_plane_from(obj: Mapping[str, Any]) -> ControlPlaneInfo:
+    """A K0smotronControlPlane: its cluster from Cluster API's cluster-name label (or the
+    owning Cluster), what k0smotron reports of its pods in ``status``."""
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    meta = _meta(obj)
+    labels = meta.get("labels") or {}
+    cluster = labels.get(LABEL_CLUSTER_NAME) or next(
+        (o.get("name") for o in meta.get("ownerReferences") or []
+         if isinstance(o, Mapping) and o.get("kind") == "Cluster"), "")
+    replicas = _int(spec.get("replicas"), 1)
+    return ControlPlaneInfo(
+        ref=_ref(KIND_HOSTED_CP, obj), cluster=str(cluster or ""), replicas=replicas,
+        version=spec.get("version"), annotations=_annotations(obj),
+        status=_rollout_status(obj), spec_version=spec.get("version"), hosted=True,
+        status_version=status.get("version") if isinstance(status.get("version"), str)
+        else None,
+        ready_replicas=_int(status.get("readyReplicas"), 0),
+        status_replicas=_int(status.get("replicas"), 0))
 
 
 def machine_from(obj: Mapping[str, Any], infra: InfraMachineInfo | None = None) -> MachineInfo:

@@ -20,6 +20,7 @@ from fleet.config import FleetConfig
 from fleet.intent import apply_intents, fleet_upgrade_from, resolve, target_of
 from fleet.model import (
     GROUP_BOOTSTRAP,
+    KIND_HOSTED_CP,
     KIND_WORKER_TEMPLATE,
     ROLE_CONTROLLER,
     ClusterInfo,
@@ -34,6 +35,7 @@ from fleet.model import (
     cluster_from,
     control_plane_from,
     deployment_from,
+    hosted_control_plane_from,
     machine_from,
     machine_set_from,
     nodeplan_from,
@@ -105,6 +107,8 @@ class ManagementObjects:
     fleet_upgrades: ObjectSource
     # k0smotron's K0sWorkerConfigTemplates (none where their CRD is not served)
     worker_templates: ObjectSource = Listed(KIND_WORKER_TEMPLATE)
+    # k0smotron's hosted control planes, K0smotronControlPlane (none where not served)
+    hosted_control_planes: ObjectSource = Listed(KIND_HOSTED_CP)
     # how many MachineDeployments (fleet-wide) reference each (namespace, template name);
     # None: count those in ``deployments``
     template_users: Mapping[tuple[str, str], int] | None = None
@@ -299,7 +303,10 @@ def build_snapshot(*, now: datetime, objects: ManagementObjects,
         deployments=with_worker_templates(
             objects, _fleet_objects(objects.deployments, deployment_from, clusters)),
         machine_sets=_fleet_objects(objects.machine_sets, machine_set_from, clusters),
-        control_planes=_fleet_objects(objects.control_planes, control_plane_from, clusters),
+        control_planes={
+            **_fleet_objects(objects.hosted_control_planes, hosted_control_plane_from,
+                             clusters),
+            **_fleet_objects(objects.control_planes, control_plane_from, clusters)},
         machines=machines,
         nodeplans=_fleet_objects(objects.nodeplans, nodeplan_from, clusters),
         nodes={key: nodes.get(key) for key in clusters},

@@ -42,6 +42,7 @@ from fleet.kube.resources import (
     CONTROL_NODES,
     K0S_CONTROL_PLANES,
     K0S_WORKER_CONFIG_TEMPLATES,
+    K0SMOTRON_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
     MACHINES,
@@ -55,6 +56,7 @@ from fleet.model import (
     ANN_PAUSED_FOR,
     ANN_WRITTEN_VERSION,
     KIND_CONTROL_NODE,
+    KIND_HOSTED_CP,
     KIND_KCP,
     KIND_MD,
     KIND_NODEPLAN,
@@ -108,7 +110,8 @@ log = logging.getLogger(__name__)
 OWNER_RESOURCES: dict[str, Resource] = {KIND_MD: MACHINE_DEPLOYMENTS, KIND_KCP: K0S_CONTROL_PLANES,
                                         KIND_NODEPLAN: NODE_PLANS, "Machine": MACHINES,
                                         "MachineSet": MACHINE_SETS,
-                                        KIND_WORKER_TEMPLATE: K0S_WORKER_CONFIG_TEMPLATES}
+                                        KIND_WORKER_TEMPLATE: K0S_WORKER_CONFIG_TEMPLATES,
+                                        KIND_HOSTED_CP: K0SMOTRON_CONTROL_PLANES}
 
 
 def _now() -> datetime:

@@ -30,6 +30,7 @@ from fleet.kube.resources import (
     FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
     K0S_WORKER_CONFIG_TEMPLATES,
+    K0SMOTRON_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
     MACHINES,
@@ -47,6 +48,7 @@ from fleet.model import (
     Snapshot,
     control_plane_from,
     deployment_from,
+    hosted_control_plane_from,
     machine_from,
     machine_set_from,
     nodeplan_from,
@@ -70,6 +72,7 @@ CAPI_CLUSTER_LABEL = "cluster.x-k8s.io/cluster-name"
 _PARSERS: dict[Resource, Callable[[KubeObject], Any]] = {
     MACHINE_DEPLOYMENTS: deployment_from, MACHINE_SETS: machine_set_from,
     K0S_CONTROL_PLANES: control_plane_from, MACHINES: machine_from, NODE_PLANS: nodeplan_from,
+    K0SMOTRON_CONTROL_PLANES: hosted_control_plane_from,
 }
 
 
@@ -314,6 +317,7 @@ class FleetParts:
         """The management objects of one cluster."""
         def subset(res: Resource) -> _Subset:
             return _Subset(self.caches[res], frozenset(self._index[res].get(key, ())))
+        hosted = self.caches.get(K0SMOTRON_CONTROL_PLANES)
         templates = self.caches.get(K0S_WORKER_CONFIG_TEMPLATES)
         wanted = {found[0] for md in self._index[MACHINE_DEPLOYMENTS].get(key, ())
                   if (found := self._md_template.get(md)) is not None}
@@ -323,7 +327,9 @@ class FleetParts:
             nodeplans=subset(NODE_PLANS), fleet_upgrades=self.caches[FLEET_UPGRADES],
             worker_templates=_Subset(templates, frozenset(wanted)) if templates is not None
             else Listed(K0S_WORKER_CONFIG_TEMPLATES.kind),
-            template_users={t: sum(self._template_users[t].values()) for t in wanted})
+            template_users={t: sum(self._template_users[t].values()) for t in wanted},
+            hosted_control_planes=subset(K0SMOTRON_CONTROL_PLANES) if hosted is not None
+            else Listed(K0SMOTRON_CONTROL_PLANES.kind))
 
     def info(self, key: ClusterKey) -> ClusterInfo:
         """The member's ClusterInfo, with its workload API server's outage if any."""

@@ -61,6 +61,12 @@ EXTENSION_CONFIGS = Resource("runtime.cluster.x-k8s.io", "v1beta2", "extensionco
 # k0smotron
 K0S_CONTROL_PLANES = Resource("controlplane.cluster.x-k8s.io", "v1beta2", "k0scontrolplanes",
                               "K0sControlPlane", namespaced=True)
+# k0smotron's hosted control plane (its main mode: the control plane runs as pods in the
+# management cluster, no Machines): spec.version, status.version, status.replicas,
+# status.readyReplicas
+K0SMOTRON_CONTROL_PLANES = Resource("controlplane.cluster.x-k8s.io", "v1beta2",
+                                    "k0smotroncontrolplanes", "K0smotronControlPlane",
+                                    namespaced=True)
 # the worker bootstrap template: spec.template.spec.version, when set, is the k0s version
 # new worker Machines install (else the Machine's spec.version)
 K0S_WORKER_CONFIG_TEMPLATES = Resource("bootstrap.cluster.x-k8s.io", "v1beta2",

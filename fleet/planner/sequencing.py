@@ -71,6 +71,13 @@ from fleet.versions import K0sVersion, valid_version
 CONTROL_PLANE_BUSY = "another control plane is being upgraded"
 
 
+def hosted_wait(kcp: ControlPlaneInfo, target: str | None) -> str:
+    """Why a hosted control plane is not done yet (what its workers are held for)."""
+    return (f"waiting for k0smotron to run hosted control plane {kcp.ref.name} on {target} "
+            f"with every replica ready (it reports {kcp.status_version or 'no version'}, "
+            f"{kcp.ready_replicas}/{kcp.replicas} ready)")
+
+
 def _held(step: VersionStep, driver: OtherDriver | None, policy_hold: str | None) -> str:
     """Why no node starts although one could: the version writer waits, another driver
     holds the cluster, or the fleet policy does ("" when none of them)."""
@@ -158,15 +165,18 @@ class Sequencing(PassState):
     def _report(self, owner: ControlPlaneInfo | MachineDeploymentInfo, st: OwnerState,
                 budget: UnavailabilityBudget, *, dispatched: list[str], waiting: str,
                 budget_problem: tuple[str, str] | None, step: VersionStep,
-                driver: OtherDriver | None, done_note: str = "") -> None:
-        """The object's rollout status and this pass' decision for it."""
+                driver: OtherDriver | None, done_note: str = "",
+                total: int | None = None) -> None:
+        """The object's rollout status and this pass' decision for it. ``total``: how many
+        it counts when not its Machines (a hosted control plane's replicas)."""
         # This pass adopts the object's version (RecordWrittenVersion): its conditions
         # change again once that lands ("adopting" -> written), a pass later; its status
         # and the Events that go with a status change are written once, then (a fresh
         # fleet: one status write per object, not two).
         adopting = any(isinstance(a, RecordWrittenVersion) for a in step.actions)
         counts = RolloutCounts(
-            target_version=st.target, updated=st.updated, total=len(st.live),
+            target_version=st.target, updated=st.updated,
+            total=len(st.live) if total is None else total,
             in_flight=len(st.in_flight), failed=len(st.failed),
             unavailable=len(st.unavailable) + st.missing + len(dispatched),
             max_unavailable=budget.limit, not_in_place=len(st.not_in_place), halted=st.halted)
@@ -180,7 +190,34 @@ class Sequencing(PassState):
                                        counts.unavailable, budget.limit, tuple(dispatched),
                                        waiting))
 
+    def _hosted_control_plane(self, kcp: ControlPlaneInfo) -> None:
+        """A K0smotronControlPlane: k0smotron runs the control plane as pods and rolls them
+        itself. k0s-fleet writes its version (unpaused, as the cluster's control-plane
+        step, when the rollout policy admits the cluster and k0s's skew rules allow it) and
+        then waits for k0smotron to report it with every replica ready; the cluster's
+        workers are held until then (:meth:`_workers_blocked`)."""
+        st = self._owner_state(kcp, lambda m: control_plane_eligibility(m, kcp))
+        if st is None:
+            return
+        cluster = st.cluster
+        blocked = (f"Cluster {kcp.cluster} not found" if cluster is None
+                   else f"Cluster {kcp.cluster} is paused" if cluster.paused else "")
+        policy_hold = self.hold(st.ckey, kcp.ref)
+        if isinstance(policy_hold, ExtensionDrives):
+            policy_hold = policy_hold.inner
+        step = version_step(kcp, hold=policy_hold, write_blocked=blocked, pause=False,
+                            skew=self._skew(kcp, st.target))
+        self.emit(*step.actions)
+        done = kcp.hosted_on(st.target)
+        st.updated = kcp.replicas if done else 0
+        waiting = step.waiting or ("" if done else hosted_wait(kcp, st.target))
+        self._report(kcp, st, UnavailabilityBudget.one(), dispatched=[], waiting=waiting,
+                     budget_problem=None, step=step, driver=None, total=kcp.replicas)
+
     def _control_plane(self, kcp: ControlPlaneInfo) -> None:
+        if kcp.hosted:
+            self._hosted_control_plane(kcp)
+            return
         # A Completed NodePlan counts while its Machine's spec.version write lands.
         st = self._owner_state(kcp, lambda m: control_plane_eligibility(
             as_recorded_control_plane(m, kcp, self.completed.get((m.ref.namespace,
@@ -254,6 +291,9 @@ class Sequencing(PassState):
             return None
         ckey = (owner.ref.namespace, owner.cluster)
         mine, cps, workers = [owner.written_version], [], []
+        if isinstance(owner, ControlPlaneInfo) and owner.hosted:
+            mine.append(owner.status_version)
+        cps += [k.status_version for k in self.kcps_by_cluster.get(ckey, ()) if k.hosted]
         for m in self.machines_by_cluster.get(ckey, ()):
             if m.deleting or not m.version:
                 continue
@@ -282,6 +322,13 @@ class Sequencing(PassState):
         oldest: K0sVersion | None = None
         for kcp in cps:
             kt = valid_version(kcp.version)
+            if kcp.hosted:
+                if kt is None or not kcp.hosted_on(kt) or not same_version(
+                        kcp.object_version, kt):
+                    return hosted_wait(kcp, kt or kcp.version)
+                v = K0sVersion.parse(kt)
+                oldest = v if oldest is None or v < oldest else oldest
+                continue
             for m in self.machines_by_owner.get(kcp.ref, []):
                 if m.deleting:
                     continue

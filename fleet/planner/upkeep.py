@@ -320,6 +320,8 @@ class NodePlanUpkeep(PassState):
         if p.role == ROLE_CONTROLLER:
             down: list[str] = []
             for kcp in self.kcps_by_cluster.get(ckey, []):
+                if kcp.hosted:
+                    continue  # its pods are k0smotron's, not nodes of the cluster
                 machines = self.machines_by_owner.get(kcp.ref, [])
                 down += [f"{m.ref.name} {r}" for m in machines if m.ref.name != p.machine
                          and (r := self._machine_unavailable(

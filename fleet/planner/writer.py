@@ -207,6 +207,7 @@ def template_step(md: MachineDeploymentInfo) -> TemplateStep:
 EXECUTOR_PAUSED_IN_PLACE = "paused-in-place"
 EXECUTOR_CAPI_IN_PLACE = "capi-in-place"
 EXECUTOR_ON_DELETE = "capi-on-delete"
+EXECUTOR_HOSTED = "k0smotron-hosted"
 
 
 def executor_of(obj: Owner, *, capi_drives: bool = False) -> tuple[str, str]:
@@ -223,6 +224,12 @@ def executor_of(obj: Owner, *, capi_drives: bool = False) -> tuple[str, str]:
                 "rollout strategy OnDelete: k0s-fleet writes the version unpaused when the "
                 "rollout policy admits the cluster and upgrades no node in place; Cluster API "
                 "replaces each Machine you delete with one on the new version")
+    if isinstance(obj, ControlPlaneInfo) and obj.hosted:
+        return (EXECUTOR_HOSTED,
+                "a hosted control plane (k0smotron runs it as pods in the management "
+                "cluster): k0s-fleet writes its version when the rollout policy admits the "
+                "cluster and waits for k0smotron to report it with every replica ready; the "
+                "cluster's workers are held until then")
     if isinstance(obj, ControlPlaneInfo):
         return (EXECUTOR_PAUSED_IN_PLACE,
                 "k0s-fleet pauses k0smotron (cluster.x-k8s.io/paused) with the version it "

@@ -29,6 +29,7 @@ from fleet.kube.resources import (
     FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
     K0S_WORKER_CONFIG_TEMPLATES,
+    K0SMOTRON_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
     MACHINES,
@@ -127,11 +128,16 @@ async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None
         templates = await listed(K0S_WORKER_CONFIG_TEMPLATES)
     except NotFoundError:
         templates = Listed(K0S_WORKER_CONFIG_TEMPLATES.kind)  # k0smotron's bootstrap CRD absent
+    try:
+        hosted = await listed(K0SMOTRON_CONTROL_PLANES)
+    except NotFoundError:
+        hosted = Listed(K0SMOTRON_CONTROL_PLANES.kind)  # no hosted control planes served
     objects = ManagementObjects(
         deployments=await listed(MACHINE_DEPLOYMENTS), machine_sets=await listed(MACHINE_SETS),
         control_planes=await listed(K0S_CONTROL_PLANES), machines=await listed(MACHINES),
         nodeplans=await listed(NODE_PLANS),
-        fleet_upgrades=Listed(FLEET_UPGRADES.kind, upgrades), worker_templates=templates)
+        fleet_upgrades=Listed(FLEET_UPGRADES.kind, upgrades), worker_templates=templates,
+        hosted_control_planes=hosted)
     infra = await InfraMachines(mgmt).for_machines(
         control_planes_needing_infra(objects, clusters))
 

@@ -536,6 +536,8 @@ def _object_progress(
 ) -> ObjectProgress:
     ref = ObjectRef(obj.ref.kind, obj.ref.namespace, obj.ref.name)
     target = valid_version(obj.version)
+    if isinstance(obj, ControlPlaneInfo) and obj.hosted:
+        return _hosted_progress(obj, ref, target)
     mine = sorted(machines.get((ref.kind, ref.namespace, ref.name), []),
                   key=MachineInfo.sort_key)
     for_target = [p for p in plans.get((ref.namespace, ref.kind, ref.name), [])
@@ -561,6 +563,29 @@ def _object_progress(
     halted = any(c.type == HALTED and c.status == "True" for c in obj.status.conditions)
     return ObjectProgress(ref=ref, target=target, replicas=obj.replicas, nodes=tuple(progress),
                           started=bool(for_target), halted=halted,
+                          paused=switch(obj.annotations, ANN_PAUSED))
+
+
+def _hosted_progress(obj: ControlPlaneInfo, ref: ObjectRef, target: str | None
+                     ) -> ObjectProgress:
+    """A hosted control plane's progress, one entry per replica, from what k0smotron
+    reports: up to date when it runs the target with every replica ready, upgrading once
+    k0s-fleet wrote the target (k0smotron rolls its pods), waiting before that."""
+    written = target is not None and same_version(obj.object_version, target) \
+        and same_version(obj.written_version, target)
+    if obj.hosted_on(target):
+        state, message = NodeState.UP_TO_DATE, ""
+    elif written:
+        state, message = NodeState.UPGRADING, (
+            f"k0smotron reports {obj.status_version or 'no version'}, "
+            f"{obj.ready_replicas}/{obj.replicas} ready")
+    else:
+        state, message = NodeState.WAITING, ""
+    nodes = tuple(NodeProgress(f"{ref.name}-{i}", "", state, obj.status_version,
+                               message=message) for i in range(obj.replicas))
+    halted = any(c.type == HALTED and c.status == "True" for c in obj.status.conditions)
+    return ObjectProgress(ref=ref, target=target, replicas=obj.replicas, nodes=nodes,
+                          started=written, halted=halted,
                           paused=switch(obj.annotations, ANN_PAUSED))
 
 

@@ -27,7 +27,13 @@ import anyio
 import anyio.abc
 
 from fleet.kube import AlreadyExistsError, KubeClient, KubeError
-from fleet.kube.resources import AUTOPILOT_PLANS, CLUSTERS, K0S_CONTROL_PLANES, MACHINES
+from fleet.kube.resources import (
+    AUTOPILOT_PLANS,
+    CLUSTERS,
+    K0S_CONTROL_PLANES,
+    K0SMOTRON_CONTROL_PLANES,
+    MACHINES,
+)
 from fleet.kube.watch import Reflector, WatchEvent
 from fleet.model import ANN_CAPI_PAUSED, LABEL_CLUSTER_NAME
 from fleet.versions import InvalidVersionError, K0sVersion
@@ -145,4 +151,65 @@ class K0smotronStandIn:
             await self.workload.create(AUTOPILOT_PLANS, body)
 
 
-__all__ = ["K0smotronStandIn", "Sighting"]
+
+
+@dataclass
+class HostedControlPlaneStandIn:
+    """STAND-IN for k0smotron's hosted control plane (K0smotronControlPlane): k0s runs as
+    pods in the management cluster, rolled by k0smotron itself. Written from k0smotron
+    v2.1.0's documented API only (no code of k0smotron's): it skips an object carrying
+    ``cluster.x-k8s.io/paused``; on a ``spec.version`` other than ``status.version`` it
+    replaces its pods one at a time (``status.readyReplicas`` one short while a pod is
+    replaced) and then reports ``status.version``, with ``status.replicas`` and
+    ``status.readyReplicas`` both ``spec.replicas``. ``history`` keeps every status it
+    wrote, for the tests' skew watchers."""
+
+    mgmt: KubeClient
+    namespace: str
+    step_seconds: float = 0.2
+    history: list[tuple[str, str | None, int]] = field(default_factory=list)
+    rolled: list[tuple[str, str]] = field(default_factory=list)  # (name, version) finished
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        started = False
+        while True:
+            try:
+                items = (await self.mgmt.list(K0SMOTRON_CONTROL_PLANES, self.namespace)).items
+            except KubeError as e:
+                log.warning("hosted control plane stand-in: %s", e)
+                items = []
+            if not started:
+                task_status.started()
+                started = True
+            for obj in items:
+                await self._reconcile(obj)
+            await anyio.sleep(0.05)
+
+    async def _status(self, name: str, status: dict[str, Any]) -> None:
+        await self.mgmt.patch(K0SMOTRON_CONTROL_PLANES, name, {"status": status},
+                              self.namespace, subresource="status")
+        self.history.append((name, status.get("version"), int(status.get("readyReplicas", -1))))
+
+    async def _reconcile(self, obj: dict[str, Any]) -> None:
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        status = obj.get("status") or {}
+        name = meta["name"]
+        if ANN_CAPI_PAUSED in (meta.get("annotations") or {}):
+            return
+        version, replicas = spec.get("version"), int(spec.get("replicas") or 1)
+        if not version or status.get("version") == version:
+            return
+        old = status.get("version")
+        for _ in range(replicas):  # one pod at a time
+            await self._status(name, {"version": old, "replicas": replicas,
+                                      "readyReplicas": replicas - 1})
+            await anyio.sleep(self.step_seconds)
+            await self._status(name, {"version": old, "replicas": replicas,
+                                      "readyReplicas": replicas})
+        await self._status(name, {"version": version, "replicas": replicas,
+                                  "readyReplicas": replicas, "ready": True})
+        self.rolled.append((name, str(version)))
+
+
+__all__ = ["HostedControlPlaneStandIn", "K0smotronStandIn", "Sighting"]

@@ -189,8 +189,14 @@ async def policy_controller(mgmt: KubeClient, config: FleetConfig, **kw: Any
                              default_namespace=config.management.namespace)
     policy = RolloutPolicy(mgmt, config, recorder=recorder)
     async with running_controller(mgmt, config, recorder=recorder, policy=policy,
-                                  **kw) as controller:
-        yield controller
+                                  **kw) as controller, anyio.create_task_group() as tg:
+        # the gate's wake-ups (a soak's end, a window opening), as the entry point pokes
+        # the controller with them (fleet/cli/controller.py): no watch event announces them
+        tg.start_soon(policy.wakeups, controller.trigger.poke, controller.clock)
+        try:
+            yield controller
+        finally:
+            tg.cancel_scope.cancel()
 
 
 def intent_config(namespace: str) -> FleetConfig:

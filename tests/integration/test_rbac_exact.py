@@ -231,6 +231,13 @@ CONTROLLER_UNUSED_OK = {
     ("cluster.x-k8s.io", "machines", "get"): "re-read after a write conflict",
     ("cluster.x-k8s.io", "machinesets", "get"): "re-read after a write conflict",
     ("controlplane.cluster.x-k8s.io", "k0scontrolplanes", "get"): "re-read after a conflict",
+    # hosted control planes: written only where a cluster has one (not in this scenario)
+    ("controlplane.cluster.x-k8s.io", "k0smotroncontrolplanes", "get"):
+        "re-read after a write conflict",
+    ("controlplane.cluster.x-k8s.io", "k0smotroncontrolplanes", "patch"):
+        "a hosted control plane's version (none in this scenario)",
+    ("controlplane.cluster.x-k8s.io", "k0smotroncontrolplanes/status", "patch"):
+        "a hosted control plane's conditions (none in this scenario)",
     ("bootstrap.cluster.x-k8s.io", "k0sworkerconfigtemplates", "get"):
         "re-read after a write conflict",
     ("fleet.k0s-fleet.io", "nodeplans", "get"): "read after AlreadyExists / unsure create",

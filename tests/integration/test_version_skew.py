@@ -17,15 +17,17 @@ from fleet.config import FleetConfig
 from fleet.events import list_events
 from fleet.kube import KubeClient
 from fleet.kube.resources import (
+    CLUSTERS,
     FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
+    K0SMOTRON_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
     MACHINES,
     NODE_PLANS,
 )
 from fleet.model import ANN_WRITTEN_VERSION
 from fleet.testing.capi import ensure_infra_crd
-from fleet.testing.k0smotron import K0smotronStandIn
+from fleet.testing.k0smotron import HostedControlPlaneStandIn, K0smotronStandIn
 from fleet.testing.responder import NodeResponder
 from fleet.testing.world import World
 from tests.helpers.capienv import wait_for
@@ -181,3 +183,129 @@ async def test_a_fleet_upgrade_two_minors_ahead_climbs_one_minor_at_a_time(
     # every node went through the rung, then the target: two NodePlans each
     assert sorted(p["spec"]["version"] for p in plans) == sorted(
         ["v1.32.5+k0s.0"] * len(fc.machines) + [target] * len(fc.machines))
+
+
+class FleetSkewWatcher(SkewWatcher):
+    """:class:`SkewWatcher` over several clusters, the hosted control planes included
+    (their version is what k0smotron reports in status.version)."""
+
+    def __init__(self, clusters: list[str]) -> None:
+        super().__init__("")
+        self.per_cluster = {c: SkewWatcher(c) for c in clusters}
+
+    def observe(self, m: dict[str, Any]) -> None:
+        w = self.per_cluster.get((m.get("spec") or {}).get("clusterName") or "")
+        if w is not None:
+            w.observe(m)
+            self.violations = [v for w in self.per_cluster.values() for v in w.violations]
+
+    def observe_hosted(self, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        cluster = (meta.get("labels") or {}).get("cluster.x-k8s.io/cluster-name") or ""
+        version = (obj.get("status") or {}).get("version")
+        w = self.per_cluster.get(cluster)
+        if w is None or not version:
+            return
+        w.observe({"metadata": {"name": meta["name"],
+                                "labels": {"cluster.x-k8s.io/control-plane": ""}},
+                   "spec": {"clusterName": cluster, "version": version}})
+        self.violations = [v for w in self.per_cluster.values() for v in w.violations]
+
+    async def run(self, mgmt: KubeClient, namespace: str, *,
+                  task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        started = False
+        while True:
+            for obj in (await mgmt.list(K0SMOTRON_CONTROL_PLANES, namespace)).items:
+                self.observe_hosted(obj)
+            for m in (await mgmt.list(MACHINES, namespace)).items:
+                self.observe(m)
+            if not started:
+                task_status.started()
+                started = True
+            await anyio.sleep(0.05)
+
+
+async def test_two_clusters_in_waves_one_hosted_climb_two_minors_within_the_skew_rules(
+        world: World, mgmt: KubeClient, wl1: KubeClient, infra_crd: None,
+        namespace: str) -> None:
+    """Issue #30's proof on the test world: v1.30 -> v1.32 over two clusters in two waves,
+    one with k0smotron's hosted control plane (its stand-in). The hosted version is the
+    cluster's control-plane step; its workers wait for k0smotron to report it with every
+    replica ready; every rung completes before the next; an independent watcher checks the
+    skew rules at every change; the run ends on v1.32 everywhere."""
+    old, rung, target = "v1.30.9+k0s.0", "v1.31.5+k0s.0", "v1.32.1+k0s.0"
+    a = await small_cluster(mgmt, wl1, world, namespace, prefix="wa", control_planes=1,
+                            workers=2, version=old)
+    b = await small_cluster(mgmt, wl1, world, namespace, prefix="wb", control_planes=0,
+                            workers=2, version=old)
+    await mgmt.patch(CLUSTERS, a.name, {"metadata": {"labels": {"ring": "canary"}}}, namespace)
+    hosted = f"{b.name}-hcp"
+    await mgmt.create(K0SMOTRON_CONTROL_PLANES, {
+        "apiVersion": K0SMOTRON_CONTROL_PLANES.api_version,
+        "kind": K0SMOTRON_CONTROL_PLANES.kind,
+        "metadata": {"name": hosted, "namespace": namespace,
+                     "labels": {"cluster.x-k8s.io/cluster-name": b.name}},
+        "spec": {"version": old, "replicas": 2}}, namespace)
+    await mgmt.patch(K0SMOTRON_CONTROL_PLANES, hosted,
+                     {"status": {"version": old, "replicas": 2, "readyReplicas": 2}},
+                     namespace, subresource="status")
+    base = intent_config(namespace).model_dump(mode="json", by_alias=True)
+    base["download"]["releases"] = [rung, "v1.31.2+k0s.0"]
+    base["rollout"]["waves"] = [{"name": "canary", "canary": True, "soakSeconds": "1s",
+                                 "clusterSelector": {"matchLabels": {"ring": "canary"}}}]
+    cfg = FleetConfig.model_validate(base)
+    watcher = FleetSkewWatcher([a.name, b.name])
+    k0smotron = K0smotronStandIn(mgmt, namespace)
+    hosted_standin = HostedControlPlaneStandIn(mgmt, namespace, step_seconds=0.2)
+    machines = set(a.machines) | set(b.machines)
+    responder = NodeResponder(wl1, step_seconds=0.1, only=lambda n: n in machines)
+    obj = await apply_upgrade(mgmt, namespace=namespace, name="two-minors", version=target,
+                              selector=None)
+    async with anyio.create_task_group() as tg:
+        await tg.start(watcher.run, mgmt, namespace)
+        await tg.start(k0smotron.run)
+        await tg.start(hosted_standin.run)
+        await tg.start(responder.run)
+        async with policy_controller(mgmt, cfg):
+            out = _Lines()
+            try:
+                with anyio.fail_after(300):
+                    rc = await follow(mgmt, namespace=namespace, name="two-minors",
+                                      generation=obj["metadata"]["generation"], out=out,
+                                      poll=0.2)
+            except TimeoutError:
+                raise AssertionError(f"not complete: {out.lines[-3:]}") from None
+            assert rc == Exit.OK, out.lines[-5:]
+        tg.cancel_scope.cancel()
+    for m in (await mgmt.list(MACHINES, namespace)).items:
+        watcher.observe(m)
+    assert watcher.violations == [], watcher.violations[:5]
+    versions = {name: v for w in watcher.per_cluster.values()
+                for name, (_, v) in w.versions.items()}
+    assert set(versions.values()) == {target}, versions
+    assert set(versions) >= machines | {hosted}
+    # k0smotron rolled the hosted control plane once per rung, and no worker of its
+    # cluster started a rung before it reported that rung with every replica ready
+    assert hosted_standin.rolled == [(hosted, rung), (hosted, target)]
+    plans = (await mgmt.list(NODE_PLANS, namespace)).items
+    b_plans = sorted(p["spec"]["version"] for p in plans if p["spec"]["clusterName"] == b.name)
+    assert b_plans == sorted([rung] * 2 + [target] * 2)
+    assert k0smotron.sightings == []
+
+
+async def test_an_upgrade_that_selects_no_cluster_ends_at_once(
+        world: World, mgmt: KubeClient, wl1: KubeClient, infra_crd: None,
+        namespace: str) -> None:
+    """Issue #30 "no silent stalls": a selector that matches no cluster ended `k0s-fleet
+    upgrade` only after its six-hour timeout; now at once, non-zero, saying why."""
+    await small_cluster(mgmt, wl1, world, namespace, prefix="none", control_planes=0,
+                        workers=1)
+    obj = await apply_upgrade(mgmt, namespace=namespace, name="nobody", version="v1.31.3",
+                              selector={"matchLabels": {"ring": "does-not-exist"}})
+    async with policy_controller(mgmt, intent_config(namespace)):
+        out = _Lines()
+        with anyio.fail_after(60):
+            rc = await follow(mgmt, namespace=namespace, name="nobody",
+                              generation=obj["metadata"]["generation"], out=out, poll=0.1)
+    assert rc == Exit.FAILED
+    assert "selects no cluster" in out.lines[-1] or "no cluster" in out.lines[-1], out.lines

@@ -150,6 +150,9 @@ CONTROLLER_RULES = {
     *{("controlplane.cluster.x-k8s.io", "k0scontrolplanes", v, "*")
       for v in ("get", "list", "watch", "patch")},
     ("controlplane.cluster.x-k8s.io", "k0scontrolplanes/status", "patch", "*"),
+    *{("controlplane.cluster.x-k8s.io", "k0smotroncontrolplanes", v, "*")
+      for v in ("get", "list", "watch", "patch")},
+    ("controlplane.cluster.x-k8s.io", "k0smotroncontrolplanes/status", "patch", "*"),
     *{("bootstrap.cluster.x-k8s.io", "k0sworkerconfigtemplates", v, "*")
       for v in ("get", "list", "watch", "patch")},
     *{("fleet.k0s-fleet.io", "nodeplans", v, "*")
@@ -340,7 +343,7 @@ def test_guard_policy_targets_the_controller_identity() -> None:
     rules = vap["spec"]["matchConstraints"]["resourceRules"]
     assert {r for rule in rules for r in rule["resources"]} == {
         "machines", "machinedeployments", "machinesets", "k0scontrolplanes",
-        "k0sworkerconfigtemplates"}
+        "k0smotroncontrolplanes", "k0sworkerconfigtemplates"}
     assert all(rule["operations"] == ["UPDATE"] for rule in rules)
     binding = m.one("ValidatingAdmissionPolicyBinding")
     assert binding["spec"] == {"policyName": vap["metadata"]["name"], "validationActions": ["Deny"]}

@@ -23,10 +23,12 @@ from fleet.model import (
     ANN_MACHINE_RUNNING_VERSION,
     ANN_PAUSED_FOR,
     ANN_WRITTEN_VERSION,
+    KIND_HOSTED_CP,
     KIND_KCP,
     KIND_MD,
     KIND_WORKER_TEMPLATE,
     ClusterInfo,
+    ControlPlaneInfo,
     FleetUpgradeInfo,
     MachineSetInfo,
     ObjectRef,
@@ -827,3 +829,66 @@ def test_a_cluster_done_with_a_lower_rung_is_not_complete_in_the_status() -> Non
     [c] = s["clusters"]
     assert c["rung"] == "v1.32.4+k0s.0" and c["ladder"] == ["v1.33.1+k0s.0"]
     assert "next v1.33.1+k0s.0" in c["message"]
+
+
+# -- hosted control planes (k0smotron's K0smotronControlPlane) --------------------------------
+
+def test_a_hosted_control_plane_is_written_first_and_holds_the_workers_until_k0smotron_is_done(
+        ) -> None:
+    """Issue #30: the hosted control plane's version is the cluster's control-plane step
+    (written unpaused: k0smotron rolls its pods), and the workers wait until k0smotron
+    reports the target with every replica ready; then they are upgraded in place."""
+    sim = SimFleet(now=T0)
+    ck = add_cluster(sim, "h1", control_planes=0, workers=2, max_unavailable=1)
+    key = ("default", "h1-cp")
+    sim.control_planes[key] = ControlPlaneInfo(
+        ref=ObjectRef(KIND_HOSTED_CP, "default", "h1-cp"), cluster="h1", replicas=3,
+        version=V1, hosted=True, status_version=V1, ready_replicas=3,
+        status_replicas=3)
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V3)
+    writes: list[WriteVersion] = []
+    held: list[str] = []
+    for _ in range(40):
+        snap = sim.snapshot()
+        result = plan(snap, SETTINGS)
+        writes += of(result.actions, WriteVersion)
+        held += [d.waiting for d in result.decisions if d.owner.kind == KIND_MD and d.waiting]
+        assert not [a for a in of(result.actions, CreateNodePlan) if a.owner.kind == KIND_MD
+                    and not sim.control_planes[key].hosted_on(V3)], "a worker before k0smotron"
+        sim.apply_all(result.actions)
+        for c, name in sim.active_requests():
+            sim.step_node(c, name)
+        sim.advance(1)
+    # k0s-fleet wrote the hosted version unpaused, and nothing of the workers yet
+    assert [(w.owner.kind, w.version, w.pause) for w in writes] == [(KIND_HOSTED_CP, V3, False)]
+    hcp = sim.control_planes[key]
+    assert hcp.version == V3 and ANN_CAPI_PAUSED not in hcp.annotations
+    assert any("waiting for k0smotron to run hosted control plane h1-cp on "
+               f"{V3}" in h for h in held), held[-3:]
+    [progress] = clusters_from_snapshot(sim.snapshot())
+    assert not progress.complete
+    # k0smotron rolls its pods and reports the target with every replica ready
+    sim.control_planes[key] = dataclasses.replace(hcp, status_version=V3, ready_replicas=3)
+    drive(sim, check_paused=False)
+    assert {m.version for m in sim.machines.values()} == {V3}
+    assert [w.owner.kind for w in of(drive(sim, passes=3), WriteVersion)] == []
+    [progress] = clusters_from_snapshot(sim.snapshot())
+    assert progress.complete, progress
+    assert ck in sim.snapshot().intents
+
+
+def test_workers_are_not_moved_past_a_hosted_control_plane_k0smotron_reports_older() -> None:
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "h2", control_planes=0, workers=1)
+    sim.control_planes[("default", "h2-cp")] = ControlPlaneInfo(
+        ref=ObjectRef(KIND_HOSTED_CP, "default", "h2-cp"), cluster="h2", replicas=1,
+        version=V3, hosted=True, status_version=V1, ready_replicas=1,
+        status_replicas=1, annotations={ANN_WRITTEN_VERSION: V3})
+    md = sim.deployments[("default", "h2-md")]
+    sim.deployments[("default", "h2-md")] = dataclasses.replace(
+        md, annotations={**md.annotations, ANN_WRITTEN_VERSION: V1})
+    sim.upgrades[("k0s-fleet-system", "u")] = upgrade("u", V3)
+    result = plan(sim.snapshot(), SETTINGS)
+    assert not of(result.actions, WriteVersion)
+    [d] = [d for d in result.decisions if d.owner.kind == KIND_MD]
+    assert "it reports v1.31.2+k0s.0, 1/1 ready" in d.waiting
