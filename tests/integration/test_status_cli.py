@@ -160,6 +160,9 @@ async def test_upgrade_command_writes_the_intent_and_refuses_bad_input(
     cfg_file.write_text(yaml.safe_dump({
         "management": {"namespace": namespace, "kubeconfig": str(kubeconfig)},
         "clusters": {"namespaces": [namespace]}}))
+    # A controller's namespace (its rollout ConfigMap): k0s-fleet upgrade refuses others.
+    await mgmt.create(CONFIGMAPS, {"metadata": {"name": ROLLOUT_CONFIGMAP,
+                                                "namespace": namespace}}, namespace)
     await _cli("upgrade", "v1.31.3", "--config", str(cfg_file), "-l", "ring=canary,tier!=db",
                "--no-wait")
     fu = await mgmt.get(FLEET_UPGRADES, "upgrade-v1.31.3-k0s.0", namespace)
