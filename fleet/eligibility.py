@@ -1,4 +1,4 @@
-"""Is a Machine's k0s version the only thing out of date? (PROTOCOLS.md sections 1-2)
+"""Is a Machine's k0s version the only thing out of date? (docs/controller.md)
 
 Anything else drifting means Cluster API (or k0smotron) replaces the Machine; k0s-fleet
 leaves it alone and says why. Every comparison of versions goes through fleet.versions.

@@ -1,5 +1,6 @@
 """Who carries out a node's upgrade, and how a request to it is written, read back and
-judged complete (PROTOCOLS.md section 3). Pure.
+judged complete (docs/agent.md "Protocol"; docs/controller.md "One node's upgrade: the
+NodePlan"). Pure.
 
 - ``agent``: the k0s-fleet agent, through the fleet's own signal annotation; its
   requests carry the fleet's node policy; done when the node reports the version.

@@ -359,7 +359,7 @@ class ApplyAction(StrEnum):
 
 
 def apply_action(*, installed: str | None, staged: str | None, expected: str) -> ApplyAction:
-    """Decide the apply step from digests alone (see PROTOCOLS.md, k0s PR 7706).
+    """Decide the apply step from digests alone (k0s PR 7706's rule; docs/agent.md, ApplyingUpdate).
 
     The installed binary already having the requested digest means a previous run got
     past the rename (whatever happened to the staged file or the status write), so the

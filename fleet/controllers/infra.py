@@ -1,7 +1,8 @@
 """Reading a control-plane Machine's infrastructure object (any provider's kind).
 
 k0smotron decides "only the version changed" partly from the infrastructure Machine's
-``cloned-from`` annotations (PROTOCOLS.md section 2). The kind is whatever the provider
+``cloned-from`` annotations (docs/controller.md "Which nodes may be upgraded in place").
+The kind is whatever the provider
 defines, so its plural comes from API discovery. Only out-of-date control-plane Machines
 are looked up at all.
 

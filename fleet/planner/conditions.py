@@ -52,7 +52,7 @@ R_OTHER_EXTENSION = "InPlaceUpdateByOtherExtension"
 R_AUTOPILOT_PLAN = "AutopilotPlan"
 R_CLUSTER_UNREACHABLE = "ClusterUnreachable"  # its workload API server does not answer
 
-# On a MachineDeployment's K0sFleetUpToDate (OWNERSHIP.md fact 5): CAPI v1.14 marks a
+# On a MachineDeployment's K0sFleetUpToDate (docs/capi.md, observed): CAPI v1.14 marks a
 # Machine UpToDate only when the kubelet's version string equals spec.version exactly.
 CAPI_UP_TO_DATE_NOTE = ("as the nodes report; Cluster API v1.14 will not mark these Machines "
                         "UpToDate: a k0s kubelet reports {kubelet} for a Machine at {target}")

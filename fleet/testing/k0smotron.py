@@ -1,7 +1,7 @@
 """The k0smotron stand-in: k0smotron's documented K0sControlPlane reactions, for tests.
 
-k0smotron cannot be built here. This stand-in reproduces only the rules written down in
-../shared/design/OWNERSHIP.md, fact 3 (no code of k0smotron's is used or copied):
+k0smotron cannot be built here. This stand-in reproduces only these documented rules of
+k0smotron's (no code of k0smotron's is used or copied):
 
 * it skips a K0sControlPlane carrying ``cluster.x-k8s.io/paused`` (or whose Cluster has
   ``spec.paused``), and one whose ``updateStrategy`` is not ``InPlace`` (the default);

@@ -188,7 +188,7 @@ AUTOPILOT_PATH = ("Downloading", "Cordoning", "ApplyingUpdate", "Restart", "UnCo
 
 @dataclass
 class AutopilotResponder:
-    """Stock k0s autopilot's node side (PROTOCOLS.md section 3), for the ``autopilot``
+    """Stock k0s autopilot's node side (its ``k0sproject.io/autopilot-signal-*`` keys), for the ``autopilot``
     executor: walks the autopilot signal's states, cordons, goes NotReady on Restart and
     comes back with the new kubelet version. Test-only."""
 

@@ -3,7 +3,7 @@
 A FleetUpgrade drives the controller (with its rollout policy attached, as the entry
 point does): it writes the K0sControlPlane's and MachineDeployment's versions itself,
 pausing each while its nodes are upgraded in place. Beside it runs the k0smotron stand-in
-(fleet/testing/k0smotron.py: k0smotron's documented KCP rules, OWNERSHIP.md fact 3),
+(fleet/testing/k0smotron.py: k0smotron's documented KCP rules),
 which records every moment it finds an unpaused KCP with an out-of-date Machine, i.e.
 the moment real k0smotron would start a rollout of its own. The node side is the
 scripted responder.

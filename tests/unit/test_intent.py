@@ -135,7 +135,7 @@ def test_status_per_wave_and_cluster() -> None:
 # -- the writer, end to end in memory ---------------------------------------------------------
 
 def k0smotron_would_act(sim: SimFleet) -> list[str]:
-    """k0smotron's documented rule (OWNERSHIP.md fact 3): it skips a paused KCP, and
+    """k0smotron's documented rule: it skips a paused KCP, and
     otherwise rolls every Machine whose spec.version differs from the KCP's."""
     out = []
     for kcp in sim.control_planes.values():
