@@ -288,7 +288,8 @@ async def serve_configured_extension(config: FleetConfig, *, mgmt: KubeClient,
     own: SecretWorkloadClients | None = None
     if workload_client is None:
         own = SecretWorkloadClients(
-            mgmt, secret_name=lambda ns, name: config.for_cluster(ns, name).kubeconfig_secret)
+            mgmt, secret_name=lambda ns, name: config.for_cluster(ns, name).kubeconfig_secret,
+            allow_file_credentials=config.clusters.kubeconfig_secrets.allows_files)
         workload_client = own
     try:
         await serve_extension(

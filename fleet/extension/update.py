@@ -51,6 +51,7 @@ from fleet.kube.resources import (
     CLUSTERS,
     EXTENSION_CONFIGS,
     K0S_CONTROL_PLANES,
+    K0SMOTRON_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
     MACHINES,
     NODE_PLANS,
@@ -59,6 +60,7 @@ from fleet.kube.resources import (
 from fleet.model import (
     ANN_MACHINE_RUNNING_VERSION,
     ANN_WRITTEN_VERSION,
+    KIND_HOSTED_CP,
     KIND_KCP,
     KIND_MD,
     LABEL_CLUSTER_NAME,
@@ -310,9 +312,13 @@ class UpdateMachineService:
         ``status.version``, k0smotron's minimum over its Machines)."""
         obj = await self.mgmt.get_or_none(CLUSTERS, cluster, namespace)
         ref = ((obj or {}).get("spec") or {}).get("controlPlaneRef") or {}
-        if not isinstance(ref, Mapping) or ref.get("kind") != KIND_KCP or not ref.get("name"):
+        kind = ref.get("kind") if isinstance(ref, Mapping) else None
+        if kind not in (KIND_KCP, KIND_HOSTED_CP) or not ref.get("name"):
             return []
-        kcp = await self.mgmt.get_or_none(K0S_CONTROL_PLANES, str(ref["name"]), namespace)
+        # a hosted control plane (K0smotronControlPlane): status.version is what its pods
+        # run, as k0smotron reports it
+        res = K0S_CONTROL_PLANES if kind == KIND_KCP else K0SMOTRON_CONTROL_PLANES
+        kcp = await self.mgmt.get_or_none(res, str(ref["name"]), namespace)
         if kcp is None:
             return []
         found = [(kcp.get("spec") or {}).get("version"), (kcp.get("status") or {}).get("version")]

@@ -36,6 +36,7 @@ from fleet.kube.resources import (
     CONFIGMAPS,
     EVENTS,
     K0S_CONTROL_PLANES,
+    K0SMOTRON_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
     MACHINES,
     NODE_PLANS,
@@ -279,22 +280,34 @@ async def test_can_update_machine_declines_a_skip_of_two_minors(
     assert one["status"] == "Success" and "machinePatch" in one, one
 
 
+@pytest.mark.parametrize("hosted", [False, True], ids=["K0sControlPlane",
+                                                      "K0smotronControlPlane"])
 async def test_workers_are_never_moved_past_the_oldest_control_plane(
-        mgmt: KubeClient, wl1: KubeClient, namespace: str, tmp_path: Path) -> None:
-    """The cluster's K0sControlPlane still runs v1.31 (spec and status): CanUpdateMachineSet
-    to v1.32 for its workers is declined naming WorkersNotNewerThanControlPlanes, and so is
-    an UpdateMachine that passes every other check."""
+        mgmt: KubeClient, wl1: KubeClient, namespace: str, tmp_path: Path,
+        hosted: bool) -> None:
+    """The cluster's control plane still runs v1.31 (a K0sControlPlane's spec and status,
+    or what k0smotron reports of a hosted one): CanUpdateMachineSet to v1.32 for its
+    workers is declined naming WorkersNotNewerThanControlPlanes, and so is an
+    UpdateMachine that passes every other check."""
     scene = await make_scene(mgmt, wl1, namespace)
-    await mgmt.create(K0S_CONTROL_PLANES, {
-        "metadata": {"name": "cp", "namespace": namespace},
-        "spec": {"version": OLD, "replicas": 0, "updateStrategy": "InPlace",
-                 "machineTemplate": {"infrastructureRef": {
-                     "apiGroup": "infrastructure.cluster.x-k8s.io",
-                     "kind": "DockerMachineTemplate", "name": "cp"}},
-                 "k0sConfigSpec": {}}}, namespace)
+    cp_res = K0SMOTRON_CONTROL_PLANES if hosted else K0S_CONTROL_PLANES
+    if hosted:
+        await mgmt.create(K0SMOTRON_CONTROL_PLANES, {
+            "metadata": {"name": "cp", "namespace": namespace},
+            "spec": {"version": OLD, "replicas": 1}}, namespace)
+        await mgmt.patch(K0SMOTRON_CONTROL_PLANES, "cp", {"status": {
+            "version": OLD, "replicas": 1, "readyReplicas": 1}}, namespace,
+            subresource="status")
+    else:
+        await mgmt.create(K0S_CONTROL_PLANES, {
+            "metadata": {"name": "cp", "namespace": namespace},
+            "spec": {"version": OLD, "replicas": 0, "updateStrategy": "InPlace",
+                     "machineTemplate": {"infrastructureRef": {
+                         "apiGroup": "infrastructure.cluster.x-k8s.io",
+                         "kind": "DockerMachineTemplate", "name": "cp"}},
+                     "k0sConfigSpec": {}}}, namespace)
     await mgmt.patch(CLUSTERS, scene.cluster, {"spec": {"controlPlaneRef": {
-        "apiGroup": K0S_CONTROL_PLANES.group, "kind": K0S_CONTROL_PLANES.kind, "name": "cp"}}},
-        namespace)
+        "apiGroup": cp_res.group, "kind": cp_res.kind, "name": "cp"}}}, namespace)
     meta = scene.machine["metadata"]
     scene.machine = await mgmt.patch(MACHINES, meta["name"], {"metadata": {
         "annotations": FORGED}}, namespace)
@@ -337,7 +350,10 @@ async def test_workers_are_never_moved_past_the_oldest_control_plane(
         assert (await mgmt.list(NODE_PLANS, namespace)).items == []
         assert after == before
         # the control plane on v1.32: both go ahead
-        await mgmt.patch(K0S_CONTROL_PLANES, "cp", {"spec": {"version": NEW}}, namespace)
+        await mgmt.patch(cp_res, "cp", {"spec": {"version": NEW}}, namespace)
+        if hosted:  # k0smotron has rolled its pods
+            await mgmt.patch(K0SMOTRON_CONTROL_PLANES, "cp", {"status": {"version": NEW}},
+                             namespace, subresource="status")
         can = await driver.post(Hook.CAN_UPDATE_MACHINE_SET, request)
         upd = await driver.post(Hook.UPDATE_MACHINE, update_request(scene, NEW))
     assert "machineSetPatch" in can, can
