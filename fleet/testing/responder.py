@@ -188,9 +188,9 @@ AUTOPILOT_PATH = ("Downloading", "Cordoning", "ApplyingUpdate", "Restart", "UnCo
 
 @dataclass
 class AutopilotResponder:
-    """Stock k0s autopilot's node side (its ``k0sproject.io/autopilot-signal-*`` keys), for the ``autopilot``
-    executor: walks the autopilot signal's states, cordons, goes NotReady on Restart and
-    comes back with the new kubelet version. Test-only."""
+    """Stock k0s autopilot's node side (its ``k0sproject.io/autopilot-signal-*`` keys),
+    for the ``autopilot`` executor: walks the autopilot signal's states, cordons, goes
+    NotReady on Restart and comes back with the new kubelet version. Test-only."""
 
     client: KubeClient
     step_seconds: float = 0.0
