@@ -52,6 +52,6 @@ def test_uninstall_deletes_in_order_and_names_every_crd() -> None:
              text.index("3. The releases"), text.index("kubectl delete crd ")]
     assert order == sorted(order)
     assert "helm uninstall k0s-fleet --namespace" in text
-    delete_crd = text[order[3]:].split("`", 1)[0]
+    delete_crd = text[order[5]:].split("`", 1)[0]
     for c in crds():
         assert c["name"] in delete_crd, c["name"]
