@@ -496,6 +496,25 @@ class NodePolicySettings(ConfigModel):
         timedelta(minutes=5),
         description="How long the new version may take to become healthy before rollback.",
     )
+    delete_empty_dir_data: bool = Field(
+        False, description="Drain evicts pods with emptyDir volumes, losing their data "
+        "(kubectl drain --delete-emptydir-data); false: the drain fails, naming them.",
+    )
+    force: bool = Field(
+        False, description="Drain evicts pods without a controller, which nothing recreates "
+        "(kubectl drain --force); false: the drain fails, naming them.",
+    )
+
+    @field_validator("delete_empty_dir_data", "force", mode="before")
+    @classmethod
+    def _true_or_false(cls, v: object) -> object:
+        # these evict what nothing brings back: only true or false (YAML, or the words
+        # from the environment), never 1, "yes" or "on"
+        if isinstance(v, bool):
+            return v
+        if isinstance(v, str) and v.lower() in ("true", "false"):
+            return v.lower() == "true"
+        raise ValueError(f"must be true or false (got {v!r})")
 
     @field_validator("drain_timeout", "verify_timeout")
     @classmethod
@@ -511,6 +530,8 @@ class NodePolicySettings(ConfigModel):
             drainTimeoutSeconds=self.drain_timeout.total_seconds(),
             drainTimeoutAction=self.drain_timeout_action.value,
             verifyTimeoutSeconds=self.verify_timeout.total_seconds(),
+            deleteEmptyDirData=self.delete_empty_dir_data,
+            force=self.force,
         )
 
 

@@ -113,7 +113,8 @@ class DrainTimeoutAction(StrEnum):
 # NodePolicy) and the agent's own defaults for them (K0S_FLEET_AGENT_<KEY>, --<key>).
 AGENT_ENV_PREFIX = "K0S_FLEET_AGENT_"
 POLICY_SETTINGS = {"drain_timeout": "drainTimeout", "drain_timeout_action": "drainTimeoutAction",
-                   "verify_timeout": "verifyTimeout"}
+                   "verify_timeout": "verifyTimeout",
+                   "delete_empty_dir_data": "deleteEmptyDirData", "force": "force"}
 
 
 def misplaced_policy_variable(var: str, *, on_agent: bool) -> str | None:
@@ -155,6 +156,10 @@ class NodePolicy(BaseModel):
     drainTimeoutAction: DrainTimeoutAction | None = None
     verifyTimeoutSeconds: float | None = Field(
         None, gt=0, le=MAX_POLICY_SECONDS, strict=True, allow_inf_nan=False)
+    # Drain: evict pods with emptyDir volumes (their data is lost) / pods without a
+    # controller (nothing recreates them); unset or false = refuse the drain, naming them.
+    deleteEmptyDirData: bool | None = Field(None, strict=True)
+    force: bool | None = Field(None, strict=True)
 
 
 class K0sUpdateCommand(BaseModel):

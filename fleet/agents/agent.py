@@ -659,9 +659,18 @@ class Agent:
             if self.s.drain:
                 pol = self.s.policy_for(sig.command.k0supdate.policy)
                 result = await drain.drain(self.client, self.name,
-                                           timeout=self._remaining(sig, pol.drain_timeout))
+                                           timeout=self._remaining(sig, pol.drain_timeout),
+                                           force=pol.force,
+                                           delete_emptydir_data=pol.delete_empty_dir_data)
                 span.set_attributes({"k0s_fleet.drain.evicted": len(result.evicted),
-                                     "k0s_fleet.drain.timed_out": result.timed_out})
+                                     "k0s_fleet.drain.timed_out": result.timed_out,
+                                     "k0s_fleet.drain.refused": len(result.refused)})
+                if result.refused:
+                    # as kubectl drain: nothing more is evicted; the cordon is undone by
+                    # housekeeping once the failure is recorded
+                    return await self._transition(
+                        sig, self._status(sig, SignalState.FAILED_DRAIN,
+                                          reason=result.refusal()))
                 if result.timed_out:
                     msg = f"drain did not finish within {pol.drain_timeout:g}s: " \
                           f"{result.summary()}"

@@ -69,6 +69,8 @@ class EffectivePolicy:
     drain_timeout: float
     drain_timeout_action: DrainTimeoutAction
     verify_timeout: float
+    delete_empty_dir_data: bool = False
+    force: bool = False
 
 
 class HostNamespace(StrEnum):
@@ -140,6 +142,12 @@ class AgentSettings(BaseSettings):
     drain: bool = Field(True, description="evict pods (without it: cordon only)")
     drain_timeout: float = Field(default=300.0, gt=0)
     drain_timeout_action: DrainTimeoutAction = DrainTimeoutAction.FAIL
+    delete_empty_dir_data: bool = Field(
+        False, description="drain: evict pods with emptyDir volumes, losing their data "
+        "(default: refuse the drain, naming them)")
+    force: bool = Field(
+        False, description="drain: evict pods without a controller, which nothing recreates "
+        "(default: refuse the drain, naming them)")
 
     verify_timeout: float = Field(default=180.0, gt=0)
     # With version_source=binary: how long the new process must stay up to count.
@@ -208,6 +216,9 @@ class AgentSettings(BaseSettings):
             if req.drainTimeoutAction is not None else self.drain_timeout_action,
             verify_timeout=req.verifyTimeoutSeconds if req.verifyTimeoutSeconds is not None
             else self.verify_timeout,
+            delete_empty_dir_data=req.deleteEmptyDirData
+            if req.deleteEmptyDirData is not None else self.delete_empty_dir_data,
+            force=req.force if req.force is not None else self.force,
         )
 
     @property

@@ -40,6 +40,7 @@ from fleet.testing.releases import Release, ReleaseServer
 from fleet.testing.simnode import SimNode
 from tests.helpers.agent import MANGLED, NEW, OLD, TERMINAL
 from tests.helpers.names import unique
+from tests.helpers.pods import controlled
 
 pytestmark = pytest.mark.anyio
 
@@ -125,8 +126,9 @@ async def victim_ns(wl1: KubeClient) -> str:
 async def place_victim(client: KubeClient, ns: str, node: str) -> str:
     """A pod a drain would evict."""
     name = unique("victim")
-    await client.create(PODS, {"metadata": {"name": name}, "spec": {
-        "nodeName": node, "containers": [{"name": "c", "image": "pause"}]}}, ns)
+    await client.create(PODS, {"metadata": {"name": name, "ownerReferences": controlled()},
+                               "spec": {"nodeName": node,
+                                        "containers": [{"name": "c", "image": "pause"}]}}, ns)
     await client.patch(PODS, name, {"status": {
         "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}, ns,
         subresource="status")

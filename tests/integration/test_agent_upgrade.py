@@ -43,6 +43,7 @@ from tests.helpers.agent import (
     uncordoned,
 )
 from tests.helpers.names import unique
+from tests.helpers.pods import controlled
 
 pytestmark = pytest.mark.anyio
 
@@ -59,7 +60,8 @@ async def make_pod(client: KubeClient, ns: str, node: str, name: str, *,
                    labels: dict[str, str] | None = None,
                    meta: dict[str, Any] | None = None) -> KubeObject:
     await client.create(PODS, {
-        "metadata": {"name": name, "namespace": ns, "labels": labels or {}, **(meta or {})},
+        "metadata": {"name": name, "namespace": ns, "labels": labels or {},
+                     "ownerReferences": controlled(), **(meta or {})},
         "spec": {"nodeName": node, "containers": [{"name": "c", "image": "pause"}]},
     }, ns)
     # what a kubelet would report; a Pending pod may be evicted whatever its budget says

@@ -81,6 +81,7 @@ async def test_real_agents_upgrade_a_cluster(  # noqa: PLR0917 - fixtures
     assert {p["status"]["phase"] for p in plans} == {NodePlanPhase.COMPLETED}
     assert all(p["spec"]["sha256"] == new.sha256 for p in plans)
     # the fleet config's agent section, durable in each plan (the CRD keeps it)
-    policy = {"drainTimeoutSeconds": 20, "drainTimeoutAction": "fail", "verifyTimeoutSeconds": 20}
+    policy = {"drainTimeoutSeconds": 20, "drainTimeoutAction": "fail", "verifyTimeoutSeconds": 20,
+              "deleteEmptyDirData": False, "force": False}
     assert all(p["spec"].get("nodePolicy") == policy for p in plans), plans
     assert rs.requests[V2] >= len(fc.machines)

@@ -58,6 +58,7 @@ from tests.helpers.charts import (
     pod_spec,
 )
 from tests.helpers.names import unique
+from tests.helpers.pods import controlled
 from tests.helpers.rbac import (
     AUDIENCE,
     AgentInstall,
@@ -126,7 +127,8 @@ async def test_agent_upgrades_its_node_with_the_chart_identity(
         assert who["extra"][NODE_NAME_CLAIM] == [name]
         # A workload pod that the drain must evict (the agent's own pod is exempt).
         victim = unique("victim")
-        await wl1.create(PODS, {"metadata": {"name": victim}, "spec": {
+        await wl1.create(PODS, {"metadata": {"name": victim, "ownerReferences": controlled()},
+                                "spec": {
             "nodeName": name, "containers": [{"name": "c", "image": "busybox"}]}}, "default")
 
         await node.start_agent(extra_args=["--kubeconfig", str(kubeconfig)])

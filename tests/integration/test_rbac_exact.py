@@ -51,6 +51,7 @@ from tests.helpers.charts import (
     rbac_grants,
 )
 from tests.helpers.names import unique
+from tests.helpers.pods import controlled
 from tests.helpers.rbac import (
     AgentInstall,
     agent_pod_on,
@@ -183,7 +184,8 @@ async def test_both_charts_upgrade_a_cluster_and_the_agent_uses_exactly_its_gran
             await node.start_agent(extra_args=["--kubeconfig", str(kubeconfig)])
             nodes.append(node)
             # A workload on the node: the drain must evict it.
-            await admin.create(PODS, {"metadata": {"name": f"app-{name}"}, "spec": {
+            await admin.create(PODS, {"metadata": {"name": f"app-{name}",
+                                                   "ownerReferences": controlled()}, "spec": {
                 "nodeName": name, "containers": [{"name": "c", "image": "busybox"}]}},
                 capi_ns)
         async with anyio.create_task_group() as tg:

@@ -27,6 +27,7 @@ from fleet.testing.simnode import SimNode
 from fleet.testing.world import World
 from tests.helpers.controller import running_controller, wait_rollout
 from tests.helpers.names import unique
+from tests.helpers.pods import controlled
 
 pytestmark = pytest.mark.anyio
 
@@ -177,7 +178,8 @@ async def test_an_agent_killed_mid_drain_continues_the_same_trace(  # noqa: PLR0
         # as in test_agent_upgrade: a budget of minAvailable 1 over the node's only pod
         await wl1.create(PDBS, {"metadata": {"name": label}, "spec": {
             "minAvailable": 1, "selector": {"matchLabels": {"app": label}}}}, ns)
-        await wl1.create(PODS, {"metadata": {"name": "held", "labels": {"app": label}},
+        await wl1.create(PODS, {"metadata": {"name": "held", "labels": {"app": label},
+                                             "ownerReferences": controlled()},
                                 "spec": {"nodeName": node.name, "containers": [
                                     {"name": "c", "image": "busybox"}]}}, ns)
         # what a kubelet would report: a Pending pod may be evicted whatever its budget says

@@ -182,9 +182,12 @@ def test_fleet_config_agent_section_becomes_the_policy() -> None:
     cfg = FleetConfig.model_validate({"agent": {
         "drainTimeout": "2m", "drainTimeoutAction": "proceed", "verifyTimeout": "90s"}})
     assert cfg.agent.node_policy() == NodePolicy(
-        drainTimeoutSeconds=120, drainTimeoutAction="proceed", verifyTimeoutSeconds=90)
+        drainTimeoutSeconds=120, drainTimeoutAction="proceed", verifyTimeoutSeconds=90,
+        deleteEmptyDirData=False, force=False)
     default = FleetConfig().agent.node_policy()
     assert default.drainTimeoutAction == "fail" and default.drainTimeoutSeconds == 300
+    # the drain's consent is always sent, false unless the operator gives it
+    assert default.deleteEmptyDirData is False and default.force is False
 
 
 def test_fleet_config_refuses_a_timeout_no_request_could_carry() -> None:
