@@ -66,6 +66,12 @@ async def test_upgrade_with_only_kubeconfig_env(world: World, mgmt: KubeClient,
     assert f"in {namespace}" in r.stderr.decode()
     fu = await mgmt.get(FLEET_UPGRADES, "upgrade-v1.31.3-k0s.0", namespace)
     assert fu["spec"]["version"] == VERSION
+    # plan and status the same way, as YAML.
+    for command in (["plan"], ["status", "--once"]):
+        r = await cli(env, *command, "-n", namespace, "-o", "yaml")
+        assert r.returncode == Exit.OK, r.stderr.decode()
+        doc = yaml.safe_load(r.stdout)
+        assert isinstance(doc, dict) and doc, r.stdout.decode()
     # Following it with no controller to move it: --timeout passes, exit 3 (not 4,
     # which is the controller's lost Lease), each status as a YAML document.
     r = await cli(env, "upgrade", VERSION, "-n", namespace, "--timeout", "1s", "-o", "yaml")
