@@ -160,6 +160,24 @@ class NodePolicy(BaseModel):
     # controller (nothing recreates them); unset or false = refuse the drain, naming them.
     deleteEmptyDirData: bool | None = Field(None, strict=True)
     force: bool | None = Field(None, strict=True)
+    # Drain: pods matching any of these label selectors (metav1.LabelSelector, camelCase)
+    # are left running, like the cluster.x-k8s.io/drain: skip label; meant for Cluster
+    # API MachineDrainRule Skip rules, which the controller does not send yet.
+    skipPods: tuple[dict[str, Any], ...] | None = None
+
+    @field_validator("skipPods")
+    @classmethod
+    def _selectors(cls, v: tuple[dict[str, Any], ...] | None
+                   ) -> tuple[dict[str, Any], ...] | None:
+        from fleet.selectors import LabelSelector  # noqa: PLC0415 (it imports this module)
+
+        for i, sel in enumerate(v or ()):
+            try:
+                LabelSelector.model_validate(sel, by_alias=True)
+            except ValidationError as e:
+                raise ValueError(f"skipPods[{i}] is not a label selector: "
+                                 f"{e.errors()[0]['msg']}") from None
+        return v
 
 
 class K0sUpdateCommand(BaseModel):

@@ -661,7 +661,8 @@ class Agent:
                 result = await drain.drain(self.client, self.name,
                                            timeout=self._remaining(sig, pol.drain_timeout),
                                            force=pol.force,
-                                           delete_emptydir_data=pol.delete_empty_dir_data)
+                                           delete_emptydir_data=pol.delete_empty_dir_data,
+                                           skip_pods=pol.skip_pods)
                 span.set_attributes({"k0s_fleet.drain.evicted": len(result.evicted),
                                      "k0s_fleet.drain.timed_out": result.timed_out,
                                      "k0s_fleet.drain.refused": len(result.refused)})

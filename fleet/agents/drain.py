@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -26,6 +27,7 @@ from fleet.kube import KubeClient, KubeObject, patch_with_retry
 from fleet.kube.backoff import Backoff
 from fleet.kube.errors import KubeError, NotFoundError, TooManyRequestsError
 from fleet.kube.resources import NODES, PODS
+from fleet.selectors import selector_matches
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +59,8 @@ CAPI_DRAIN_SKIP = "skip"
 Verdict = Literal["evict", "skip", "refuse"]
 
 
-def judge(pod: KubeObject, *, force: bool = False,
-          delete_emptydir_data: bool = False) -> tuple[Verdict, str]:
+def judge(pod: KubeObject, *, force: bool = False, delete_emptydir_data: bool = False,
+          skip_pods: Sequence[Mapping[str, Any]] = ()) -> tuple[Verdict, str]:
     """Whether one pod bound to the node being drained is evicted, skipped (left running)
     or refuses the drain, and why (pure: the pod object and the node policy only)."""
     why = eviction_exempt(pod)
@@ -67,6 +69,11 @@ def judge(pod: KubeObject, *, force: bool = False,
     meta = pod.get("metadata") or {}
     if (meta.get("labels") or {}).get(CAPI_DRAIN_LABEL) == CAPI_DRAIN_SKIP:
         return "skip", f"labelled {CAPI_DRAIN_LABEL}: {CAPI_DRAIN_SKIP}"
+    labels = meta.get("labels") or {}
+    for i, sel in enumerate(skip_pods):
+        # an empty selector selects every pod (as in a MachineDrainRule)
+        if selector_matches(sel, labels):
+            return "skip", f"matches the node policy's skipPods[{i}]"
     problems: list[str] = []
     if not force and not any(
             ref.get("controller") is True for ref in meta.get("ownerReferences") or []):
@@ -90,14 +97,16 @@ class Selection:
 
 
 def select(pods: list[KubeObject], *, force: bool = False,
-           delete_emptydir_data: bool = False) -> Selection:
+           delete_emptydir_data: bool = False,
+           skip_pods: Sequence[Mapping[str, Any]] = ()) -> Selection:
     """Sort the pods bound to a node into those to evict, those left running and those
     that refuse the drain (pods that terminated already are neither evicted nor asked
     about: Succeeded/Failed pods hold nothing)."""
     sel = Selection()
     for pod in pods:
         phase = (pod.get("status") or {}).get("phase")
-        verdict, why = judge(pod, force=force, delete_emptydir_data=delete_emptydir_data)
+        verdict, why = judge(pod, force=force, delete_emptydir_data=delete_emptydir_data,
+                             skip_pods=skip_pods)
         if verdict == "skip":
             sel.skipped[_pod_id(pod)] = why
         elif verdict == "refuse" and phase not in ("Succeeded", "Failed") \
@@ -145,7 +154,8 @@ def _pod_id(pod: KubeObject) -> str:
 
 async def drain(client: KubeClient, node: str, *, timeout: float,
                 backoff: Backoff | None = None, force: bool = False,
-                delete_emptydir_data: bool = False) -> DrainResult:
+                delete_emptydir_data: bool = False,
+                skip_pods: Sequence[Mapping[str, Any]] = ()) -> DrainResult:
     """Evict what can be evicted until nothing evictable is left or ``timeout`` passes.
 
     A pod that refuses the drain (see :func:`judge`) stops it before anything more is
@@ -156,7 +166,8 @@ async def drain(client: KubeClient, node: str, *, timeout: float,
     deadline = t0 + timeout
     while True:
         pods = (await client.list(PODS, field_selector=f"spec.nodeName={node}")).items
-        sel = select(pods, force=force, delete_emptydir_data=delete_emptydir_data)
+        sel = select(pods, force=force, delete_emptydir_data=delete_emptydir_data,
+                     skip_pods=skip_pods)
         result.exempt.update(sel.skipped)
         pending = sel.evict
         result.remaining = sorted([*(_pod_id(p) for p in pending), *sel.refused])

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -71,6 +72,7 @@ class EffectivePolicy:
     verify_timeout: float
     delete_empty_dir_data: bool = False
     force: bool = False
+    skip_pods: tuple[dict[str, Any], ...] = ()
 
 
 class HostNamespace(StrEnum):
@@ -219,6 +221,7 @@ class AgentSettings(BaseSettings):
             delete_empty_dir_data=req.deleteEmptyDirData
             if req.deleteEmptyDirData is not None else self.delete_empty_dir_data,
             force=req.force if req.force is not None else self.force,
+            skip_pods=req.skipPods or (),
         )
 
     @property

@@ -56,16 +56,19 @@ async def on_node(client: KubeClient, node: str) -> set[str]:
 
 async def test_capi_skip_label_pod_is_left_running(
         sim: Any, releases: ReleaseServer, wl1: KubeClient, ns: str) -> None:
-    """A pod labelled cluster.x-k8s.io/drain: skip stays; its neighbour is evicted and
-    the upgrade completes. Before: the labelled pod was evicted too."""
+    """A pod labelled cluster.x-k8s.io/drain: skip stays, and so does one the request's
+    skipPods selects; their neighbour is evicted and the upgrade completes. Before: all
+    were evicted."""
     async with sim() as node:
         await place(wl1, ns, node.name, "keep", labels={"cluster.x-k8s.io/drain": "skip"})
-        await place(wl1, ns, node.name, "web")
-        plan = await node.request(releases.releases[NEW])
+        await place(wl1, ns, node.name, "db", labels={"app": "db"})
+        await place(wl1, ns, node.name, "web", labels={"app": "web"})
+        plan = await node.request(releases.releases[NEW], policy=NodePolicy.model_validate(
+            {"skipPods": [{"matchLabels": {"app": "db"}}]}))
         sig = await node.wait_for(plan, TERMINAL, timeout=60)
         assert sig.status is not None
         assert sig.status.status is SignalState.COMPLETED, sig.status.reason
-        assert await on_node(wl1, node.name) == {"keep"}
+        assert await on_node(wl1, node.name) == {"keep", "db"}
         applying = [t for t in node.history if t.plan_id == plan
                     and t.state == "ApplyingUpdate"]
         assert "cluster.x-k8s.io/drain: skip" in applying[0].reason

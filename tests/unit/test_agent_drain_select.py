@@ -163,3 +163,32 @@ def test_fleet_config_drain_consent_from_the_environment() -> None:
     assert cfg.agent.force is True and cfg.agent.delete_empty_dir_data is False
     with pytest.raises(ConfigError, match=r"agent\.force: must be true or false"):
         load_config(None, env={"K0S_FLEET_AGENT__FORCE": "1"})
+
+
+# -- skipPods: label selectors carried by the request (for MachineDrainRule Skip rules) --------
+def test_skip_pods_selectors_leave_matching_pods_running() -> None:
+    """Before: no such policy field (ignored), every such pod evicted."""
+    rules = NodePolicy.model_validate({"skipPods": [
+        {"matchLabels": {"app": "db"}},
+        {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["cache"]}]}]})
+    skip = AgentSettings(node_name="n1").policy_for(rules).skip_pods
+    sel = select([pod("db", labels={"app": "db"}), pod("cache", labels={"tier": "cache"}),
+                  pod("web", labels={"app": "web"}),
+                  pod("bare-db", owners=[], labels={"app": "db"})], skip_pods=skip)
+    assert names(sel.evict) == {"web"} and sel.refused == {}
+    assert sel.skipped == {"ns/db": "matches the node policy's skipPods[0]",
+                           "ns/cache": "matches the node policy's skipPods[1]",
+                           "ns/bare-db": "matches the node policy's skipPods[0]"}
+    # an empty selector selects every pod, as in a MachineDrainRule
+    assert select([pod("any")], skip_pods=({},)).evict == []
+    assert AgentSettings(node_name="n1").policy_for(None).skip_pods == ()
+
+
+@pytest.mark.parametrize("bad", [
+    [{"matchExpressions": [{"key": "a", "operator": "Bogus"}]}],
+    [{"matchLabel": {"a": "b"}}],
+    ["app=db"],
+])
+def test_skip_pods_must_be_label_selectors(bad: object) -> None:
+    with pytest.raises(ValidationError, match="skipPods"):
+        NodePolicy.model_validate({"skipPods": bad})
