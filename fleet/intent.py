@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from fleet.model import (
+    FLEET_UPGRADE_FINALIZER,
     ClusterInfo,
     ClusterKey,
     Condition,
@@ -36,7 +37,7 @@ from fleet.model import (
 )
 from fleet.selectors import LabelSelector
 from fleet.skew import EMPTY_CATALOG, RULE_NO_DOWNGRADE, ReleaseCatalog, SkewRefusal, climb
-from fleet.versions import InvalidVersionError, K0sVersion, normalize, valid_version
+from fleet.versions import InvalidVersionError, K0sVersion, normalize, same_version, valid_version
 
 KIND_FLEET_UPGRADE = "FleetUpgrade"
 
@@ -54,6 +55,8 @@ PHASE_PROGRESSING = "Progressing"
 PHASE_COMPLETE = "Complete"
 PHASE_FAILED = "Failed"
 PHASE_REFUSED = "Refused"  # a cluster's phase: the skew rules keep it where it is
+PHASE_WITHDRAWING = "Withdrawing"  # deleted: its started clusters finish, no new ones
+REASON_WITHDRAWING = "Withdrawing"
 
 _Owner = TypeVar("_Owner", MachineDeploymentInfo, ControlPlaneInfo)
 
@@ -90,7 +93,8 @@ def fleet_upgrade_from(obj: Mapping[str, Any]) -> FleetUpgradeInfo:
         generation=int(meta.get("generation") or 0),
         problem="; ".join(problems) or None, deleting=bool(meta.get("deletionTimestamp")),
         status=dict(obj.get("status") or {}),
-        resource_version=str(meta.get("resourceVersion") or ""))
+        resource_version=str(meta.get("resourceVersion") or ""),
+        finalizers=tuple(str(f) for f in meta.get("finalizers") or ()))
 
 
 def _matches(u: FleetUpgradeInfo, cluster: ClusterInfo) -> bool:
@@ -147,6 +151,17 @@ def cluster_versions(snapshot: Snapshot) -> dict[ClusterKey, list[str]]:
     return out
 
 
+def _written_versions(snapshot: Snapshot) -> dict[ClusterKey, list[str]]:
+    """Per cluster, the versions k0s-fleet has written into its objects."""
+    out: dict[ClusterKey, list[str]] = {}
+    owners: list[MachineDeploymentInfo | ControlPlaneInfo] = [
+        *snapshot.deployments.values(), *snapshot.control_planes.values()]
+    for o in owners:
+        if o.written_version:
+            out.setdefault((o.ref.namespace, o.cluster), []).append(o.written_version)
+    return out
+
+
 def with_ladders(intents: Mapping[ClusterKey, IntentTarget],
                  versions: Mapping[ClusterKey, Sequence[str]],
                  catalog: ReleaseCatalog = EMPTY_CATALOG) -> dict[ClusterKey, IntentTarget]:
@@ -184,8 +199,21 @@ def apply_intents(snapshot: Snapshot, upgrades: Iterable[FleetUpgradeInfo],
     intent k0s's skew rules refuse keeps its record as its target (nothing moves)."""
     ups = {(u.ref.namespace, u.ref.name): u for u in upgrades}
     intents = resolve(ups.values(), snapshot.clusters)
+    versions: dict[ClusterKey, list[str]] | None = None
     if intents:
-        intents = with_ladders(intents, cluster_versions(snapshot), catalog)
+        versions = cluster_versions(snapshot)
+        intents = with_ladders(intents, versions, catalog)
+    # A deleted FleetUpgrade still held by k0s-fleet's finalizer keeps the clusters whose
+    # objects already carry the version it had k0s-fleet write (they finish it); it starts
+    # no other cluster (rollout/intents.py shows it Withdrawing, then releases it).
+    withdrawing = [dataclasses.replace(u, deleting=False) for u in ups.values()
+                   if u.deleting and FLEET_UPGRADE_FINALIZER in u.finalizers]
+    if withdrawing:
+        versions = versions if versions is not None else cluster_versions(snapshot)
+        written = _written_versions(snapshot)
+        held = with_ladders(resolve(withdrawing, snapshot.clusters), versions, catalog)
+        intents = {**{k: t for k, t in held.items() if t.refusal is None and any(
+            same_version(v, t.step) for v in written.get(k, ()))}, **intents}
 
     def targeted(obj: _Owner) -> _Owner:
         t = intents.get((obj.ref.namespace, obj.cluster))
@@ -314,6 +342,36 @@ def _climbing(s: ClusterStanding, t: IntentTarget) -> ClusterStanding:
                                message=f"on {t.rung}; next {', '.join(t.ladder)}")
 
 
+def withdrawing_status(u: FleetUpgradeInfo, finishing: Sequence[ClusterStanding]
+                       ) -> dict[str, Any]:
+    """The status of a deleted FleetUpgrade (held by its finalizer): it admits no cluster
+    any more; ``finishing`` are the clusters it had listed that still move towards the
+    version k0s-fleet had already written into them (they finish it; nothing is taken
+    back). Once none is left the finalizer goes and the object with it."""
+    names = ", ".join(f"{s.key[0]}/{s.key[1]}" for s in finishing[:5])
+    message = truncate(
+        f"withdrawn: no new cluster is admitted; {len(finishing)} cluster(s) finish the "
+        f"version already written into them ({names})" if finishing else
+        "withdrawn: every cluster it had started has finished")
+    failed = [s for s in finishing if s.failed]
+    return {"observedGeneration": u.generation, "phase": PHASE_WITHDRAWING,
+            "summary": f"{sum(1 for s in finishing if s.complete)}/{len(finishing)}",
+            "message": message, "clustersTotal": len(finishing),
+            "clustersComplete": sum(1 for s in finishing if s.complete),
+            "nodesTotal": sum(s.nodes_total for s in finishing),
+            "nodesUpToDate": sum(s.nodes_done for s in finishing), "waves": [],
+            "clusters": [{"namespace": s.key[0], "name": s.key[1], "wave": s.wave,
+                          "phase": s.phase, "nodes": f"{s.nodes_done}/{s.nodes_total}",
+                          "message": truncate(s.message)}
+                         for s in sorted(finishing, key=lambda s: s.key)
+                         [:_MAX_CLUSTERS_IN_STATUS]],
+            "conditions": [_cond(COND_COMPLETE, False, REASON_WITHDRAWING, message),
+                           _cond(COND_PROGRESSING, bool(finishing), REASON_WITHDRAWING,
+                                 message),
+                           _cond(COND_FAILED, bool(failed), REASON_WITHDRAWING,
+                                 message if failed else "")]}
+
+
 def _refused(s: ClusterStanding, t: IntentTarget) -> ClusterStanding:
     assert t.refusal is not None
     rule, why = t.refusal
@@ -369,4 +427,5 @@ __all__ = [
     "target_of",
     "upgrade_status",
     "with_ladders",
+    "withdrawing_status",
 ]

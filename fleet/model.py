@@ -62,6 +62,9 @@ ANN_RETRY = f"{DOMAIN}/retry"
 # The worker Machine annotation carrying the k0s version its node runs (set on completion).
 ANN_MACHINE_RUNNING_VERSION = RUNNING_VERSION_KEY
 NODEPLAN_FINALIZER = f"{DOMAIN}/node-signal"
+# On every FleetUpgrade: a deleted one stays, showing Withdrawing, until the clusters whose
+# version it had written have finished (fleet/intent.py withdrawing_status)
+FLEET_UPGRADE_FINALIZER = f"{DOMAIN}/withdraw"
 # A NodePlan the controller dispatches is created started: this annotation carries the
 # first request's identity (``created`` in the signal; attempt 1) and why it was
 # dispatched, so no status write is needed before the node is signalled. A NodePlan
@@ -169,6 +172,7 @@ class FleetUpgradeInfo:
     deleting: bool = False
     status: Mapping[str, Any] = field(default_factory=dict)
     resource_version: str = ""  # of the object ``status`` was read from (a patch's base)
+    finalizers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

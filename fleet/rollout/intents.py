@@ -21,11 +21,18 @@ from fleet.intent import (
     WaveStanding,
     status_changed,
     upgrade_status,
+    withdrawing_status,
 )
 from fleet.kube import KubeClient, KubeError, KubeObject, NotFoundError, patch_with_retry
 from fleet.kube.cache import newer_or_same
 from fleet.kube.resources import FLEET_UPGRADES
-from fleet.model import ClusterKey, FleetUpgradeInfo, IntentTarget, format_time
+from fleet.model import (
+    FLEET_UPGRADE_FINALIZER,
+    ClusterKey,
+    FleetUpgradeInfo,
+    IntentTarget,
+    format_time,
+)
 from fleet.rollout.gate import ClusterGate, ClusterPhase, GateDecision
 from fleet.rollout.progress import ClusterProgress
 
@@ -190,7 +197,11 @@ class UpgradeStatusWriter:
             key = (u.ref.namespace, u.ref.name)
             if u.deleting:
                 self._due.pop(key, None)
+                if FLEET_UPGRADE_FINALIZER in u.finalizers:
+                    written += await self._withdraw(u, stand, intents)
                 continue
+            if FLEET_UPGRADE_FINALIZER not in u.finalizers and u.problem is None:
+                await self._finalizer(u, add=True)
             current = self._current(u)
             old = current.get("status") or {}
             new = self.status(u, intents, stand, waves, hold)
@@ -209,6 +220,49 @@ class UpgradeStatusWriter:
             self._due.pop(key, None)
         self.writes += written
         return written
+
+    async def _withdraw(self, u: FleetUpgradeInfo, stand: Sequence[ClusterStanding],
+                        intents: Mapping[ClusterKey, IntentTarget]) -> int:
+        """A deleted FleetUpgrade: its status says Withdrawing with the clusters still
+        finishing the version k0s-fleet had written into them (fleet.intent.apply_intents
+        keeps those, and only those, on it); once none is left, the finalizer goes (and
+        the object with it). Returns the status writes made."""
+        finishing = [s for s in stand if not s.complete and (
+            t := intents.get(s.key)) is not None and t.intent.namespace == u.ref.namespace
+            and t.intent.name == u.ref.name]
+        new = withdrawing_status(u, finishing)
+        current = self._current(u)
+        wrote = 0
+        if status_changed(current.get("status") or {}, new) and await self._patch(
+                u, current, new):
+            wrote = 1
+        if not finishing:
+            log.info("FleetUpgrade %s/%s withdrawn; no cluster left finishing it: releasing",
+                     u.ref.namespace, u.ref.name)
+            await self._finalizer(u, add=False)
+        return wrote
+
+    async def _finalizer(self, u: FleetUpgradeInfo, *, add: bool) -> None:
+        """Add k0s-fleet's finalizer to a FleetUpgrade, or release it."""
+        def mutate(obj: KubeObject) -> dict[str, Any] | None:
+            meta = obj.get("metadata") or {}
+            have = list(meta.get("finalizers") or [])
+            if (FLEET_UPGRADE_FINALIZER in have) == add:
+                return None
+            if add and meta.get("deletionTimestamp"):
+                return None  # being deleted already: too late to hold it
+            want = [*have, FLEET_UPGRADE_FINALIZER] if add else [
+                f for f in have if f != FLEET_UPGRADE_FINALIZER]
+            return {"metadata": {"finalizers": want}}
+
+        try:
+            await patch_with_retry(self.client, FLEET_UPGRADES, u.ref.name, mutate,
+                                   u.ref.namespace)
+        except NotFoundError:
+            pass
+        except KubeError as e:
+            log.warning("could not %s the finalizer of FleetUpgrade %s/%s: %s",
+                        "add" if add else "release", u.ref.namespace, u.ref.name, e)
 
     async def _patch(self, u: FleetUpgradeInfo, current: KubeObject,
                      new: Mapping[str, Any]) -> bool:

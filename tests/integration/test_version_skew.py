@@ -309,3 +309,67 @@ async def test_an_upgrade_that_selects_no_cluster_ends_at_once(
                               generation=obj["metadata"]["generation"], out=out, poll=0.1)
     assert rc == Exit.FAILED
     assert "selects no cluster" in out.lines[-1] or "no cluster" in out.lines[-1], out.lines
+
+
+async def test_a_deleted_fleet_upgrade_withdraws_what_it_had_not_started_and_shows_it(
+        world: World, mgmt: KubeClient, wl1: KubeClient, infra_crd: None,
+        namespace: str) -> None:
+    """Issue #30 "withdrawing a version says what it does": deleting a FleetUpgrade
+    mid-rollout used to leave nothing to look at while its started cluster went on. Now
+    the FleetUpgrade stays (k0s-fleet's finalizer), shows Withdrawing with the cluster
+    still finishing the version already written into it, admits no other cluster, and
+    goes once that cluster is done."""
+    v2 = "v1.31.3+k0s.0"
+    first = await small_cluster(mgmt, wl1, world, namespace, prefix="wd1", control_planes=1,
+                                workers=1)
+    second = await small_cluster(mgmt, wl1, world, namespace, prefix="wd2", control_planes=1,
+                                 workers=1)
+    machines = set(first.machines) | set(second.machines)
+    await apply_upgrade(mgmt, namespace=namespace, name="withdrawn", version=v2,
+                        selector=None)
+    cfg = intent_config(namespace)  # maxConcurrentClusters 1
+    async with policy_controller(mgmt, cfg), anyio.create_task_group() as tg:
+        async def started() -> bool:
+            plans = (await mgmt.list(NODE_PLANS, namespace)).items
+            fu = await mgmt.get(FLEET_UPGRADES, "withdrawn", namespace)
+            return bool(plans) and "fleet.k0s-fleet.io/withdraw" in (
+                fu["metadata"].get("finalizers") or [])
+
+        await wait_for("a cluster started, the FleetUpgrade held", started, 60, 0.05)
+        [plan] = (await mgmt.list(NODE_PLANS, namespace)).items
+        begun = plan["spec"]["clusterName"]
+        other = second if begun == first.name else first
+        await mgmt.delete(FLEET_UPGRADES, "withdrawn", namespace)
+
+        async def withdrawing() -> dict[str, Any] | None:
+            fu = await mgmt.get_or_none(FLEET_UPGRADES, "withdrawn", namespace)
+            st = (fu or {}).get("status") or {}
+            return st if st.get("phase") == "Withdrawing" else None
+
+        st = await wait_for("Withdrawing", withdrawing, 60, 0.05)
+        assert [c["name"] for c in st["clusters"]] == [begun], st
+        assert "no new cluster is admitted" in st["message"]
+        responder = NodeResponder(wl1, step_seconds=0.1, only=lambda n: n in machines)
+        await tg.start(responder.run)
+
+        async def gone() -> bool:
+            return await mgmt.get_or_none(FLEET_UPGRADES, "withdrawn", namespace) is None
+
+        await wait_for("the FleetUpgrade released", gone, 120, 0.1)
+
+        async def recorded() -> bool:  # every node ran it; the Machines' records follow
+            ms = (await mgmt.list(MACHINES, namespace)).items
+            return {m["spec"]["version"] for m in ms
+                    if m["spec"]["clusterName"] == begun} == {v2}
+
+        await wait_for("the started cluster on the version", recorded, 60, 0.1)
+        tg.cancel_scope.cancel()
+    ms = (await mgmt.list(MACHINES, namespace)).items
+    assert {m["spec"]["version"] for m in ms if m["spec"]["clusterName"] == begun} == {v2}
+    assert {m["spec"]["version"] for m in ms
+            if m["spec"]["clusterName"] == other.name} == {V1}
+    assert [p for p in (await mgmt.list(NODE_PLANS, namespace)).items
+            if p["spec"]["clusterName"] == other.name] == []
+    assert other.kcp is not None
+    kcp = await mgmt.get(K0S_CONTROL_PLANES, other.kcp, namespace)
+    assert kcp["spec"]["version"] == V1

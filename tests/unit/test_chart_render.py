@@ -176,6 +176,7 @@ LOCAL_RULES = {
     ("fleet.k0s-fleet.io", "fleetupgrades", "get", "*"),
     ("fleet.k0s-fleet.io", "fleetupgrades", "list", "*"),
     ("fleet.k0s-fleet.io", "fleetupgrades", "watch", "*"),
+    ("fleet.k0s-fleet.io", "fleetupgrades", "patch", "*"),
     ("fleet.k0s-fleet.io", "fleetupgrades/status", "patch", "*"),
 }
 SA_SUBJECT = [{"kind": "ServiceAccount", "name": "r1-k0s-fleet", "namespace": "fleet-system"}]

@@ -17,6 +17,7 @@ from fleet.intent import (
     fleet_upgrade_from,
     resolve,
     upgrade_status,
+    withdrawing_status,
 )
 from fleet.model import (
     ANN_CAPI_PAUSED,
@@ -892,3 +893,26 @@ def test_workers_are_not_moved_past_a_hosted_control_plane_k0smotron_reports_old
     assert not of(result.actions, WriteVersion)
     [d] = [d for d in result.decisions if d.owner.kind == KIND_MD]
     assert "it reports v1.31.2+k0s.0, 1/1 ready" in d.waiting
+
+
+def test_a_withdrawn_fleet_upgrade_keeps_only_the_clusters_it_had_written_into() -> None:
+    sim = SimFleet(now=T0)
+    started = add_cluster(sim, "s1", control_planes=1, workers=1)
+    untouched = add_cluster(sim, "s2", control_planes=1, workers=1)
+    drive(sim, passes=3)  # adopt every object at V1
+    kcp = sim.control_planes[("default", "s1-cp")]
+    sim.control_planes[("default", "s1-cp")] = dataclasses.replace(
+        kcp, version=V2, annotations={**kcp.annotations, ANN_WRITTEN_VERSION: V2})
+    u = dataclasses.replace(upgrade("u", V2), deleting=True,
+                            finalizers=("fleet.k0s-fleet.io/withdraw",))
+    snap = apply_intents(sim.snapshot(), [u])
+    assert set(snap.intents) == {started}
+    assert snap.deployments[("default", "s1-md")].version == V2  # its workers finish too
+    assert snap.deployments[("default", "s2-md")].version == V1
+    assert untouched not in snap.intents
+    # without k0s-fleet's finalizer (released, or never added): nothing is held
+    assert apply_intents(sim.snapshot(), [dataclasses.replace(u, finalizers=())]).intents == {}
+    stand = [ClusterStanding(started, "default", "Upgrading", 1, 2, "upgrading")]
+    st = withdrawing_status(u, stand)
+    assert st["phase"] == "Withdrawing" and [c["name"] for c in st["clusters"]] == ["s1"]
+    assert "no new cluster is admitted" in st["message"]
