@@ -169,15 +169,44 @@ class NodePolicy(BaseModel):
     @classmethod
     def _selectors(cls, v: tuple[dict[str, Any], ...] | None
                    ) -> tuple[dict[str, Any], ...] | None:
-        from fleet.selectors import LabelSelector  # noqa: PLC0415 (it imports this module)
-
+        # The shape of a metav1.LabelSelector, checked here without fleet.selectors (the
+        # wire contract stays below the configuration layer; the agent matches with it).
         for i, sel in enumerate(v or ()):
-            try:
-                LabelSelector.model_validate(sel, by_alias=True)
-            except ValidationError as e:
-                raise ValueError(f"skipPods[{i}] is not a label selector: "
-                                 f"{e.errors()[0]['msg']}") from None
+            problem = _label_selector_problem(sel)
+            if problem is not None:
+                raise ValueError(f"skipPods[{i}] is not a label selector: {problem}")
         return v
+
+
+_OPERATORS = {"In", "NotIn", "Exists", "DoesNotExist"}
+
+
+def _label_selector_problem(sel: object) -> str | None:
+    """Why ``sel`` is not a metav1.LabelSelector (camelCase), or None."""
+    if not isinstance(sel, dict):
+        return "not an object"
+    unknown = set(sel) - {"matchLabels", "matchExpressions"}
+    if unknown:
+        return f"unknown field {sorted(unknown)[0]!r}"
+    labels = sel.get("matchLabels") or {}
+    if not isinstance(labels, dict) or not all(
+            isinstance(k, str) and isinstance(x, str) for k, x in labels.items()):
+        return "matchLabels must map strings to strings"
+    exprs = sel.get("matchExpressions") or []
+    if not isinstance(exprs, list):
+        return "matchExpressions must be a list"
+    for j, e in enumerate(exprs):
+        if not isinstance(e, dict) or not isinstance(e.get("key"), str):
+            return f"matchExpressions[{j}] needs a key"
+        op, values = e.get("operator"), e.get("values") or []
+        if op not in _OPERATORS:
+            return f"matchExpressions[{j}].operator {op!r} is not one of {sorted(_OPERATORS)}"
+        if not isinstance(values, list) or not all(isinstance(x, str) for x in values):
+            return f"matchExpressions[{j}].values must be strings"
+        if (op in ("In", "NotIn")) != bool(values):
+            return (f"matchExpressions[{j}]: {op} " + ("needs values" if op in ("In", "NotIn")
+                                                       else "takes no values"))
+    return None
 
 
 class K0sUpdateCommand(BaseModel):

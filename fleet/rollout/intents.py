@@ -255,9 +255,17 @@ class UpgradeStatusWriter:
                 f for f in have if f != FLEET_UPGRADE_FINALIZER]
             return {"metadata": {"finalizers": want}}
 
+        # the cached object is the base (no GET first: a real 409 re-reads)
+        base: KubeObject = {"metadata": {
+            "namespace": u.ref.namespace, "name": u.ref.name,
+            "resourceVersion": u.resource_version, "finalizers": list(u.finalizers),
+            **({"deletionTimestamp": "set"} if u.deleting else {})}}
         try:
-            await patch_with_retry(self.client, FLEET_UPGRADES, u.ref.name, mutate,
-                                   u.ref.namespace)
+            obj = await patch_with_retry(self.client, FLEET_UPGRADES, u.ref.name, mutate,
+                                         u.ref.namespace,
+                                         current=base if u.resource_version else None)
+            if obj is not None:  # the status patch that follows starts from it
+                self._written[(u.ref.namespace, u.ref.name)] = obj
         except NotFoundError:
             pass
         except KubeError as e:

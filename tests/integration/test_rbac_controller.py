@@ -191,6 +191,13 @@ async def test_controller_is_refused_what_it_must_not_do(
     await create_namespace(mgmt, elsewhere)
     await mgmt.create(SECRETS, {"metadata": {"name": "s"}, "stringData": {"k": "v"}}, elsewhere)
     ctl = as_controller
+    intent = unique("intent")
+    await apply_upgrade(mgmt, namespace=own, name=intent, version=V2,
+                        selector={"matchLabels": {"nobody": "x"}})
+    # its own finalizer: allowed (and taken off again)
+    await ctl.patch(FLEET_UPGRADES, intent, {"metadata": {
+        "finalizers": ["fleet.k0s-fleet.io/withdraw"]}}, own)
+    await ctl.patch(FLEET_UPGRADES, intent, {"metadata": {"finalizers": None}}, own)
     worker, cp = fc.workers[0], fc.control_planes[0]
     assert fc.md is not None and fc.kcp is not None
     md, kcp = fc.md, fc.kcp
@@ -236,8 +243,6 @@ async def test_controller_is_refused_what_it_must_not_do(
         "list ExtensionConfigs (extension off)": lambda: ctl.list(EXTENSION_CONFIGS),
         "create a FleetUpgrade": lambda: ctl.create(FLEET_UPGRADES, upgrade_object(
             "evil", own, V2, None), own),
-        "change a FleetUpgrade's spec": lambda: ctl.patch(FLEET_UPGRADES, "any", {
-            "spec": {"version": V2}}, own),
         "delete a FleetUpgrade": lambda: ctl.delete(FLEET_UPGRADES, "any", own),
         "list FleetUpgrades elsewhere": lambda: ctl.list(FLEET_UPGRADES, ns),
         "bind itself cluster-admin": lambda: ctl.create(CLUSTER_ROLE_BINDINGS, {
@@ -267,6 +272,11 @@ async def test_controller_is_refused_what_it_must_not_do(
         "re-template a MachineSet": lambda: ctl.patch(MACHINE_SETS, fc.machine_set, {  # type: ignore[arg-type]
             "spec": {"template": {"spec": {"bootstrap": {"configRef": {"name": "evil"}}}}}},
             ns),
+        # patch on FleetUpgrades is for k0s-fleet's own finalizer (withdrawing) only
+        "change a FleetUpgrade's spec": lambda: ctl.patch(FLEET_UPGRADES, intent, {
+            "spec": {"version": V1}}, own),
+        "add another finalizer to a FleetUpgrade": lambda: ctl.patch(
+            FLEET_UPGRADES, intent, {"metadata": {"finalizers": ["evil/x"]}}, own),
         "relabel a MachineDeployment's Machines": lambda: ctl.patch(
             MACHINE_DEPLOYMENTS, md, {"spec": {"template": {"metadata": {
                 "labels": {"evil": "x"}}}}}, ns),
