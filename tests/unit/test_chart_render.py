@@ -344,7 +344,7 @@ def test_guard_policy_targets_the_controller_identity() -> None:
     rules = vap["spec"]["matchConstraints"]["resourceRules"]
     assert {r for rule in rules for r in rule["resources"]} == {
         "machines", "machinedeployments", "machinesets", "k0scontrolplanes",
-        "k0smotroncontrolplanes", "k0sworkerconfigtemplates"}
+        "k0smotroncontrolplanes", "k0sworkerconfigtemplates", "fleetupgrades"}
     assert all(rule["operations"] == ["UPDATE"] for rule in rules)
     binding = m.one("ValidatingAdmissionPolicyBinding")
     assert binding["spec"] == {"policyName": vap["metadata"]["name"], "validationActions": ["Deny"]}
