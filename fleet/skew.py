@@ -104,6 +104,18 @@ def check_move(current: str | K0sVersion | None, target: str | K0sVersion, *,
     return None
 
 
+def _each_moves(current: Iterable[str | K0sVersion | None], t: K0sVersion | None,
+                target: str | K0sVersion, what: str) -> SkewRefusal | None:
+    """:func:`check_move` from each version in ``current`` to ``t`` (the parsed target)."""
+    if t is None:
+        return SkewRefusal(RULE_NOT_A_VERSION, f"{target!s} is not a k0s version")
+    for c in sorted(set(_versions(current))):
+        refusal = check_move(c, t, what=what)
+        if refusal is not None:
+            return refusal
+    return None
+
+
 def check_control_plane_move(current: Iterable[str | K0sVersion | None],
                              workers: Iterable[str | K0sVersion | None],
                              target: str | K0sVersion, *,
@@ -112,13 +124,9 @@ def check_control_plane_move(current: Iterable[str | K0sVersion | None],
     plane nodes run (``current``) and its workers run: each control plane moves at most one
     minor and never down, and no worker may end up more than one minor older."""
     t = _parse(target)
-    if t is None:
-        return SkewRefusal(RULE_NOT_A_VERSION, f"{target!s} is not a k0s version")
-    cps = _versions(current)
-    for c in sorted(set(cps)):
-        refusal = check_move(c, t, what=what)
-        if refusal is not None:
-            return refusal
+    refusal = _each_moves(current, t, target, what)
+    if refusal is not None or t is None:
+        return refusal
     ws = _versions(workers)
     if ws:
         oldest = min(ws)
@@ -140,12 +148,9 @@ def check_worker_move(current: Iterable[str | K0sVersion | None],
     and never down, and never past the oldest control plane's minor. ``control_planes``
     empty (not known, or hosted elsewhere and not reported) refuses nothing here."""
     t = _parse(target)
-    if t is None:
-        return SkewRefusal(RULE_NOT_A_VERSION, f"{target!s} is not a k0s version")
-    for c in sorted(set(_versions(current))):
-        refusal = check_move(c, t, what=what)
-        if refusal is not None:
-            return refusal
+    refusal = _each_moves(current, t, target, what)
+    if refusal is not None or t is None:
+        return refusal
     cps = _versions(control_planes)
     if cps:
         oldest = min(cps)

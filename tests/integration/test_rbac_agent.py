@@ -30,6 +30,7 @@ from fleet.kube.resources import (
     PODS,
     SECRETS,
     SERVICE_ACCOUNTS,
+    Resource,
 )
 from fleet.signal import (
     HAPPY_PATH,
@@ -84,17 +85,32 @@ async def releases() -> AsyncIterator[ReleaseServer]:
         yield rs
 
 
+VAP_BINDINGS = Resource("admissionregistration.k8s.io", "v1",
+                        "validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding",
+                        namespaced=False)
+
+
 @pytest.fixture(scope="module")
 async def agent_install(crds_installed: World, wl1: KubeClient,
-                        tmp_path_factory: pytest.TempPathFactory) -> AgentInstall:
-    """The agent chart, installed with helm (defaults) into a privileged namespace."""
+                        tmp_path_factory: pytest.TempPathFactory
+                        ) -> AsyncIterator[AgentInstall]:
+    """The agent chart, installed with helm (defaults) into a privileged namespace, and
+    uninstalled after the module: its admission policies bind cluster-wide (every Node of
+    the shared workload API server), and the signal policy lets only this release's
+    identity write a node's status, which would refuse the other modules' agents."""
     ns, release = unique("kfa-rbac"), unique("k0s-fleet-agent")
     await create_namespace(wl1, ns, pod_security="privileged")
     kubeconfig = kubeconfig_file(crds_installed["wl1"], tmp_path_factory.mktemp("helm"))
     await helm_cli("install", release, AGENT_CHART, "--namespace", ns, "--kubeconfig",
                    kubeconfig)
     ds = await wl1.get(DAEMONSETS, release, ns)
-    return AgentInstall(ns, release, pod_spec(ds)["serviceAccountName"], ds)
+    yield AgentInstall(ns, release, pod_spec(ds)["serviceAccountName"], ds)
+    await helm_cli("uninstall", release, "--namespace", ns, "--kubeconfig", kubeconfig,
+                   "--wait")
+    with anyio.fail_after(60):
+        while any(str(b["metadata"]["name"]).startswith(release)
+                  for b in (await wl1.list(VAP_BINDINGS)).items):
+            await anyio.sleep(0.1)
 
 
 

@@ -88,16 +88,17 @@ class SkewWatcher:
         if cps and ws and (max(ws) > min(cps) or min(cps) - min(ws) > 1):
             self.violations.append(f"worker skew: {sorted(self.versions.items())}")
 
+    async def poll(self, mgmt: KubeClient, namespace: str) -> None:
+        for m in (await mgmt.list(MACHINES, namespace)).items:
+            self.observe(m)
+
     async def run(self, mgmt: KubeClient, namespace: str, *,
                   task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        started = False
+        await self.poll(mgmt, namespace)
+        task_status.started()
         while True:
-            for m in (await mgmt.list(MACHINES, namespace)).items:
-                self.observe(m)
-            if not started:
-                task_status.started()
-                started = True
             await anyio.sleep(0.05)
+            await self.poll(mgmt, namespace)
 
 
 @pytest.mark.parametrize(("version", "rule"), [("v1.33.0+k0s.0", "MissingRung"),
@@ -211,18 +212,10 @@ class FleetSkewWatcher(SkewWatcher):
                    "spec": {"clusterName": cluster, "version": version}})
         self.violations = [v for w in self.per_cluster.values() for v in w.violations]
 
-    async def run(self, mgmt: KubeClient, namespace: str, *,
-                  task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        started = False
-        while True:
-            for obj in (await mgmt.list(K0SMOTRON_CONTROL_PLANES, namespace)).items:
-                self.observe_hosted(obj)
-            for m in (await mgmt.list(MACHINES, namespace)).items:
-                self.observe(m)
-            if not started:
-                task_status.started()
-                started = True
-            await anyio.sleep(0.05)
+    async def poll(self, mgmt: KubeClient, namespace: str) -> None:
+        for obj in (await mgmt.list(K0SMOTRON_CONTROL_PLANES, namespace)).items:
+            self.observe_hosted(obj)
+        await super().poll(mgmt, namespace)
 
 
 async def test_two_clusters_in_waves_one_hosted_climb_two_minors_within_the_skew_rules(
