@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from fleet.versions import InvalidVersionError, K0sVersion
+from fleet.versions import K0sVersion, parse_or_none
 
 RULE_NOT_A_VERSION = "NotAVersion"
 RULE_NO_DOWNGRADE = "NoDowngrade"
@@ -49,12 +49,7 @@ class SkewRefusal:
 
 
 def _parse(value: str | K0sVersion) -> K0sVersion | None:
-    if isinstance(value, K0sVersion):
-        return value
-    try:
-        return K0sVersion.parse(value)
-    except InvalidVersionError:
-        return None
+    return parse_or_none(value)
 
 
 def minor_of(v: K0sVersion) -> tuple[int, int]:

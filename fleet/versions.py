@@ -70,6 +70,18 @@ class K0sVersion:
         return str(self)
 
 
+def parse_or_none(value: object) -> K0sVersion | None:
+    """``value`` as a K0sVersion, or None when it is empty or not a k0s version."""
+    if isinstance(value, K0sVersion):
+        return value
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return K0sVersion.parse(value)
+    except InvalidVersionError:
+        return None
+
+
 def normalize(value: str) -> str:
     """The canonical spelling of a k0s version string."""
     return str(K0sVersion.parse(value))

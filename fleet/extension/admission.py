@@ -36,7 +36,7 @@ from fleet.skew import (
     check_control_plane_move,
     check_worker_move,
 )
-from fleet.versions import InvalidVersionError, K0sVersion, same_version
+from fleet.versions import K0sVersion, parse_or_none, same_version
 
 UPDATE_IN_PROGRESS_ANNOTATION = "in-place-updates.internal.cluster.x-k8s.io/update-in-progress"
 PENDING_HOOKS_ANNOTATION = "runtime.cluster.x-k8s.io/pending-hooks"
@@ -78,12 +78,7 @@ def in_place_update_in_progress(machine: Mapping[str, Any]) -> bool:
 
 
 def _version(value: Any) -> K0sVersion | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return K0sVersion.parse(value)
-    except InvalidVersionError:
-        return None
+    return parse_or_none(value)
 
 
 @dataclass(frozen=True, slots=True)

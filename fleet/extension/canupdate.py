@@ -38,7 +38,7 @@ from fleet.extension.wire import (
     ResponseStatus,
 )
 from fleet.skew import check_move
-from fleet.versions import InvalidVersionError, K0sVersion
+from fleet.versions import K0sVersion, parse_or_none
 
 BOOTSTRAP_GROUP = "bootstrap.cluster.x-k8s.io"
 K0S_CONFIG_KINDS = frozenset({"K0sWorkerConfig", "K0sControllerConfig"})
@@ -133,12 +133,7 @@ def _group(api_version: Any) -> str:
 
 
 def _version(value: Any) -> K0sVersion | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return K0sVersion.parse(value)
-    except InvalidVersionError:
-        return None
+    return parse_or_none(value)
 
 
 # -- the shared rule --------------------------------------------------------------------
