@@ -38,6 +38,7 @@ from fleet.extension.server import serve_configured_extension
 from fleet.kube import WriteLimiter
 from fleet.listen import ListenError
 from fleet.rollout.policy import RolloutPolicy
+from fleet.status.runtime import register_runtime_metrics
 from fleet.status.server import StatusBoard, make_app, serve
 from fleet.telemetry import get_tracer, setup_tracing
 
@@ -116,7 +117,8 @@ def write_limiter(qps: float, burst: int) -> WriteLimiter | None:
     return WriteLimiter(qps, burst, name="management writes") if qps > 0 else None
 
 
-async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
+async def _main(args: argparse.Namespace, config: FleetConfig,
+                gc_pauses: GcPauses | None = None) -> int:
     try:
         mgmt = await common.management_client(config)
     except ValueError as e:  # no management kubeconfig and not in a cluster
@@ -162,6 +164,8 @@ async def _main(args: argparse.Namespace, config: FleetConfig) -> int:
                                  default_namespace=config.management.namespace)
         # Fleet rollout policy (waves, windows, pauses), publishing to /status, /metrics.
         board = StatusBoard()
+        # process_*, python_gc_* (with the pauses timed below), k0s_fleet_build_info
+        register_runtime_metrics(board.registry, component="controller", gc_pauses=gc_pauses)
         rollout = RolloutPolicy(writes, config, recorder=recorder, board=board,
                                 fleet_writer=writer.holds if writer is not None else None)
         # Clusters whose in-place updates CAPI drives through our runtime extension are
@@ -311,7 +315,8 @@ def run(args: argparse.Namespace) -> int:
     # large transient buffers (list bodies, /status) mapped and unmapped, not left in the
     # heap: the start-up's peak resident size (fleet.controllers.heap)
     fixed_mmap_threshold()
-    GcPauses().install()  # a long collection stops the event loop: logged (INFO)
+    gc_pauses = GcPauses()
+    gc_pauses.install()  # a long collection stops the event loop: logged (INFO), exported
     try:
         root_level, logger_levels = log_levels(args.log_level)
     except ValueError as e:
@@ -343,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
               f"--write-burst {args.write_burst}", file=sys.stderr)
         return common.Exit.BAD_CONFIG
     try:
-        return anyio.run(_main, args, config)
+        return anyio.run(_main, args, config, gc_pauses)
     except common.BadInputError as e:  # no usable management kubeconfig
         print(f"k0s-fleet controller: {e}", file=sys.stderr)
         return common.Exit.BAD_CONFIG

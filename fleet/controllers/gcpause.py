@@ -25,6 +25,7 @@ class GcPauses:
         self.clock = clock
         self.collections = [0, 0, 0]
         self.longest = [0.0, 0.0, 0.0]
+        self.paused = [0.0, 0.0, 0.0]  # per generation, over the process's life
         self.seconds = 0.0  # paused, over the process's life
         self._started: float | None = None
 
@@ -38,6 +39,7 @@ class GcPauses:
         gen = int(info.get("generation", 2))
         self.collections[gen] += 1
         self.longest[gen] = max(self.longest[gen], took)
+        self.paused[gen] += took
         self.seconds += took
         if took >= self.log_over:
             log.info("garbage collection of generation %d stopped the controller for "
