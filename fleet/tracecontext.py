@@ -88,6 +88,23 @@ class DurableSpan:
 
 
 
+# OpenTelemetry semantic conventions (the Kubernetes resource attributes), set on the spans
+# of a node upgrade next to k0s-fleet's own ``k0s_fleet.*`` names.
+K8S_CLUSTER_NAME = "k8s.cluster.name"
+K8S_NAMESPACE_NAME = "k8s.namespace.name"
+K8S_NODE_NAME = "k8s.node.name"
+
+
+def k8s_attributes(namespace: str | None, cluster: str | None,
+                   node: str | None) -> dict[str, str]:
+    """``k8s.namespace.name`` (of the Cluster API Cluster in the management cluster),
+    ``k8s.cluster.name`` (the workload cluster, as Cluster API names it) and
+    ``k8s.node.name``, leaving out those not known."""
+    pairs = ((K8S_NAMESPACE_NAME, namespace), (K8S_CLUSTER_NAME, cluster),
+             (K8S_NODE_NAME, node))
+    return {k: v for k, v in pairs if v}
+
+
 def get_tracer(name: str, provider: trace.TracerProvider | None = None) -> trace.Tracer:
     """A tracer from ``provider``, or from the global provider when none is given."""
     if provider is not None:

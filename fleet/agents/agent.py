@@ -83,7 +83,7 @@ from fleet.signal import (
     replace_status,
     utcnow,
 )
-from fleet.tracecontext import DurableSpan, get_tracer
+from fleet.tracecontext import K8S_NODE_NAME, DurableSpan, get_tracer
 
 log = logging.getLogger(__name__)
 
@@ -467,7 +467,8 @@ class Agent:
 
     @contextlib.contextmanager
     def _span(self, step: str, sig: SignalData) -> Iterator[trace.Span]:
-        attrs = {"k0s_fleet.node": self.name, "k0s_fleet.version": sig.command.k0supdate.version,
+        attrs = {K8S_NODE_NAME: self.name,
+                 "k0s_fleet.node": self.name, "k0s_fleet.version": sig.command.k0supdate.version,
                  "k0s_fleet.nodeplan": sig.planId, "k0s_fleet.step": step}
         t0 = time.monotonic()
         with self.tracer.start_as_current_span(
@@ -506,6 +507,7 @@ class Agent:
             else int(status.timestamp.timestamp() * 1e9)
         cmd = sig.command.k0supdate
         attrs: dict[str, str | bool] = {
+            K8S_NODE_NAME: self.name,
             "k0s_fleet.node": self.name, "k0s_fleet.nodeplan": sig.planId,
             "k0s_fleet.version": cmd.version, "k0s_fleet.executor": "agent",
             "k0s_fleet.signal_object": str(self.s.signal_object),

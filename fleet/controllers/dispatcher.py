@@ -104,6 +104,7 @@ from fleet.signal import (
     parse_signal,
 )
 from fleet.telemetry import context_from_traceparent, current_traceparent
+from fleet.tracecontext import k8s_attributes
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +289,8 @@ class Dispatcher:
         with self.tracer.start_as_current_span(
                 "node-upgrade.dispatch", context=trace.set_span_in_context(
                     trace.INVALID_SPAN),  # every node upgrade is a trace of its own
-                attributes={"k0s_fleet.cluster": a.cluster[1], "k0s_fleet.node": a.node,
+                attributes={**k8s_attributes(a.cluster[0], a.cluster[1], a.node),
+                            "k0s_fleet.cluster": a.cluster[1], "k0s_fleet.node": a.node,
                             "k0s_fleet.machine": a.machine.name, "k0s_fleet.role": a.role,
                             "k0s_fleet.version": a.version, "k0s_fleet.owner": str(a.owner),
                             "k0s_fleet.executor": a.executor,
@@ -490,7 +492,8 @@ class Dispatcher:
         start = p.started_at or p.created or self.clock()
         span = self.tracer.start_span(
             "node-upgrade", context=ctx, start_time=int(start.timestamp() * 1e9),
-            attributes={"k0s_fleet.cluster": p.cluster, "k0s_fleet.node": p.node,
+            attributes={**k8s_attributes(p.ref.namespace, p.cluster, p.node),
+                        "k0s_fleet.cluster": p.cluster, "k0s_fleet.node": p.node,
                         "k0s_fleet.machine": p.machine, "k0s_fleet.role": p.role,
                         "k0s_fleet.version": p.version, "k0s_fleet.outcome": outcome,
                         "k0s_fleet.attempts": p.attempts, "k0s_fleet.nodeplan": p.plan_id})

@@ -160,6 +160,7 @@ async def test_happy_path(sim: Any, releases: ReleaseServer, wl1: KubeClient,
     for s in recorded:
         assert s["trace_id"] == trace_id and s["links"] == []
         assert s["attributes"]["k0s_fleet.node"] == node.name
+        assert s["attributes"]["k8s.node.name"] == node.name  # OpenTelemetry semconv
         if s is not upgrade:
             assert s["parent_span_id"] == upgrade["span_id"]
             assert upgrade["start_time_unix_nano"] <= s["start_time_unix_nano"]

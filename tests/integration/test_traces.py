@@ -138,12 +138,17 @@ async def test_one_upgrade_is_one_trace_from_the_controllers_dispatch(  # noqa: 
         assert dispatch.span_id == tp.split("-")[2]
         assert dispatch.tags["k0s_fleet.machine"] == plan["spec"]["machineName"]
         assert dispatch.tags["k0s_fleet.cluster"] == fc.name
+        # the OpenTelemetry semantic conventions' names, next to k0s-fleet's own
+        assert dispatch.tags["k8s.cluster.name"] == fc.name
+        assert dispatch.tags["k8s.namespace.name"] == namespace
+        assert dispatch.tags["k8s.node.name"] == plan["spec"]["nodeName"]
         assert dispatch.tags["k0s_fleet.executor"] == "agent"
         # dispatch -> agent.upgrade -> every step, once each
         assert upgrade.parent_id == dispatch.span_id
         assert upgrade.tags["k0s_fleet.outcome"] == "Completed"
         assert upgrade.tags["k0s_fleet.version"] == V2
         assert upgrade.tags["k0s_fleet.previous_version"] == V1
+        assert upgrade.tags["k8s.node.name"] == plan["spec"]["nodeName"]
         for step in STEPS:
             (span,) = by[step]
             assert span.parent_id == upgrade.span_id, step
@@ -154,6 +159,8 @@ async def test_one_upgrade_is_one_trace_from_the_controllers_dispatch(  # noqa: 
         # the controller's outcome span joins the same trace under its dispatch
         (outcome,) = by["node-upgrade"]
         assert outcome.parent_id == dispatch.span_id
+        assert (outcome.tags["k8s.cluster.name"], outcome.tags["k8s.namespace.name"],
+                outcome.tags["k8s.node.name"]) == (fc.name, namespace, plan["spec"]["nodeName"])
         assert {s.name for s in spans} == {*STEPS, "agent.upgrade", "node-upgrade.dispatch",
                                            "node-upgrade"}
         services.add(upgrade.service)
