@@ -19,15 +19,27 @@ workload clusters' kubeconfig Secrets (:mod:`fleet.kube.inline`) they may name f
 exec plugins.
 
 ``-n/--namespace`` is the controller's namespace (where FleetUpgrades live and the rollout
-ConfigMap is); it overrides ``management.namespace`` (default ``k0s-fleet-system``).
+ConfigMap is). Without it: the fleet YAML's ``management.namespace`` when a local one sets
+it, else the namespace of the kubeconfig context in use (in a Pod: the service account's),
+else the chart's default ``k0s-fleet-system``.
+
+The fleet YAML ``plan``, ``status`` and ``upgrade --dry-run`` judge by (:func:`fleet_session`):
+``--config FILE`` (or ``$K0S_FLEET_CONFIG``), a local file for offline use; else the one
+the controller runs with, read from the cluster: the chart renders ``values.fleet`` into
+a ConfigMap in the release namespace (labels ``app.kubernetes.io/part-of=k0s-fleet``,
+``app.kubernetes.io/component=controller``, key ``fleet.yaml``); else the defaults. Each
+says which it used (:attr:`ResolvedConfig.source`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
@@ -36,10 +48,21 @@ import anyio
 import yaml
 
 from fleet.config import FleetConfig
-from fleet.config_errors import ConfigError
-from fleet.config_loader import load_config
-from fleet.kube import KubeClient, KubeError
+from fleet.config_errors import ConfigError, ConfigProblem
+from fleet.config_loader import CONFIG_PATH_ENV, load_config
+from fleet.kube import ForbiddenError, KubeClient, KubeError
 from fleet.kube.light import KubeconfigError
+from fleet.kube.resources import CONFIGMAPS
+from fleet.nodeplan import version_slug
+
+# The chart's default release namespace (docs/operations.md installs it there).
+CHART_NAMESPACE = "k0s-fleet-system"
+# How the CLI finds the fleet YAML the controller runs with: the chart's ConfigMap
+# (charts/k0s-fleet/templates/configmap.yaml) carries these labels and this key.
+CONTROLLER_CONFIG_SELECTOR = ("app.kubernetes.io/part-of=k0s-fleet,"
+                              "app.kubernetes.io/component=controller")
+CONTROLLER_CONFIG_KEY = "fleet.yaml"
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 class Exit(IntEnum):
@@ -73,8 +96,9 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
                    "service account, else ~/.kube/config)")
     p.add_argument("--context", help="kubeconfig context (default: its current-context)")
     p.add_argument("-n", "--namespace", help="the controller's namespace, where FleetUpgrades "
-                   "and the rollout ConfigMap live (overrides management.namespace; "
-                   "default k0s-fleet-system)")
+                   "and the rollout ConfigMap live (default: management.namespace of a local "
+                   "fleet YAML, else the kubeconfig context's namespace, else "
+                   f"{CHART_NAMESPACE})")
     add_exit_codes_epilog(p)
 
 
@@ -84,9 +108,15 @@ def add_exit_codes_epilog(p: argparse.ArgumentParser) -> None:
 
 
 OUTPUT_FORMATS = ("text", "json", "yaml")
+WIDE_FORMATS = ("text", "wide", "json", "yaml")
 
 
-def add_output_argument(p: argparse.ArgumentParser) -> None:
+def add_output_argument(p: argparse.ArgumentParser, *, wide: bool = False) -> None:
+    if wide:
+        p.add_argument("-o", "--output", choices=WIDE_FORMATS, default="text",
+                       help="text, wide (text with more columns: executor, current step, "
+                       "node, time in step), json or yaml (default: text)")
+        return
     p.add_argument("-o", "--output", choices=OUTPUT_FORMATS, default="text",
                    help="text, json or yaml (default: text)")
 
@@ -98,6 +128,22 @@ def dump(doc: Any, output: str) -> str:
     import json  # noqa: PLC0415
 
     return json.dumps(doc, indent=2) + "\n"
+
+
+def upgrade_object(name: str, namespace: str, version: str,
+                   selector: dict[str, Any] | None) -> dict[str, Any]:
+    """The FleetUpgrade ``k0s-fleet upgrade`` writes (and ``--dry-run`` imagines)."""
+    spec: dict[str, Any] = {"version": version}
+    if selector:
+        spec["clusterSelector"] = selector
+    return {"apiVersion": "fleet.k0s-fleet.io/v1alpha1", "kind": "FleetUpgrade",
+            "metadata": {"name": name, "namespace": namespace,
+                         "labels": {"app.kubernetes.io/managed-by": "k0s-fleet"}},
+            "spec": spec}
+
+
+def default_name(version: str) -> str:
+    return f"upgrade-{version_slug(version)}"
 
 
 def fleet_config(args: argparse.Namespace) -> FleetConfig:
@@ -257,3 +303,138 @@ async def management_client(config: FleetConfig, *,
                                                 transport="auto", base_dir=base_dir)
     except KubeconfigError as e:
         raise BadInputError(str(e)) from None
+
+
+# -- the namespace and the fleet YAML the commands judge by ------------------------------
+
+
+def context_namespace(kubeconfig: Mapping[str, Any], context: str | None) -> str | None:
+    """The namespace of ``context`` (default: the kubeconfig's ``current-context``), as
+    kubectl takes it; None when the context sets none (or does not exist: connecting
+    reports that)."""
+    name = context or kubeconfig.get("current-context")
+    for item in kubeconfig.get("contexts") or []:
+        if isinstance(item, Mapping) and item.get("name") == name:
+            body = item.get("context")
+            ns = body.get("namespace") if isinstance(body, Mapping) else None
+            return str(ns) if isinstance(ns, str) and ns else None
+    return None
+
+
+def default_namespace(management: Any, environ: Mapping[str, str], *,
+                      service_account_namespace: Path = SERVICE_ACCOUNT_NAMESPACE
+                      ) -> tuple[str, str]:
+    """(namespace, where it came from) when neither ``-n`` nor a local fleet YAML names
+    one: the kubeconfig context's namespace, in a Pod the service account's, else the
+    chart's default. Raises :class:`BadInputError` as :func:`find_kubeconfig` does."""
+    found = find_kubeconfig(management, environ)
+    if found is not None:
+        ns = context_namespace(found[0], management.context)
+        if ns:
+            return ns, "the kubeconfig context's namespace"
+    else:
+        try:
+            ns = service_account_namespace.read_text(encoding="utf-8").strip()
+        except OSError:
+            ns = ""
+        if ns:
+            return ns, "the service account's namespace"
+    return CHART_NAMESPACE, "the chart's default namespace"
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedConfig:
+    """The fleet config a command judges by, and what to tell the user about it."""
+
+    config: FleetConfig
+    source: str  # e.g. "ConfigMap k0s-fleet-system/k0s-fleet (controller's)"
+    namespace_from: str  # "-n/--namespace", "the fleet YAML", "the kubeconfig context's ..."
+    local: bool = False  # from --config / $K0S_FLEET_CONFIG
+
+    def banner(self) -> str:
+        return (f"config: {self.source}; namespace {self.config.management.namespace} "
+                f"({self.namespace_from})")
+
+
+def local_config_path(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    return getattr(args, "config", None) or environ.get(CONFIG_PATH_ENV) or None
+
+
+def with_namespace(config: FleetConfig, namespace: str) -> FleetConfig:
+    return config.model_copy(update={"management": config.management.model_copy(
+        update={"namespace": namespace})})
+
+
+def _management_overrides(config: FleetConfig) -> dict[str, Any]:
+    m = config.management
+    given = {"kubeconfig": m.kubeconfig, "context": m.context, "namespace": m.namespace}
+    return {"management": {k: v for k, v in given.items() if v}}
+
+
+def config_from_text(text: str, where: str, management: FleetConfig) -> FleetConfig:
+    """A fleet YAML held in memory (a ConfigMap's), validated as a file is, with the
+    management settings the CLI found laid over it; problems name ``where``."""
+    with tempfile.TemporaryDirectory(prefix="k0s-fleet-cli-") as tmp:
+        path = Path(tmp) / "fleet.yaml"
+        path.write_text(text, encoding="utf-8")
+        try:
+            return load_config(path, env={}, overrides=_management_overrides(management))
+        except ConfigError as e:
+            raise ConfigError([ConfigProblem(where if p.path == str(path) else
+                                             f"{where}: {p.path}", p.message)
+                               for p in e.problems], where) from None
+
+
+async def controller_configmap(mgmt: KubeClient, namespace: str
+                               ) -> tuple[dict[str, Any] | None, str]:
+    """The chart's fleet YAML ConfigMap in ``namespace`` (None when there is none) and, when
+    none was found, why. Several releases in one namespace are refused (bad input)."""
+    try:
+        items = (await mgmt.list(CONFIGMAPS, namespace,
+                                 label_selector=CONTROLLER_CONFIG_SELECTOR)).items
+    except ForbiddenError:
+        return None, f"not allowed to list ConfigMaps in namespace {namespace!r}"
+    found = [cm for cm in items if CONTROLLER_CONFIG_KEY in (cm.get("data") or {})]
+    if len(found) > 1:
+        names = ", ".join(sorted(str(cm["metadata"]["name"]) for cm in found))
+        raise BadInputError(f"several k0s-fleet controller configs in namespace "
+                            f"{namespace!r} ({names}): pass --config")
+    if not found:
+        return None, f"no controller config found in namespace {namespace!r}"
+    return found[0], ""
+
+
+@contextlib.asynccontextmanager
+async def fleet_session(args: argparse.Namespace, *, environ: Mapping[str, str] | None = None,
+                        controller_config: bool = True
+                        ) -> AsyncIterator[tuple[KubeClient, ResolvedConfig]]:
+    """The management client and the fleet config to judge by, found as this module's
+    docstring says: the namespace (``-n``, a local fleet YAML's, the context's, the
+    chart's), then the fleet YAML (``--config``/``$K0S_FLEET_CONFIG``, else the
+    controller's ConfigMap in that namespace, else the defaults). ``controller_config``
+    False: only the namespace is wanted (the local config stands)."""
+    env = os.environ if environ is None else environ
+    local = fleet_config(args)
+    path = local_config_path(args, env)
+    if getattr(args, "namespace", None):
+        ns_from = "-n/--namespace"
+    elif "namespace" in local.management.model_fields_set:
+        ns_from = "management.namespace"
+    else:
+        ns, ns_from = default_namespace(local.management, env)
+        local = with_namespace(local, ns)
+    namespace = local.management.namespace
+    mgmt = await management_client(local, environ=env)
+    async with mgmt:
+        if path is not None or not controller_config:
+            flag = "--config" if getattr(args, "config", None) else f"${CONFIG_PATH_ENV}"
+            yield mgmt, ResolvedConfig(local, f"{flag} {path} (local)" if path else "defaults",
+                                       ns_from, local=True)
+            return
+        cm, why = await controller_configmap(mgmt, namespace)
+        if cm is None:
+            yield mgmt, ResolvedConfig(local, f"defaults ({why})", ns_from)
+            return
+        where = f"ConfigMap {namespace}/{cm['metadata']['name']}"
+        config = config_from_text(str(cm["data"][CONTROLLER_CONFIG_KEY]), where, local)
+        yield mgmt, ResolvedConfig(config, f"{where} (controller's)", ns_from)

@@ -15,22 +15,38 @@ Before writing, it checks that a controller runs in that namespace (its rollout 
 ``k0s-fleet-rollout``, or one of its Leases ``k0s-fleet-*``): without one, nothing would
 ever read the FleetUpgrade, so it exits 2 naming the namespace (``--force`` writes anyway).
 Bad input (a version, a selector, a duration, a kubeconfig) exits 2.
+
+``--dry-run`` writes nothing: after the same checks it prints the plan as if the
+FleetUpgrade had been written (``k0s-fleet plan --version``: waves, clusters, node order,
+each object's executor, every refusal of k0s's version skew policy and each cluster's
+ladder), judged by the fleet YAML the controller runs with; it exits 1 when a cluster
+would be refused or none is selected.
+
+On a terminal (text output) the wait is a live view redrawn in place: per wave and cluster
+the phase, the current step and its node, the time in it and an ETA from the node upgrades
+seen so far (:mod:`fleet.cli.progress`). Not on a terminal, the lines above, and with each
+of them the clusters' lines of that view.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 
-from fleet.cli import common
-from fleet.kube import AlreadyExistsError, KubeClient
-from fleet.kube.resources import CONFIGMAPS, FLEET_UPGRADES, LEASES
-from fleet.nodeplan import version_slug
+from fleet.cli import common, plan
+from fleet.cli.common import default_name, upgrade_object
+from fleet.cli.progress import progress_state, render_progress
+from fleet.kube import AlreadyExistsError, KubeClient, KubeError
+from fleet.kube.resources import CONFIGMAPS, FLEET_UPGRADES, LEASES, NODE_PLANS
+from fleet.model import NodePlanInfo, nodeplan_from
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP
 from fleet.schedule import DurationError, parse_duration
 from fleet.selectors import LabelSelector, parse_label_selector
@@ -39,8 +55,12 @@ from fleet.versions import InvalidVersionError, normalize
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     common.add_fleet_arguments(p)
-    common.add_output_argument(p)
+    common.add_output_argument(p, wide=True)
     p.add_argument("version", help="k0s version, e.g. v1.31.3+k0s.0")
+    p.add_argument("--dry-run", action="store_true",
+                   help="write nothing: show the plan as if the FleetUpgrade were written "
+                        "(waves, clusters, node order, executors, ladders, every refusal; "
+                        "exit 1 when a cluster would be refused or none is selected)")
     p.add_argument("--name", help="FleetUpgrade name (default: upgrade-<version>)")
     p.add_argument("-l", "--selector", default="",
                    help="only clusters with these labels, e.g. 'k0s-fleet.io/ring=canary' "
@@ -70,21 +90,6 @@ def no_controller_message(namespace: str) -> str:
             f"{ROLLOUT_CONFIGMAP}, no k0s-fleet Lease): nothing would read the FleetUpgrade. "
             "Choose the controller's namespace with -n/--namespace (or management.namespace "
             "in the fleet YAML), or pass --force to write it anyway")
-
-
-def upgrade_object(name: str, namespace: str, version: str,
-                   selector: dict[str, Any] | None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"version": version}
-    if selector:
-        spec["clusterSelector"] = selector
-    return {"apiVersion": "fleet.k0s-fleet.io/v1alpha1", "kind": "FleetUpgrade",
-            "metadata": {"name": name, "namespace": namespace,
-                         "labels": {"app.kubernetes.io/managed-by": "k0s-fleet"}},
-            "spec": spec}
-
-
-def default_name(version: str) -> str:
-    return f"upgrade-{version_slug(version)}"
 
 
 def progress_line(obj: dict[str, Any]) -> str:
@@ -151,6 +156,57 @@ class Printer:
         return ""
 
 
+def redraw_text(previous: int, lines: list[str]) -> str:
+    """What redraws a view of ``previous`` lines in place with ``lines``: the cursor to
+    the first line of the old view, the screen cleared from there, the new view."""
+    back = f"\x1b[{previous}F\x1b[J" if previous else ""
+    return back + "".join(f"{line}\n" for line in lines)
+
+
+@dataclass
+class LiveView:
+    """The live progress view while ``follow`` waits: the FleetUpgrade's status and the
+    NodePlans of its clusters (re-listed at most every ``refresh`` seconds), rendered by
+    :func:`fleet.cli.progress.render_progress`. ``tty``: redrawn in place; otherwise the
+    clusters' lines follow each progress line."""
+
+    tty: bool
+    width: int = 100
+    refresh: float = 2.0
+    _drawn: int = 0
+    _nodeplans: list[NodePlanInfo] = field(default_factory=list)
+    _listed_at: float | None = None
+
+    async def _list_nodeplans(self, mgmt: KubeClient, obj: dict[str, Any]) -> None:
+        clusters = {(str(c.get("namespace")), str(c.get("name")))
+                    for c in (obj.get("status") or {}).get("clusters") or []}
+        plans: list[NodePlanInfo] = []
+        try:
+            for ns in sorted({ns for ns, _ in clusters}):
+                plans += [p for p in map(nodeplan_from, (await mgmt.list(NODE_PLANS, ns)).items)
+                          if (ns, p.cluster) in clusters]
+        except KubeError:
+            return  # not readable with these rights: the view without steps
+        self._nodeplans = plans
+
+    async def lines(self, mgmt: KubeClient, obj: dict[str, Any], now: float) -> list[str]:
+        if self._listed_at is None or now - self._listed_at >= self.refresh:
+            self._listed_at = now
+            await self._list_nodeplans(mgmt, obj)
+        return render_progress(progress_state(obj, self._nodeplans, datetime.now(UTC)),
+                               width=self.width)
+
+    def draw(self, lines: list[str]) -> str:
+        text = redraw_text(self._drawn, lines)
+        self._drawn = len(lines)
+        return text
+
+
+def on_terminal(stream: Any) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty()) and os.environ.get("TERM") != "dumb"
+
+
 def reason_of(obj: dict[str, Any], ctype: str) -> str | None:
     return next((c.get("reason") for c in (obj.get("status") or {}).get("conditions") or []
                  if c.get("type") == ctype), None)
@@ -175,9 +231,11 @@ async def apply_upgrade(mgmt: KubeClient, *, namespace: str, name: str, version:
 
 async def follow(mgmt: KubeClient, *, namespace: str, name: str, generation: int,
                  out: Any = sys.stdout, as_json: bool = False, poll: float = 1.0,
-                 output: str | None = None, heartbeat: float = HEARTBEAT_SECONDS) -> int:
+                 output: str | None = None, heartbeat: float = HEARTBEAT_SECONDS,
+                 live: LiveView | None = None) -> int:
     """Print the FleetUpgrade's progress until Complete (0) or Failed (1) (``output``: text,
-    json or yaml; at least every ``heartbeat`` seconds a line, see :class:`Printer`)."""
+    json or yaml; at least every ``heartbeat`` seconds a line, see :class:`Printer`; with
+    ``live`` and text, the live progress view, :class:`LiveView`)."""
     printer = Printer(output or ("json" if as_json else "text"), heartbeat,
                       started=anyio.current_time())
     while True:
@@ -186,6 +244,10 @@ async def follow(mgmt: KubeClient, *, namespace: str, name: str, generation: int
         current = int(st.get("observedGeneration") or 0) >= generation
         if current:
             to_out, to_err = printer.update(obj, anyio.current_time())
+            if live is not None and printer.output == "text" and (live.tty or to_out):
+                lines = await live.lines(mgmt, obj, anyio.current_time())
+                to_out = live.draw(lines) if live.tty \
+                    else to_out + "".join(f"{line}\n" for line in lines[1:])
             if to_out:
                 out.write(to_out)
                 out.flush()
@@ -207,8 +269,19 @@ async def follow(mgmt: KubeClient, *, namespace: str, name: str, generation: int
         await anyio.sleep(poll)
 
 
+async def _dry_run(args: argparse.Namespace) -> int:
+    preview = plan.parse_preview(args.version, args.selector, args.name)
+    async with common.fleet_session(args) as (mgmt, resolved):
+        namespace = resolved.config.management.namespace
+        if not args.force and not await controller_present(mgmt, namespace):
+            raise common.BadInputError(no_controller_message(namespace))
+        return await plan.show("upgrade", mgmt, resolved, output=args.output,
+                               now=datetime.now(UTC), preview=preview)
+
+
 async def _run(args: argparse.Namespace) -> int:
-    config = common.fleet_config(args)
+    if args.dry_run:
+        return await _dry_run(args)
     version = normalize(args.version)
     try:
         selector: LabelSelector | None = parse_label_selector(args.selector) \
@@ -221,9 +294,10 @@ async def _run(args: argparse.Namespace) -> int:
         timeout = parse_duration(args.timeout).total_seconds()
     except DurationError as e:
         raise common.BadInputError(f"--timeout: {e}") from None
-    namespace = config.management.namespace
     name = args.name or default_name(version)
-    async with await common.management_client(config) as mgmt:
+    output = "text" if args.output == "wide" else args.output
+    async with common.fleet_session(args, controller_config=False) as (mgmt, resolved):
+        namespace = resolved.config.management.namespace
         if not args.force and not await controller_present(mgmt, namespace):
             raise common.BadInputError(no_controller_message(namespace))
         obj = await apply_upgrade(mgmt, namespace=namespace, name=name, version=version,
@@ -236,7 +310,9 @@ async def _run(args: argparse.Namespace) -> int:
         with anyio.move_on_after(timeout):
             return await follow(mgmt, namespace=namespace, name=name,
                                 generation=int(obj["metadata"].get("generation") or 1),
-                                output=args.output)
+                                output=output,
+                                live=LiveView(tty=on_terminal(sys.stdout),
+                                              width=shutil.get_terminal_size().columns - 1))
         print(f"k0s-fleet upgrade: not complete after {args.timeout}", file=sys.stderr)
         return common.Exit.NOT_DONE
 

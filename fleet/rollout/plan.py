@@ -260,8 +260,9 @@ def plan_document(run: DryRun) -> dict[str, Any]:
     }
 
 
-def plan_text(doc: dict[str, Any]) -> list[str]:
-    """A readable rendering of :func:`plan_document`."""
+def plan_text(doc: dict[str, Any], *, wide: Mapping[str, str] | None = None) -> list[str]:
+    """A readable rendering of :func:`plan_document`; ``wide`` (``-o wide``) adds a line
+    under each cluster (by ``namespace/name``)."""
     out: list[str] = []
     r = doc["rollout"]
     for k in ("emergencyStop", "halted", "paused"):
@@ -275,6 +276,8 @@ def plan_text(doc: dict[str, Any]) -> list[str]:
         for c in w["clusters"]:
             out.append(f"  cluster {c['namespace']}/{c['name']} [{c['phase']}]"
                        + (f" blocked: {c['blocked']}" if c["blocked"] else ""))
+            if wide and (extra := wide.get(f"{c['namespace']}/{c['name']}")):
+                out.append(f"    {extra}")
             if c.get("ladder"):
                 out.append(f"    ladder (one minor at a time): {' -> '.join(c['ladder'])}")
             for o in c["objects"]:
@@ -301,8 +304,8 @@ def plan_text(doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def render_plan(doc: dict[str, Any]) -> str:
-    return "\n".join(plan_text(doc))
+def render_plan(doc: dict[str, Any], *, wide: Mapping[str, str] | None = None) -> str:
+    return "\n".join(plan_text(doc, wide=wide))
 
 
 __all__ = ["DryRun", "PlanStep", "dry_run", "plan_document", "plan_text", "render_plan"]

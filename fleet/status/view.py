@@ -3,6 +3,7 @@ nodes by state, halted objects with their reasons."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -36,7 +37,14 @@ def _states(counts: dict[str, int]) -> Text:
     return t or Text("-", style="dim")
 
 
-def render(doc: dict[str, Any], *, width: int = 30) -> RenderableType:
+WIDE_COLUMNS = (("executor", "executor"), ("step", "current step"), ("node", "node"),
+                ("inStep", "in step"))
+
+
+def render(doc: dict[str, Any], *, width: int = 30,
+           wide: Mapping[str, Mapping[str, str]] | None = None) -> RenderableType:
+    """The status document for a terminal; ``wide`` (``-o wide``: per ``namespace/name``
+    the values of :data:`WIDE_COLUMNS`) adds those columns to each cluster's row."""
     r, s = doc["rollout"], doc["summary"]
     head = Text.assemble(
         ("fleet rollout ", "bold"), _phase(r["phase"]),
@@ -66,13 +74,18 @@ def render(doc: dict[str, Any], *, width: int = 30) -> RenderableType:
         table.add_column("progress")
         table.add_column("nodes", justify="right")
         table.add_column("by state")
+        if wide is not None:
+            for _, title_ in WIDE_COLUMNS:
+                table.add_column(title_)
         table.add_column("why not now", overflow="fold", max_width=60)
         for c in w["clusters"]:
+            extra = wide.get(f"{c['namespace']}/{c['name']}", {}) if wide is not None else {}
             table.add_row(
                 f"{c['namespace']}/{c['name']}",
                 _phase("Unreachable" if c.get("unreachableSince") else c["phase"]),
                 ProgressBar(total=max(1, c["nodes"]), completed=c["upToDate"], width=width),
                 f"{c['upToDate']}/{c['nodes']}", _states(c["nodesByState"]),
+                *([extra.get(k, "-") for k, _ in WIDE_COLUMNS] if wide is not None else []),
                 Text(c["problem"] or c["reason"] or "", style="dim"))
         body: list[RenderableType] = [table]
         if w["message"]:
