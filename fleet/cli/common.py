@@ -76,7 +76,8 @@ class Exit(IntEnum):
 
 EXIT_CODES_HELP = """exit codes:
   0    done (upgrade: the FleetUpgrade is Complete)
-  1    failed (unreachable cluster, API error; upgrade: Failed, or selects no cluster)
+  1    failed (unreachable cluster, API error; upgrade: Failed, or selects no cluster;
+       upgrade --dry-run / plan --version: a cluster refused, or none selected)
   2    bad input: arguments, fleet config, kubeconfig, or no controller in the namespace
   3    upgrade: not complete within --timeout
   4    controller: lost its Lease (the Pod restarts)

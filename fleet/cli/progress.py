@@ -190,7 +190,7 @@ def fleet_eta(state: ProgressState) -> float | None:
 
 
 def _eta_text(eta: float | None, state: ProgressState) -> str:
-    if state.nodes_total and state.nodes_done >= state.nodes_total:
+    if not state.clusters or state.nodes_done >= state.nodes_total:
         return ""
     if eta is None:
         return "  ETA: after the first node (no node time seen yet)"
