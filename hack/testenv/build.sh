@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds the pinned kube-apiserver, etcd, helm, jaeger and Cluster API managers used by
-# the test world from the official Go modules, into a cache keyed by the pins; a second
-# run builds nothing. The CAPI CRDs and webhook configurations are copied from the same
+# Builds the pinned kube-apiserver, etcd, helm, jaeger, Cluster API managers, promtool and
+# prometheus used by the test world from the official Go modules, into a cache keyed by the
+# pins; a second run builds nothing. The CAPI CRDs and webhook configurations are copied from the same
 # module versions into $cache/capi/<version>/ (never into the repository).
 #
 #   hack/testenv/build.sh            # prints the bin directory on the last line
@@ -110,6 +110,37 @@ GO
   mv "$out.tmp" "$out"
 }
 
+# promtool and prometheus from the Prometheus Go module (v3.X.Y is tagged v0.3XX.Y), through
+# a wrapper module requiring it. -tags remove_all_sd leaves out every service discovery but
+# static/file configs (the test scrapes one known address), so the cloud SDKs are neither
+# downloaded nor compiled; the web UI's assets are not embedded (the HTTP API is all the
+# tests use). Both binaries are built in one step (they share most packages).
+build_prometheus() {
+  local promtool="$bin/promtool-$PROMETHEUS_VERSION-$PROMETHEUS_BUILD_REV"
+  local prometheus="$bin/prometheus-$PROMETHEUS_VERSION-$PROMETHEUS_BUILD_REV"
+  [[ -x $promtool && -x $prometheus ]] && return
+  local dir="$work/prometheus-$PROMETHEUS_VERSION" go_line
+  rm -rf "$dir" && mkdir -p "$dir"
+  go_line=$(cd "$dir" && go mod download -json "github.com/prometheus/prometheus@$PROMETHEUS_VERSION" \
+    | python3 -c 'import json,sys; print(next(l for l in open(json.load(sys.stdin)["GoMod"]) if l.startswith("go ")).strip())')
+  printf 'module k0s-fleet.test/prometheus\n\n%s\n\nrequire github.com/prometheus/prometheus %s\n' \
+    "$go_line" "$PROMETHEUS_VERSION" >"$dir/go.mod"
+  # Version as upstream's release build stamps it (v0.316.0 -> 3.16.0).
+  local v=${PROMETHEUS_VERSION#v0.} pkg=github.com/prometheus/common/version
+  local minor=${v%%.*} patch=${v#*.}
+  local flags="-s -X $pkg.Version=${minor:0:1}.$((10#${minor:1})).$patch -X $pkg.Branch=HEAD"
+  log "building promtool and prometheus $PROMETHEUS_VERSION (cold: several minutes)"
+  # No `go mod tidy` (it would fetch every SD plugin's SDK for all build tags): -mod=mod
+  # adds only what the tagged build imports.
+  (cd "$dir" \
+   && go build -tags remove_all_sd -trimpath -ldflags="$flags" -o "$promtool.tmp" \
+        github.com/prometheus/prometheus/cmd/promtool \
+   && go build -tags remove_all_sd -trimpath -ldflags="$flags" -o "$prometheus.tmp" \
+        github.com/prometheus/prometheus/cmd/prometheus)
+  mv "$promtool.tmp" "$promtool"
+  mv "$prometheus.tmp" "$prometheus"
+}
+
 # The Cluster API core manager at version $1, main package $2 (v1.14 moved it to ./core
 # and its Go API into the module sigs.k8s.io/cluster-api/api, whose in-repo replace does
 # not apply to a dependency: pin it to the same version), plus the module's CRDs and
@@ -157,6 +188,7 @@ build_kube_apiserver
 build_jaeger
 build_capi "$CAPI_VERSION" sigs.k8s.io/cluster-api/core core/config yes
 build_capi "$CAPI_OLD_VERSION" sigs.k8s.io/cluster-api config no
+build_prometheus
 # Stable names for the harness; the versioned files are the cache keys.
 ln -sf "kube-apiserver-$KUBE_VERSION-$KUBE_BUILD_REV" "$bin/kube-apiserver"
 ln -sf "etcd-$ETCD_VERSION" "$bin/etcd"
@@ -164,5 +196,7 @@ ln -sf "helm-$HELM_VERSION" "$bin/helm"
 ln -sf "jaeger-$JAEGER_VERSION" "$bin/jaeger"
 ln -sf "capi-manager-$CAPI_VERSION-$CAPI_BUILD_REV" "$bin/capi-manager-$CAPI_VERSION"
 ln -sf "capi-manager-$CAPI_OLD_VERSION-$CAPI_BUILD_REV" "$bin/capi-manager-$CAPI_OLD_VERSION"
+ln -sf "promtool-$PROMETHEUS_VERSION-$PROMETHEUS_BUILD_REV" "$bin/promtool"
+ln -sf "prometheus-$PROMETHEUS_VERSION-$PROMETHEUS_BUILD_REV" "$bin/prometheus"
 log "binaries ready in $(( $(date +%s) - start ))s"
 echo "$bin"
