@@ -32,6 +32,7 @@ from fleet.testing.responder import NodeResponder
 from fleet.testing.world import World
 from tests.helpers.capienv import wait_for
 from tests.helpers.controller import intent_config, policy_controller, small_cluster
+from tests.helpers.skew import FleetSkewWatcher, SkewWatcher
 
 V1 = "v1.31.2+k0s.0"
 pytestmark = pytest.mark.anyio
@@ -51,54 +52,6 @@ class _Lines:
 
     def flush(self) -> None:
         pass
-
-
-def _minor(v: str) -> int:
-    return int(v.removeprefix("v").split(".")[1])
-
-
-class SkewWatcher:
-    """Watches every Machine of one cluster and records each moment the skew rules are
-    broken: control planes more than one minor apart, a worker newer than the oldest
-    control plane or more than one minor older, a Machine moving down or by two minors."""
-
-    def __init__(self, cluster: str) -> None:
-        self.cluster = cluster
-        self.versions: dict[str, tuple[str, str]] = {}  # name -> (role, version)
-        self.violations: list[str] = []
-        self.events = 0
-
-    def observe(self, m: dict[str, Any]) -> None:
-        spec = m.get("spec") or {}
-        if spec.get("clusterName") != self.cluster or not spec.get("version"):
-            return
-        self.events += 1
-        labels = (m.get("metadata") or {}).get("labels") or {}
-        role = "cp" if "cluster.x-k8s.io/control-plane" in labels else "worker"
-        name, version = m["metadata"]["name"], spec["version"]
-        before = self.versions.get(name)
-        if before is not None and (_minor(version) < _minor(before[1])
-                                   or _minor(version) - _minor(before[1]) > 1):
-            self.violations.append(f"{name}: {before[1]} -> {version}")
-        self.versions[name] = (role, version)
-        cps = [_minor(v) for r, v in self.versions.values() if r == "cp"]
-        ws = [_minor(v) for r, v in self.versions.values() if r == "worker"]
-        if cps and max(cps) - min(cps) > 1:
-            self.violations.append(f"control planes apart: {sorted(self.versions.items())}")
-        if cps and ws and (max(ws) > min(cps) or min(cps) - min(ws) > 1):
-            self.violations.append(f"worker skew: {sorted(self.versions.items())}")
-
-    async def poll(self, mgmt: KubeClient, namespace: str) -> None:
-        for m in (await mgmt.list(MACHINES, namespace)).items:
-            self.observe(m)
-
-    async def run(self, mgmt: KubeClient, namespace: str, *,
-                  task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        await self.poll(mgmt, namespace)
-        task_status.started()
-        while True:
-            await anyio.sleep(0.05)
-            await self.poll(mgmt, namespace)
 
 
 @pytest.mark.parametrize(("version", "rule"), [("v1.33.0+k0s.0", "MissingRung"),
@@ -184,38 +137,6 @@ async def test_a_fleet_upgrade_two_minors_ahead_climbs_one_minor_at_a_time(
     # every node went through the rung, then the target: two NodePlans each
     assert sorted(p["spec"]["version"] for p in plans) == sorted(
         ["v1.32.5+k0s.0"] * len(fc.machines) + [target] * len(fc.machines))
-
-
-class FleetSkewWatcher(SkewWatcher):
-    """:class:`SkewWatcher` over several clusters, the hosted control planes included
-    (their version is what k0smotron reports in status.version)."""
-
-    def __init__(self, clusters: list[str]) -> None:
-        super().__init__("")
-        self.per_cluster = {c: SkewWatcher(c) for c in clusters}
-
-    def observe(self, m: dict[str, Any]) -> None:
-        w = self.per_cluster.get((m.get("spec") or {}).get("clusterName") or "")
-        if w is not None:
-            w.observe(m)
-            self.violations = [v for w in self.per_cluster.values() for v in w.violations]
-
-    def observe_hosted(self, obj: dict[str, Any]) -> None:
-        meta = obj.get("metadata") or {}
-        cluster = (meta.get("labels") or {}).get("cluster.x-k8s.io/cluster-name") or ""
-        version = (obj.get("status") or {}).get("version")
-        w = self.per_cluster.get(cluster)
-        if w is None or not version:
-            return
-        w.observe({"metadata": {"name": meta["name"],
-                                "labels": {"cluster.x-k8s.io/control-plane": ""}},
-                   "spec": {"clusterName": cluster, "version": version}})
-        self.violations = [v for w in self.per_cluster.values() for v in w.violations]
-
-    async def poll(self, mgmt: KubeClient, namespace: str) -> None:
-        for obj in (await mgmt.list(K0SMOTRON_CONTROL_PLANES, namespace)).items:
-            self.observe_hosted(obj)
-        await super().poll(mgmt, namespace)
 
 
 async def test_two_clusters_in_waves_one_hosted_climb_two_minors_within_the_skew_rules(

@@ -145,6 +145,67 @@ def test_the_default_wave_starting_before_the_canary_is_done_is_caught() -> None
     assert "were never seen done" in v
 
 
+OTHER = ClusterShape("c2", "default", 0, 2, 1)
+
+
+def _three(max_concurrent: int) -> ChaosWatcher:
+    w = ChaosWatcher(Schedule(0, (CANARY, PROD, OTHER), (), max_concurrent=max_concurrent),
+                     soak=timedelta(seconds=5))
+    for shape in (CANARY, PROD, OTHER):
+        for m in shape.machines:
+            w.on_node(shape.name, WatchEvent("ADDED", _node(m)))
+    w.arm()
+    return w
+
+
+def test_a_cluster_admitted_past_max_concurrent_clusters_is_caught() -> None:
+    """c1's node upgrades from T0 to T0+20s; c2 admitted at T0+10s (maxConcurrentClusters
+    1): caught, whatever became of c1's NodePlan (a deadline-failed plan whose request is
+    still live keeps its cluster's slot). Admitted after c1's request ended: fine."""
+    for admitted, caught in ((10, True), (25, False)):
+        w = _three(1)
+        w.on_plan(WatchEvent("ADDED", _plan("p1", "c1", T0)))
+        w.on_node("c1", WatchEvent("MODIFIED", _node("c1-cp-0", plan="p1", created=T0,
+                                                     state="Downloading", at=T0)))
+        w.on_node("c1", WatchEvent("MODIFIED", _node(
+            "c1-cp-0", plan="p1", created=T0, state="FailedDownload",
+            at=T0 + timedelta(seconds=20))))
+        w.on_plan(WatchEvent("ADDED", _plan("p2", "c2", T0 + timedelta(seconds=admitted))))
+        found = [v for v in w.admission_violations() if "maxConcurrentClusters 1" in v]
+        assert bool(found) is caught, (admitted, w.admission_violations())
+    w = _three(2)  # two at once allowed
+    w.on_plan(WatchEvent("ADDED", _plan("p1", "c1", T0)))
+    w.on_node("c1", WatchEvent("MODIFIED", _node("c1-cp-0", plan="p1", created=T0,
+                                                 state="Downloading", at=T0)))
+    w.on_plan(WatchEvent("ADDED", _plan("p2", "c2", T0 + timedelta(seconds=10))))
+    assert w.admission_violations() == []
+
+
+def test_a_request_seen_gone_ends_when_it_was_seen_gone() -> None:
+    now = [T0 + timedelta(seconds=30)]
+    w = _three(1)
+    w.wall = lambda: now[0]
+    w.on_node("c1", WatchEvent("MODIFIED", _node("c1-cp-0", plan="p1", created=T0,
+                                                 state="Downloading", at=T0)))
+    w.on_node("c1", WatchEvent("MODIFIED", _node("c1-cp-0")))  # withdrawn, no end said
+    [(start, end)] = [tuple(v) for v in w.spans.values()]
+    assert (start, end) == (T0, now[0])
+
+
+def test_a_cluster_admitted_while_the_record_was_unreadable_is_caught() -> None:
+    w = _three(2)
+    w.record_unreadable(T0, T0 + timedelta(seconds=20))
+    w.on_plan(WatchEvent("ADDED", _plan("p1", "c1", T0 + timedelta(seconds=2))))  # decided before
+    w.on_plan(WatchEvent("ADDED", _plan("p2", "c2", T0 + timedelta(seconds=12))))
+    [v] = w.admission_violations()
+    assert "c2 admitted" in v and "unreadable" in v
+
+
+def test_wave_policies_vary_over_seeds() -> None:
+    policies = {(schedule(s).max_concurrent, schedule(s).failure_budget) for s in range(40)}
+    assert policies == {(1, 0), (1, 1), (2, 0), (2, 1)}
+
+
 def _audit(user: str, verb: str, resource: str, name: str, received: float,  # noqa: PLR0917
            completed: float | None = None, code: int = 200) -> str:
     def at(s: float) -> str:

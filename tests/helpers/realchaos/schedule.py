@@ -29,7 +29,9 @@ FAULT_KINDS = (
     "mgmt-restart",      # the management kube-apiserver stopped and started
     "nodeplan-delete",   # a NodePlan in flight deleted
     "download-fail",     # the release server stalls, truncates or serves wrong bytes
+    "record-corrupt",    # the rollout record overwritten with garbage; repaired later
 )
+RECORD_MODES = ("not-json", "wrong-shape")
 DOWNLOAD_MODES = ("stall", "truncate", "wrong-bytes", "500")
 # A download-fail fault spoils at most this many requests to the release server.
 DOWNLOAD_FAULT_MAX = 4
@@ -69,11 +71,12 @@ class Fault:
     at_step: int  # fired once the watcher has seen this many node steps fleet-wide
     seconds: float  # how long it lasts (outages, pauses, storms)
     pick: int  # which target (cluster, node, plan), taken modulo what exists when fired
-    mode: str = ""  # download-fail: how the release server misbehaves
+    mode: str = ""  # download-fail: how the release server misbehaves; record-corrupt: how
     times: int = 0  # download-fail: for how many requests
 
     def describe(self) -> str:
-        extra = f" {self.mode} x{self.times}" if self.kind == "download-fail" else ""
+        extra = f" {self.mode} x{self.times}" if self.kind == "download-fail" else (
+            f" {self.mode}" if self.mode else "")
         return f"{self.kind}@step{self.at_step} {self.seconds:.0f}s pick {self.pick}{extra}"
 
 
@@ -83,6 +86,9 @@ class Schedule:
     clusters: tuple[ClusterShape, ...]
     faults: tuple[Fault, ...]
     crash_points: dict[str, str] = field(default_factory=dict)  # node -> crash point
+    # the default wave's policy: clusters upgrading at once, failed clusters tolerated
+    max_concurrent: int = 2
+    failure_budget: int = 0
 
     @property
     def machines(self) -> list[str]:
@@ -96,7 +102,8 @@ class Schedule:
         shape = ", ".join(f"{c.name}({c.wave}: {c.control_planes} cp, {c.workers} w, "
                           f"maxUnavailable {c.max_unavailable})" for c in self.clusters)
         crashes = ", ".join(f"{n}@{p}" for n, p in sorted(self.crash_points.items()))
-        return (f"seed {self.seed}: {shape}; faults: "
+        return (f"seed {self.seed}: {shape}; default wave maxConcurrentClusters "
+                f"{self.max_concurrent}, failureBudget {self.failure_budget}; faults: "
                 + "; ".join(f.describe() for f in self.faults)
                 + (f"; agent crash points: {crashes}" if crashes else ""))
 
@@ -130,7 +137,10 @@ def schedule(seed: int, *, clusters: int = 3, faults: int | None = None,
     machines = sched.machines
     crash_nodes = rnd.sample(machines, k=min(len(machines), rnd.randint(1, 3)))
     crash = {n: rnd.choice(CRASH_POINTS) for n in crash_nodes}
-    return Schedule(seed, tuple(shapes), tuple(out), crash)
+    # drawn from their own stream, so that they do not shift the fleet's and faults' draws
+    policy = random.Random(f"k0s-fleet-realchaos/{seed}/wave-policy")
+    return Schedule(seed, tuple(shapes), tuple(out), crash,
+                    max_concurrent=policy.choice((1, 2)), failure_budget=policy.choice((0, 1)))
 
 
 def _fault(rnd: random.Random, kind: str, step: int) -> Fault:
@@ -142,6 +152,8 @@ def _fault(rnd: random.Random, kind: str, step: int) -> Fault:
         "workload-stall": rnd.uniform(2, 10),
     }.get(kind, 0.0)
     pick = rnd.randrange(1_000_000)
+    if kind == "record-corrupt":
+        return Fault(kind, step, round(rnd.uniform(12, 20), 1), pick, rnd.choice(RECORD_MODES))
     if kind == "download-fail":
         # up to the agent's 3 attempts: recovered by its retries, or a FailedDownload
         return Fault(kind, step, 0.0, pick, rnd.choice(DOWNLOAD_MODES),
@@ -150,4 +162,5 @@ def _fault(rnd: random.Random, kind: str, step: int) -> Fault:
 
 
 __all__ = ["CRASH_POINTS", "DOWNLOAD_FAULT_MAX", "DOWNLOAD_MODES", "FAULT_KINDS", "OLD",
+           "RECORD_MODES",
            "STEPS_PER_NODE", "TARGET", "ClusterShape", "Fault", "Schedule", "schedule"]

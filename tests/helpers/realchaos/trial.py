@@ -32,18 +32,21 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from fleet.events import list_events
 from fleet.kube import KubeClient, KubeError, NotFoundError
 from fleet.kube.resources import (
     CLUSTERS,
+    CONFIGMAPS,
     K0S_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
     NAMESPACES,
     NODE_PLANS,
     NODES,
 )
-from fleet.model import ANN_RETRY
+from fleet.model import ANN_RETRY, parse_time
 from fleet.nodeplan import NodePlanPhase
 from fleet.planner import conditions as C
+from fleet.rollout.annotations import ROLLOUT_CONFIGMAP, STATE_KEY
 from fleet.testing.audit import AuditLog, audit_args
 from fleet.testing.capi import FleetCluster, bump, create_cluster, ensure_infra_crd
 from fleet.testing.releases import ReleaseServer
@@ -286,7 +289,10 @@ class Trial:
                      "verifying", "unCordoning"), deadline),
                 "waves": [{"name": "canary", "canary": True,
                            "clusterSelector": {"matchLabels": CANARY_LABELS},
-                           "soakSeconds": f"{int(SOAK.total_seconds())}s"}]},
+                           "soakSeconds": f"{int(SOAK.total_seconds())}s"},
+                          {"name": "default", "clusterSelector": {},
+                           "maxConcurrentClusters": self.sched.max_concurrent,
+                           "failureBudget": self.sched.failure_budget}]},
         }
 
     async def _all_ready(self, watcher: ChaosWatcher, timeout: float = 120) -> None:
@@ -335,6 +341,8 @@ class Trial:
             await self._delete_plan(mgmt, fault.pick)
         elif kind == "download-fail":
             rs.fail(TARGET, fault.mode, fault.times)
+        elif kind == "record-corrupt":
+            await self._corrupt_record(mgmt, watcher, fault)
         else:  # pragma: no cover - schedule and trial disagree
             raise ValueError(f"unknown fault {kind!r} (known: {FAULT_KINDS})")
 
@@ -363,6 +371,58 @@ class Trial:
                         for o in (await client.list(res, ns)).items:
                             for _ in range(2):  # two writers per object
                                 tg.start_soon(hammer, client, res, o["metadata"]["name"], ns)
+
+    @staticmethod
+    async def _corrupt_record(mgmt: KubeClient, watcher: ChaosWatcher,
+                              fault: Fault) -> None:
+        """Overwrite the rollout record (not JSON, or JSON of the wrong shape), leave it so
+        for the fault's seconds, then repair it as docs/rollout-policy.md tells an operator
+        to: delete the key. While it is unreadable the controller must admit no cluster
+        (the watcher judges the window) and go on with everything else."""
+        garbage = "{\"waves\": {\"canary\": " if fault.mode == "not-json" else \
+            '{"waves": [1, 2], "admitted": "everything"}'
+        written = False
+        with anyio.move_on_after(20):
+            while not written:
+                try:
+                    await mgmt.patch(CONFIGMAPS, ROLLOUT_CONFIGMAP,
+                                     {"data": {STATE_KEY: garbage}}, NAMESPACE)
+                    written = True
+                except NotFoundError:
+                    return  # no record yet: nothing to spoil
+                except KubeError:
+                    await anyio.sleep(0.5)  # a stalled or restarting API server
+        started = watcher.wall()
+        said = False
+        try:
+            with anyio.move_on_after(fault.seconds):
+                while True:  # the leader says why it holds, on the ConfigMap
+                    with contextlib.suppress(KubeError):
+                        said = said or any(
+                            e.get("reason") == "RolloutRecordUnreadable"
+                            and parse_time(e.get("eventTime")) is not None
+                            and parse_time(e.get("eventTime")) >= started - timedelta(seconds=1)
+                            for e in await list_events(mgmt, NAMESPACE,
+                                                       regarding_name=ROLLOUT_CONFIGMAP))
+                    await anyio.sleep(1.0)
+        finally:
+            # repaired even when the write's answer was lost (it may have landed)
+            with anyio.CancelScope(shield=True), anyio.move_on_after(60):
+                while True:
+                    try:
+                        await mgmt.patch(CONFIGMAPS, ROLLOUT_CONFIGMAP,
+                                         {"data": {STATE_KEY: None}}, NAMESPACE)
+                        break
+                    except NotFoundError:
+                        break
+                    except KubeError:
+                        await anyio.sleep(0.5)
+            if written:
+                watcher.record_unreadable(started, watcher.wall())
+                if not said:
+                    watcher.violations.append(
+                        f"the rollout record was unreadable for {fault.seconds:.0f}s "
+                        f"({fault.mode}) and no RolloutRecordUnreadable Event said so")
 
     @staticmethod
     async def _delete_plan(mgmt: KubeClient, pick: int) -> None:

@@ -107,6 +107,15 @@ class ChaosWatcher:
     done_at: dict[tuple[str, str], datetime] = field(default_factory=dict)
     # default-wave NodePlans: name -> creationTimestamp
     later_wave_starts: dict[str, datetime] = field(default_factory=dict)
+    # (cluster, node, planId, request created) -> [start, end]: when each request was live
+    # (end: its terminal status timestamp, or when it was seen gone; None while live)
+    spans: dict[tuple[str, str, str, str], list[datetime | None]] = field(
+        default_factory=dict)
+    current: dict[tuple[str, str], tuple[str, str, str, str]] = field(default_factory=dict)
+    # cluster -> its first NodePlan's creationTimestamp (the moment it was admitted)
+    admitted_at: dict[str, datetime] = field(default_factory=dict)
+    # when the rollout record was unreadable (the record-corrupt fault)
+    unreadable: list[tuple[datetime, datetime]] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     events: int = 0
     armed: bool = False
@@ -134,6 +143,7 @@ class ChaosWatcher:
         self.events += 1
         if ev.type == "DELETED":
             self.nodes[cluster].pop(name, None)
+            self._request_gone(cluster, name, None)
         else:
             self.nodes[cluster][name] = ev.object
             self._record_request(cluster, name, ev.object)
@@ -141,11 +151,32 @@ class ChaosWatcher:
             self.done_at.setdefault((cluster, name), self.wall())
         self.check(cluster)
 
+    def _request_gone(self, cluster: str, name: str,
+                      now: tuple[str, str, str, str] | None) -> None:
+        """The node no longer carries the request it carried (or carries ``now``): a
+        request that never said it ended ends when it was seen gone."""
+        before = self.current.get((cluster, name))
+        if before is not None and before != now:
+            span = self.spans.get(before)
+            if span is not None and span[1] is None:
+                span[1] = self.wall()
+        if now is None:
+            self.current.pop((cluster, name), None)
+        else:
+            self.current[(cluster, name)] = now
+
     def _record_request(self, cluster: str, name: str, node: KubeObject) -> None:
         sig = _signal(node)
         if sig is None:
+            self._request_gone(cluster, name, None)
             return
         created = sig.created.isoformat()
+        span_key = (cluster, name, sig.planId, created)
+        self._request_gone(cluster, name, span_key)
+        span = self.spans.setdefault(span_key, [sig.created, None])
+        if sig.status is not None and sig.status.status.terminal and (
+                span[1] is None or sig.status.timestamp < span[1]):
+            span[1] = sig.status.timestamp
         self.requests.setdefault((cluster, name), {}).setdefault(
             (sig.planId, sig.command.id), set()).add(created)
         if sig.status is None:
@@ -174,8 +205,15 @@ class ChaosWatcher:
         cluster = (ev.object.get("spec") or {}).get("clusterName")
         shape = self.shapes.get(str(cluster))
         created = parse_time(meta.get("creationTimestamp"))
+        if shape is not None and created is not None:
+            first = self.admitted_at.get(shape.name)
+            if first is None or created < first:
+                self.admitted_at[shape.name] = created
         if shape is not None and shape.wave != "canary" and created is not None:
             self.later_wave_starts.setdefault(name, created)
+
+    def record_unreadable(self, start: datetime, end: datetime) -> None:
+        self.unreadable.append((start, end))
 
     def check(self, cluster: str) -> None:
         if not self.armed:
@@ -213,6 +251,7 @@ class ChaosWatcher:
                     out.append(f"{cluster}/{node}: signalled {len(starts)} times for attempt "
                                f"{attempt} of {plan_id} ({incarnations} NodePlan object(s)):"
                                f" {sorted(starts)}")
+        out += self.admission_violations()
         canary = [(c.name, m) for c in self.sched.clusters if c.wave == "canary"
                   for m in c.machines]
         if self.later_wave_starts:
@@ -227,6 +266,34 @@ class ChaosWatcher:
                         out.append(f"NodePlan {name} created {created.isoformat()}, before "
                                    f"the canary wave was complete ({canary_done.isoformat()})"
                                    f" and soaked {self.soak.total_seconds():.0f}s")
+        return out
+
+    def admission_violations(self) -> list[str]:
+        """Judged on the API server's and the nodes' own timestamps (no watch lag):
+
+        - no cluster of the default wave admitted (its first NodePlan created) while
+          maxConcurrentClusters other clusters of that wave had a node upgrading (a request
+          live from before the admission to after it, whatever became of its NodePlan);
+        - no cluster admitted while the rollout record was unreadable (some seconds after
+          it was spoiled: a decision taken just before may still be carried out)."""
+        out: list[str] = []
+        slack = self.slack
+        for cluster, at in sorted(self.admitted_at.items()):
+            shape = self.shapes[cluster]
+            for start, end in self.unreadable:
+                if start + 4 * slack < at < end:
+                    out.append(f"{cluster} admitted at {at.isoformat()} while the rollout "
+                               f"record was unreadable ({start.isoformat()} .. "
+                               f"{end.isoformat()})")
+            if shape.wave == "canary":
+                continue
+            busy = sorted({c for (c, _n, _p, _cr), (s, e) in self.spans.items()
+                           if c != cluster and self.shapes[c].wave == shape.wave
+                           and s is not None and s + slack < at
+                           and (e is None or e > at + slack)})
+            if len(busy) >= self.sched.max_concurrent:
+                out.append(f"{cluster} admitted at {at.isoformat()} while {busy} were "
+                           f"upgrading (maxConcurrentClusters {self.sched.max_concurrent})")
         return out
 
     # -- feeding it from real watches ----------------------------------------------------------
