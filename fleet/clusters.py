@@ -33,7 +33,14 @@ from fleet.kube.inline import check_inline
 from fleet.kube.resources import AUTOPILOT_PLANS, CONTROL_NODES, NODES, SECRETS, Resource
 from fleet.kube.watch import Reflector, crd_established
 from fleet.model import KIND_CONTROL_NODE, KIND_NODE, ClusterKey
-from fleet.records import NodeRecord, PlanRecord, node_record, plan_record
+from fleet.records import (
+    NodeRecord,
+    PlanRecord,
+    node_record,
+    node_subset,
+    plan_record,
+    plan_subset,
+)
 
 log = logging.getLogger(__name__)
 
@@ -422,7 +429,8 @@ class ClusterRegistry:
                               idle_timeout=self.idle_timeout,
                               backoff=Backoff(initial=0.1, maximum=5.0),
                               on_health=functools.partial(self.changed, wc.key),
-                              keep_objects=False, relist_limiter=self._relists)
+                              keep_objects=False, relist_limiter=self._relists,
+                              decoder=node_subset)
         wc.node_reflector = reflector
 
         async def mark_synced() -> None:
@@ -447,6 +455,8 @@ class ClusterRegistry:
                                   watch_timeout=self.watch_timeout, spread=0.5,
                                   idle_timeout=self.idle_timeout, keep_objects=False,
                                   relist_limiter=self._relists, stop_when_absent=True,
+                                  decoder=plan_subset if resource == AUTOPILOT_PLANS
+                                  else node_subset,
                                   backoff=Backoff(initial=0.1, maximum=5.0),
                                   on_health=functools.partial(self.changed, wc.key))
             wc.optional_reflectors[resource.kind] = reflector

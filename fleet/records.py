@@ -24,6 +24,14 @@ patch (409) when the object moved on meanwhile and the patch is re-decided on a 
 
 Bad input (a watch event or list item of the wrong shape) raises :class:`RecordError`
 naming the object and the field.
+
+:func:`node_decoder` and :func:`plan_decoder` read an object's raw JSON straight into
+the subset of it that :func:`node_record` / :func:`plan_record` read (msgspec Structs of
+those fields only: images, managedFields and the rest are skipped, never built), for the
+watches and lists that feed the records (:mod:`fleet.kube.wire`). The record made of the
+subset is the record made of the whole object; an object whose fields do not have the
+expected types is not taken (``msgspec.ValidationError``) and is read whole, so the
+checks above still name what is wrong.
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
+from fleet.kube.wire import ObjectDecoder
 from fleet.model import (
     AUTOPILOT_PLAN_LIVE_STATES,
     KIND_CONTROL_NODE,
@@ -255,3 +266,118 @@ def plan_records(objects: Iterable[Any]) -> list[PlanRecord]:
         except RecordError as e:
             log.warning("ignoring an autopilot Plan: %s", e)
     return out
+
+
+# -- decoding straight into the subset the records read ---------------------------------
+# Each Struct names only the fields node_record / plan_record read; msgspec skips every
+# other field of the JSON without building it. Leaf values are Any: node_record and
+# plan_record check them as they check a whole object's; a container of the wrong kind
+# (metadata not an object, conditions not a list of objects) is refused by the Struct
+# and the object is read whole.
+
+
+class _Condition(msgspec.Struct):
+    type: Any = None
+    status: Any = None
+
+
+class _NodeInfoWire(msgspec.Struct):
+    architecture: Any = None
+    kubeletVersion: Any = None
+
+
+class _NodeStatusWire(msgspec.Struct):
+    conditions: list[_Condition] | None = None
+    nodeInfo: _NodeInfoWire | None = None
+    k0sVersion: Any = None  # checked by node_record (ControlNodes only)
+
+
+class _NodeSpecWire(msgspec.Struct):
+    unschedulable: Any = None
+
+
+class _MetaWire(msgspec.Struct):
+    name: Any = None
+    namespace: Any = None
+    uid: Any = None
+    resourceVersion: Any = None
+    deletionTimestamp: Any = None
+    # values left as raw JSON: only the kept keys' values are decoded
+    annotations: dict[str, msgspec.Raw] | None = None
+    labels: dict[str, msgspec.Raw] | None = None
+
+
+class _NodeWire(msgspec.Struct):
+    metadata: _MetaWire | None = None
+    spec: _NodeSpecWire | None = None
+    status: _NodeStatusWire | None = None
+
+
+class _PlanStatusWire(msgspec.Struct):
+    state: Any = None
+
+
+class _PlanWire(msgspec.Struct):
+    metadata: _MetaWire | None = None
+    status: _PlanStatusWire | None = None
+
+
+_decode_value = msgspec.json.Decoder().decode
+
+
+def _meta_subset(meta: _MetaWire) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in (("name", meta.name), ("namespace", meta.namespace), ("uid", meta.uid),
+                       ("resourceVersion", meta.resourceVersion),
+                       ("deletionTimestamp", meta.deletionTimestamp)):
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _node_subset(wire: _NodeWire) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    meta = wire.metadata
+    if meta is not None:
+        m = _meta_subset(meta)
+        if meta.annotations is not None:
+            m["annotations"] = {k: _decode_value(v) for k, v in meta.annotations.items()
+                                if kept_annotation(k)}
+        if meta.labels is not None:
+            arch = meta.labels.get(ARCH_LABEL)
+            m["labels"] = {} if arch is None else {ARCH_LABEL: _decode_value(arch)}
+        obj["metadata"] = m
+    if wire.spec is not None:
+        obj["spec"] = {} if wire.spec.unschedulable is None else \
+            {"unschedulable": wire.spec.unschedulable}
+    status = wire.status
+    if status is not None:
+        st: dict[str, Any] = {}
+        if status.conditions is not None:
+            st["conditions"] = [{"type": "Ready", "status": c.status}
+                                for c in status.conditions if c.type == "Ready"][:1]
+        if status.nodeInfo is not None:
+            st["nodeInfo"] = {k: v for k, v in (
+                ("architecture", status.nodeInfo.architecture),
+                ("kubeletVersion", status.nodeInfo.kubeletVersion)) if v is not None}
+        if status.k0sVersion is not None:
+            st["k0sVersion"] = status.k0sVersion
+        obj["status"] = st
+    return obj
+
+
+def _plan_subset(wire: _PlanWire) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    if wire.metadata is not None:
+        obj["metadata"] = _meta_subset(wire.metadata)
+    if wire.status is not None:
+        obj["status"] = {} if wire.status.state is None else {"state": wire.status.state}
+    return obj
+
+
+# The JSON subset of a Node or ControlNode that node_record reads, straight from its raw
+# JSON (msgspec.ValidationError: a container of another kind, read whole instead, where
+# node_record names the problem); the watches and lists of the workload caches use it.
+node_subset: ObjectDecoder[_NodeWire] = ObjectDecoder(_NodeWire, _node_subset)
+# The JSON subset of an autopilot Plan that plan_record reads.
+plan_subset: ObjectDecoder[_PlanWire] = ObjectDecoder(_PlanWire, _plan_subset)

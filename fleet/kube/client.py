@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -24,6 +25,7 @@ from fleet.kube.http import ConnectSlots
 from fleet.kube.ratelimit import WriteLimiter
 from fleet.kube.resources import Resource
 from fleet.kube.transport import LineStream, Transport, TransportName
+from fleet.kube.wire import ObjectDecoder, decode_list_page, decode_watch_line
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +216,10 @@ class KubeClient:
     # -- raw request -------------------------------------------------------------------------
     async def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
                       body: Any = None, content_type: str = "application/json",
-                      timeout: float | None = 30.0) -> Any:
+                      timeout: float | None = 30.0,
+                      decode: Callable[[bytes], Any] | None = None) -> Any:
+        """``decode``: how the answer's body is read (default ``json.loads``); it raises
+        ``ValueError`` for a body that is not what it reads."""
         if self.write_limiter is not None and method != "GET":
             # before the fence: the fence is asked when the write is about to be sent,
             # however long it waited for its turn
@@ -228,26 +233,30 @@ class KubeClient:
         remaining = getattr(self._write_fence, "remaining", None) if method != "GET" else None
         if remaining is None:
             return await self._send(method, path, query_params, body=body,
-                                    content_type=content_type, timeout=timeout)
+                                    content_type=content_type, timeout=timeout, decode=decode)
         left = remaining()
         if left <= 0:
             raise FencedError(f"{self.name}: {method} {path} not sent: this replica's Lease "
                               "is not known to be held any more")
         with anyio.move_on_after(left) as scope:
             return await self._send(method, path, query_params, body=body,
-                                    content_type=content_type, timeout=timeout)
+                                    content_type=content_type, timeout=timeout, decode=decode)
         assert scope.cancelled_caught
         raise FencedError(f"{self.name}: {method} {path} not answered within the {left:.1f}s "
                           "this replica's Lease was still known to be held; given up (it may "
                           "or may not have been applied)")
 
     async def _send(self, method: str, path: str, query_params: list[tuple[str, str]], *,
-                    body: Any, content_type: str, timeout: float | None) -> Any:
+                    body: Any, content_type: str, timeout: float | None,
+                    decode: Callable[[bytes], Any] | None = None) -> Any:
         retries = 0
+        # only a caller that asks for its own decoding needs a transport that offers it
+        extra: dict[str, Any] = {} if decode is None else {"decode": decode}
         while True:
             try:
                 return await self._api.call(method, path, query=query_params, body=body,
-                                            content_type=content_type, timeout=timeout)
+                                            content_type=content_type, timeout=timeout,
+                                            **extra)
             except KubeError as e:
                 wait = retry_wait(method, e, retries, random.random())
                 if wait is None:
@@ -278,12 +287,13 @@ class KubeClient:
 
     async def list(self, res: Resource, namespace: str | None = None, *,
                    label_selector: str | None = None, field_selector: str | None = None,
-                   page_size: int = 500) -> ObjectList:
+                   page_size: int = 500, decoder: ObjectDecoder[Any] | None = None) -> ObjectList:
         """List all pages; the result's resource_version is where a watch continues."""
         items: list[KubeObject] = []
         rv = ""
         async for page in self.list_pages(res, namespace, label_selector=label_selector,
-                                          field_selector=field_selector, page_size=page_size):
+                                          field_selector=field_selector, page_size=page_size,
+                                          decoder=decoder):
             items += page.items
             rv = page.resource_version or rv
         return ObjectList(items=items, resource_version=rv)
@@ -292,20 +302,25 @@ class KubeClient:
                          label_selector: str | None = None,
                          field_selector: str | None = None,
                          page_size: int = 500,
-                         resume: str | None = None) -> AsyncIterator[ObjectList]:
+                         resume: str | None = None,
+                         decoder: ObjectDecoder[Any] | None = None) -> AsyncIterator[ObjectList]:
         """List page by page (``limit=page_size``), each page as it arrives: a caller
         that converts or drops each page's objects never holds the whole list. Every
         page is of the same snapshot; the last one's resource_version is where a watch
         continues. ``resume``: a page's ``continue_token`` of an earlier call with the
         same selectors, to go on from there (GoneError once the server no longer keeps
-        that snapshot: list again from the start)."""
+        that snapshot: list again from the start). ``decoder``: each item is decoded to
+        the subset it keeps (:mod:`fleet.kube.wire`), never built whole as dicts (those
+        it does not take are)."""
         cont: str | None = resume
         rv = ""
+        decode = None if decoder is None else functools.partial(decode_list_page,
+                                                                 decoder=decoder)
         while True:
             page = await self.request("GET", res.path(namespace), query={
                 "labelSelector": label_selector, "fieldSelector": field_selector,
                 "limit": page_size, "continue": cont,
-            })
+            }, decode=decode)
             items: list[KubeObject] = []
             for item in page.get("items") or []:
                 # list items omit kind/apiVersion; restore them so objects are self-describing
@@ -367,8 +382,11 @@ class KubeClient:
     async def watch_lines(self, res: Resource, namespace: str | None, *,
                           resource_version: str, label_selector: str | None,
                           field_selector: str | None, timeout_seconds: int,
-                          read_timeout: float) -> AsyncIterator[dict[str, Any]]:
-        """One watch request, decoded; ends when the server closes the stream."""
+                          read_timeout: float, decoder: ObjectDecoder[Any] | None = None
+                          ) -> AsyncIterator[dict[str, Any]]:
+        """One watch request, decoded; ends when the server closes the stream.
+        ``decoder``: each event's object is decoded to the subset it keeps
+        (:mod:`fleet.kube.wire`); without it, whole."""
         resp = await self.open_stream(res.path(namespace), query={
             "watch": "true", "allowWatchBookmarks": "true",
             "resourceVersion": resource_version, "labelSelector": label_selector,
@@ -385,7 +403,8 @@ class KubeClient:
                 line = line.strip()
                 if line:
                     try:
-                        yield json.loads(line)
+                        yield json.loads(line) if decoder is None \
+                            else decode_watch_line(line, decoder)
                     except json.JSONDecodeError as e:
                         raise KubeError(f"{self.name}: undecodable watch line: {e}") from e
         finally:

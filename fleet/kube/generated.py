@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -10,7 +10,7 @@ from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from fleet.kube.errors import UnreachableError, WatchIdleError, from_status
+from fleet.kube.errors import KubeError, UnreachableError, WatchIdleError, from_status
 
 _RESPONSE_TYPES = {code: "object" for code in (200, 201, 202)}
 
@@ -62,7 +62,12 @@ class GeneratedTransport:
         await self.api.close()
 
     async def call(self, method: str, path: str, *, query: Sequence[tuple[str, str]],
-                   body: Any, content_type: str, timeout: float | None) -> Any:
+                   body: Any, content_type: str, timeout: float | None,
+                   decode: Callable[[bytes], Any] | None = None) -> Any:
+        if decode is not None:
+            return await self._call_raw(method, path, query=query, body=body,
+                                        content_type=content_type, timeout=timeout,
+                                        decode=decode)
         try:
             return await self.api.call_api(
                 path, method,
@@ -79,6 +84,38 @@ class GeneratedTransport:
             raise from_status(e.status or 0, e.body, e.headers) from None
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             raise UnreachableError(f"{self.name}: {method} {path}: {e!r}") from e
+
+    async def _call_raw(self, method: str, path: str, *, query: Sequence[tuple[str, str]],
+                        body: Any, content_type: str, timeout: float | None,
+                        decode: Callable[[bytes], Any]) -> Any:
+        """One request whose answer's body ``decode`` reads (not the generated models)."""
+        try:
+            resp = await self.api.call_api(
+                path, method,
+                query_params=list(query),
+                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                body=body,
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _preload_content=False,
+                _request_timeout=timeout,
+            )
+            try:
+                data = await resp.read()
+            finally:
+                resp.release()
+        except ApiException as e:
+            raise from_status(e.status or 0, e.body, e.headers) from None
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            raise UnreachableError(f"{self.name}: {method} {path}: {e!r}") from e
+        if not 200 <= resp.status <= 299:
+            raise from_status(resp.status, data, resp.headers)
+        if not data:
+            return None
+        try:
+            return decode(data)
+        except ValueError as e:
+            raise KubeError(f"{self.name}: {method} {path}: undecodable answer: {e}") from None
 
     async def stream(self, path: str, *, query: Sequence[tuple[str, str]],
                      read_timeout: float) -> _Lines:

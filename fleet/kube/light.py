@@ -20,7 +20,7 @@ import os
 import ssl
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -301,7 +301,8 @@ class LightTransport:
         await self._http.close()
 
     async def call(self, method: str, path: str, *, query: Sequence[tuple[str, str]],
-                   body: Any, content_type: str, timeout: float | None) -> Any:
+                   body: Any, content_type: str, timeout: float | None,
+                   decode: Callable[[bytes], Any] | None = None) -> Any:
         target = f"{path}?{urlencode(list(query))}" if query else path
         payload = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         extra = {"Content-Type": content_type} if payload is not None else {}
@@ -320,7 +321,7 @@ class LightTransport:
         if not data:
             return None
         try:
-            return json.loads(data)
+            return json.loads(data) if decode is None else decode(data)
         except ValueError as e:
             raise KubeError(f"{self.name}: {method} {path}: undecodable answer: {e}") from None
 

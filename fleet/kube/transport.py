@@ -17,7 +17,7 @@ Both raise only :mod:`fleet.kube.errors` exceptions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
 TransportName = Literal["generated", "light", "auto"]
@@ -40,8 +40,10 @@ class Transport(Protocol):
     def host(self) -> str: ...
 
     async def call(self, method: str, path: str, *, query: Sequence[tuple[str, str]],
-                   body: Any, content_type: str, timeout: float | None) -> Any:
-        """One request; the decoded JSON answer, or a typed KubeError."""
+                   body: Any, content_type: str, timeout: float | None,
+                   decode: Callable[[bytes], Any] | None = None) -> Any:
+        """One request; the decoded JSON answer, or a typed KubeError. ``decode``: reads
+        the answer's body instead of ``json.loads`` (``ValueError``: undecodable)."""
         ...
 
     async def stream(self, path: str, *, query: Sequence[tuple[str, str]],

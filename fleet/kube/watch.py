@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 
@@ -28,6 +28,7 @@ from fleet.kube.backoff import Backoff
 from fleet.kube.client import KubeClient, KubeObject
 from fleet.kube.errors import GoneError, KubeError, NotFoundError, WatchIdleError, from_status
 from fleet.kube.resources import CRDS, Resource
+from fleet.kube.wire import ObjectDecoder
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +53,17 @@ def object_key(obj: KubeObject) -> ObjectKey:
 async def watch_once(client: KubeClient, res: Resource, resource_version: str, *,
                      namespace: str | None = None, label_selector: str | None = None,
                      field_selector: str | None = None, timeout_seconds: int = 120,
-                     read_timeout: float | None = None) -> AsyncIterator[WatchEvent | str]:
-    """One watch request. Yields WatchEvents, and bookmark resourceVersions as str."""
+                     read_timeout: float | None = None,
+                     decoder: ObjectDecoder[Any] | None = None
+                     ) -> AsyncIterator[WatchEvent | str]:
+    """One watch request. Yields WatchEvents, and bookmark resourceVersions as str.
+    ``decoder``: each event's object is only the subset it decodes (:mod:`fleet.kube.wire`;
+    an object it does not take comes whole)."""
     stream = client.watch_lines(
         res, namespace, resource_version=resource_version, label_selector=label_selector,
         field_selector=field_selector, timeout_seconds=timeout_seconds,
         read_timeout=read_timeout if read_timeout is not None else timeout_seconds + 30,
+        decoder=decoder,
     )
     async for raw in stream:
         etype = raw.get("type")
@@ -112,7 +118,8 @@ class Reflector:
                  relist_limiter: anyio.CapacityLimiter | None = None,
                  stop_when_absent: bool = False, spread: float = 0.2,
                  idle_timeout: float | None = None, page_size: int = 500,
-                 versions: Callable[[], Mapping[ObjectKey, str]] | None = None) -> None:
+                 versions: Callable[[], Mapping[ObjectKey, str]] | None = None,
+                 decoder: ObjectDecoder[Any] | None = None) -> None:
         """``watch_timeout``: each watch request asks the server to end it after that
         many seconds, less a random part of up to ``spread`` of it (so that many watches
         opened at once do not re-open at once); the watch then resumes from the last
@@ -123,7 +130,10 @@ class Reflector:
         ``versions`` (``keep_objects=False``): the resourceVersion of every object the
         listener holds of what this reflector lists (its only feeder for them), asked on
         a re-list instead of keeping a map of its own: for a hundred thousand objects the
-        map's keys and versions were a second copy of what the listener's cache holds."""
+        map's keys and versions were a second copy of what the listener's cache holds.
+        ``decoder``: list items and watch events are decoded straight into the subset of
+        each object the listener reads (:mod:`fleet.kube.wire`: the rest is skipped, not
+        built as dicts); for a listener that keeps only that (a RecordCache)."""
         self.client = client
         self.res = res
         self.namespace = namespace
@@ -147,6 +157,7 @@ class Reflector:
         # keep_objects=False: the resourceVersion of every object instead of the object
         self._versions: dict[ObjectKey, str] = {}
         self.versions = versions
+        self.decoder = decoder
         self.synced = anyio.Event()
         self.resource_version = ""
         self.relists = 0
@@ -216,6 +227,7 @@ class Reflector:
         listed = await self.client.list(
             self.res, self.namespace, label_selector=self.label_selector,
             field_selector=self.field_selector, page_size=self.page_size,
+            decoder=self.decoder,
         )
         fresh = {object_key(o): o for o in listed.items}
         if self.keep_objects:
@@ -253,7 +265,8 @@ class Reflector:
         old_versions = self._versions if self.versions is None else dict(self.versions())
         async for page in self.client.list_pages(
                 self.res, self.namespace, label_selector=self.label_selector,
-                field_selector=self.field_selector, page_size=self.page_size):
+                field_selector=self.field_selector, page_size=self.page_size,
+                decoder=self.decoder):
             rv = page.resource_version or rv
             items = page.items
             del page
@@ -323,6 +336,7 @@ class Reflector:
                     self.client, self.res, self.resource_version, namespace=self.namespace,
                     label_selector=self.label_selector, field_selector=self.field_selector,
                     timeout_seconds=timeout, read_timeout=self.idle_timeout,
+                    decoder=self.decoder,
                 ):
                     if isinstance(item, str):
                         self.resource_version = item
