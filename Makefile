@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 
-.PHONY: all demo test test-unit test-integration testenv venv lint typecheck bench bench-scale chaos chaos-real stress-restarts clean image
+.PHONY: all demo test test-unit test-integration testenv venv lint typecheck bench bench-scale chaos chaos-real stress-restarts clean image dist
 
 all: test
 
@@ -77,5 +77,18 @@ CLUSTERS ?= 100
 bench-scale: venv testenv
 	$(BIN)/python bench/scale.py --clusters $(CLUSTERS) $(ARGS)
 
+# What users install (docs/operations.md "Install the CLI", "Install the controller"):
+# the CLI's wheel and both charts' packages, into dist/ (tests/integration/test_dist.py
+# installs each one).
+DIST ?= dist
+# the pinned helm `make testenv` builds (hack/testenv/build.sh)
+HELM ?= $${K0S_FLEET_BIN:-$${K0S_FLEET_CACHE:-$$HOME/.cache/k0s-fleet}/bin}/helm
+dist: venv testenv
+	rm -rf $(DIST) && mkdir -p $(DIST)
+	$(BIN)/pip wheel -q --no-deps -w $(DIST) .
+	rm -rf build/lib build/bdist.* && rmdir build 2>/dev/null || true
+	$(HELM) package charts/k0s-fleet charts/k0s-fleet-agent -d $(DIST)
+	@ls -1 $(DIST)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(DIST)

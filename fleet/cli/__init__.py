@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
+from fleet import __version__
+
 
 class CommandModule(Protocol):
     """What each ``fleet/cli/<command>.py`` provides."""
@@ -50,11 +52,20 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="k0s-fleet", description="In-place k0s upgrades across a fleet of Cluster API "
         "/ k0smotron clusters.")
+    parser.add_argument("--version", action="version", version=f"k0s-fleet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, cmd in COMMANDS.items():
         p = sub.add_parser(name, help=cmd.help, description=cmd.help)
         if only is None or only == name:
-            module = cast(CommandModule, importlib.import_module(cmd.module))
+            try:
+                module = cast(CommandModule, importlib.import_module(cmd.module))
+            except ModuleNotFoundError as e:
+                if not (e.name or "").startswith("fleet.testing"):
+                    raise
+                # the wheel leaves the test world out (pyproject.toml): the demo runs
+                # from a checkout of the repository
+                parser.exit(2, f"k0s-fleet {name}: runs from a checkout of the repository "
+                               "(`make demo`), not from an installed k0s-fleet\n")
             module.add_arguments(p)
             p.set_defaults(func=module.run)
     return parser
