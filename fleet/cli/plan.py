@@ -32,7 +32,7 @@ from fleet.kube import KubeClient, KubeError
 from fleet.kube.resources import EXTENSION_CONFIGS
 from fleet.model import ClusterKey, format_time
 from fleet.rollout.observe import Observation, observe
-from fleet.rollout.plan import dry_run, plan_document, render_plan
+from fleet.rollout.plan import DryRun, dry_run, plan_document, render_plan
 from fleet.schedule import DurationError, parse_duration
 from fleet.selectors import parse_label_selector
 from fleet.versions import InvalidVersionError, normalize
@@ -107,12 +107,11 @@ def selected(obs: Observation, preview: Preview, namespace: str) -> list[Cluster
                   if (t.intent.namespace, t.intent.name) == (namespace, preview.name))
 
 
-def refusals(doc: dict[str, Any]) -> list[dict[str, Any]]:
+def refusals(run: DryRun) -> list[dict[str, Any]]:
     """Every cluster k0s's version skew policy refuses in the plan, with the rule and the
     sentence naming the versions."""
-    return [{"cluster": f"{c['namespace']}/{c['name']}", "rule": c["refusedBy"],
-             "message": c.get("blocked") or ""}
-            for w in doc["waves"] for c in w["clusters"] if c.get("refusedBy")]
+    return [{"cluster": f"{k[0]}/{k[1]}", "rule": t.refusal[0], "message": t.refusal[1]}
+            for k, t in sorted(run.intents.items()) if t.refusal is not None]
 
 
 async def extension_clusters(mgmt: KubeClient, config: FleetConfig,
@@ -142,9 +141,9 @@ async def plan_with(mgmt: KubeClient, config: FleetConfig, *, now: datetime,
     namespace = config.management.namespace
     if preview is not None:
         obs = with_preview(obs, preview, namespace, now)
-    doc = plan_document(dry_run(obs, config, now=now,
-                                node_duration=parse_duration(node_duration)))
-    doc["refusals"] = refusals(doc)
+    run = dry_run(obs, config, now=now, node_duration=parse_duration(node_duration))
+    doc = plan_document(run)
+    doc["refusals"] = refusals(run)
     if preview is not None:
         doc["preview"] = {
             "fleetUpgrade": f"{namespace}/{preview.name}", "version": preview.version,

@@ -5,9 +5,11 @@ kubeconfig context's, the chart's) and the exit codes table of docs/operations.m
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import cast
 
 import pytest
 import yaml
@@ -26,8 +28,10 @@ from fleet.cli.progress import (
 )
 from fleet.cli.upgrade import redraw_text
 from fleet.config import ManagementSettings
-from fleet.model import NodePlanInfo, ObjectRef
+from fleet.model import IntentTarget, NodePlanInfo, ObjectRef
 from fleet.nodeplan import NodePlanPhase
+from fleet.rollout.gate import GateDecision
+from fleet.rollout.plan import DryRun
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 REPO = Path(__file__).resolve().parents[2]
@@ -203,26 +207,31 @@ def test_a_broken_controller_config_names_the_configmap() -> None:
 # -- a preview's exit code -----------------------------------------------------------------
 
 
-def doc(clusters: list[dict[str, object]], selected: list[str] | None) -> dict[str, object]:
-    d: dict[str, object] = {"waves": [{"name": "default", "clusters": clusters}]}
-    d["refusals"] = refusals(d)
+def preview_doc(refused: list[dict[str, str]], selected: list[str] | None
+                ) -> dict[str, object]:
+    d: dict[str, object] = {"refusals": refused}
     if selected is not None:
         d["preview"] = {"fleetUpgrade": "ns/upgrade-v1", "clusters": selected}
     return d
 
 
 def test_preview_exits_1_on_a_refusal_or_no_cluster() -> None:
-    ok = {"namespace": "ns", "name": "a", "refusedBy": None, "blocked": None}
-    refused = {"namespace": "ns", "name": "b", "refusedBy": "NoDowngrade",
-               "blocked": "refused by k0s's version skew policy: NoDowngrade: ..."}
-    assert outcome("upgrade", doc([ok], ["ns/a"])) == common.Exit.OK
-    assert outcome("upgrade", doc([ok, refused], ["ns/a", "ns/b"])) == common.Exit.FAILED
-    assert outcome("upgrade", doc([ok], [])) == common.Exit.FAILED
+    refused = [{"cluster": "ns/b", "rule": "NoDowngrade", "message": "..."}]
+    assert outcome("upgrade", preview_doc([], ["ns/a"])) == common.Exit.OK
+    assert outcome("upgrade", preview_doc(refused, ["ns/a", "ns/b"])) == common.Exit.FAILED
+    assert outcome("upgrade", preview_doc([], [])) == common.Exit.FAILED
     # plan without a preview is a view: 0 even with a refusal
-    assert outcome("plan", doc([refused], None)) == common.Exit.OK
-    assert refusals(doc([ok, refused], None)) == [
-        {"cluster": "ns/b", "rule": "NoDowngrade",
-         "message": "refused by k0s's version skew policy: NoDowngrade: ..."}]
+    assert outcome("plan", preview_doc(refused, None)) == common.Exit.OK
+
+
+def test_refusals_name_the_rule_and_the_versions() -> None:
+    t = IntentTarget(ObjectRef("FleetUpgrade", "ns", "u"), "v1.30.5+k0s.0",
+                     refusal=("NoDowngrade", "the cluster runs v1.31.2+k0s.0, newer than "
+                              "v1.30.5+k0s.0; k0s is never downgraded"))
+    run = DryRun(start=NOW, decision=cast(GateDecision, None), clusters=[],
+                 intents={("ns", "b"): t, ("ns", "a"): dataclasses.replace(t, refusal=None)})
+    assert refusals(run) == [{"cluster": "ns/b", "rule": "NoDowngrade", "message": (
+        "the cluster runs v1.31.2+k0s.0, newer than v1.30.5+k0s.0; k0s is never downgraded")}]
 
 
 # -- docs/operations.md's exit codes are the code's ------------------------------------------
