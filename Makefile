@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 
-.PHONY: all demo test test-unit test-integration testenv venv lint typecheck bench bench-scale chaos chaos-real stress-restarts clean image dist
+.PHONY: all demo test test-unit test-integration testenv venv lint typecheck bench bench-scale bench-churn chaos chaos-real stress-restarts clean image dist
 
 all: test
 
@@ -76,6 +76,11 @@ bench: venv testenv
 CLUSTERS ?= 100
 bench-scale: venv testenv
 	$(BIN)/python bench/scale.py --clusters $(CLUSTERS) $(ARGS)
+
+# Node churn (bench/README.md "Issue 33"): CLUSTERS clusters whose workload clusters share
+# 9 Nodes, annotation churn at 1 and 10 patches/s, a one-cluster rollout meanwhile.
+bench-churn: venv testenv
+	flock /tmp/k0s-fleet-bench.lock $(BIN)/python bench/churn.py --clusters $(CLUSTERS) $(ARGS)
 
 # What users install (docs/operations.md "Install the CLI", "Install the controller"):
 # the CLI's wheel and both charts' packages, into dist/ (tests/integration/test_dist.py
