@@ -6,8 +6,11 @@ malloc, which keeps the freed pages of its main heap mapped as long as anything 
 them lives: after a 1000-cluster start-up that is most of the resident memory
 (bench/README.md, scale.py). ``malloc_trim(0)`` hands every whole free page back
 (``madvise``), wherever it lies. :class:`HeapTrimmer` calls it at most once per
-``interval`` and only when planning passes ran since the last call, so an idle
-controller does nothing. Elsewhere than glibc it is a no-op.
+``interval``, when planning passes ran since the last call or when the resident size
+grew by more than ``slack`` since the last trim: a burst of watch events that moved no
+record (Node churn: thousands of events a second, no planning pass) leaves its freed
+pages too (bench/README.md, issue 33). An idle controller does nothing. Elsewhere than
+glibc it is a no-op.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -67,28 +71,60 @@ def _glibc_trim() -> Callable[[], int] | None:
     return lambda: int(trim(0))
 
 
-class HeapTrimmer:
-    """``run()`` trims the heap every ``interval`` seconds in which ``work()`` moved."""
+def resident_bytes() -> int | None:
+    """The process's resident size (``/proc/self/statm``); None where there is none."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return None
 
-    def __init__(self, work: Callable[[], int], *, interval: float = 60.0,
-                 trim: Callable[[], int] | None = None) -> None:
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+SLACK = 16 << 20
+
+
+class HeapTrimmer:
+    """``run()`` trims the heap every ``interval`` seconds in which ``work()`` moved or
+    the resident size grew by more than ``slack`` bytes over what it was after the last
+    trim (``rss``: the resident size now, None: unknown)."""
+
+    def __init__(self, work: Callable[[], int], *, interval: float = 15.0,
+                 trim: Callable[[], int] | None = None,
+                 rss: Callable[[], int | None] = resident_bytes,
+                 slack: int = SLACK) -> None:
         self.work = work
         self.interval = interval
         self._trim = trim if trim is not None else _glibc_trim()
+        self._rss = rss
+        self.slack = slack
         self._seen = -1
+        self._floor: int | None = None  # resident size after the last trim (or first look)
         self.trims = 0
         self.seconds = 0.0  # spent trimming, over the process's life
+        self.released = 0  # bytes of resident size the trims gave back, over its life
 
     def maybe_trim(self) -> bool:
-        """Trim if work was done since the last call; True if it trimmed."""
+        """Trim if work was done, or the resident size grew past the slack, since the
+        last call; True if it trimmed."""
         done = self.work()
-        if self._trim is None or done == self._seen:
+        if self._trim is None:
+            return False
+        rss = self._rss()
+        grew = rss is not None and self._floor is not None and rss > self._floor + self.slack
+        if done == self._seen and not grew:
+            if self._floor is None or (rss is not None and rss < self._floor):
+                self._floor = rss
             return False
         self._seen = done
         t0 = time.perf_counter()
         self._trim()
         self.seconds += time.perf_counter() - t0
         self.trims += 1
+        after = self._rss()
+        if rss is not None and after is not None:
+            self.released += max(0, rss - after)
+        self._floor = after
         return True
 
     async def run(self) -> None:

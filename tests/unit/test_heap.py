@@ -1,4 +1,4 @@
-"""HeapTrimmer: trims only after work, and the glibc call is real here."""
+"""HeapTrimmer: trims only after work or growth, and the glibc call is real here."""
 
 from __future__ import annotations
 
@@ -29,6 +29,30 @@ def test_trims_only_when_work_moved() -> None:
     assert not heap.maybe_trim()
     assert calls == [0, 3]
     assert heap.trims == 2
+
+
+def test_trims_when_the_resident_size_grew_without_work() -> None:
+    """A burst of watch events that moved no record runs no planning pass; the pages
+    it freed are given back all the same once the resident size grew past the slack."""
+    rss = [100 << 20]
+    calls: list[int] = []
+
+    def trim() -> int:
+        calls.append(rss[0])
+        rss[0] -= 30 << 20  # what the trim gave back
+        return 1
+
+    heap = HeapTrimmer(lambda: 0, trim=trim, rss=lambda: rss[0], slack=16 << 20)
+    assert heap.maybe_trim()  # first call: nothing seen yet (trims, floor 70 MiB)
+    assert not heap.maybe_trim()  # idle
+    rss[0] += 10 << 20  # within the slack: left alone
+    assert not heap.maybe_trim()
+    rss[0] += 30 << 20  # 110 MiB: 40 over the floor
+    assert heap.maybe_trim()
+    assert rss[0] == 80 << 20
+    assert not heap.maybe_trim()  # the new floor
+    assert calls == [100 << 20, 110 << 20]
+    assert heap.released == 60 << 20
 
 
 def test_without_malloc_trim_nothing_happens() -> None:
