@@ -77,7 +77,29 @@ def child_main(fleet_root: str, kubeconfig: str, config_path: str, out: str) -> 
                         time.perf_counter() - started[0]))
 
     gc.callbacks.append(on_gc)
+    if os.environ.get("CHURN_TRACEMALLOC"):
+        import tracemalloc  # noqa: PLC0415
+
+        tracemalloc.start(int(os.environ["CHURN_TRACEMALLOC"]))
     anyio.run(_child, kubeconfig, config_path, out, gcs)
+
+
+def _heap_report(base: Any, out: str) -> None:
+    """--tracemalloc: what is allocated now and was not at ``base`` (the end of the idle
+    window), by the allocating tracebacks, and the Python objects by type."""
+    import tracemalloc  # noqa: PLC0415
+    from collections import Counter  # noqa: PLC0415
+
+    now = tracemalloc.take_snapshot().filter_traces([
+        tracemalloc.Filter(False, tracemalloc.__file__)])
+    lines = [f"traced now {tracemalloc.get_traced_memory()[0] / 2**20:.1f} MiB"]
+    for stat in now.compare_to(base, "traceback")[:25]:
+        lines.append(f"{stat.size_diff / 2**20:+.2f} MiB {stat.count_diff:+d} blocks")
+        lines += [f"    {frame}" for frame in stat.traceback.format()[-8:]]
+    types = Counter(type(o).__name__ for o in gc.get_objects())
+    lines.append("gc-tracked objects by type: " + ", ".join(
+        f"{name} {n}" for name, n in types.most_common(20)))
+    Path(out + ".heap.txt").write_text("\n".join(lines) + "\n")
 
 
 async def _child(kubeconfig: str, config_path: str, out: str,
@@ -127,10 +149,19 @@ async def _child(kubeconfig: str, config_path: str, out: str,
             rvs.append((time.time(), oldest_rv()))
             await anyio.sleep(0.05)
 
+    base: list[Any] = []
     async with anyio.create_task_group() as tg:
         async def stop_on_term() -> None:
-            with anyio.open_signal_receiver(signal.SIGTERM) as rx:
-                async for _ in rx:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGUSR1) as rx:
+                async for sig in rx:
+                    if sig == signal.SIGUSR1:  # the idle window's end: --tracemalloc's base
+                        if os.environ.get("CHURN_TRACEMALLOC"):
+                            import tracemalloc  # noqa: PLC0415
+
+                            base[:] = [tracemalloc.take_snapshot()]
+                        continue
+                    if base:
+                        _heap_report(base[0], out)
                     await anyio.Path(out).write_text(json.dumps({
                         "lags": lags, "gcs": gcs, "rvs": rvs, "stages": stages,
                         "heap_trims": controller.heap.trims,
@@ -297,10 +328,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         marks: dict[str, tuple[float, float]] = {}
         handoffs: list[tuple[float, float]] = []  # (wall time of the completion, gap)
         with (workdir / "controller.log").open("wb") as log:
+            env = {**os.environ, "PYTHONPATH": args.fleet_root}
+            if args.tracemalloc:
+                env["CHURN_TRACEMALLOC"] = str(args.tracemalloc)
             child = await anyio.open_process(
                 [sys.executable, __file__, "--controller-child", args.fleet_root,
                  str(kubeconfig), str(cfg), str(out)], stdout=log, stderr=log,
-                cwd=args.fleet_root, env={**os.environ, "PYTHONPATH": args.fleet_root})
+                cwd=args.fleet_root, env=env)
         t_start = time.time()
         try:
             async with anyio.create_task_group() as tg:
@@ -362,6 +396,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                         for i in range(len(starts) - 1))
 
                 await window("idle", args.idle_seconds)
+                child.send_signal(signal.SIGUSR1)
                 async with anyio.create_task_group() as w:
                     w.start_soon(churn, args.churn1_rate, args.churn1_seconds)
                     w.start_soon(rollouts, args.churn1_seconds)
@@ -420,6 +455,10 @@ def main() -> int:
     p.add_argument("--after-seconds", type=float, default=90.0)
     p.add_argument("--timeout", type=float, default=1200.0,
                    help="deadline for the controller's start-up")
+    p.add_argument("--tracemalloc", type=int, default=0, metavar="FRAMES",
+                   help="trace allocations (FRAMES deep) in the controller and write what "
+                   "it holds at the end that it did not after the idle window to "
+                   "<workdir>/controller.json.heap.txt (slow: for finding, not measuring)")
     p.add_argument("--workdir")
     p.add_argument("--json")
     args = p.parse_args()
