@@ -68,8 +68,26 @@ INFRA_TEMPLATE_KIND = SIM_MACHINE_TEMPLATES.kind
 INFRA_CRD: KubeObject = next(d for d in crd_documents(TEST_CRDS)
                              if d["metadata"]["name"] == f"simmachines.{INFRA_GROUP}")
 
+# Every test Cluster's spec.controlPlaneEndpoint: k0smotron waits for one and writes its
+# host into the K0sControlPlane's k0sConfigSpec.k0s.spec.api.externalAddress.
+CONTROL_PLANE_ENDPOINT: dict[str, Any] = {"host": "10.0.0.1", "port": 6443}
+# k0smotron v2.1.0 refuses a ``k0s`` member without this apiVersion and kind (docs/capi.md).
+K0S_CLUSTER_CONFIG = {"apiVersion": "k0s.k0sproject.io/v1beta1", "kind": "ClusterConfig"}
+# As k0smotron leaves it: with the endpoint's host as externalAddress (written by it).
 K0S_CONFIG_SPEC: dict[str, Any] = {"args": ["--enable-metrics-scraper"],
-                                   "k0s": {"spec": {"api": {"sans": ["10.0.0.1"]}}}}
+                                   "k0s": {**K0S_CLUSTER_CONFIG, "spec": {"api": {
+                                       "sans": ["10.0.0.1"],
+                                       "externalAddress": CONTROL_PLANE_ENDPOINT["host"]}}}}
+# The group k0smotron v2.1.0 writes into every control-plane Machine's infrastructureRef,
+# whatever its template's group (docs/capi.md).
+K0SMOTRON_MACHINE_INFRA_GROUP = "infrastructure.cluster.x-k8s.io"
+
+
+def infrastructure_template_ref(name: str) -> dict[str, str]:
+    """A K0sControlPlane's ``machineTemplate.infrastructureRef``: in k0smotron v2.1.0's
+    v1beta2 an object reference (apiVersion, kind, name), not Cluster API's apiGroup form."""
+    return {"apiVersion": SIM_MACHINE_TEMPLATES.api_version, "kind": INFRA_TEMPLATE_KIND,
+            "name": name}
 
 
 async def ensure_infra_crd(mgmt: KubeClient, timeout: float = 30.0) -> None:
@@ -174,7 +192,8 @@ async def create_cluster(
                 mname = f"{prefix}-cp-{i:0{width}d}"
                 fc.control_planes.append(mname)
                 tg.start_soon(_control_plane_machine, mgmt, workload, namespace, name, mname,
-                              version, kcp_owner, create_nodes)
+                              version, kcp_owner, create_nodes,
+                              kcp["spec"].get("k0sConfigSpec"))
         if workers:
             fc.md = f"{name}-md"
             fc.machine_set = f"{name}-md-ms"
@@ -202,7 +221,8 @@ def cluster_object(namespace: str, name: str) -> KubeObject:
         "metadata": {"name": name, "namespace": namespace,
                      "labels": {TEST_CLUSTER_LABEL: name}},
         "spec": {"controlPlaneRef": {"apiGroup": K0S_CONTROL_PLANES.group,
-                                     "kind": K0S_CONTROL_PLANES.kind, "name": f"{name}-cp"}}}
+                                     "kind": K0S_CONTROL_PLANES.kind, "name": f"{name}-cp"},
+                 "controlPlaneEndpoint": dict(CONTROL_PLANE_ENDPOINT)}}
 
 
 def control_plane_object(namespace: str, cluster: str, version: str, replicas: int,
@@ -213,9 +233,8 @@ def control_plane_object(namespace: str, cluster: str, version: str, replicas: i
         "metadata": {"name": f"{cluster}-cp", "namespace": namespace,
                      "labels": {LABEL_CLUSTER_NAME: cluster}, "ownerReferences": [owner]},
         "spec": {"version": version, "replicas": replicas, "updateStrategy": "InPlace",
-                 "machineTemplate": {"infrastructureRef": {
-                     "apiGroup": INFRA_GROUP, "kind": INFRA_TEMPLATE_KIND,
-                     "name": f"{cluster}-cp"}},
+                 "machineTemplate": {"infrastructureRef": infrastructure_template_ref(
+                     f"{cluster}-cp")},
                  "k0sConfigSpec": K0S_CONFIG_SPEC}}
 
 
@@ -259,14 +278,21 @@ def machine_set_object(namespace: str, cluster: str, version: str, replicas: int
 
 
 def control_plane_machine_object(namespace: str, cluster: str, name: str, version: str,
-                                 kcp_owner: dict[str, Any]) -> KubeObject:
-    """A control-plane Machine as ``create_cluster`` writes it (k0smotron's k0s-config
-    annotation, owned by the K0sControlPlane of ``kcp_owner``)."""
-    config = json.loads(json.dumps(K0S_CONFIG_SPEC))
-    config["k0s"]["spec"]["storage"] = {"etcd": {"extraArgs": {"name": name}}}
+                                 kcp_owner: dict[str, Any], *,
+                                 k0s_config_spec: dict[str, Any] | None = None) -> KubeObject:
+    """A control-plane Machine as k0smotron v2.1.0 creates it: its k0s-config annotation
+    (``k0s_config_spec``, the K0sControlPlane's as the API server stored it, defaults
+    filled; default :data:`K0S_CONFIG_SPEC`; the etcd member named after the Machine),
+    owned by the K0sControlPlane of ``kcp_owner``, its infrastructureRef in Cluster API's
+    infrastructure group whatever the template's."""
+    config = json.loads(json.dumps(K0S_CONFIG_SPEC if k0s_config_spec is None
+                                   else k0s_config_spec))
+    k0s = config.setdefault("k0s", dict(K0S_CLUSTER_CONFIG))
+    k0s.setdefault("spec", {})["storage"] = {"etcd": {"extraArgs": {"name": name}}}
     return _machine_object(
         namespace, cluster, name, version, bootstrap_kind="K0sControllerConfig",
         labels={LABEL_CONTROL_PLANE: "true", LABEL_CONTROL_PLANE_NAME: kcp_owner["name"]},
+        infra_group=K0SMOTRON_MACHINE_INFRA_GROUP,
         annotations={ANN_K0S_CONFIG: json.dumps(config)}, ownerReferences=[kcp_owner])
 
 
@@ -299,7 +325,7 @@ async def create_node(workload: KubeClient, name: str, version: str, *,
 
 def _machine_object(namespace: str, cluster: str, name: str, version: str, *,
                     bootstrap_kind: str, labels: dict[str, str],
-                    **metadata: Any) -> dict[str, Any]:
+                    infra_group: str = INFRA_GROUP, **metadata: Any) -> dict[str, Any]:
     """A Machine of ``cluster`` bootstrapped by a ``bootstrap_kind`` of its name, on a
     SimMachine of its name; ``labels`` and ``metadata`` beside the cluster's label."""
     return {
@@ -308,21 +334,23 @@ def _machine_object(namespace: str, cluster: str, name: str, version: str, *,
         "spec": {"clusterName": cluster, "version": version,
                  "bootstrap": {"configRef": {"apiGroup": BOOTSTRAP_GROUP,
                                              "kind": bootstrap_kind, "name": name}},
-                 "infrastructureRef": {"apiGroup": INFRA_GROUP, "kind": "SimMachine",
+                 "infrastructureRef": {"apiGroup": infra_group, "kind": "SimMachine",
                                        "name": name}}}
 
 
 async def _control_plane_machine(  # noqa: PLR0917 - started with start_soon
         mgmt: KubeClient, workload: KubeClient, namespace: str,
                                  cluster: str, name: str, version: str,
-                                 kcp_owner: dict[str, Any], create_nodes: bool) -> None:
+                                 kcp_owner: dict[str, Any], create_nodes: bool,
+                                 k0s_config_spec: dict[str, Any] | None = None) -> None:
     await _create(mgmt, INFRA_MACHINES, {
         "metadata": {"name": name, "namespace": namespace, "annotations": {
             ANN_CLONED_FROM_NAME: f"{cluster}-cp",
             ANN_CLONED_FROM_GROUPKIND: f"{INFRA_TEMPLATE_KIND}.{INFRA_GROUP}"}},
         "spec": {}})
     await _machine(mgmt, control_plane_machine_object(namespace, cluster, name, version,
-                                                      kcp_owner), name)
+                                                      kcp_owner,
+                                                      k0s_config_spec=k0s_config_spec), name)
     if create_nodes:
         await create_node(workload, name, version, control_plane=True)
 
@@ -417,14 +445,14 @@ async def create_capi_cluster(
                      "labels": {LABEL_CLUSTER_NAME: name}},
         "spec": {"version": version, "replicas": control_plane_replicas,
                  "updateStrategy": "InPlace",
-                 "machineTemplate": {"infrastructureRef": {
-                     "apiGroup": INFRA_GROUP, "kind": INFRA_TEMPLATE_KIND, "name": kcp}},
+                 "machineTemplate": {"infrastructureRef": infrastructure_template_ref(kcp)},
                  "k0sConfigSpec": K0S_CONFIG_SPEC}})
     await _create(mgmt, CLUSTERS, {
         "metadata": {"name": name, "namespace": namespace,
                      "labels": {TEST_CLUSTER_LABEL: name}},
         "spec": {"controlPlaneRef": {"apiGroup": K0S_CONTROL_PLANES.group,
-                                     "kind": K0S_CONTROL_PLANES.kind, "name": kcp}}})
+                                     "kind": K0S_CONTROL_PLANES.kind, "name": kcp},
+                 "controlPlaneEndpoint": dict(CONTROL_PLANE_ENDPOINT)}})
     await _create(mgmt, SIM_MACHINE_TEMPLATES, {
         "metadata": {"name": template, "namespace": namespace},
         "spec": {"template": {"spec": {}}}})

@@ -42,7 +42,10 @@ from fleet.signal import RUNNING_VERSION_KEY
 
 log = logging.getLogger(__name__)
 
-INFRA_GROUP = "infrastructure.k0s-fleet.test"
+# Cluster API's infrastructure group: k0smotron v2.1.0 writes it into every control-plane
+# Machine's infrastructureRef whatever its template says (docs/capi.md), so the test
+# world's SimMachine kinds live there, as every provider k0smotron works with does.
+INFRA_GROUP = "infrastructure.cluster.x-k8s.io"
 BOOTSTRAP_GROUP = "bootstrap.cluster.x-k8s.io"
 SIM_MACHINES = Resource(INFRA_GROUP, "v1beta1", "simmachines", "SimMachine", namespaced=True)
 SIM_MACHINE_TEMPLATES = Resource(INFRA_GROUP, "v1beta1", "simmachinetemplates",

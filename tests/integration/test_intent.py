@@ -35,7 +35,7 @@ from fleet.model import ANN_CAPI_PAUSED, ANN_PAUSED_FOR, ANN_WRITTEN_VERSION
 from fleet.nodeplan import NodePlanPhase
 from fleet.planner import conditions as C
 from fleet.testing.capi import FleetCluster, create_cluster, ensure_infra_crd
-from fleet.testing.k0smotron import K0smotronStandIn
+from fleet.testing.k0smotron import K0smotronStandIn, register_control_nodes
 from fleet.testing.responder import NodeResponder
 from fleet.testing.world import World
 from tests.helpers.capienv import wait_for
@@ -67,7 +67,11 @@ async def test_an_intent_upgrades_control_planes_paused_and_survives_a_controlle
                              workers=2)
     assert fc.kcp is not None and fc.md is not None
     cfg = intent_config(namespace)
-    standin = K0smotronStandIn(mgmt, namespace)
+    # k0smotron able to act (its ControlNodes old enough, the KCP Available): only its pause
+    # keeps it out of the way.
+    standin = K0smotronStandIn(mgmt, namespace, wl1, create_plans=False,
+                               control_node_min_age=0.0)
+    await register_control_nodes(wl1, fc.control_planes)
     watcher = InvariantWatcher(fc, max_unavailable=1, cp_target=V2)
     responder = NodeResponder(wl1, step_seconds=0.2, only=lambda n: n in fc.machines)
     async with anyio.create_task_group() as tg:
@@ -116,6 +120,9 @@ async def test_an_intent_upgrades_control_planes_paused_and_survives_a_controlle
 
     assert standin.sightings == [], standin.sightings[:3]
     assert standin.paused_seen > 0  # it did look while k0s-fleet held the KCP paused
+    able = standin.able
+    await standin.reconcile(fc.kcp)  # unpaused at the end: it could act, finds nothing
+    assert standin.able == able + 1 and standin.sightings == [], standin.waits
     assert watcher.violations == [], watcher.violations[:5]
     assert watcher.max_seen_cp == 1
     machines = (await mgmt.list(MACHINES, namespace)).items

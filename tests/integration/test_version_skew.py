@@ -27,7 +27,11 @@ from fleet.kube.resources import (
 )
 from fleet.model import ANN_WRITTEN_VERSION
 from fleet.testing.capi import ensure_infra_crd
-from fleet.testing.k0smotron import HostedControlPlaneStandIn, K0smotronStandIn
+from fleet.testing.k0smotron import (
+    HostedControlPlaneStandIn,
+    K0smotronStandIn,
+    register_control_nodes,
+)
 from fleet.testing.responder import NodeResponder
 from fleet.testing.world import World
 from tests.helpers.capienv import wait_for
@@ -104,7 +108,11 @@ async def test_a_fleet_upgrade_two_minors_ahead_climbs_one_minor_at_a_time(
     cfg = FleetConfig.model_validate(base)
     target = "v1.33.1+k0s.0"
     watcher = SkewWatcher(fc.name)
-    standin = K0smotronStandIn(mgmt, namespace)
+    # k0smotron able to act (its ControlNodes old enough, the KCP Available): only its pause
+    # keeps it out of the way
+    standin = K0smotronStandIn(mgmt, namespace, wl1, create_plans=False,
+                               control_node_min_age=0.0)
+    await register_control_nodes(wl1, fc.control_planes)
     responder = NodeResponder(wl1, step_seconds=0.1, only=lambda n: n in fc.machines)
     obj = await apply_upgrade(mgmt, namespace=namespace, name="ladder", version=target,
                               selector=None)
@@ -137,6 +145,11 @@ async def test_a_fleet_upgrade_two_minors_ahead_climbs_one_minor_at_a_time(
     # every node went through the rung, then the target: two NodePlans each
     assert sorted(p["spec"]["version"] for p in plans) == sorted(
         ["v1.32.5+k0s.0"] * len(fc.machines) + [target] * len(fc.machines))
+    assert standin.sightings == [], standin.sightings[:3]
+    assert fc.kcp is not None
+    able = standin.able
+    await standin.reconcile(fc.kcp)  # unpaused at the end: it could act, finds nothing
+    assert standin.able == able + 1 and standin.sightings == [], standin.waits
 
 
 async def test_two_clusters_in_waves_one_hosted_climb_two_minors_within_the_skew_rules(
@@ -169,7 +182,9 @@ async def test_two_clusters_in_waves_one_hosted_climb_two_minors_within_the_skew
                                  "clusterSelector": {"matchLabels": {"ring": "canary"}}}]
     cfg = FleetConfig.model_validate(base)
     watcher = FleetSkewWatcher([a.name, b.name])
-    k0smotron = K0smotronStandIn(mgmt, namespace)
+    k0smotron = K0smotronStandIn(mgmt, namespace, wl1, create_plans=False,
+                                 control_node_min_age=0.0)
+    await register_control_nodes(wl1, a.control_planes)
     hosted_standin = HostedControlPlaneStandIn(mgmt, namespace, step_seconds=0.2)
     machines = set(a.machines) | set(b.machines)
     responder = NodeResponder(wl1, step_seconds=0.1, only=lambda n: n in machines)
@@ -205,6 +220,10 @@ async def test_two_clusters_in_waves_one_hosted_climb_two_minors_within_the_skew
     b_plans = sorted(p["spec"]["version"] for p in plans if p["spec"]["clusterName"] == b.name)
     assert b_plans == sorted([rung] * 2 + [target] * 2)
     assert k0smotron.sightings == []
+    assert a.kcp is not None
+    able = k0smotron.able
+    await k0smotron.reconcile(a.kcp)  # unpaused at the end: it could act, finds nothing
+    assert k0smotron.able == able + 1 and k0smotron.sightings == [], k0smotron.waits
 
 
 async def test_an_upgrade_that_selects_no_cluster_ends_at_once(
