@@ -8,7 +8,10 @@ $KUBECONFIG is set, and its context names the controller's namespace (no -n)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +31,17 @@ from fleet.kube.resources import (
     NODES,
     SECRETS,
 )
+from fleet.model import format_time
+from fleet.nodeplan import build_nodeplan
 from fleet.testing.world import World
 from tests.helpers.charts import CONTROLLER_CHART, render
 from tests.helpers.waves import CANARY, OLD, PROD, WAVES, FleetCluster, make_cluster
-from tests.integration.test_cli_kubeconfig import cli, kubectl_env, mark_controller_namespace
+from tests.integration.test_cli_kubeconfig import (
+    VERSION,
+    cli,
+    kubectl_env,
+    mark_controller_namespace,
+)
 
 RUNG = "v1.32.4+k0s.0"  # the one v1.32 release the controller's fleet YAML offers
 TWO_MINORS = "v1.33.1+k0s.0"
@@ -180,3 +190,52 @@ async def test_namespace_without_controller_config_uses_defaults_and_says_so(
     r = await cli(env, "upgrade", RUNG, "--dry-run", "-n", namespace)
     assert r.returncode == Exit.BAD_CONFIG, r.stderr.decode()
     assert f"no k0s-fleet controller in namespace {namespace!r}" in r.stderr.decode()
+
+
+async def nodeplan(mgmt: KubeClient, namespace: str, cluster: str, machine: str,
+                   status: dict[str, Any]) -> None:
+    body = build_nodeplan(
+        machine={"metadata": {"name": machine, "namespace": namespace,
+                              "uid": str(uuid.uuid4())}, "spec": {"clusterName": cluster}},
+        node_name=machine, role="worker", version=VERSION, url="https://mirror.invalid/k0s",
+        sha256=None, allow_unverified=True)
+    await mgmt.create(NODE_PLANS, body, namespace)
+    await mgmt.patch(NODE_PLANS, body["metadata"]["name"], {"status": status}, namespace,
+                     subresource="status")
+
+
+@pytest.mark.anyio
+async def test_upgrade_s_progress_view_as_plain_lines(world: World, mgmt: KubeClient,
+                                                      namespace: str, tmp_path: Path) -> None:
+    """Not on a terminal, each progress line is followed by the view's cluster lines: the
+    node in flight with its step and time in it (from its NodePlan on the API server), and
+    an ETA from the node time seen (another NodePlan's start to completion)."""
+    await mark_controller_namespace(mgmt, namespace)
+    env = kubectl_env(tmp_path, str(world["mgmt"].write_kubeconfig(tmp_path / "kc.yaml")))
+    ok(await cli(env, "upgrade", VERSION, "-n", namespace, "--no-wait"))
+    now = datetime.now(UTC)
+
+    def ago(seconds: int) -> str:
+        return format_time(now - timedelta(seconds=seconds))
+
+    await nodeplan(mgmt, namespace, "c1", "c1-0", {
+        "phase": "Completed", "nodeState": "Completed", "startedAt": ago(300),
+        "phaseSince": ago(180), "completedAt": ago(180)})
+    await nodeplan(mgmt, namespace, "c1", "c1-1", {
+        "phase": "InProgress", "nodeState": "Downloading", "startedAt": ago(60),
+        "phaseSince": ago(42)})
+    # what the controller would have written (no controller runs here)
+    await mgmt.patch(FLEET_UPGRADES, "upgrade-v1.31.3-k0s.0", {"status": {
+        "observedGeneration": 1, "phase": "Progressing", "summary": "0/1", "nodesTotal": 3,
+        "nodesUpToDate": 1, "clustersTotal": 1, "clustersComplete": 0,
+        "waves": [{"name": "default", "phase": "Progressing", "clusters": 1, "complete": 0,
+                   "upgrading": 1, "failed": 0, "message": ""}],
+        "clusters": [{"namespace": namespace, "name": "c1", "wave": "default",
+                      "phase": "Upgrading", "nodes": "1/3", "message": ""}]}},
+        namespace, subresource="status")
+    r = await cli(env, "upgrade", VERSION, "-n", namespace, "--timeout", "2s")
+    out = ok(r, Exit.NOT_DONE).splitlines()
+    assert out[0] == "Progressing: 0/1 clusters, 1/3 nodes [default Progressing 0/1]", out
+    assert out[1] == "wave default Progressing 0/1", out
+    assert re.fullmatch(rf"  {namespace}/c1  Upgrading +1/3  c1-1 Downloading \d+s  "
+                        r"ETA ~\d+m\d\ds", out[2]), out
