@@ -27,8 +27,10 @@ The fleet YAML ``plan``, ``status`` and ``upgrade --dry-run`` judge by (:func:`f
 ``--config FILE`` (or ``$K0S_FLEET_CONFIG``), a local file for offline use; else the one
 the controller runs with, read from the cluster: the chart renders ``values.fleet`` into
 a ConfigMap in the release namespace (labels ``app.kubernetes.io/part-of=k0s-fleet``,
-``app.kubernetes.io/component=controller``, key ``fleet.yaml``); else the defaults. Each
-says which it used (:attr:`ResolvedConfig.source`).
+``app.kubernetes.io/component=controller``, key ``fleet.yaml``), with the keys the chart
+sets in the controller's environment instead (``extension.*``; read from its Deployment
+when that can be read); else the defaults. Each says which it used
+(:attr:`ResolvedConfig.source`).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from fleet.config_errors import ConfigError, ConfigProblem
 from fleet.config_loader import CONFIG_PATH_ENV, load_config
 from fleet.kube import ForbiddenError, KubeClient, KubeError
 from fleet.kube.light import KubeconfigError
-from fleet.kube.resources import CONFIGMAPS
+from fleet.kube.resources import CONFIGMAPS, DEPLOYMENTS
 from fleet.nodeplan import version_slug
 
 # The chart's default release namespace (docs/operations.md installs it there).
@@ -372,14 +374,17 @@ def _management_overrides(config: FleetConfig) -> dict[str, Any]:
     return {"management": {k: v for k, v in given.items() if v}}
 
 
-def config_from_text(text: str, where: str, management: FleetConfig) -> FleetConfig:
-    """A fleet YAML held in memory (a ConfigMap's), validated as a file is, with the
-    management settings the CLI found laid over it; problems name ``where``."""
+def config_from_text(text: str, where: str, management: FleetConfig,
+                     env: Mapping[str, str] | None = None) -> FleetConfig:
+    """A fleet YAML held in memory (a ConfigMap's), validated as a file is, with ``env``
+    (the ``K0S_FLEET_*`` variables the controller gets next to it) and the management
+    settings the CLI found laid over it; problems name ``where``."""
     with tempfile.TemporaryDirectory(prefix="k0s-fleet-cli-") as tmp:
         path = Path(tmp) / "fleet.yaml"
         path.write_text(text, encoding="utf-8")
         try:
-            return load_config(path, env={}, overrides=_management_overrides(management))
+            return load_config(path, env=dict(env or {}),
+                               overrides=_management_overrides(management))
         except ConfigError as e:
             raise ConfigError([ConfigProblem(where if p.path == str(path) else
                                              f"{where}: {p.path}", p.message)
@@ -403,6 +408,44 @@ async def controller_configmap(mgmt: KubeClient, namespace: str
     if not found:
         return None, f"no controller config found in namespace {namespace!r}"
     return found[0], ""
+
+
+def deployment_environment(deployment: Mapping[str, Any], configmap: str
+                           ) -> dict[str, str] | None:
+    """The ``K0S_FLEET_*`` variables with literal values of the container that mounts
+    ``configmap`` in ``deployment`` (the keys the chart sets itself: ``extension.*``,
+    ``status.port``, and any in ``extraEnv``), without ``K0S_FLEET_CONFIG`` and
+    ``management.*`` (the CLI finds those itself); None when it does not mount it."""
+    spec = ((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}
+    volumes = {str(v.get("name")) for v in spec.get("volumes") or []
+               if (v.get("configMap") or {}).get("name") == configmap}
+    if not volumes:
+        return None
+    for c in spec.get("containers") or []:
+        if not any(m.get("name") in volumes for m in c.get("volumeMounts") or []):
+            continue
+        return {str(e["name"]): str(e["value"]) for e in c.get("env") or []
+                if "value" in e and str(e.get("name", "")).startswith("K0S_FLEET_")
+                and e["name"] != CONFIG_PATH_ENV
+                and not str(e["name"]).upper().startswith("K0S_FLEET_MANAGEMENT__")}
+    return None
+
+
+async def controller_environment(mgmt: KubeClient, namespace: str, configmap: str
+                                 ) -> tuple[dict[str, str], str | None]:
+    """:func:`deployment_environment` of the chart's Deployment in ``namespace`` that
+    mounts ``configmap``, and its name; ({}, None) when there is none or Deployments
+    cannot be read (the ConfigMap alone then stands)."""
+    try:
+        items = (await mgmt.list(DEPLOYMENTS, namespace,
+                                 label_selector=CONTROLLER_CONFIG_SELECTOR)).items
+    except KubeError:
+        return {}, None
+    for d in sorted(items, key=lambda d: str(d["metadata"]["name"])):
+        env = deployment_environment(d, configmap)
+        if env is not None:
+            return env, str(d["metadata"]["name"])
+    return {}, None
 
 
 @contextlib.asynccontextmanager
@@ -436,6 +479,10 @@ async def fleet_session(args: argparse.Namespace, *, environ: Mapping[str, str] 
         if cm is None:
             yield mgmt, ResolvedConfig(local, f"defaults ({why})", ns_from)
             return
-        where = f"ConfigMap {namespace}/{cm['metadata']['name']}"
-        config = config_from_text(str(cm["data"][CONTROLLER_CONFIG_KEY]), where, local)
-        yield mgmt, ResolvedConfig(config, f"{where} (controller's)", ns_from)
+        name = str(cm["metadata"]["name"])
+        where = f"ConfigMap {namespace}/{name}"
+        env, deployment = await controller_environment(mgmt, namespace, name)
+        config = config_from_text(str(cm["data"][CONTROLLER_CONFIG_KEY]), where, local, env)
+        source = f"{where} (controller's)" if deployment is None else \
+            f"{where} with the chart's settings from Deployment {deployment} (controller's)"
+        yield mgmt, ResolvedConfig(config, source, ns_from)

@@ -47,6 +47,7 @@ LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=Tru
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True)
 CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions",
                 "CustomResourceDefinition", namespaced=False)
+DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", namespaced=True)
 
 # Cluster API
 CAPI_GROUP = "cluster.x-k8s.io"

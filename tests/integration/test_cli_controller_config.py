@@ -23,6 +23,7 @@ from fleet.kube import KubeClient
 from fleet.kube.resources import (
     CLUSTERS,
     CONFIGMAPS,
+    DEPLOYMENTS,
     FLEET_UPGRADES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
@@ -55,10 +56,11 @@ def context_kubeconfig(world: World, path: Path, namespace: str) -> Path:
     return path
 
 
-async def install_chart_config(mgmt: KubeClient, namespace: str, tmp_path: Path) -> str:
-    """The chart's ConfigMap as `helm template` renders it for a release in ``namespace``
-    (created there, as `helm install` would): the rollout's waves and a release list the
-    default config does not have."""
+async def install_chart_config(mgmt: KubeClient, namespace: str, tmp_path: Path
+                               ) -> tuple[str, str]:
+    """The chart's ConfigMap and Deployment as `helm template` renders them for a release
+    in ``namespace`` (created there, as `helm install` would; no Pod runs here): the
+    rollout's waves and a release list the default config does not have."""
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"fleet": {
         "clusters": {"namespaces": [namespace]},
@@ -67,7 +69,9 @@ async def install_chart_config(mgmt: KubeClient, namespace: str, tmp_path: Path)
     manifest = render(CONTROLLER_CHART, values, release="k0s-fleet", namespace=namespace)
     (cm,) = [d for d in manifest.all("ConfigMap") if "fleet.yaml" in d.get("data", {})]
     await mgmt.create(CONFIGMAPS, cm, namespace)
-    return str(cm["metadata"]["name"])
+    deploy = manifest.one("Deployment")
+    await mgmt.create(DEPLOYMENTS, deploy, namespace)
+    return str(cm["metadata"]["name"]), str(deploy["metadata"]["name"])
 
 
 async def resource_versions(mgmt: KubeClient, namespace: str,
@@ -98,7 +102,7 @@ def clusters_of(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 async def test_plan_status_and_dry_run_use_the_controller_s_config(  # noqa: PLR0917
         world: World, mgmt: KubeClient, wl1: KubeClient, wl2: KubeClient, namespace: str,
         tmp_path: Path) -> None:
-    cm_name = await install_chart_config(mgmt, namespace, tmp_path)
+    cm_name, deployment = await install_chart_config(mgmt, namespace, tmp_path)
     await mark_controller_namespace(mgmt, namespace)
     clusters = [
         await make_cluster(mgmt, world["wl1"], wl1, namespace, "can", labels=CANARY),
@@ -107,7 +111,8 @@ async def test_plan_status_and_dry_run_use_the_controller_s_config(  # noqa: PLR
     ]
     env = kubectl_env(tmp_path, str(context_kubeconfig(world, tmp_path / "kc.yaml",
                                                        namespace)))
-    source = f"ConfigMap {namespace}/{cm_name} (controller's)"
+    source = (f"ConfigMap {namespace}/{cm_name} with the chart's settings from Deployment "
+              f"{deployment} (controller's)")
 
     # plan: the controller's waves (the defaults have only "default"), said so.
     doc = json.loads(ok(await cli(env, "plan", "-o", "json")))

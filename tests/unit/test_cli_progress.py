@@ -32,6 +32,7 @@ from fleet.model import IntentTarget, NodePlanInfo, ObjectRef
 from fleet.nodeplan import NodePlanPhase
 from fleet.rollout.gate import GateDecision
 from fleet.rollout.plan import DryRun
+from tests.helpers.charts import CONTROLLER_CHART, render
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 REPO = Path(__file__).resolve().parents[2]
@@ -247,3 +248,32 @@ def test_the_documented_exit_codes_are_the_code_s() -> None:
     assert help_codes == documented
     # what dry runs end with is in the table
     assert "--dry-run" in table
+
+
+# -- the chart's settings next to its ConfigMap ----------------------------------------------
+
+
+def test_the_chart_s_environment_completes_the_controller_s_config(tmp_path: Path) -> None:
+    """The keys the chart sets in the controller's environment (extension.*), taken from
+    the Deployment helm renders, over the fleet YAML of the ConfigMap it renders."""
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"extension": {"enabled": True},
+                                      "fleet": {"rollout": {"maxConcurrentClusters": 3}}}))
+    manifest = render(CONTROLLER_CHART, values, release="k0s-fleet", namespace="ops")
+    (cm,) = [d for d in manifest.all("ConfigMap") if "fleet.yaml" in d["data"]]
+    deploy = manifest.one("Deployment")
+    env = common.deployment_environment(deploy, cm["metadata"]["name"])
+    assert env is not None
+    assert env["K0S_FLEET_EXTENSION__ENABLED"] == "true"
+    assert not any(k.startswith("K0S_FLEET_MANAGEMENT__") for k in env)
+    assert "K0S_FLEET_CONFIG" not in env
+    local = common.with_namespace(common.fleet_config(argparse.Namespace(
+        config=None, kubeconfig=None, context=None, namespace=None)), "ops")
+    cfg = common.config_from_text(cm["data"]["fleet.yaml"], "ConfigMap ops/k0s-fleet", local,
+                                  env)
+    assert cfg.extension.enabled and cfg.extension.service_namespace == "ops"
+    assert cfg.extension.service_name == env["K0S_FLEET_EXTENSION__SERVICE_NAME"]
+    assert cfg.rollout.max_concurrent_clusters == 3
+    assert cfg.management.namespace == "ops"
+    # a Deployment that does not mount the ConfigMap says nothing about it
+    assert common.deployment_environment(deploy, "another") is None
