@@ -289,8 +289,8 @@ class UpdateMachineService:
                                ) -> tuple[list[str], list[str]]:
         """What the cluster's control planes and workers run, as far as the management
         cluster tells: its Machines (their running-version record, else ``spec.version``;
-        ``exclude`` left out) and its K0sControlPlane (``spec.version`` and
-        ``status.version``); the skew rules count the oldest."""
+        ``exclude`` left out) and its control plane object (:meth:`_control_plane_versions`);
+        the skew rules count the oldest."""
         listed = await self.mgmt.list(MACHINES, namespace,
                                       label_selector=f"{LABEL_CLUSTER_NAME}={cluster}")
         control_planes: list[str] = []
@@ -304,12 +304,19 @@ class UpdateMachineService:
             running = other.annotations.get(ANN_MACHINE_RUNNING_VERSION) or other.version
             if running:
                 (control_planes if other.role == "controller" else workers).append(running)
-        control_planes.extend(await self._control_plane_versions(namespace, cluster))
+        control_planes.extend(await self._control_plane_versions(
+            namespace, cluster, machines_seen=bool(control_planes)))
         return control_planes, workers
 
-    async def _control_plane_versions(self, namespace: str, cluster: str) -> list[str]:
-        """The versions the cluster's K0sControlPlane names (``spec.version`` and
-        ``status.version``, k0smotron's minimum over its Machines)."""
+    async def _control_plane_versions(self, namespace: str, cluster: str, *,
+                                      machines_seen: bool = False) -> list[str]:
+        """The versions the cluster's control plane object names: ``spec.version``, and
+        ``status.version`` of a hosted one (what its pods run). A K0sControlPlane's
+        ``status.version`` is only k0smotron's minimum over the Machines' ``spec.version``,
+        and a stale one: k0smotron v2.1.0 does not recompute it while the KCP is paused
+        (k0s-fleet's executor pauses it for the whole control-plane upgrade) and after the
+        unpause it lags (docs/capi.md). So it counts only where no control-plane Machine
+        was seen (``machines_seen``); otherwise the Machines say it first-hand."""
         obj = await self.mgmt.get_or_none(CLUSTERS, cluster, namespace)
         ref = ((obj or {}).get("spec") or {}).get("controlPlaneRef") or {}
         kind = ref.get("kind") if isinstance(ref, Mapping) else None
@@ -321,7 +328,9 @@ class UpdateMachineService:
         kcp = await self.mgmt.get_or_none(res, str(ref["name"]), namespace)
         if kcp is None:
             return []
-        found = [(kcp.get("spec") or {}).get("version"), (kcp.get("status") or {}).get("version")]
+        found = [(kcp.get("spec") or {}).get("version")]
+        if kind == KIND_HOSTED_CP or not machines_seen:
+            found.append((kcp.get("status") or {}).get("version"))
         return [str(v) for v in found if v]
 
     async def _observe(self, namespace: str, cluster: str,

@@ -2,7 +2,9 @@
 real API server: the stand-in CRD refuses and defaults what k0smotron's CRD and webhook
 do, and the stand-in controller (fleet/testing/k0smotron.py) follows k0smotron's pause
 rule, its gate (ControlNode age, Available), its "up to date", the endpoint it writes into
-the KCP spec and its status.version that is not recomputed while paused.
+the KCP spec and its status.version that is not recomputed while paused. The last test is
+k0s-fleet's side of that stale status.version: its extension's skew check must not take it
+for what the control planes run.
 
 Each test calls the stand-in's ``reconcile`` itself, so every assertion follows a
 reconcile that has run to its end (no waiting on a background loop)."""
@@ -16,6 +18,8 @@ import pytest
 
 from fleet.cli.upgrade import apply_upgrade, follow
 from fleet.events import list_events
+from fleet.extension.admission import check_cluster_skew
+from fleet.extension.update import UpdateMachineService
 from fleet.kube import InvalidError, KubeClient
 from fleet.kube.resources import (
     CLUSTERS,
@@ -41,7 +45,7 @@ from tests.helpers.capienv import wait_for
 from tests.helpers.controller import intent_config, policy_controller
 from tests.helpers.names import unique
 
-V1, V2 = "v1.31.2+k0s.0", "v1.31.3+k0s.0"
+V1, V2, V_NEXT_MINOR = "v1.31.2+k0s.0", "v1.31.3+k0s.0", "v1.32.0+k0s.0"
 pytestmark = pytest.mark.anyio
 
 
@@ -225,6 +229,37 @@ async def test_up_to_date_and_status_version_as_k0smotron_counts_them(
     await standin.reconcile(fc.kcp)
     kcp = await mgmt.get(K0S_CONTROL_PLANES, fc.kcp, namespace)
     assert kcp["status"]["version"] == V2
+
+
+async def test_the_extension_skew_check_does_not_take_a_stale_kcp_status_version(
+        world: World, mgmt: KubeClient, wl1: KubeClient, infra_crd: None,
+        namespace: str) -> None:
+    """k0s-fleet's executor keeps the KCP paused while it moves the control planes to a new
+    minor; k0smotron does not recompute status.version meanwhile (and lags after the
+    unpause), so it still says the old minor when the workers' turn comes. The skew check
+    of CanUpdateMachineSet / UpdateMachine counted it as a control plane on the old minor
+    and refused the workers' move in place (CAPI then falls back to replacing Machines)."""
+    fc = await _cluster(mgmt, wl1, world, namespace, workers=1)
+    assert fc.kcp is not None
+    standin = _standin(mgmt, wl1, namespace)
+    await standin.reconcile(fc.kcp)  # k0smotron's status: V1 on every Machine
+    # the paused executor's writes: the pause with the version, then each Machine's
+    await mgmt.patch(K0S_CONTROL_PLANES, fc.kcp, {
+        "metadata": {"annotations": {ANN_CAPI_PAUSED: ""}},
+        "spec": {"version": V_NEXT_MINOR}}, namespace)
+    await mgmt.patch(MACHINES, fc.control_planes[0], {"spec": {"version": V_NEXT_MINOR}},
+                     namespace)
+    await standin.reconcile(fc.kcp)
+    kcp = await mgmt.get(K0S_CONTROL_PLANES, fc.kcp, namespace)
+    assert kcp["status"]["version"] == V1  # stale, as k0smotron leaves it while paused
+
+    service = UpdateMachineService(mgmt=mgmt)
+    control_planes, workers = await service.cluster_versions(namespace, fc.name)
+    refusal = check_cluster_skew("worker", V_NEXT_MINOR, control_planes, workers,
+                                 what="workers")
+    assert refusal is None, refusal
+    assert V1 not in control_planes and V_NEXT_MINOR in control_planes, control_planes
+    assert workers == [V1]
 
 
 class _Lines:
