@@ -8,13 +8,17 @@ $KUBECONFIG is set, and its context names the controller's namespace (no -n)."""
 from __future__ import annotations
 
 import json
+import os
+import pty
 import re
 import subprocess
+import sys
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import yaml
 
@@ -34,6 +38,7 @@ from fleet.kube.resources import (
 )
 from fleet.model import format_time
 from fleet.nodeplan import build_nodeplan
+from fleet.testing.binaries import REPO_ROOT
 from fleet.testing.world import World
 from tests.helpers.charts import CONTROLLER_CHART, render
 from tests.helpers.waves import CANARY, OLD, PROD, WAVES, FleetCluster, make_cluster
@@ -238,9 +243,53 @@ async def test_upgrade_s_progress_view_as_plain_lines(world: World, mgmt: KubeCl
         "clusters": [{"namespace": namespace, "name": "c1", "wave": "default",
                       "phase": "Upgrading", "nodes": "1/3", "message": ""}]}},
         namespace, subresource="status")
+    cluster_line = (rf"  {namespace}/c1  Upgrading +1/3  c1-1 Downloading \d+s  "
+                    r"ETA ~\d+m\d\ds")
     r = await cli(env, "upgrade", VERSION, "-n", namespace, "--timeout", "2s")
     out = ok(r, Exit.NOT_DONE).splitlines()
     assert out[0] == "Progressing: 0/1 clusters, 1/3 nodes [default Progressing 0/1]", out
     assert out[1] == "wave default Progressing 0/1", out
-    assert re.fullmatch(rf"  {namespace}/c1  Upgrading +1/3  c1-1 Downloading \d+s  "
-                        r"ETA ~\d+m\d\ds", out[2]), out
+    assert re.fullmatch(cluster_line, out[2]), out
+
+    # On a terminal the same view is redrawn in place, once a second: each frame after the
+    # first moves the cursor back over the previous one and clears to the end.
+    code, screen = await on_a_terminal(env, "upgrade", VERSION, "-n", namespace,
+                                       "--timeout", "5s")
+    assert code == Exit.NOT_DONE, screen
+    frames = screen.split("\x1b[3F\x1b[J")
+    assert len(frames) >= 2, screen
+    for frame in frames:
+        lines = frame.replace("\r\n", "\n").splitlines()
+        assert lines[0].startswith("Progressing: 0/1 clusters, 1/3 nodes  ETA ~"), screen
+        assert lines[1] == "wave default Progressing 0/1", screen
+        assert re.fullmatch(cluster_line, lines[2]), screen
+
+
+async def on_a_terminal(env: dict[str, str], *args: str) -> tuple[int, str]:
+    """The CLI with its stdout on a pseudo-terminal: exit code and what it wrote there."""
+    master, slave = pty.openpty()
+    try:
+        proc = await anyio.open_process([sys.executable, "-m", "fleet.cli", *args],
+                                        cwd=REPO_ROOT, env={**env, "TERM": "xterm"},
+                                        stdout=slave, stderr=subprocess.DEVNULL)
+    finally:
+        os.close(slave)
+    chunks: list[bytes] = []
+
+    def drain() -> None:  # until the child has closed its end (EIO)
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    try:
+        async with proc:
+            await anyio.to_thread.run_sync(drain)
+            code = await proc.wait()
+    finally:
+        os.close(master)
+    return code, b"".join(chunks).decode()
