@@ -30,6 +30,7 @@ from fleet.kube.resources import (
 from fleet.model import ANN_RETRY
 from fleet.rollout.annotations import ANN_PAUSED, ROLLOUT_CONFIGMAP, switch
 from fleet.testing.binaries import REPO_ROOT, binary
+from fleet.testing.capi import K0S_CONFIG_SPEC, infrastructure_template_ref
 from fleet.testing.world import World
 from tests.helpers.charts import DAEMONSETS, DEPLOYMENTS, helm_env, kubeconfig_file
 
@@ -86,7 +87,10 @@ async def _md_and_kcp(mgmt: KubeClient) -> None:
                                            "name": "edge-01-workers"}}}}})
     await mgmt.create(K0S_CONTROL_PLANES, {
         "metadata": {"name": "edge-01", "namespace": "fleet-prod"},
-        "spec": {"version": "v1.31.3+k0s.0", "replicas": 3}})
+        "spec": {"version": "v1.31.3+k0s.0", "replicas": 3,
+                 "machineTemplate": {"infrastructureRef": infrastructure_template_ref(
+                     "edge-01")},
+                 "k0sConfigSpec": K0S_CONFIG_SPEC}})
 
 
 async def test_operations_guide_runs(crds_installed: World, mgmt: KubeClient,

@@ -303,7 +303,7 @@ async def test_workers_are_never_moved_past_the_oldest_control_plane(
             "metadata": {"name": "cp", "namespace": namespace},
             "spec": {"version": OLD, "replicas": 0, "updateStrategy": "InPlace",
                      "machineTemplate": {"infrastructureRef": {
-                         "apiGroup": "infrastructure.cluster.x-k8s.io",
+                         "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
                          "kind": "DockerMachineTemplate", "name": "cp"}},
                      "k0sConfigSpec": {}}}, namespace)
     await mgmt.patch(CLUSTERS, scene.cluster, {"spec": {"controlPlaneRef": {
