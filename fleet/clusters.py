@@ -28,7 +28,7 @@ import yaml
 
 from fleet.kube import KubeClient, KubeError, KubeObject, NotFoundError
 from fleet.kube.backoff import Backoff
-from fleet.kube.cache import ObjectCache, RecordCache
+from fleet.kube.cache import ObjectCache, RecordCache, Remembered
 from fleet.kube.inline import check_inline
 from fleet.kube.resources import AUTOPILOT_PLANS, CONTROL_NODES, NODES, SECRETS, Resource
 from fleet.kube.watch import Reflector, crd_established
@@ -56,12 +56,20 @@ class KubeconfigSecretError(ValueError):
     """The Secret exists but holds no usable kubeconfig."""
 
 
-def _node_record(obj: KubeObject) -> NodeRecord:
+def _node_record_of(obj: KubeObject) -> NodeRecord:
     return node_record(obj, KIND_NODE)
 
 
-def _control_node_record(obj: KubeObject) -> NodeRecord:
+def _control_node_record_of(obj: KubeObject) -> NodeRecord:
     return node_record(obj, KIND_CONTROL_NODE)
+
+
+# Shared by every workload cluster's cache: clusters whose workload clusters share Nodes
+# (one API server behind many Cluster API clusters) are handed the same decoded watch
+# event, and share its record (fleet.kube.cache.Remembered).
+_node_record = Remembered(_node_record_of)
+_control_node_record = Remembered(_control_node_record_of)
+_plan_record = Remembered(plan_record)
 
 
 def node_cache(on_change: Callable[[], None] | None = None) -> RecordCache[NodeRecord]:
@@ -74,7 +82,7 @@ def control_node_cache(on_change: Callable[[], None] | None = None
 
 
 def plan_cache(on_change: Callable[[], None] | None = None) -> RecordCache[PlanRecord]:
-    return RecordCache("Plan", plan_record, on_change=on_change)
+    return RecordCache("Plan", _plan_record, on_change=on_change)
 
 
 def kubeconfig_from_secret(secret: KubeObject, *, allow_files: bool = False) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from fleet.kube import KubeObject
 from fleet.kube.watch import ObjectKey, WatchEvent, object_key
+from fleet.kube.wire import SharedObject
 
 log = logging.getLogger(__name__)
 
@@ -423,6 +424,34 @@ R = TypeVar("R", bound=Record)
 def _record_rv(record: Record) -> int | None:
     raw = record.resource_version
     return int(raw) if raw.isdigit() else None
+
+
+class Remembered(Generic[R]):
+    """``convert``, remembered for the last ``size`` decoded objects it was given
+    (:class:`~fleet.kube.wire.SharedObject`, which nobody changes), by identity (each kept
+    alive meanwhile, so an identity is never another object's): the watches of many
+    clusters sharing objects are handed the same decoded event
+    (:func:`fleet.kube.wire.decode_watch_line`), and then share its record too, made
+    once. Any other object (a write's answer, a whole object) is converted every time."""
+
+    def __init__(self, convert: Callable[[KubeObject], R], size: int = 256) -> None:
+        self.convert = convert
+        self.size = size
+        self._recent: dict[int, tuple[KubeObject, R]] = {}
+        self.hits = 0
+
+    def __call__(self, obj: KubeObject) -> R:
+        if type(obj) is not SharedObject:
+            return self.convert(obj)
+        hit = self._recent.get(id(obj))
+        if hit is not None and hit[0] is obj:
+            self.hits += 1
+            return hit[1]
+        record = self.convert(obj)
+        self._recent[id(obj)] = (obj, record)
+        if len(self._recent) > self.size:
+            del self._recent[next(iter(self._recent))]
+        return record
 
 
 class RecordCache(_Cache[R, R]):

@@ -33,6 +33,15 @@ KubeObject = dict[str, Any]
 S = TypeVar("S", bound=msgspec.Struct)
 
 OBJECT_EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED"})
+RECENT_LINES = 256
+
+
+class SharedObject(dict[str, Any]):
+    """A decoded object that every watch which read the same line is handed (the same
+    dict): its readers must not change it, and may remember what they made of it by its
+    identity (:class:`fleet.kube.cache.Remembered`)."""
+
+    __slots__ = ()
 
 
 class ObjectDecoder(Generic[S]):
@@ -41,9 +50,17 @@ class ObjectDecoder(Generic[S]):
     ``subset(struct)``: the plain JSON subset the listener reads. A watch line or a list
     page is decoded in one pass, the object inside it straight into ``struct``."""
 
-    def __init__(self, struct: type[S], subset: Callable[[S], KubeObject]) -> None:
+    def __init__(self, struct: type[S], subset: Callable[[S], KubeObject], *,
+                 remember: int = RECENT_LINES) -> None:
         self.struct = struct
         self.subset = subset
+        # The last ``remember`` object events decoded, by their line: every watch of the
+        # same objects (a thousand clusters sharing Nodes) reads the very same line, and
+        # all but the first are given the first one's decode (the same dict: readers do
+        # not change it).
+        self.remember = remember
+        self._recent: dict[bytes, Any] = {}
+        self.hits = 0
         self._object = msgspec.json.Decoder(struct)
         line = msgspec.defstruct(f"{struct.__name__}Line", [
             ("type", Any, None), ("object", struct | None, None)])
@@ -77,13 +94,26 @@ def decode_watch_line(line: bytes, decoder: ObjectDecoder[Any]) -> Any:
     """One watch line; raises ``ValueError`` (``json.JSONDecodeError``) as ``json.loads``
     would for a line that is not JSON. ADDED, MODIFIED and DELETED events come as
     ``{"type": ..., "object": <subset>}``; bookmarks, ERROR events, anything else, and
-    an event whose object the Struct does not take, as ``json.loads`` reads them."""
+    an event whose object the Struct does not take, as ``json.loads`` reads them.
+    A line the decoder read a moment ago (another watch of the same objects) is given
+    that decode again: the same dict, which its readers must not change."""
+    recent = decoder._recent
+    hit = recent.get(line)
+    if hit is not None:
+        decoder.hits += 1
+        return hit
     try:
         outer = decoder._line.decode(line)
     except msgspec.DecodeError:  # not JSON, or not the Struct's shape: as before
         return json.loads(line)
     if outer.type in OBJECT_EVENTS and outer.object is not None:
-        return {"type": outer.type, "object": decoder.subset(outer.object)}
+        event = {"type": outer.type,
+                 "object": SharedObject(decoder.subset(outer.object))}
+        if decoder.remember:
+            recent[line] = event
+            if len(recent) > decoder.remember:
+                del recent[next(iter(recent))]
+        return event
     return json.loads(line)  # bookmarks, ERROR, anything else: small, read whole
 
 

@@ -13,13 +13,23 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet.kube.wire import decode_list_page, decode_object, decode_watch_line
+from fleet.clusters import node_cache
+from fleet.kube.cache import Remembered
+from fleet.kube.wire import (
+    ObjectDecoder,
+    SharedObject,
+    decode_list_page,
+    decode_object,
+    decode_watch_line,
+)
 from fleet.model import KIND_CONTROL_NODE, KIND_NODE
 from fleet.records import (
     ARCH_LABEL,
     NodeRecord,
     PlanRecord,
     RecordError,
+    _node_subset,
+    _NodeWire,
     node_record,
     node_subset,
     plan_record,
@@ -210,3 +220,58 @@ def test_plan_subset_keeps_state_and_deletion() -> None:
     assert (record, record.uid, record.resource_version) == \
         (plan_record(plan), "u", "3")
     assert record.deleting
+
+
+def test_watches_reading_the_same_line_share_its_decode_and_record() -> None:
+    """A thousand clusters sharing Nodes read the same line on a thousand connections:
+    the first is decoded and made into a record, the others are handed both."""
+    node = realistic_node(rv="11")
+    line = json.dumps({"type": "MODIFIED", "object": node}).encode()
+    caches = [node_cache() for _ in range(3)]
+    events = [decode_watch_line(bytes(bytearray(line)), node_subset) for _ in caches]
+    assert events[0] is events[1] is events[2]
+    assert isinstance(events[0]["object"], SharedObject)
+    for cache, event in zip(caches, events, strict=True):
+        cache.observe(event["object"])
+    records = [c.get(node["metadata"]["name"]) for c in caches]
+    assert records[0] is records[1] is records[2]
+    assert records[0] == node_record(node)
+    # another version is decoded again
+    node["metadata"]["resourceVersion"] = "12"
+    again = decode_watch_line(json.dumps({"type": "MODIFIED", "object": node}).encode(),
+                              node_subset)
+    assert again is not events[0]
+    assert again["object"]["metadata"]["resourceVersion"] == "12"
+
+
+def test_plain_objects_are_converted_every_time() -> None:
+    """Only decoded (shared, unchanged) objects are remembered: a dict that is changed
+    and observed again (a write's answer, a test's object) is converted again."""
+    calls: list[str] = []
+
+    def convert(obj: dict[str, Any]) -> NodeRecord:
+        calls.append(obj["metadata"]["resourceVersion"])
+        return node_record(obj)
+
+    remembered = Remembered(convert)
+    node = realistic_node(rv="1")
+    first = remembered(node)
+    node["metadata"]["annotations"][SIGNAL_VERSION_KEY] = "v9"
+    node["metadata"]["resourceVersion"] = "2"
+    second = remembered(node)
+    assert calls == ["1", "2"]
+    assert second.annotation(SIGNAL_VERSION_KEY) == "v9" != first.annotation(
+        SIGNAL_VERSION_KEY)
+    shared = SharedObject(node_subset(json.dumps(node).encode()))
+    assert remembered(shared) is remembered(shared)
+    assert calls == ["1", "2", "2"]
+    assert remembered.hits == 1
+
+
+def test_the_remembered_lines_are_bounded() -> None:
+    decoder = ObjectDecoder(_NodeWire, _node_subset, remember=4)
+    node = realistic_node()
+    for rv in range(10):
+        node["metadata"]["resourceVersion"] = str(rv)
+        decode_watch_line(json.dumps({"type": "ADDED", "object": node}).encode(), decoder)
+    assert len(decoder._recent) == 4
