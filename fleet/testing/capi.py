@@ -33,6 +33,7 @@ from fleet.kube.resources import (
     FLEET_UPGRADES,
     K0S_CONTROL_PLANES,
     K0S_WORKER_CONFIG_TEMPLATES,
+    K0SMOTRON_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
     MACHINE_SETS,
     MACHINES,
@@ -418,6 +419,21 @@ class CapiCluster:
         return (self.namespace, self.name)
 
 
+async def _create_hosted_control_plane(mgmt: KubeClient, namespace: str, cluster: str,
+                                       name: str, *, version: str, replicas: int) -> None:
+    """A k0smotron hosted control plane (K0smotronControlPlane, stand-in CRD) as k0smotron
+    leaves it once its pods run: initialised, ``status.version`` the spec's, every replica
+    ready. Rolling it to a new version is :class:`fleet.testing.k0smotron.
+    HostedControlPlaneStandIn`'s job."""
+    await _create(mgmt, K0SMOTRON_CONTROL_PLANES, {
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {LABEL_CLUSTER_NAME: cluster}},
+        "spec": {"version": version, "replicas": replicas}})
+    await mgmt.patch(K0SMOTRON_CONTROL_PLANES, name, {"status": {
+        "initialization": {"controlPlaneInitialized": True}, "version": version,
+        "replicas": replicas, "readyReplicas": replicas}}, namespace, subresource="status")
+
+
 def rollout_strategy(strategy: str = "RollingUpdate", *, max_unavailable: int | str = 1,
                      max_surge: int | str = 0) -> dict[str, Any]:
     if strategy == "OnDelete":
@@ -430,7 +446,7 @@ async def create_capi_cluster(
     mgmt: KubeClient, workload_kubeconfig: dict[str, Any], *, namespace: str, name: str,
     version: str = "v1.31.2+k0s.0", workers: int = 3, strategy: str = "RollingUpdate",
     max_unavailable: int | str = 1, max_surge: int | str = 0, control_plane_replicas: int = 1,
-    worker_template_version: str | None = None,
+    worker_template_version: str | None = None, hosted: bool = False,
 ) -> CapiCluster:
     """Cluster, kubeconfig Secret, stand-in K0sControlPlane (no Machines), worker templates
     and a MachineDeployment of ``workers`` replicas: what a user applies. The real CAPI
@@ -440,18 +456,23 @@ async def create_capi_cluster(
     kcp, md, template = f"{name}-cp", f"{name}-md", f"{name}-w"
     await _create(mgmt, SECRETS, kubeconfig_secret(f"{name}-kubeconfig", namespace, name,
                                                     workload_kubeconfig))
-    await _create(mgmt, K0S_CONTROL_PLANES, {
-        "metadata": {"name": kcp, "namespace": namespace,
-                     "labels": {LABEL_CLUSTER_NAME: name}},
-        "spec": {"version": version, "replicas": control_plane_replicas,
-                 "updateStrategy": "InPlace",
-                 "machineTemplate": {"infrastructureRef": infrastructure_template_ref(kcp)},
-                 "k0sConfigSpec": K0S_CONFIG_SPEC}})
+    control_plane = K0SMOTRON_CONTROL_PLANES if hosted else K0S_CONTROL_PLANES
+    if hosted:
+        await _create_hosted_control_plane(mgmt, namespace, name, kcp, version=version,
+                                           replicas=control_plane_replicas)
+    else:
+        await _create(mgmt, K0S_CONTROL_PLANES, {
+            "metadata": {"name": kcp, "namespace": namespace,
+                         "labels": {LABEL_CLUSTER_NAME: name}},
+            "spec": {"version": version, "replicas": control_plane_replicas,
+                     "updateStrategy": "InPlace",
+                     "machineTemplate": {"infrastructureRef": infrastructure_template_ref(kcp)},
+                     "k0sConfigSpec": K0S_CONFIG_SPEC}})
     await _create(mgmt, CLUSTERS, {
         "metadata": {"name": name, "namespace": namespace,
                      "labels": {TEST_CLUSTER_LABEL: name}},
-        "spec": {"controlPlaneRef": {"apiGroup": K0S_CONTROL_PLANES.group,
-                                     "kind": K0S_CONTROL_PLANES.kind, "name": kcp},
+        "spec": {"controlPlaneRef": {"apiGroup": control_plane.group,
+                                     "kind": control_plane.kind, "name": kcp},
                  "controlPlaneEndpoint": dict(CONTROL_PLANE_ENDPOINT)}})
     await _create(mgmt, SIM_MACHINE_TEMPLATES, {
         "metadata": {"name": template, "namespace": namespace},
