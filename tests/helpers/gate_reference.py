@@ -229,7 +229,11 @@ class ReferenceGate:
                         newly.add(c.key)
                 else:
                     reasons[c.key] = hold
-            slots = limit - len(active)
+            # a failed cluster whose node still works on its request (its NodePlan failed
+            # by a deadline) holds its slot until the node has finished
+            failing = sum(1 for c in cs if phases[c.key] is ClusterPhase.FAILED
+                          and c.in_flight > 0)
+            slots = limit - len(active) - failing
             # a held cluster names the wave before its own while that one is not complete
             held_by_waves = blocker if blocker is None or open_before is None \
                 else f"waiting for wave {open_before} to complete"
