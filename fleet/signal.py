@@ -141,6 +141,58 @@ def misplaced_policy_variable(var: str, *, on_agent: bool) -> str | None:
     return None
 
 
+class DrainBehavior(StrEnum):
+    """What a drain does with the pods a rule selects (Cluster API's MachineDrainRule)."""
+
+    DRAIN = "Drain"  # evicted, in groups by increasing order
+    SKIP = "Skip"  # left running
+    WAIT_COMPLETED = "WaitCompleted"  # never evicted; the drain waits until they end
+
+
+# The most drain rules one request carries (Cluster API caps a rule's selectors at 32).
+MAX_DRAIN_RULES = 64
+INT32 = 2**31
+
+
+class DrainRulePods(BaseModel):
+    """Which pods a drain rule applies to: those matching ``selector`` (empty: every pod)
+    in namespaces matching ``namespaceSelector`` (empty: every namespace)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    selector: dict[str, Any] | None = None
+    namespaceSelector: dict[str, Any] | None = None
+
+    @field_validator("selector", "namespaceSelector")
+    @classmethod
+    def _selector(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        problem = None if v is None else _label_selector_problem(v)
+        if problem is not None:
+            raise ValueError(f"not a label selector: {problem}")
+        return v
+
+
+class DrainRule(BaseModel):
+    """One Cluster API MachineDrainRule that applies to the request's Machine, as the
+    controller resolved it (the Machine and Cluster selectors already matched): its name
+    (rules are tried in name order, the first whose pods match decides), what it does
+    and which pods it applies to (none listed: every pod)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str = Field(min_length=1, max_length=253)
+    behavior: DrainBehavior
+    order: int = Field(0, ge=-INT32, lt=INT32, strict=True)
+    pods: tuple[DrainRulePods, ...] = ()
+
+    @field_validator("order")
+    @classmethod
+    def _order(cls, v: int, info: Any) -> int:
+        if v and info.data.get("behavior") not in (None, DrainBehavior.DRAIN):
+            raise ValueError("order can only be set with behavior Drain")
+        return v
+
+
 class NodePolicy(BaseModel):
     """Per-request node policy (the fleet config's ``agent:`` section).
 
@@ -161,9 +213,21 @@ class NodePolicy(BaseModel):
     deleteEmptyDirData: bool | None = Field(None, strict=True)
     force: bool | None = Field(None, strict=True)
     # Drain: pods matching any of these label selectors (metav1.LabelSelector, camelCase)
-    # are left running, like the cluster.x-k8s.io/drain: skip label; meant for Cluster
-    # API MachineDrainRule Skip rules, which the controller does not send yet.
+    # are left running, like the cluster.x-k8s.io/drain: skip label (older controllers'
+    # form of a Skip rule; drainRules says more).
     skipPods: tuple[dict[str, Any], ...] | None = None
+    # Drain: Cluster API MachineDrainRules that apply to this Machine, in name order
+    # (pod labels cluster.x-k8s.io/drain: skip | wait-completed come first, as in CAPI).
+    drainRules: tuple[DrainRule, ...] | None = Field(None, max_length=MAX_DRAIN_RULES)
+
+    @field_validator("drainRules")
+    @classmethod
+    def _rules_in_name_order(cls, v: tuple[DrainRule, ...] | None
+                             ) -> tuple[DrainRule, ...] | None:
+        names = [r.name for r in v or ()]
+        if names != sorted(names) or len(set(names)) != len(names):
+            raise ValueError("drain rules must be unique and in name order")
+        return v
 
     @field_validator("skipPods")
     @classmethod
@@ -273,6 +337,11 @@ class SignalCommand(BaseModel):
     k0supdate: K0sUpdateCommand
 
 
+# The most per-pod drain outcomes a status names (the annotation stays small).
+MAX_DRAIN_OUTCOMES = 50
+MORE_PODS = "..."
+
+
 class SignalStatus(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -286,6 +355,21 @@ class SignalStatus(BaseModel):
     # sha256 of the binary being installed, as downloaded (the request's digest, or the
     # computed one when the request allowed an unverified download).
     sha256: str | None = None
+    # What the drain did with each pod, one "<namespace>/<pod>: <outcome>" each (evicted,
+    # left running: why, waited for until completed: why, still on the node), at most
+    # MAX_DRAIN_OUTCOMES and a count of the rest; carried through the request's later
+    # steps. A list of strings: the status stays a flat object (see _status_member).
+    drain: tuple[str, ...] | None = Field(None, max_length=MAX_DRAIN_OUTCOMES + 1)
+
+
+def drain_outcomes(outcomes: dict[str, str]) -> tuple[str, ...]:
+    """``outcomes`` (pod -> outcome) as a status carries them: in pod order, at most
+    MAX_DRAIN_OUTCOMES, each at most 300 characters, the rest counted."""
+    names = sorted(outcomes)
+    shown = [f"{p}: {outcomes[p]}"[:300] for p in names[:MAX_DRAIN_OUTCOMES]]
+    if len(names) > MAX_DRAIN_OUTCOMES:
+        shown.append(f"{MORE_PODS} {len(names) - MAX_DRAIN_OUTCOMES} more pods not listed")
+    return tuple(shown)
 
 
 class SignalData(BaseModel):

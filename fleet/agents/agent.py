@@ -79,6 +79,7 @@ from fleet.signal import (
     SignalData,
     SignalState,
     SignalStatus,
+    drain_outcomes,
     parse_signal,
     replace_status,
     utcnow,
@@ -652,6 +653,7 @@ class Agent:
 
     async def _cordon_and_drain(self, sig: SignalData, span: trace.Span) -> SignalData:
         reason = ""
+        outcomes: tuple[str, ...] | None = None
         if not self.s.has_node:
             reason = "no Node (pure controller): nothing to cordon or drain"
         else:
@@ -664,23 +666,26 @@ class Agent:
                                            timeout=self._remaining(sig, pol.drain_timeout),
                                            force=pol.force,
                                            delete_emptydir_data=pol.delete_empty_dir_data,
-                                           skip_pods=pol.skip_pods)
+                                           skip_pods=pol.skip_pods,
+                                           rules=pol.drain_rules)
                 span.set_attributes({"k0s_fleet.drain.evicted": len(result.evicted),
                                      "k0s_fleet.drain.timed_out": result.timed_out,
                                      "k0s_fleet.drain.refused": len(result.refused)})
+                outcomes = drain_outcomes(result.outcomes())
                 if result.refused:
                     # as kubectl drain: nothing more is evicted; the cordon is undone by
                     # housekeeping once the failure is recorded
                     return await self._transition(
                         sig, self._status(sig, SignalState.FAILED_DRAIN,
-                                          reason=result.refusal()))
+                                          reason=result.refusal(), drain=outcomes))
                 if result.timed_out:
                     msg = f"drain did not finish within {pol.drain_timeout:g}s: " \
                           f"{result.summary()}"
                     if pol.drain_timeout_action is DrainTimeoutAction.FAIL:
                         # the cordon is undone by housekeeping once the failure is recorded
                         return await self._transition(
-                            sig, self._status(sig, SignalState.FAILED_DRAIN, reason=msg))
+                            sig, self._status(sig, SignalState.FAILED_DRAIN, reason=msg,
+                                              drain=outcomes))
                     reason = f"{msg}; proceeding (drain timeout outcome: proceed)"
                 else:
                     reason = f"drained: {result.summary()}"
@@ -688,7 +693,7 @@ class Agent:
                 reason = "cordoned (drain disabled)"
         crash_point("Cordoning:after")
         return await self._transition(sig, self._status(sig, SignalState.APPLYING_UPDATE,
-                                                        reason=reason))
+                                                        reason=reason, drain=outcomes))
 
     async def _apply(self, sig: SignalData, span: trace.Span) -> SignalData:
         cmd = sig.command.k0supdate

@@ -1,10 +1,13 @@
 """Cordon and drain this node through the Eviction API (PodDisruptionBudgets apply).
 
 Cordoning marks the Node with CORDONED_BY_KEY so that only a cordon the agent made is
-ever undone by it. Draining evicts every pod bound to the node except DaemonSet and
-mirror pods and pods labelled ``cluster.x-k8s.io/drain: skip`` (Cluster API's label),
-retries evictions a PodDisruptionBudget refuses (429), waits until the evicted pods are
-gone, and gives up at a deadline, reporting which pods blocked.
+ever undone by it. Draining follows Cluster API's drain: DaemonSet and mirror pods stay;
+a pod labelled ``cluster.x-k8s.io/drain: skip`` stays, ``wait-completed`` is waited for;
+otherwise the first MachineDrainRule (carried in the request, in name order) that applies
+decides (Skip, WaitCompleted, or Drain in groups by increasing order); every other pod
+is evicted in group 0. Evictions a PodDisruptionBudget refuses (429) are retried; each
+group is gone before the next starts; the drain gives up at a deadline, reporting which
+pods blocked and what it did with each pod.
 
 Like ``kubectl drain`` without ``--force``/``--delete-emptydir-data``, a pod with no
 controller (nothing would recreate it) or with emptyDir volumes (its data is lost) is
@@ -18,7 +21,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import anyio
 
@@ -26,8 +29,9 @@ from fleet.agents.state import cordon_patch, cordoned_by_agent, eviction_exempt,
 from fleet.kube import KubeClient, KubeObject, patch_with_retry
 from fleet.kube.backoff import Backoff
 from fleet.kube.errors import KubeError, NotFoundError, TooManyRequestsError
-from fleet.kube.resources import NODES, PODS
+from fleet.kube.resources import NAMESPACES, NODES, PODS
 from fleet.selectors import selector_matches
+from fleet.signal import DrainBehavior, DrainRule
 
 log = logging.getLogger(__name__)
 
@@ -52,28 +56,68 @@ async def uncordon(client: KubeClient, node: str, *, current: KubeObject | None 
     return patched is not None
 
 
-# Cluster API's pod label: a pod carrying it with value "skip" is never drained.
+# Cluster API's pod label: "skip" leaves the pod running, "wait-completed" never evicts it
+# but waits until it has completed (as a MachineDrainRule's Skip / WaitCompleted).
 CAPI_DRAIN_LABEL = "cluster.x-k8s.io/drain"
 CAPI_DRAIN_SKIP = "skip"
+CAPI_DRAIN_WAIT_COMPLETED = "wait-completed"
 
-Verdict = Literal["evict", "skip", "refuse"]
+Verdict = Literal["evict", "skip", "wait", "refuse"]
+
+
+class Judgement(NamedTuple):
+    """What the drain does with one pod, why, and in which group (``order``: pods are
+    drained group by group, by increasing order, as Cluster API does)."""
+
+    verdict: Verdict
+    why: str = ""
+    order: int = 0
+
+
+def _rule_applies(rule: DrainRule, pod: KubeObject,
+                  namespace_labels: Mapping[str, Mapping[str, str]]) -> bool:
+    """A rule applies to a pod when it lists no pods, or when one of its pod selectors
+    matches the pod's labels and its namespace selector the namespace's labels."""
+    if not rule.pods:
+        return True
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    ns_labels = namespace_labels.get(str(meta.get("namespace") or ""), {})
+    return any(selector_matches(sel.selector or {}, labels)
+               and selector_matches(sel.namespaceSelector or {}, ns_labels)
+               for sel in rule.pods)
 
 
 def judge(pod: KubeObject, *, force: bool = False, delete_emptydir_data: bool = False,
-          skip_pods: Sequence[Mapping[str, Any]] = ()) -> tuple[Verdict, str]:
-    """Whether one pod bound to the node being drained is evicted, skipped (left running)
-    or refuses the drain, and why (pure: the pod object and the node policy only)."""
+          skip_pods: Sequence[Mapping[str, Any]] = (), rules: Sequence[DrainRule] = (),
+          namespace_labels: Mapping[str, Mapping[str, str]] | None = None) -> Judgement:
+    """Whether one pod bound to the node being drained is evicted (in which order group),
+    left running, waited for until it completes, or refuses the drain, and why (pure: the
+    pod, the node policy and the namespaces' labels). As Cluster API decides: DaemonSet
+    and mirror pods stay; then the pod's cluster.x-k8s.io/drain label; then the first
+    MachineDrainRule (in name order) that applies; otherwise evicted in group 0."""
     why = eviction_exempt(pod)
     if why:
-        return "skip", why
+        return Judgement("skip", why)
     meta = pod.get("metadata") or {}
-    if (meta.get("labels") or {}).get(CAPI_DRAIN_LABEL) == CAPI_DRAIN_SKIP:
-        return "skip", f"labelled {CAPI_DRAIN_LABEL}: {CAPI_DRAIN_SKIP}"
     labels = meta.get("labels") or {}
+    label = labels.get(CAPI_DRAIN_LABEL)
+    if label == CAPI_DRAIN_SKIP:
+        return Judgement("skip", f"labelled {CAPI_DRAIN_LABEL}: {CAPI_DRAIN_SKIP}")
+    if label == CAPI_DRAIN_WAIT_COMPLETED:
+        return Judgement("wait", f"labelled {CAPI_DRAIN_LABEL}: {CAPI_DRAIN_WAIT_COMPLETED}")
     for i, sel in enumerate(skip_pods):
         # an empty selector selects every pod (as in a MachineDrainRule)
         if selector_matches(sel, labels):
-            return "skip", f"matches the node policy's skipPods[{i}]"
+            return Judgement("skip", f"matches the node policy's skipPods[{i}]")
+    order = 0
+    rule = next((r for r in rules if _rule_applies(r, pod, namespace_labels or {})), None)
+    if rule is not None:
+        if rule.behavior is DrainBehavior.SKIP:
+            return Judgement("skip", f"MachineDrainRule {rule.name}: Skip")
+        if rule.behavior is DrainBehavior.WAIT_COMPLETED:
+            return Judgement("wait", f"MachineDrainRule {rule.name}: WaitCompleted")
+        order = rule.order
     problems: list[str] = []
     if not force and not any(
             ref.get("controller") is True for ref in meta.get("ownerReferences") or []):
@@ -85,35 +129,60 @@ def judge(pod: KubeObject, *, force: bool = False, delete_emptydir_data: bool = 
             problems.append(f"emptyDir data would be lost ({', '.join(dirs)}; allow with "
                             "deleteEmptyDirData)")
     if problems:
-        return "refuse", "; ".join(problems)
-    return "evict", ""
+        return Judgement("refuse", "; ".join(problems), order)
+    return Judgement("evict", f"MachineDrainRule {rule.name}: Drain, order {order}"
+                     if rule is not None else "", order)
 
 
 @dataclass
 class Selection:
-    evict: list[KubeObject] = field(default_factory=list)
+    evict: list[KubeObject] = field(default_factory=list)  # this round's group
+    later: list[KubeObject] = field(default_factory=list)  # groups of a higher order
+    waiting: dict[str, str] = field(default_factory=dict)  # pod -> why the drain waits
     skipped: dict[str, str] = field(default_factory=dict)  # pod -> why it stays
     refused: dict[str, str] = field(default_factory=dict)  # pod -> why the drain is refused
+    order: int | None = None  # the group drained now
+
+
+def _done(pod: KubeObject) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
 def select(pods: list[KubeObject], *, force: bool = False,
            delete_emptydir_data: bool = False,
-           skip_pods: Sequence[Mapping[str, Any]] = ()) -> Selection:
-    """Sort the pods bound to a node into those to evict, those left running and those
-    that refuse the drain (pods that terminated already are neither evicted nor asked
-    about: Succeeded/Failed pods hold nothing)."""
+           skip_pods: Sequence[Mapping[str, Any]] = (), rules: Sequence[DrainRule] = (),
+           namespace_labels: Mapping[str, Mapping[str, str]] | None = None) -> Selection:
+    """Sort the pods bound to a node into this round's group to evict (the lowest order
+    still holding a pod to evict or to wait for), the later groups, those waited for
+    (WaitCompleted, in this round's group), those left running and those that refuse the
+    drain. Pods that terminated already are neither evicted nor waited for nor asked
+    about: Succeeded/Failed pods hold nothing."""
     sel = Selection()
+    judged: list[tuple[KubeObject, Judgement]] = []
     for pod in pods:
-        phase = (pod.get("status") or {}).get("phase")
-        verdict, why = judge(pod, force=force, delete_emptydir_data=delete_emptydir_data,
-                             skip_pods=skip_pods)
-        if verdict == "skip":
-            sel.skipped[_pod_id(pod)] = why
-        elif verdict == "refuse" and phase not in ("Succeeded", "Failed") \
+        j = judge(pod, force=force, delete_emptydir_data=delete_emptydir_data,
+                  skip_pods=skip_pods, rules=rules, namespace_labels=namespace_labels)
+        if j.verdict == "skip":
+            sel.skipped[_pod_id(pod)] = j.why
+        elif j.verdict == "refuse" and not _done(pod) \
                 and not (pod.get("metadata") or {}).get("deletionTimestamp"):
-            sel.refused[_pod_id(pod)] = why
+            sel.refused[_pod_id(pod)] = j.why
+        elif j.verdict == "wait" and _done(pod):
+            continue
         else:
+            judged.append((pod, j))
+    pending = [j.order for _p, j in judged if j.verdict in ("evict", "wait", "refuse")]
+    sel.order = min(pending) if pending else None
+    for pod, j in judged:
+        if j.verdict == "wait":
+            if j.order == sel.order:
+                sel.waiting[_pod_id(pod)] = j.why
+            else:
+                sel.later.append(pod)
+        elif j.order == sel.order:
             sel.evict.append(pod)
+        else:
+            sel.later.append(pod)
     return sel
 
 
@@ -123,6 +192,7 @@ class DrainResult:
     exempt: dict[str, str] = field(default_factory=dict)
     blocked: dict[str, str] = field(default_factory=dict)  # pod -> last refusal
     refused: dict[str, str] = field(default_factory=dict)  # pod -> why it refuses the drain
+    waited: dict[str, str] = field(default_factory=dict)  # pod -> why the drain waited
     remaining: list[str] = field(default_factory=list)
     timed_out: bool = False
     seconds: float = 0.0
@@ -132,14 +202,31 @@ class DrainResult:
         shown = "; ".join(f"{p}: {why}" for p, why in sorted(self.refused.items()))
         return f"drain refused, pods not evicted without the node policy's consent: {shown}"
 
+    def outcomes(self) -> dict[str, str]:
+        """What the drain did with each pod it looked at: evicted, left running (why),
+        waited for until completed (why), or still on the node."""
+        out = {p: "evicted" for p in self.evicted}
+        out.update({p: f"left running: {why}" for p, why in self.exempt.items()})
+        out.update({p: f"waited for until completed: {why}"
+                    for p, why in self.waited.items() if p not in self.remaining})
+        for p in self.remaining:
+            out[p] = "still on the node" + (f" ({self.blocked[p]})" if p in self.blocked
+                                            else f" ({self.waited[p]})" if p in self.waited
+                                            else "")
+        return out
+
     def summary(self) -> str:
         parts = [f"{len(self.evicted)} evicted"]
         if self.exempt:
             parts.append(f"{len(self.exempt)} left running (" + ", ".join(
                 sorted(set(self.exempt.values()))) + ")")
+        done_waiting = [p for p in self.waited if p not in self.remaining]
+        if done_waiting:
+            parts.append(f"{len(done_waiting)} waited for until completed")
         if self.remaining:
             shown = ", ".join(
-                f"{p} ({self.blocked[p]})" if p in self.blocked else p
+                f"{p} ({self.blocked[p]})" if p in self.blocked
+                else f"{p} ({self.waited[p]})" if p in self.waited else p
                 for p in self.remaining[:5]
             )
             more = f" and {len(self.remaining) - 5} more" if len(self.remaining) > 5 else ""
@@ -152,11 +239,24 @@ def _pod_id(pod: KubeObject) -> str:
     return f"{meta.get('namespace')}/{meta.get('name')}"
 
 
+def needs_namespaces(rules: Sequence[DrainRule]) -> bool:
+    """Whether any rule selects pods by their namespace's labels."""
+    return any(sel.namespaceSelector for r in rules for sel in r.pods)
+
+
+async def namespace_labels(client: KubeClient) -> dict[str, dict[str, str]]:
+    return {str(ns["metadata"]["name"]): dict(ns["metadata"].get("labels") or {})
+            for ns in (await client.list(NAMESPACES)).items}
+
+
 async def drain(client: KubeClient, node: str, *, timeout: float,
                 backoff: Backoff | None = None, force: bool = False,
                 delete_emptydir_data: bool = False,
-                skip_pods: Sequence[Mapping[str, Any]] = ()) -> DrainResult:
-    """Evict what can be evicted until nothing evictable is left or ``timeout`` passes.
+                skip_pods: Sequence[Mapping[str, Any]] = (),
+                rules: Sequence[DrainRule] = ()) -> DrainResult:
+    """Evict what can be evicted, group by group (Cluster API's drain order), waiting for
+    WaitCompleted pods of each group to complete, until nothing is left to evict or wait
+    for, or ``timeout`` passes.
 
     A pod that refuses the drain (see :func:`judge`) stops it before anything more is
     evicted: ``result.refused`` names them (as ``kubectl drain`` checks before evicting)."""
@@ -164,17 +264,20 @@ async def drain(client: KubeClient, node: str, *, timeout: float,
     result = DrainResult()
     t0 = time.monotonic()
     deadline = t0 + timeout
+    ns_labels = await namespace_labels(client) if needs_namespaces(rules) else None
     while True:
         pods = (await client.list(PODS, field_selector=f"spec.nodeName={node}")).items
         sel = select(pods, force=force, delete_emptydir_data=delete_emptydir_data,
-                     skip_pods=skip_pods)
+                     skip_pods=skip_pods, rules=rules, namespace_labels=ns_labels)
         result.exempt.update(sel.skipped)
+        result.waited.update(sel.waiting)
         pending = sel.evict
-        result.remaining = sorted([*(_pod_id(p) for p in pending), *sel.refused])
+        result.remaining = sorted([*(_pod_id(p) for p in (*pending, *sel.later)),
+                                   *sel.waiting, *sel.refused])
         if sel.refused:
             result.refused = sel.refused
             break
-        if not pending:
+        if not pending and not sel.waiting and not sel.later:
             break
         retry_after = 0.0
         for pod in pending:

@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from fleet.agents.state import url_prefix_problem
 from fleet.signal import (
     AGENT_ENV_PREFIX,
+    DrainRule,
     DrainTimeoutAction,
     NodePolicy,
     misplaced_policy_variable,
@@ -73,6 +74,7 @@ class EffectivePolicy:
     delete_empty_dir_data: bool = False
     force: bool = False
     skip_pods: tuple[dict[str, Any], ...] = ()
+    drain_rules: tuple[DrainRule, ...] = ()
 
 
 class HostNamespace(StrEnum):
@@ -222,6 +224,7 @@ class AgentSettings(BaseSettings):
             if req.deleteEmptyDirData is not None else self.delete_empty_dir_data,
             force=req.force if req.force is not None else self.force,
             skip_pods=req.skipPods or (),
+            drain_rules=req.drainRules or (),
         )
 
     @property

@@ -25,6 +25,7 @@ from fleet.config import FleetConfig
 from fleet.controllers.observe import ManagementView
 from fleet.dispatch import create_or_adopt_nodeplan, created_started, nodeplan_to_dispatch
 from fleet.downloads import DownloadResolutionError
+from fleet.drainrules import DrainRuleError, rules_for_machine
 from fleet.events import NORMAL, WARNING, EventRecorder
 from fleet.executors import executor, request_for
 from fleet.kube import (
@@ -44,6 +45,7 @@ from fleet.kube.resources import (
     K0S_WORKER_CONFIG_TEMPLATES,
     K0SMOTRON_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
+    MACHINE_DRAIN_RULES,
     MACHINE_SETS,
     MACHINES,
     NODE_PLANS,
@@ -101,6 +103,7 @@ from fleet.records import NodeRecord
 from fleet.signal import (
     CORDONED_BY_KEY,
     SIGNAL_VERSION,
+    NodePolicy,
     parse_signal,
 )
 from fleet.telemetry import context_from_traceparent, current_traceparent
@@ -269,6 +272,22 @@ class Dispatcher:
             await emit()
 
     # -- NodePlans -------------------------------------------------------------------------
+    def _node_policy(self, machine: KubeObject, cluster: ClusterKey) -> NodePolicy:
+        """The fleet's node policy with the MachineDrainRules that apply to ``machine``
+        (where Cluster API serves them). Raises DrainRuleError for a rule that cannot be
+        carried out as written."""
+        policy = self.config.agent.node_policy()
+        rules_cache = self.view.caches.get(MACHINE_DRAIN_RULES)
+        if rules_cache is None:
+            return policy
+        meta = machine.get("metadata") or {}
+        ns = str(meta.get("namespace") or "")
+        found = self.view[CLUSTERS].get(cluster[1], cluster[0])
+        rules = rules_for_machine(
+            rules_cache.items(), namespace=ns, machine_labels=meta.get("labels") or {},
+            cluster_labels=((found or {}).get("metadata") or {}).get("labels") or {})
+        return policy.model_copy(update={"drainRules": rules}) if rules else policy
+
     async def _do_CreateNodePlan(self, a: CreateNodePlan) -> None:
         machine = self.view[MACHINES].get(a.machine.name, a.machine.namespace)
         if machine is None:
@@ -286,6 +305,13 @@ class Dispatcher:
                              type=WARNING)
             log.warning("%s: cannot dispatch %s: %s", a.owner, a.machine.name, e)
             return
+        try:
+            node_policy = self._node_policy(machine, a.cluster)
+        except DrainRuleError as e:
+            await self.event(a.owner, "DrainRuleInvalid", f"{a.machine.name}: {e}",
+                             type=WARNING)
+            log.warning("%s: cannot dispatch %s: %s", a.owner, a.machine.name, e)
+            return
         with self.tracer.start_as_current_span(
                 "node-upgrade.dispatch", context=trace.set_span_in_context(
                     trace.INVALID_SPAN),  # every node upgrade is a trace of its own
@@ -299,8 +325,7 @@ class Dispatcher:
         body = nodeplan_to_dispatch(
             machine=machine, node_name=a.node, role=a.role, version=a.version,
             artifact=artifact, executor=a.executor, owner_kind=a.owner.kind,
-            owner_name=a.owner.name, traceparent=traceparent,
-            node_policy=self.config.agent.node_policy())
+            owner_name=a.owner.name, traceparent=traceparent, node_policy=node_policy)
         key = (a.machine.namespace, body["metadata"]["name"])
         # Cached before it is sent: a pass planned while this request is on the wire must
         # count the node as dispatched already. That copy is not started (no request

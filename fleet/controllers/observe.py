@@ -22,6 +22,7 @@ from fleet.kube.resources import (
     K0S_WORKER_CONFIG_TEMPLATES,
     K0SMOTRON_CONTROL_PLANES,
     MACHINE_DEPLOYMENTS,
+    MACHINE_DRAIN_RULES,
     MACHINE_SETS,
     MACHINES,
     NODE_PLANS,
@@ -38,8 +39,8 @@ log = logging.getLogger(__name__)
 WATCHED = (CLUSTERS, MACHINE_DEPLOYMENTS, MACHINE_SETS, MACHINES, K0S_CONTROL_PLANES,
            NODE_PLANS, SECRETS)
 # Watched where their CRD is served (k0smotron's bootstrap provider may not be installed,
-# nor its hosted control planes).
-OPTIONAL = (K0S_WORKER_CONFIG_TEMPLATES, K0SMOTRON_CONTROL_PLANES)
+# nor its hosted control planes; Cluster API serves MachineDrainRule v1beta2 from v1.11).
+OPTIONAL = (K0S_WORKER_CONFIG_TEMPLATES, K0SMOTRON_CONTROL_PLANES, MACHINE_DRAIN_RULES)
 # Only CAPI's kubeconfig Secrets are cached (never every Secret of the namespace).
 CAPI_SECRET_TYPE = "cluster.x-k8s.io/secret"
 SECRET_FIELD_SELECTOR = f"type={CAPI_SECRET_TYPE}"

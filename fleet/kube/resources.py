@@ -54,6 +54,9 @@ CAPI_GROUP = "cluster.x-k8s.io"
 CLUSTERS = Resource(CAPI_GROUP, "v1beta2", "clusters", "Cluster", namespaced=True)
 MACHINES = Resource(CAPI_GROUP, "v1beta2", "machines", "Machine", namespaced=True)
 MACHINE_SETS = Resource(CAPI_GROUP, "v1beta2", "machinesets", "MachineSet", namespaced=True)
+# How Machines are drained (Cluster API v1.11+ serves v1beta2): carried in each request
+MACHINE_DRAIN_RULES = Resource(CAPI_GROUP, "v1beta2", "machinedrainrules", "MachineDrainRule",
+                               namespaced=True)
 MACHINE_DEPLOYMENTS = Resource(CAPI_GROUP, "v1beta2", "machinedeployments",
                                "MachineDeployment", namespaced=True)
 EXTENSION_CONFIGS = Resource("runtime.cluster.x-k8s.io", "v1beta2", "extensionconfigs",

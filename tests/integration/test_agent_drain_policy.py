@@ -1,6 +1,7 @@
 """The node agent's drain policy on a real kube-apiserver (issue 31, drain): Cluster API's
-``cluster.x-k8s.io/drain: skip`` pod label, and pods without a controller or with emptyDir
-data refusing the drain (as ``kubectl drain``) unless the request's node policy allows it.
+``cluster.x-k8s.io/drain: skip`` pod label and its MachineDrainRules (carried in the
+request), and pods without a controller or with emptyDir data refusing the drain (as
+``kubectl drain``) unless the request's node policy allows it.
 
 Each test runs a simulated node (fleet.testing.simnode): a Node in wl1, a fake k0s under a
 supervisor, and the agent as a real subprocess.
@@ -11,14 +12,17 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import pytest
 
 from fleet.agents.files import sha256_file
 from fleet.kube import KubeClient
 from fleet.kube.resources import NAMESPACES, PODS
+from fleet.kube.watch import watch_once
 from fleet.signal import NodePolicy, SignalState
 from fleet.testing.releases import ReleaseServer
 from tests.helpers.agent import NEW, OLD, TERMINAL, uncordoned
+from tests.helpers.capienv import wait_for
 from tests.helpers.names import unique
 from tests.helpers.pods import controlled
 
@@ -117,3 +121,65 @@ async def test_unmanaged_and_emptydir_pods_refuse_the_drain_unless_allowed(
         assert await on_node(wl1, node.name) == set()
         assert await node.running_version() == NEW
         await node.wait_until(uncordoned)
+
+
+async def test_machine_drain_rules_in_the_request_order_skip_and_wait(
+        sim: Any, releases: ReleaseServer, wl1: KubeClient, ns: str) -> None:
+    """Cluster API's MachineDrainRules as the controller sends them: a Skip rule by the
+    namespace's labels keeps `logs`; `web` (no rule) goes first; `job` (WaitCompleted) is
+    never evicted and the drain waits for it to complete; `db` (Drain, order 10) is
+    evicted only after both of group 0 are gone. Every pod's outcome is in the status.
+    Before: every pod but none was evicted at once and the rules were not read."""
+    mon = unique("drainmon")
+    await wl1.create(NAMESPACES, {"metadata": {"name": mon, "labels": {"team": mon}}})
+    rules = [{"name": "a-monitoring", "behavior": "Skip",
+              "pods": [{"namespaceSelector": {"matchLabels": {"team": mon}}}]},
+             {"name": "b-db-last", "behavior": "Drain", "order": 10,
+              "pods": [{"selector": {"matchLabels": {"app": "db"}}}]},
+             {"name": "c-jobs", "behavior": "WaitCompleted",
+              "pods": [{"selector": {"matchLabels": {"app": "job"}}}]}]
+    seen: list[tuple[str, str, bool, str]] = []  # (pod, event, terminating, phase)
+
+    async def record(node: str, *, task_status: Any) -> None:
+        listed = await wl1.list(PODS, field_selector=f"spec.nodeName={node}")
+        task_status.started()
+        async for ev in watch_once(wl1, PODS, listed.resource_version,
+                                   field_selector=f"spec.nodeName={node}",
+                                   timeout_seconds=120):
+            if isinstance(ev, str):
+                continue
+            meta = ev.object["metadata"]
+            seen.append((meta["name"], ev.type, bool(meta.get("deletionTimestamp")),
+                         (ev.object.get("status") or {}).get("phase") or ""))
+
+    async with sim() as node, anyio.create_task_group() as tg:
+        await place(wl1, mon, node.name, "logs")
+        for name, labels in (("web", {}), ("db", {"app": "db"}), ("job", {"app": "job"})):
+            await place(wl1, ns, node.name, name, labels=labels)
+        await tg.start(record, node.name)
+        plan = await node.request(releases.releases[NEW], policy=NodePolicy.model_validate(
+            {"drainRules": rules}))
+
+        async def web_gone() -> bool:
+            return "web" not in await on_node(wl1, node.name)
+
+        await wait_for("web evicted", web_gone, 60, 0.1)
+        assert {"db", "job", "logs"} <= await on_node(wl1, node.name)
+        # the job completes (what its kubelet would report): db's group may go now
+        await wl1.patch(PODS, "job", {"status": {"phase": "Succeeded"}}, ns,
+                        subresource="status")
+        sig = await node.wait_for(plan, TERMINAL, timeout=60)
+        tg.cancel_scope.cancel()
+    assert sig.status is not None
+    assert sig.status.status is SignalState.COMPLETED, sig.status.reason
+    assert await on_node(wl1, node.name) == {"logs", "job"}
+    done_at = next(i for i, (n, _t, _d, ph) in enumerate(seen)
+                   if n == "job" and ph == "Succeeded")
+    db_gone = next(i for i, (n, t, d, _ph) in enumerate(seen)
+                   if n == "db" and (d or t == "DELETED"))
+    assert db_gone > done_at, seen  # group 10 only after group 0 was gone
+    assert not any(n == "job" and (d or t == "DELETED") for n, t, d, _ in seen), seen
+    assert set(sig.status.drain or ()) == {
+        f"{ns}/web: evicted", f"{ns}/db: evicted",
+        f"{mon}/logs: left running: MachineDrainRule a-monitoring: Skip",
+        f"{ns}/job: waited for until completed: MachineDrainRule c-jobs: WaitCompleted"}

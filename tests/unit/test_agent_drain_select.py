@@ -88,17 +88,17 @@ def test_emptydir_data_refuses_the_drain() -> None:
     p = pod("cache", volumes=[{"name": "cfg", "configMap": {"name": "c"}},
                               {"name": "scratch", "emptyDir": {}},
                               {"name": "mem", "emptyDir": {"medium": "Memory"}}])
-    verdict, why = judge(p)
+    verdict, why, _ = judge(p)
     assert verdict == "refuse"
     assert "emptyDir" in why and "scratch, mem" in why and "deleteEmptyDirData" in why
     assert "cfg" not in why
     assert judge(p, force=True)[0] == "refuse"  # force is about controllers only
-    assert judge(p, delete_emptydir_data=True) == ("evict", "")
+    assert judge(p, delete_emptydir_data=True)[:2] == ("evict", "")
 
 
 def test_both_reasons_are_named_and_both_consents_needed() -> None:
     p = pod("both", owners=[], volumes=[{"name": "v", "emptyDir": {}}])
-    verdict, why = judge(p)
+    verdict, why, _ = judge(p)
     assert verdict == "refuse" and "no controller" in why and "emptyDir" in why
     assert judge(p, force=True)[0] == "refuse"
     assert judge(p, delete_emptydir_data=True)[0] == "refuse"

@@ -147,6 +147,7 @@ CONTROLLER_RULES = {
     *{("cluster.x-k8s.io", r, v, "*") for r in ("machinedeployments", "machinesets", "machines")
       for v in ("get", "list", "watch", "patch")},
     ("cluster.x-k8s.io", "machinedeployments/status", "patch", "*"),
+    *{("cluster.x-k8s.io", "machinedrainrules", v, "*") for v in ("list", "watch")},
     *{("controlplane.cluster.x-k8s.io", "k0scontrolplanes", v, "*")
       for v in ("get", "list", "watch", "patch")},
     ("controlplane.cluster.x-k8s.io", "k0scontrolplanes/status", "patch", "*"),
@@ -537,6 +538,7 @@ AGENT_RULES = {
     *{("", "nodes", v, "*") for v in ("get", "list", "watch", "patch")},
     ("", "pods", "list", "*"),
     ("", "pods/eviction", "create", "*"),
+    ("", "namespaces", "list", "*"),
 }
 
 

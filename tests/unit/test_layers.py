@@ -29,7 +29,7 @@ LAYERS = [
     "artifacts | clusters | events | listen | telemetry",  # shared I/O services
     "planner | snapshot",                             # pure decisions
     "records | kept",                                 # compact workload / management records
-    "eligibility | budget | executors | intent | reported | fence",
+    "eligibility | budget | executors | intent | reported | fence | drainrules",
     "model",
     "nodeplan",
     "config_loader | downloads",
@@ -50,7 +50,7 @@ PURE = [
     "rollout/state.py", "rollout/progress.py", "extension/canupdate.py",
     "extension/patches.py", "extension/wire.py", "extension/progress.py",
     "extension/activation.py", "status/model.py", "intent.py", "rollout/hookgate.py",
-    "fence.py", "skew.py",
+    "fence.py", "skew.py", "drainrules.py",
 ]
 IO_MODULES = ("aiohttp", "kubernetes_asyncio", "subprocess", "socket", "fleet.kube.client",
               "fleet.kube.patch", "fleet.kube.watch", "fleet.clusters", "fleet.controllers")
