@@ -90,7 +90,9 @@ async def _run_url(args: argparse.Namespace, interval: float) -> int:
     if args.output in ("json", "yaml"):
         sys.stdout.write(common.dump(await _from_url(args.url), args.output))
         return common.Exit.OK
-    banner = Text(f"config: the controller's own (/status of {args.url})", style="dim")
+    banner = Text(f"config: the controller's own (/status of {args.url})"
+                  + ("; -o wide's columns need the cluster itself (without --url)"
+                     if args.output == "wide" else ""), style="dim")
     if args.once:
         console.print(Group(banner, render(await _from_url(args.url))))
         return common.Exit.OK
