@@ -55,6 +55,7 @@ MAX_LINE_BYTES = 16 * 1024 * 1024  # one watch event (a large object) per line
 TLS_READ_BYTES = 16 * 1024  # the most plaintext one TLS record carries
 # the most ciphertext written into a connection's memory BIO at once (see data_received)
 BIO_WRITE_BYTES = 17 * 1024
+SOCKET_READ_BYTES = 64 * 1024  # the most one read of a TLS connection's socket brings
 
 
 class HttpError(OSError):
@@ -160,6 +161,13 @@ class _TlsProtocol(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
+        # asyncio's socket transports read up to 256 KiB at once (``max_size``): once the
+        # event loop falls behind, each of a thousand watch connections then holds a
+        # quarter MiB read, as much again decrypted, and glibc maps and unmaps each such
+        # block (the resident size swung by 100+ MiB a second, issue 33). 64 KiB reads
+        # stay in the heap and bound what one connection brings in at once.
+        if getattr(transport, "max_size", 0) > SOCKET_READ_BYTES:
+            transport.max_size = SOCKET_READ_BYTES  # type: ignore[attr-defined]
         self._transport = transport
         self._reader.set_transport(transport)
         self._step()

@@ -1,7 +1,8 @@
-"""The light transport's TLS over memory BIOs writes ciphertext into its BIO a record's
-worth at a time (OpenSSL's memory BIO keeps the largest buffer it ever held: a thousand
-watch connections that once read 256 KiB at a time kept 250 MiB, issue 33), and still
-delivers every byte. Client and server meet in memory: no socket, no sleep."""
+"""The light transport's TLS over memory BIOs reads its socket 64 KiB at a time and
+writes ciphertext into its BIO a record's worth at a time (OpenSSL's memory BIO keeps
+the largest buffer it ever held: a thousand watch connections that once read 256 KiB at
+a time kept 250 MiB, issue 33), and still delivers every byte. Client and server meet
+in memory: no socket, no sleep."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from fleet.kube.http import BIO_WRITE_BYTES, _TlsProtocol
+from fleet.kube.http import BIO_WRITE_BYTES, SOCKET_READ_BYTES, _TlsProtocol
 from fleet.testing.kubesim.certs import make_serving_cert
 
 pytestmark = pytest.mark.anyio
@@ -39,6 +40,8 @@ class _Recorder:
 
 class _Wire(asyncio.Transport):
     """What the client writes, kept for the server to read."""
+
+    max_size = 256 * 1024  # asyncio's socket transports' read size
 
     def __init__(self) -> None:
         super().__init__()
@@ -72,6 +75,7 @@ async def test_a_large_read_goes_into_the_bio_in_record_sized_pieces(tmp_path: P
     proto._in = recorder  # type: ignore[assignment]
     wire = _Wire()
     proto.connection_made(wire)
+    assert wire.max_size == SOCKET_READ_BYTES  # reads of at most 64 KiB
     for _ in range(10):  # the handshake, in memory
         s_in.write(bytes(wire.sent))
         wire.sent.clear()
