@@ -35,6 +35,7 @@ from fleet.rollout.observe import Observation, observe
 from fleet.rollout.plan import DryRun, dry_run, plan_document, render_plan
 from fleet.schedule import DurationError, parse_duration
 from fleet.selectors import parse_label_selector
+from fleet.skew import RULES
 from fleet.versions import InvalidVersionError, normalize
 
 
@@ -107,11 +108,33 @@ def selected(obs: Observation, preview: Preview, namespace: str) -> list[Cluster
                   if (t.intent.namespace, t.intent.name) == (namespace, preview.name))
 
 
-def refusals(run: DryRun) -> list[dict[str, Any]]:
-    """Every cluster k0s's version skew policy refuses in the plan, with the rule and the
-    sentence naming the versions."""
-    return [{"cluster": f"{k[0]}/{k[1]}", "rule": t.refusal[0], "message": t.refusal[1]}
-            for k, t in sorted(run.intents.items()) if t.refusal is not None]
+def refusals(run: DryRun, doc: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every refusal of k0s's version skew policy in the plan, with the rule and the
+    sentence naming the versions: each cluster refused as a whole (a downgrade, a ladder
+    that cannot be built), then, from ``doc``, each object whose version the writer would
+    not write (fleet/planner/writer.py: "not written: k0s's version skew policy refuses
+    it (<rule>: ...)", or a hand edit beyond one minor it does not adopt)."""
+    out = [{"cluster": f"{k[0]}/{k[1]}", "rule": t.refusal[0], "message": t.refusal[1]}
+           for k, t in sorted(run.intents.items()) if t.refusal is not None]
+    refused = {r["cluster"] for r in out}
+    for w in (doc or {}).get("waves") or []:
+        for c in w["clusters"]:
+            key = f"{c['namespace']}/{c['name']}"
+            for o in c["objects"] if key not in refused else ():
+                found = _object_refusal(str(o.get("waiting") or ""))
+                if found is not None:
+                    out.append({"cluster": key, "object": f"{o['kind']} {o['name']}",
+                                "rule": found[0], "message": found[1]})
+    return out
+
+
+def _object_refusal(waiting: str) -> tuple[str, str] | None:
+    """(rule, message) of a skew refusal quoted in an object's waiting reason."""
+    for rule in RULES:
+        at = waiting.find(f"({rule}: ")
+        if at >= 0:
+            return rule, waiting[at + len(rule) + 3:].removesuffix(")")
+    return None
 
 
 async def extension_clusters(mgmt: KubeClient, config: FleetConfig,
@@ -143,7 +166,7 @@ async def plan_with(mgmt: KubeClient, config: FleetConfig, *, now: datetime,
         obs = with_preview(obs, preview, namespace, now)
     run = dry_run(obs, config, now=now, node_duration=parse_duration(node_duration))
     doc = plan_document(run)
-    doc["refusals"] = refusals(run)
+    doc["refusals"] = refusals(run, doc)
     if preview is not None:
         doc["preview"] = {
             "fleetUpgrade": f"{namespace}/{preview.name}", "version": preview.version,
@@ -186,7 +209,8 @@ def refusals_text(doc: dict[str, Any]) -> list[str]:
     if not doc["refusals"]:
         return []
     return ["refused by k0s's version skew policy (nothing would be written to them):",
-            *(f"  {r['cluster']}: {r['rule']}: {r['message']}" for r in doc["refusals"])]
+            *(f"  {r['cluster']}" + (f" {r['object']}" if r.get("object") else "")
+              + f": {r['rule']}: {r['message']}" for r in doc["refusals"])]
 
 
 def outcome(command: str, doc: dict[str, Any]) -> int:

@@ -28,10 +28,18 @@ from fleet.cli.progress import (
 )
 from fleet.cli.upgrade import redraw_text
 from fleet.config import ManagementSettings
-from fleet.model import IntentTarget, NodePlanInfo, ObjectRef
+from fleet.model import (
+    ANN_WRITTEN_VERSION,
+    IntentTarget,
+    MachineDeploymentInfo,
+    NodePlanInfo,
+    ObjectRef,
+)
 from fleet.nodeplan import NodePlanPhase
+from fleet.planner.writer import version_step
 from fleet.rollout.gate import GateDecision
 from fleet.rollout.plan import DryRun
+from fleet.skew import SkewRefusal
 from tests.helpers.charts import CONTROLLER_CHART, render
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
@@ -233,6 +241,25 @@ def test_refusals_name_the_rule_and_the_versions() -> None:
                  intents={("ns", "b"): t, ("ns", "a"): dataclasses.replace(t, refusal=None)})
     assert refusals(run) == [{"cluster": "ns/b", "rule": "NoDowngrade", "message": (
         "the cluster runs v1.31.2+k0s.0, newer than v1.30.5+k0s.0; k0s is never downgraded")}]
+    # an object whose version the writer would not write names its rule too (as
+    # fleet/planner/writer.py words it); a cluster refused as a whole is named once
+    skew = SkewRefusal("WorkersNotNewerThanControlPlanes", "the workers would move to "
+                       "v1.32.1+k0s.0 while the oldest control plane runs v1.31.2+k0s.0")
+    md = MachineDeploymentInfo(
+        ref=ObjectRef("MachineDeployment", "ns", "a-md"), cluster="a", replicas=2,
+        version="v1.32.1+k0s.0", max_unavailable=1, spec_version="v1.31.2+k0s.0",
+        annotations={ANN_WRITTEN_VERSION: "v1.31.2+k0s.0"})
+    step = version_step(md, hold=None, write_blocked="", skew=skew)
+    assert step.waiting is not None and "WorkersNotNewerThanControlPlanes" in step.waiting
+    doc = {"waves": [{"clusters": [
+        {"namespace": "ns", "name": "a", "objects": [
+            {"kind": "MachineDeployment", "name": "a-md", "waiting": step.waiting},
+            {"kind": "MachineDeployment", "name": "a-md2", "waiting": "held: paused"}]},
+        {"namespace": "ns", "name": "b", "objects": [
+            {"kind": "MachineDeployment", "name": "b-md", "waiting": step.waiting}]}]}]}
+    assert refusals(run, doc)[1:] == [{
+        "cluster": "ns/a", "object": "MachineDeployment a-md",
+        "rule": "WorkersNotNewerThanControlPlanes", "message": skew.message}]
 
 
 # -- docs/operations.md's exit codes are the code's ------------------------------------------
