@@ -29,6 +29,7 @@ from fleet.kube.resources import (
     K0S_WORKER_CONFIG_TEMPLATES,
     LEASES,
     MACHINE_DEPLOYMENTS,
+    MACHINE_DRAIN_RULES,
     NODE_PLANS,
     PODS,
 )
@@ -172,6 +173,13 @@ async def test_both_charts_upgrade_a_cluster_and_the_agent_uses_exactly_its_gran
     fc = await create_cluster(admin, admin, server.kubeconfig(), namespace=capi_ns,
                               name=unique("e2e"), version=OLD, control_planes=0, workers=2,
                               max_unavailable=1, create_nodes=False)
+    # A MachineDrainRule selecting pods by their namespace's labels: the controller sends
+    # it with each request and the agent lists the namespaces to apply it.
+    await admin.create(MACHINE_DRAIN_RULES, {
+        "apiVersion": MACHINE_DRAIN_RULES.api_version, "kind": MACHINE_DRAIN_RULES.kind,
+        "metadata": {"name": "keep-monitoring", "namespace": capi_ns},
+        "spec": {"drain": {"behavior": "Skip"}, "pods": [
+            {"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}]}}, capi_ns)
     async with contextlib.AsyncExitStack() as stack:
         nodes = []
         for name in fc.workers:
