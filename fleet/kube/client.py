@@ -9,7 +9,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import yaml
@@ -25,7 +25,9 @@ from fleet.kube.http import ConnectSlots
 from fleet.kube.ratelimit import WriteLimiter
 from fleet.kube.resources import Resource
 from fleet.kube.transport import LineStream, Transport, TransportName
-from fleet.kube.wire import ObjectDecoder, decode_list_page, decode_watch_line
+
+if TYPE_CHECKING:  # msgspec is imported only by who decodes with it (not the node agent)
+    from fleet.kube.wire import ObjectDecoder
 
 log = logging.getLogger(__name__)
 
@@ -314,8 +316,11 @@ class KubeClient:
         it does not take are)."""
         cont: str | None = resume
         rv = ""
-        decode = None if decoder is None else functools.partial(decode_list_page,
-                                                                 decoder=decoder)
+        decode = None
+        if decoder is not None:
+            from fleet.kube.wire import decode_list_page  # noqa: PLC0415
+
+            decode = functools.partial(decode_list_page, decoder=decoder)
         while True:
             page = await self.request("GET", res.path(namespace), query={
                 "labelSelector": label_selector, "fieldSelector": field_selector,
@@ -392,6 +397,8 @@ class KubeClient:
             "resourceVersion": resource_version, "labelSelector": label_selector,
             "fieldSelector": field_selector, "timeoutSeconds": timeout_seconds,
         }, read_timeout=read_timeout)
+        if decoder is not None:
+            from fleet.kube.wire import decode_watch_line  # noqa: PLC0415
         try:
             while True:
                 try:

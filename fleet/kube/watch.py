@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
@@ -28,7 +28,9 @@ from fleet.kube.backoff import Backoff
 from fleet.kube.client import KubeClient, KubeObject
 from fleet.kube.errors import GoneError, KubeError, NotFoundError, WatchIdleError, from_status
 from fleet.kube.resources import CRDS, Resource
-from fleet.kube.wire import ObjectDecoder
+
+if TYPE_CHECKING:
+    from fleet.kube.wire import ObjectDecoder
 
 log = logging.getLogger(__name__)
 
