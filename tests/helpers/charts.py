@@ -85,8 +85,27 @@ class Manifest:
         return w
 
 
+# The controller chart reads Secrets cluster-wide only when told to (issue #29: no
+# namespaces and no rbac.secrets.clusterWide fails the install, naming the value). A test
+# that renders or installs it without saying where the Clusters live says this, as an
+# operator would; the default itself is tested in tests/unit/test_chart_secret_rbac.py.
+CLUSTER_WIDE_SECRETS = "rbac.secrets.clusterWide=true"
+_SCOPE_KEYS = ("clusterWide", "namespaces")
+
+
+def scoped(chart: Path | str, sets: Sequence[str] = (), *values_files: Path) -> list[str]:
+    """``sets`` with :data:`CLUSTER_WIDE_SECRETS` first for the controller chart, unless
+    the sets or values files already say where Secrets are read."""
+    said = any(k in s for s in sets for k in _SCOPE_KEYS) or any(
+        k in f.read_text() for f in values_files for k in _SCOPE_KEYS)
+    if said or "k0s-fleet-agent" in str(chart) or "k0s-fleet" not in Path(chart).name:
+        return list(sets)
+    return [CLUSTER_WIDE_SECRETS, *sets]
+
+
 def template_args(chart: Path, *values_files: Path, sets: Sequence[str] = (),
                   api_versions: Iterable[str] = OPTIONAL_APIS) -> list[str]:
+    sets = scoped(chart, sets, *values_files)
     args = [str(chart)]
     for f in values_files:
         args += ["-f", str(f)]

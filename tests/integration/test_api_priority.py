@@ -27,6 +27,7 @@ from fleet.kube import FencedError, KubeClient, WriteLimiter
 from fleet.kube.resources import CONFIGMAPS, LEASES, SERVICE_ACCOUNTS
 from fleet.testing.world import ApiServer, World
 from tests.helpers.charts import (
+    CLUSTER_WIDE_SECRETS,
     CONTROLLER_CHART,
     FLOW_SCHEMAS,
     PRIORITY_LEVELS,
@@ -76,7 +77,8 @@ async def test_the_chart_gives_the_controllers_lease_requests_their_own_priority
     # Installed as docs/operations.md "Install" says, by an identity that may create
     # FlowSchemas (the admin); helm sees flowcontrol.apiserver.k8s.io/v1 by discovery.
     out = await helm_cli("install", release, CONTROLLER_CHART, "--namespace", ns,
-                         "--create-namespace", "--kubeconfig", kubeconfig)
+                         "--create-namespace", "--kubeconfig", kubeconfig,
+                         "--set", CLUSTER_WIDE_SECRETS)
     assert "STATUS: deployed" in out
     name = f"{release}-leases"  # the release name holds the chart's: fullname = release
     async with await apf_server.client() as admin:

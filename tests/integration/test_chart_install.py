@@ -22,6 +22,7 @@ from tests.helpers.charts import (
     AGENT_CHART,
     CLUSTER_ROLE_BINDINGS,
     CLUSTER_ROLES,
+    CLUSTER_WIDE_SECRETS,
     CONTROLLER_CHART,
     DAEMONSETS,
     DEPLOYMENTS,
@@ -173,7 +174,8 @@ async def test_controller_chart_with_extension_registers_it(
     ns, release = unique("kf-ext"), unique("k0s-fleet")
     await helm_cli("install", release, CONTROLLER_CHART, "--namespace", ns,
                    "--create-namespace", "--kubeconfig", mgmt_kubeconfig,
-                   "--values", CONTROLLER_CHART / "ci" / "extension-secret-values.yaml")
+                   "--values", CONTROLLER_CHART / "ci" / "extension-secret-values.yaml",
+                   "--set", CLUSTER_WIDE_SECRETS)
     try:
         ext = await mgmt.get(EXTENSION_CONFIGS, release)
         assert ext["spec"]["clientConfig"]["service"] == {
@@ -315,9 +317,10 @@ async def test_secret_read_is_cluster_wide_only_by_an_explicit_value(
         await helm_cli("uninstall", release, "--namespace", ns, "--kubeconfig",
                        mgmt_kubeconfig)
     other = unique("k0s-fleet")
+    # the default (no namespaces, nothing asked for): refused before anything is created
     out = await helm_cli("install", other, CONTROLLER_CHART, "--namespace", ns,
-                         "--set", "rbac.secrets.clusterWide=false",
                          "--kubeconfig", mgmt_kubeconfig, check=False)
-    assert "rbac.secrets.clusterWide=false" in out and "STATUS: deployed" not in out
+    assert "rbac.secrets.clusterWide is false (the default)" in out
+    assert "STATUS: deployed" not in out
     assert await mgmt.get_or_none(CLUSTER_ROLE_BINDINGS, other) is None
     assert await mgmt.get_or_none(CLUSTER_ROLES, other) is None

@@ -37,6 +37,7 @@ from tests.helpers.charts import (
     helm,
     helm_cli,
     kubeconfig_file,
+    scoped,
 )
 from tests.helpers.names import unique
 
@@ -154,7 +155,8 @@ def test_the_packages_hold_the_charts_as_they_are(dist: dict[str, Path], which: 
             assert packaged[name] == body, name
     meta = yaml.safe_load(packaged["Chart.yaml"])
     assert (meta["version"], meta["appVersion"]) == (__version__, __version__)
-    assert helm("lint", dist[which]).returncode == 0
+    sets = [a for s in scoped(dist[which]) for a in ("--set", s)]
+    assert helm("lint", dist[which], *sets).returncode == 0
 
 
 @pytest.fixture

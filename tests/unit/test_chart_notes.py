@@ -7,12 +7,13 @@ import re
 
 import yaml
 
-from tests.helpers.charts import CONTROLLER_CHART, helm
+from tests.helpers.charts import CONTROLLER_CHART, helm, scoped
 
 
 def notes(namespace: str) -> str:
+    sets = [a for s in scoped(CONTROLLER_CHART) for a in ("--set", s)]
     out = helm("install", "r1", str(CONTROLLER_CHART), "--namespace", namespace,
-               "--dry-run=client").stdout
+               "--dry-run=client", *sets).stdout
     return out.split("\nNOTES:\n", 1)[1]
 
 

@@ -2,8 +2,9 @@
 
 With namespaces known (rbac.namespaces, or fleet.clusters.namespaces and entries) the
 Secret read is bound in those namespaces only. Without them the controller works in all
-namespaces and watches kubeconfig Secrets cluster-wide: that grant exists only while
-``rbac.secrets.clusterWide`` is true; false makes such an install fail, naming the value.
+namespaces and watches kubeconfig Secrets cluster-wide: that grant exists only when
+``rbac.secrets.clusterWide`` asks for it (default false: such an install fails, naming
+the value).
 The real API server checks the same in tests/integration/test_chart_install.py.
 """
 
@@ -36,15 +37,18 @@ def test_secrets_are_read_in_the_listed_namespaces_only() -> None:
         assert _secret_bindings(["rbac.namespaces[0]=capi-c", *extra]) == (["capi-c"], [])
 
 
-def test_cluster_wide_secret_read_only_while_the_value_allows_it() -> None:
-    # the default keeps a fleet without namespaces working (it watches every namespace)
-    assert _secret_bindings([]) == ([], ["r1-k0s-fleet"])
+def test_cluster_wide_secret_read_only_when_asked_for() -> None:
+    # the default asks for nothing: an install that names no namespace fails, naming both
+    # ways out (helm called without the tests' scoped() values)
+    default = helm("template", "r1", str(CONTROLLER_CHART), check=False)
+    assert default.returncode != 0
+    assert "rbac.secrets.clusterWide is false (the default)" in default.stderr
+    assert "fleet.clusters.namespaces" in default.stderr
     assert _secret_bindings(["rbac.secrets.clusterWide=true"]) == ([], ["r1-k0s-fleet"])
     out = helm("template", "r1", *template_args(
         CONTROLLER_CHART, sets=["rbac.secrets.clusterWide=false"]), check=False)
     assert out.returncode != 0
-    assert "rbac.secrets.clusterWide=false" in out.stderr
-    assert "fleet.clusters.namespaces" in out.stderr
+    assert "rbac.secrets.clusterWide=true" in out.stderr
     typo = helm("template", "r1", *template_args(
         CONTROLLER_CHART, sets=["rbac.secrets.clusterwide=false"]), check=False)
     assert typo.returncode != 0 and "clusterwide" in typo.stderr
