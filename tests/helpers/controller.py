@@ -297,3 +297,16 @@ def fleet_config_dict(namespace: str, **rollout: Any) -> dict[str, Any]:
                                           "unCordoning": "5s"},
                     **rollout},
     }
+
+
+class Lines:
+    """A text stream that keeps what the CLI writes, line by line (for `follow`'s out)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def write(self, s: str) -> None:
+        self.lines.append(s)
+
+    def flush(self) -> None:
+        pass

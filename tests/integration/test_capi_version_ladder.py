@@ -35,24 +35,13 @@ from fleet.testing.k0smotron import HostedControlPlaneStandIn
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.world import World
 from tests.helpers.capienv import capi_namespace, provisioned, wait_for
-from tests.helpers.controller import policy_controller
+from tests.helpers.controller import Lines, policy_controller
 from tests.helpers.names import unique
 from tests.helpers.skew import FleetSkewWatcher
 
 pytestmark = pytest.mark.anyio
 
 OLD, RUNG, TARGET = "v1.30.9+k0s.0", "v1.31.5+k0s.0", "v1.32.1+k0s.0"
-
-
-class _Lines:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def write(self, s: str) -> None:
-        self.lines.append(s)
-
-    def flush(self) -> None:
-        pass
 
 
 def ladder_config(namespace: str, download: str, digests: dict[str, str]) -> FleetConfig:
@@ -122,7 +111,7 @@ async def test_two_clusters_one_hosted_climb_two_minors_next_to_the_real_capi(
                 async with policy_controller(mgmt, config):
                     obj = await apply_upgrade(mgmt, namespace=ns, name="two-minors",
                                               version=TARGET, selector=None)
-                    out = _Lines()
+                    out = Lines()
                     try:
                         with anyio.fail_after(480):
                             rc = await follow(mgmt, namespace=ns, name="two-minors",

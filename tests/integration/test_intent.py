@@ -41,6 +41,7 @@ from fleet.testing.world import World
 from tests.helpers.capienv import wait_for
 from tests.helpers.controller import (
     InvariantWatcher,
+    Lines,
     intent_config,
     policy_controller,
     small_cluster,
@@ -100,7 +101,7 @@ async def test_an_intent_upgrades_control_planes_paused_and_survives_a_controlle
 
         # A new controller resumes, finishes and releases the pause.
         async with policy_controller(mgmt, cfg):
-            out = _Lines()
+            out = Lines()
             with anyio.fail_after(180):
                 rc = await follow(mgmt, namespace=namespace, name="to-v2",
                                   generation=obj["metadata"]["generation"], out=out, poll=0.2)
@@ -151,17 +152,6 @@ async def test_an_intent_upgrades_control_planes_paused_and_survives_a_controlle
              if p["spec"]["clusterName"] == fc.name]
     assert sorted(p["spec"]["machineName"] for p in plans) == sorted(fc.machines)
     assert standin.plans_created == []
-
-
-class _Lines:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def write(self, s: str) -> None:
-        self.lines.append(s)
-
-    def flush(self) -> None:
-        pass
 
 
 @pytest.mark.parametrize("intent", [True, False], ids=["fleet-upgrade", "no-fleet-upgrade"])

@@ -35,7 +35,7 @@ from fleet.testing.k0smotron import (
 from fleet.testing.responder import NodeResponder
 from fleet.testing.world import World
 from tests.helpers.capienv import wait_for
-from tests.helpers.controller import intent_config, policy_controller, small_cluster
+from tests.helpers.controller import Lines, intent_config, policy_controller, small_cluster
 from tests.helpers.skew import FleetSkewWatcher, SkewWatcher
 
 V1 = "v1.31.2+k0s.0"
@@ -45,17 +45,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture(scope="module")
 async def infra_crd(mgmt: KubeClient) -> None:
     await ensure_infra_crd(mgmt)
-
-
-class _Lines:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def write(self, s: str) -> None:
-        self.lines.append(s)
-
-    def flush(self) -> None:
-        pass
 
 
 @pytest.mark.parametrize(("version", "rule"), [("v1.33.0+k0s.0", "MissingRung"),
@@ -70,7 +59,7 @@ async def test_an_upgrade_k0s_does_not_support_is_refused_before_any_write(  # n
     obj = await apply_upgrade(mgmt, namespace=namespace, name=name, version=version,
                               selector=None)
     async with policy_controller(mgmt, intent_config(namespace)):
-        out = _Lines()
+        out = Lines()
         with anyio.fail_after(60):
             rc = await follow(mgmt, namespace=namespace, name=name,
                               generation=obj["metadata"]["generation"], out=out, poll=0.1)
@@ -130,7 +119,7 @@ async def test_a_fleet_upgrade_two_minors_ahead_climbs_one_minor_at_a_time(
                 return "v1.32.5+k0s.0" in rungs_seen
 
             await wait_for("the first rung in the status", on_the_rung, 60, 0.05)
-            out = _Lines()
+            out = Lines()
             with anyio.fail_after(240):
                 rc = await follow(mgmt, namespace=namespace, name="ladder",
                                   generation=obj["metadata"]["generation"], out=out, poll=0.2)
@@ -196,7 +185,7 @@ async def test_two_clusters_in_waves_one_hosted_climb_two_minors_within_the_skew
         await tg.start(hosted_standin.run)
         await tg.start(responder.run)
         async with policy_controller(mgmt, cfg):
-            out = _Lines()
+            out = Lines()
             try:
                 with anyio.fail_after(300):
                     rc = await follow(mgmt, namespace=namespace, name="two-minors",
@@ -236,7 +225,7 @@ async def test_an_upgrade_that_selects_no_cluster_ends_at_once(
     obj = await apply_upgrade(mgmt, namespace=namespace, name="nobody", version="v1.31.3",
                               selector={"matchLabels": {"ring": "does-not-exist"}})
     async with policy_controller(mgmt, intent_config(namespace)):
-        out = _Lines()
+        out = Lines()
         with anyio.fail_after(60):
             rc = await follow(mgmt, namespace=namespace, name="nobody",
                               generation=obj["metadata"]["generation"], out=out, poll=0.1)
