@@ -331,6 +331,9 @@ class InfraMachineInfo:
     cloned_from_name: str | None = None
     cloned_from_group_kind: str | None = None
     error: str | None = None  # why it could not be read
+    # the reader was refused (Forbidden, Unauthorized): someone with other rights may
+    # read it (``k0s-fleet plan`` run by a user without the controller's RBAC)
+    denied: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,8 +27,8 @@ from fleet.cli import common
 from fleet.cli.progress import current_steps, wide_columns
 from fleet.config import ExtensionMode, FleetConfig
 from fleet.extension.activation import extension_active, own_endpoint
-from fleet.intent import fleet_upgrade_from, resolve
-from fleet.kube import KubeClient, KubeError
+from fleet.intent import resolve
+from fleet.kube import KubeClient, KubeError, KubeObject
 from fleet.kube.resources import EXTENSION_CONFIGS
 from fleet.model import ClusterKey, format_time
 from fleet.rollout.observe import Observation, observe
@@ -82,22 +82,29 @@ def parse_preview(version: str, selector: str = "", name: str | None = None) -> 
     return Preview(v, name or common.default_name(v), raw or None, selector)
 
 
-def with_preview(obs: Observation, preview: Preview, namespace: str,
-                 now: datetime) -> Observation:
-    """The observation as if the preview's FleetUpgrade had been written now: created, or
-    (one of that name exists) moved to the version, as ``k0s-fleet upgrade`` does it."""
-    body = common.upgrade_object(preview.name, namespace, preview.version, preview.selector)
-    existing = obs.snapshot.upgrades.get((namespace, preview.name))
-    meta = body["metadata"]
-    meta["creationTimestamp"] = format_time(existing.created if existing else now)
-    meta["generation"] = existing.generation + 1 if existing else 1
-    if existing is not None:
-        meta["uid"] = existing.ref.uid
-        meta["finalizers"] = list(existing.finalizers)
-    info = fleet_upgrade_from(body)
-    upgrades = {**obs.snapshot.upgrades, (namespace, preview.name): info}
-    return dataclasses.replace(obs, snapshot=dataclasses.replace(obs.snapshot,
-                                                                 upgrades=upgrades))
+def with_preview(preview: Preview, namespace: str, now: datetime
+                 ) -> Callable[[list[KubeObject]], list[KubeObject]]:
+    """The FleetUpgrades read, as if the preview's had been written now: created, or (one
+    of that name exists) moved to the version, as ``k0s-fleet upgrade`` does it. Given to
+    :func:`~fleet.rollout.observe.observe` (``amend_upgrades``), so everything observed
+    after (the control planes whose infrastructure Machines are read, the intents) is
+    what the controller would see once that FleetUpgrade exists."""
+
+    def amend(upgrades: list[KubeObject]) -> list[KubeObject]:
+        body = common.upgrade_object(preview.name, namespace, preview.version,
+                                     preview.selector)
+        meta = body["metadata"]
+        existing = next((u for u in upgrades
+                         if (u.get("metadata") or {}).get("name") == preview.name), None)
+        old = (existing or {}).get("metadata") or {}
+        meta["creationTimestamp"] = old.get("creationTimestamp") or format_time(now)
+        meta["generation"] = int(old.get("generation") or 0) + 1
+        if existing is not None:
+            meta["uid"] = old.get("uid") or ""
+            meta["finalizers"] = list(old.get("finalizers") or [])
+        return [*(u for u in upgrades if u is not existing), body]
+
+    return amend
 
 
 def selected(obs: Observation, preview: Preview, namespace: str) -> list[ClusterKey]:
@@ -159,11 +166,10 @@ async def plan_with(mgmt: KubeClient, config: FleetConfig, *, now: datetime,
                     ) -> tuple[dict[str, Any], Observation]:
     """The plan document (with ``refusals``, and ``preview`` when one is given) and the
     observation it was made from. Reads only."""
-    obs = await observe(mgmt, config, now=now)
-    obs.extension_clusters = await extension_clusters(mgmt, config, obs.snapshot.clusters)
     namespace = config.management.namespace
-    if preview is not None:
-        obs = with_preview(obs, preview, namespace, now)
+    obs = await observe(mgmt, config, now=now, amend_upgrades=None if preview is None
+                        else with_preview(preview, namespace, now))
+    obs.extension_clusters = await extension_clusters(mgmt, config, obs.snapshot.clusters)
     run = dry_run(obs, config, now=now, node_duration=parse_duration(node_duration))
     doc = plan_document(run)
     doc["refusals"] = refusals(run, doc)

@@ -25,7 +25,13 @@ from dataclasses import dataclass
 
 import anyio
 
-from fleet.kube import KubeClient, KubeError, NotFoundError
+from fleet.kube import (
+    ForbiddenError,
+    KubeClient,
+    KubeError,
+    NotFoundError,
+    UnauthorizedError,
+)
 from fleet.kube.resources import Resource
 from fleet.model import InfraMachineInfo, MachineInfo, TemplateRef, infra_machine_from
 
@@ -112,6 +118,8 @@ class InfraMachines:
                 info = infra_machine_from(obj)
             except NotFoundError:
                 info = InfraMachineInfo(error=f"{ref} not found")
+            except (ForbiddenError, UnauthorizedError) as e:
+                info = InfraMachineInfo(error=f"reading {ref}: {e}", denied=True)
             except KubeError as e:
                 info = InfraMachineInfo(error=f"reading {ref}: {e}")
         now = self.clock()

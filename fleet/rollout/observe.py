@@ -10,7 +10,7 @@ Nothing is written anywhere.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -110,8 +110,16 @@ async def _nodes(mgmt: KubeClient, config: FleetConfig, key: ClusterKey,
 
 
 async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None = None,
-                  node_timeout: float = 10.0, concurrency: int = 32) -> Observation:
-    """Read the whole fleet once."""
+                  node_timeout: float = 10.0, concurrency: int = 32,
+                  amend_upgrades: Callable[[list[KubeObject]], list[KubeObject]] | None = None
+                  ) -> Observation:
+    """Read the whole fleet once.
+
+    ``amend_upgrades`` turns the FleetUpgrades read into those to judge by (a previewed
+    one written in: ``k0s-fleet plan --version``, ``upgrade --dry-run``) before anything
+    depends on them, so the control-plane Machines whose infrastructure Machines are read
+    are those the controller would read once that FleetUpgrade exists, and the snapshot's
+    intents are the ones it would plan with."""
     namespaces = watched_namespaces(config)
     all_clusters = await _list(mgmt, CLUSTERS, namespaces)
     # The same fleet membership and per-cluster settings the controller plans with.
@@ -124,6 +132,8 @@ async def observe(mgmt: KubeClient, config: FleetConfig, *, now: datetime | None
         upgrades = (await mgmt.list(FLEET_UPGRADES, config.management.namespace)).items
     except NotFoundError:
         upgrades = []  # the FleetUpgrade CRD is not installed: no intents
+    if amend_upgrades is not None:
+        upgrades = amend_upgrades(upgrades)
     try:
         templates = await listed(K0S_WORKER_CONFIG_TEMPLATES)
     except NotFoundError:

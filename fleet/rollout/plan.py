@@ -41,7 +41,7 @@ from fleet.planner.actions import (
 )
 from fleet.planner.simulate import SimFleet
 from fleet.planner.writer import EXTENSION_HOLD_REASON, ExtensionDrives, executor_of
-from fleet.rollout.gate import FleetView, GateDecision, RolloutGate
+from fleet.rollout.gate import FleetView, GateDecision, RolloutGate, WavePhase
 from fleet.rollout.observe import Observation
 from fleet.rollout.progress import ClusterProgress, NodeState, clusters_from_snapshot
 from fleet.schedule import format_duration
@@ -77,6 +77,9 @@ class DryRun:
     # per cluster a FleetUpgrade decides: its rung, the rungs after it and its version, or
     # why k0s's skew rules refuse it (as the controller decides it now)
     intents: Mapping[ClusterKey, IntentTarget] = field(default_factory=dict)
+    # control-plane Machines (namespace, name) whose infrastructure Machine the reader was
+    # refused (its RBAC, not the controller's): whether they go in place cannot be told
+    cannot_tell: dict[tuple[str, str], str] = field(default_factory=dict)
 
     @property
     def duration(self) -> timedelta | None:
@@ -126,6 +129,8 @@ def dry_run(obs: Observation, config: FleetConfig, *, now: datetime,
     extension = obs.extension_clusters
     executors = {ObjectRef(o.ref.kind, o.ref.namespace, o.ref.name): executor_of(
         o, capi_drives=(o.ref.namespace, o.cluster) in extension) for o in owners}
+    cannot_tell = {k: m.infra.error or "refused" for k, m in snap.machines.items()
+                   if m.infra is not None and m.infra.denied}
     gate = RolloutGate(config)
     settings = _planner_settings(config)
     phase_time = node_duration / len(HAPPY_PATH)
@@ -141,7 +146,8 @@ def dry_run(obs: Observation, config: FleetConfig, *, now: datetime,
         last = decision
         if result is None:
             result = DryRun(start=now, decision=decision, clusters=progress,
-                            executors=executors, intents=snapshot.intents)
+                            executors=executors, intents=snapshot.intents,
+                            cannot_tell=cannot_tell)
         if all(c.complete for c in progress):
             result.end = sim.now
             break
@@ -179,7 +185,8 @@ def dry_run(obs: Observation, config: FleetConfig, *, now: datetime,
             sim.now = max(sim.now, decision.next_wakeup)
     assert result is not None
     if result.end is None and last is not None:
-        result.blocked = {c.key: last.reasons.get(c.key, "") for c in progress
+        result.blocked = {c.key: last.reasons.get(c.key, "")
+                          or _stuck(c, result.waiting, cannot_tell) for c in progress
                           if not c.complete}
     for key, t in result.intents.items():
         if t.refusal is not None:  # nothing moves there: the sim saw it "complete"
@@ -187,6 +194,35 @@ def dry_run(obs: Observation, config: FleetConfig, *, now: datetime,
                                   f"{t.refusal[1]}"
             result.end = None
     return result
+
+
+CANNOT_TELL = "cannot tell (infrastructure machine not readable by you: {why})"
+
+
+def _stuck(c: ClusterProgress, waiting: Mapping[ObjectRef, str],
+           cannot_tell: Mapping[tuple[str, str], str]) -> str:
+    """Why a cluster the gate admits gets no further: per object not done, its nodes left
+    to Cluster API (or unknown), failed, or what it waits for."""
+    parts: list[str] = []
+    for o in c.objects:
+        if o.complete:
+            continue
+        why: list[str] = []
+        for n in o.nodes:
+            if (o.ref.namespace, n.machine) in cannot_tell:
+                why.append(f"{n.machine}: " + CANNOT_TELL.format(
+                    why=cannot_tell[(o.ref.namespace, n.machine)]))
+            elif n.state is NodeState.CLUSTER_API:
+                why.append(f"{n.machine} left to Cluster API ({n.message or 'not in place'})")
+            elif n.state is NodeState.FAILED:
+                why.append(f"{n.machine} failed" + (f" ({n.message})" if n.message else ""))
+        if not why and (w := waiting.get(o.ref)):
+            why.append(w)
+        if not why and o.target is None:
+            why.append("no valid target version")
+        if why:
+            parts.append(f"{o.ref.kind} {o.ref.name}: {'; '.join(why)}")
+    return "; ".join(parts) or "no further step would start (no object says why)"
 
 
 # -- rendering -----------------------------------------------------------------------------
@@ -212,13 +248,20 @@ def plan_document(run: DryRun) -> dict[str, Any]:
             objects: list[dict[str, Any]] = []
             for o in c.objects:
                 steps = steps_by_owner.get(o.ref, [])
+                unknown = {n.machine for n in o.nodes
+                           if (o.ref.namespace, n.machine) in run.cannot_tell}
                 objects.append({
                     "kind": o.ref.kind, "namespace": o.ref.namespace, "name": o.ref.name,
                     "target": o.target, "replicas": o.replicas,
                     "inPlace": [n.machine for n in o.nodes
                                 if n.state in (NodeState.WAITING, NodeState.UPGRADING)],
                     "clusterAPI": [{"machine": n.machine, "reason": n.message}
-                                   for n in o.nodes if n.state is NodeState.CLUSTER_API],
+                                   for n in o.nodes if n.state is NodeState.CLUSTER_API
+                                   and n.machine not in unknown],
+                    # in place or left to Cluster API: the reader cannot tell
+                    "cannotTell": [{"machine": n.machine, "reason": CANNOT_TELL.format(
+                        why=run.cannot_tell[(o.ref.namespace, n.machine)])}
+                        for n in o.nodes if n.machine in unknown],
                     "upToDate": [n.machine for n in o.nodes if n.state is NodeState.UP_TO_DATE],
                     "failed": [n.machine for n in o.nodes if n.state is NodeState.FAILED],
                     "nodeOrder": [n for s in steps for n in s.nodes],
@@ -238,7 +281,11 @@ def plan_document(run: DryRun) -> dict[str, Any]:
                                         else None),
                              "refusedBy": t.refusal[0] if t is not None
                              and t.refusal is not None else None})
-        waves.append({"name": w.name, "canary": w.canary, "phase": w.phase.value,
+        # A wave that never started (nothing in it to upgrade) is complete, though the
+        # gate counts its soak from when it first saw it so (the next wave waits it out).
+        phase = WavePhase.COMPLETE if w.phase is WavePhase.SOAKING \
+            and w.started_at is None else w.phase
+        waves.append({"name": w.name, "canary": w.canary, "phase": phase.value,
                       "maxConcurrentClusters": w.max_concurrent,
                       "soak": format_duration(w.soak),
                       "toleratedFailures": w.tolerated_failures, "clusters": clusters})
@@ -269,8 +316,8 @@ def plan_text(doc: dict[str, Any], *, wide: Mapping[str, str] | None = None) -> 
         if r[k]:
             out.append(f"!! {k}: {r[k]}")
     for w in doc["waves"]:
-        canary = " canary" if w["canary"] else ""
-        out.append(f"wave {w['name']}{canary} [{w['phase']}] maxConcurrentClusters="
+        canary = " canary=true" if w["canary"] else ""
+        out.append(f"wave {w['name']} [{w['phase']}]{canary} maxConcurrentClusters="
                    f"{w['maxConcurrentClusters']} soak={w['soak']} "
                    f"failureBudget={w['toleratedFailures']}")
         for c in w["clusters"]:
@@ -285,6 +332,8 @@ def plan_text(doc: dict[str, Any], *, wide: Mapping[str, str] | None = None) -> 
                            f"{len(o['upToDate'])}/{o['replicas']} up to date, "
                            f"{len(o['inPlace'])} in place, {len(o['clusterAPI'])} left to "
                            "Cluster API"
+                           + (f", {len(o['cannotTell'])} cannot tell"
+                              if o.get("cannotTell") else "")
                            + (f"; executor {o['executor']}" if o.get("executor") else ""))
                 if o.get("executorReason"):
                     out.append(f"      ({o['executorReason']})")
@@ -293,14 +342,22 @@ def plan_text(doc: dict[str, Any], *, wide: Mapping[str, str] | None = None) -> 
                                f"(unavailable {s['unavailable']}/{s['maxUnavailable']})")
                 for m in o["clusterAPI"]:
                     out.append(f"      Cluster API replaces {m['machine']}: {m['reason']}")
+                for m in o.get("cannotTell") or ():
+                    out.append(f"      {m['machine']}: {m['reason']}")
                 if o["waiting"] and not o["steps"]:
                     out.append(f"      waiting: {o['waiting']}")
     if doc["estimatedDuration"] is not None:
         out.append(f"estimated duration: {doc['estimatedDuration']} "
                    f"(finishes {doc['finishesAt']})")
     else:
+        # A refused cluster is listed once, with its rule, under the refusals (the CLI
+        # prints them next).
+        refused = {r["cluster"] for r in doc.get("refusals") or () if not r.get("object")}
         out.append("the rollout cannot finish from here:")
-        out.extend(f"  {b['cluster']}: {b['reason']}" for b in doc["blocked"])
+        out.extend(f"  {b['cluster']}: {b['reason'] or 'no reason recorded'}"
+                   for b in doc["blocked"] if b["cluster"] not in refused)
+        if refused & {b["cluster"] for b in doc["blocked"]}:
+            out.append("  and the cluster(s) k0s's version skew policy refuses (below)")
     return out
 
 

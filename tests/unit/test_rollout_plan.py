@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from fleet.config import FleetConfig
 from fleet.intent import fleet_upgrade_from
-from fleet.model import TemplateRef
+from fleet.model import InfraMachineInfo, TemplateRef
 from fleet.planner import PlannerSettings, plan
 from fleet.planner.simulate import SimFleet, add_cluster, bump
 from fleet.rollout.gate import FleetControls, FleetView, RolloutGate
@@ -62,7 +62,8 @@ def test_plan_orders_waves_control_planes_first_and_waits_out_the_soak() -> None
     assert md["nodeOrder"] == ["p1-md-0", "p1-md-1", "p1-md-2"]
     assert md["inPlace"] == ["p1-md-0", "p1-md-1", "p1-md-2"]
     text = render_plan(doc)
-    assert "wave canary canary" in text and "estimated duration" in text
+    assert "wave canary [Progressing] canary=true " in text, text
+    assert "estimated duration" in text
     # Nothing was written: the observed snapshot is untouched.
     assert obs.snapshot.nodeplans == {}
 
@@ -186,3 +187,75 @@ def test_plan_shows_the_ladder_and_a_refusal_before_anything_is_written() -> Non
     assert c["refusedBy"] == "MissingRung" and doc["steps"] == []
     assert doc["estimatedDuration"] is None
     assert any("MissingRung" in b["reason"] for b in doc["blocked"])
+
+
+def _with_infra(sim: SimFleet, machine: str, info: InfraMachineInfo) -> None:
+    key = ("fleet", machine)
+    sim.machines[key] = dataclasses.replace(sim.machines[key], infra=info)
+
+
+def test_plan_says_why_every_cluster_that_cannot_finish_is_stuck() -> None:
+    """First hour (#31): a cluster the gate admits but whose control plane the planner
+    leaves to Cluster API was listed under "cannot finish from here" with no reason."""
+    sim = _fleet()
+    _with_infra(sim, "can-cp-0", InfraMachineInfo(error="infra-0 not found"))
+    doc = plan_document(dry_run(Observation(snapshot=sim.snapshot()), waves_config(),
+                                now=T0))
+    blocked = {b["cluster"]: b["reason"] for b in doc["blocked"]}
+    assert blocked["fleet/can"], doc["blocked"]
+    assert "can-cp-0 left to Cluster API (infrastructure machine unreadable: " \
+        "infra-0 not found)" in blocked["fleet/can"]
+    assert all(blocked.values()), blocked
+    text = render_plan(doc)
+    assert "Cluster API replaces can-cp-0: infrastructure machine unreadable" in text
+
+
+def test_plan_cannot_tell_when_the_reader_may_not_read_the_infrastructure_machine() -> None:
+    """A user without the controller's RBAC on infrastructure Machines: the plan says it
+    cannot tell, and does not claim Cluster API replaces the Machine."""
+    sim = _fleet()
+    _with_infra(sim, "can-cp-0", InfraMachineInfo(
+        error="reading SimMachine can-cp-0: forbidden", denied=True))
+    doc = plan_document(dry_run(Observation(snapshot=sim.snapshot()), waves_config(),
+                                now=T0))
+    cp = doc["waves"][0]["clusters"][0]["objects"][0]
+    assert cp["kind"] == "K0sControlPlane"
+    assert cp["clusterAPI"] == []
+    assert cp["cannotTell"] == [{"machine": "can-cp-0", "reason": (
+        "cannot tell (infrastructure machine not readable by you: reading SimMachine "
+        "can-cp-0: forbidden)")}]
+    text = render_plan(doc)
+    assert "Cluster API replaces" not in text
+    assert "0 left to Cluster API, 1 cannot tell" in text
+    assert "can-cp-0: cannot tell (infrastructure machine not readable by you: " in text
+
+
+def test_a_wave_with_nothing_to_do_is_not_shown_soaking() -> None:
+    """First hour (#31): `plan` showed the canary wave [Soaking] before any upgrade."""
+    sim = SimFleet(now=T0)
+    for name, labels, new_version in (("can", CANARY, False), ("p1", PROD, True)):
+        key = add_cluster(sim, name, namespace="fleet", control_planes=1, workers=1)
+        if new_version:
+            bump(sim, key, TARGET)
+        _label(sim, key, labels)
+    doc = plan_document(dry_run(Observation(snapshot=sim.snapshot()), waves_config(),
+                                now=T0))
+    canary = doc["waves"][0]
+    assert [c["phase"] for c in canary["clusters"]] == ["Complete"]
+    assert canary["phase"] == "Complete", canary["phase"]
+    assert "[Soaking]" not in render_plan(doc).splitlines()[0]
+
+
+def test_a_refused_cluster_is_listed_once() -> None:
+    sim = SimFleet(now=T0)
+    add_cluster(sim, "climb", namespace="fleet", control_planes=1, workers=1)
+    sim.upgrades[("fleet", "u")] = fleet_upgrade_from({
+        "metadata": {"namespace": "fleet", "name": "u", "creationTimestamp": T0.isoformat()},
+        "spec": {"version": "v1.33.1+k0s.0"}})
+    bare = FleetConfig.model_validate({"download": {"allowUnverified": True}})
+    doc = plan_document(dry_run(Observation(snapshot=sim.snapshot()), bare, now=T0))
+    doc["refusals"] = [{"cluster": "fleet/climb", "rule": "MissingRung", "message": "m"}]
+    text = render_plan(doc)
+    assert text.count("MissingRung") <= 1, text
+    cannot = text[text.index("cannot finish from here"):]
+    assert "fleet/climb" not in cannot, cannot
