@@ -315,14 +315,21 @@ def plan_text(doc: dict[str, Any], *, wide: Mapping[str, str] | None = None) -> 
     for k in ("emergencyStop", "halted", "paused"):
         if r[k]:
             out.append(f"!! {k}: {r[k]}")
+    # A refused cluster is listed once, with its rule and message, under the refusals
+    # (the CLI prints them after the plan: fleet/cli/plan.py refusals_text).
+    refused = {r["cluster"] for r in doc.get("refusals") or () if not r.get("object")}
     for w in doc["waves"]:
         canary = " canary=true" if w["canary"] else ""
         out.append(f"wave {w['name']} [{w['phase']}]{canary} maxConcurrentClusters="
                    f"{w['maxConcurrentClusters']} soak={w['soak']} "
                    f"failureBudget={w['toleratedFailures']}")
         for c in w["clusters"]:
-            out.append(f"  cluster {c['namespace']}/{c['name']} [{c['phase']}]"
-                       + (f" blocked: {c['blocked']}" if c["blocked"] else ""))
+            key = f"{c['namespace']}/{c['name']}"
+            blocked = c["blocked"]
+            if blocked and key in refused:
+                blocked = f"refused by k0s's version skew policy ({c['refusedBy']}, below)"
+            out.append(f"  cluster {key} [{c['phase']}]"
+                       + (f" blocked: {blocked}" if blocked else ""))
             if wide and (extra := wide.get(f"{c['namespace']}/{c['name']}")):
                 out.append(f"    {extra}")
             if c.get("ladder"):
@@ -350,14 +357,13 @@ def plan_text(doc: dict[str, Any], *, wide: Mapping[str, str] | None = None) -> 
         out.append(f"estimated duration: {doc['estimatedDuration']} "
                    f"(finishes {doc['finishesAt']})")
     else:
-        # A refused cluster is listed once, with its rule, under the refusals (the CLI
-        # prints them next).
-        refused = {r["cluster"] for r in doc.get("refusals") or () if not r.get("object")}
-        out.append("the rollout cannot finish from here:")
+        others = [b for b in doc["blocked"] if b["cluster"] not in refused]
+        n = len(refused & {b["cluster"] for b in doc["blocked"]})
+        out.append("the rollout cannot finish from here"
+                   + (f" (k0s's version skew policy refuses {n} cluster(s), below)"
+                      if n else "") + (":" if others else ""))
         out.extend(f"  {b['cluster']}: {b['reason'] or 'no reason recorded'}"
-                   for b in doc["blocked"] if b["cluster"] not in refused)
-        if refused & {b["cluster"] for b in doc["blocked"]}:
-            out.append("  and the cluster(s) k0s's version skew policy refuses (below)")
+                   for b in others)
     return out
 
 

@@ -9,6 +9,7 @@ from datetime import timedelta
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fleet.cli.plan import refusals, refusals_text
 from fleet.config import FleetConfig
 from fleet.intent import fleet_upgrade_from
 from fleet.model import InfraMachineInfo, TemplateRef
@@ -253,9 +254,13 @@ def test_a_refused_cluster_is_listed_once() -> None:
         "metadata": {"namespace": "fleet", "name": "u", "creationTimestamp": T0.isoformat()},
         "spec": {"version": "v1.33.1+k0s.0"}})
     bare = FleetConfig.model_validate({"download": {"allowUnverified": True}})
-    doc = plan_document(dry_run(Observation(snapshot=sim.snapshot()), bare, now=T0))
-    doc["refusals"] = [{"cluster": "fleet/climb", "rule": "MissingRung", "message": "m"}]
-    text = render_plan(doc)
-    assert text.count("MissingRung") <= 1, text
-    cannot = text[text.index("cannot finish from here"):]
+    run = dry_run(Observation(snapshot=sim.snapshot()), bare, now=T0)
+    doc = plan_document(run)
+    doc["refusals"] = refusals(run, doc)
+    text = "\n".join([render_plan(doc), *refusals_text(doc)])
+    message = doc["refusals"][0]["message"]
+    assert "no release of v1.32" in message
+    assert text.count(message) == 1, text
+    cannot = text[text.index("cannot finish from here"):text.index("(nothing would be written")]
     assert "fleet/climb" not in cannot, cannot
+    assert "refuses 1 cluster(s), below" in cannot
