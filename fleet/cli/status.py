@@ -6,18 +6,25 @@ gate exactly as the controller does, with the fleet YAML the controller runs wit
 chart's ConfigMap in the controller's namespace; ``--config`` for a local one), and says
 which it used; ``--url`` reads the controller's own ``/status`` instead. ``-o wide`` adds
 each cluster's executors, current step, node and time in that step.
+
+Without ``--once`` it follows the rollout: on a terminal the view is redrawn in place every
+``--interval``; not on a terminal (a pipe, a log) it is printed as plain lines, and again
+only when the rollout changed (not for the clock alone), as ``kubectl get --watch`` does,
+until interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 import anyio
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
@@ -39,7 +46,8 @@ from fleet.status.view import render
 def add_arguments(p: argparse.ArgumentParser) -> None:
     common.add_fleet_arguments(p)
     common.add_output_argument(p, wide=True)
-    p.add_argument("--once", action="store_true", help="print once and exit (no live view)")
+    p.add_argument("--once", action="store_true", help="print once and exit (no live view; "
+                   "not on a terminal the view is printed again on each change)")
     p.add_argument("--interval", default="5s", help="refresh interval of the live view")
     p.add_argument("--url", help="read the controller's /status (e.g. http://localhost:8080)")
 
@@ -85,6 +93,39 @@ async def _from_url(url: str) -> dict[str, Any]:
         return doc
 
 
+Frame = Callable[[], Awaitable[tuple[RenderableType, str]]]
+
+
+def change_key(doc: dict[str, Any], wide: dict[str, dict[str, str]] | None = None) -> str:
+    """What makes a new frame worth printing when not on a terminal: the document and the
+    wide columns but for the clock (``generatedAt``, the time in a step)."""
+    return json.dumps([{k: v for k, v in doc.items() if k != "generatedAt"},
+                       {c: {k: v for k, v in cols.items() if k != "inStep"}
+                        for c, cols in (wide or {}).items()}], sort_keys=True, default=str)
+
+
+async def follow(console: Console, frame: Frame, *, once: bool, interval: float) -> int:
+    """Print ``frame()`` once (``--once``); on a terminal redraw it in place every
+    ``interval``; otherwise print it, then again each time its key changes (plain lines:
+    a pipe or a log gets one view per change, like ``kubectl get --watch``)."""
+    if once:
+        console.print((await frame())[0])
+        return common.Exit.OK
+    if not console.is_terminal:
+        last: str | None = None
+        while True:
+            view, key = await frame()
+            if key != last:
+                console.print(view)
+                console.file.flush()
+                last = key
+            await anyio.sleep(interval)  # the poll period, not a synchronisation
+    with Live(console=console, auto_refresh=False, screen=False) as live:
+        while True:
+            live.update((await frame())[0], refresh=True)
+            await anyio.sleep(interval)
+
+
 async def _run_url(args: argparse.Namespace, interval: float) -> int:
     console = Console()
     if args.output in ("json", "yaml"):
@@ -93,13 +134,12 @@ async def _run_url(args: argparse.Namespace, interval: float) -> int:
     banner = Text(f"config: the controller's own (/status of {args.url})"
                   + ("; -o wide's columns need the cluster itself (without --url)"
                      if args.output == "wide" else ""), style="dim")
-    if args.once:
-        console.print(Group(banner, render(await _from_url(args.url))))
-        return common.Exit.OK
-    with Live(console=console, auto_refresh=False, screen=False) as live:
-        while True:
-            live.update(Group(banner, render(await _from_url(args.url))), refresh=True)
-            await anyio.sleep(interval)
+
+    async def frame() -> tuple[RenderableType, str]:
+        doc = await _from_url(args.url)
+        return Group(banner, render(doc)), change_key(doc)
+
+    return await follow(console, frame, once=args.once, interval=interval)
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -118,18 +158,13 @@ async def _run(args: argparse.Namespace) -> int:
             sys.stdout.write(common.dump(doc, args.output))
             return common.Exit.OK
 
-        async def view() -> Group:
+        async def frame() -> tuple[RenderableType, str]:
             doc, obs = await status_with(mgmt, config, now=datetime.now(UTC))
             wide = await wide_columns_of(mgmt, config, obs) if args.output == "wide" else None
-            return Group(Text(resolved.banner(), style="dim"), render(doc, wide=wide))
+            return (Group(Text(resolved.banner(), style="dim"), render(doc, wide=wide)),
+                    change_key(doc, wide))
 
-        if args.once:
-            console.print(await view())
-            return common.Exit.OK
-        with Live(console=console, auto_refresh=False, screen=False) as live:
-            while True:
-                live.update(await view(), refresh=True)
-                await anyio.sleep(interval)
+        return await follow(console, frame, once=args.once, interval=interval)
 
 
 def run(args: argparse.Namespace) -> int:

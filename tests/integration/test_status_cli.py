@@ -8,19 +8,24 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import anyio
 import pytest
 import yaml
+from aiohttp import web
 
 from fleet.cli.status import fleet_status
 from fleet.kube import KubeClient
 from fleet.kube.resources import CONFIGMAPS, FLEET_UPGRADES, NODE_PLANS
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP
+from fleet.status.model import build_status
 from fleet.status.server import StatusBoard, make_app, serve
 from fleet.testing.binaries import REPO_ROOT
 from fleet.testing.world import World, free_port
+from tests.helpers.gate import CANARY as GATE_CANARY
+from tests.helpers.gate import PROD, cluster, evaluate, waves_config
 from tests.helpers.waves import (
     CANARY,
     T0,
@@ -180,3 +185,62 @@ async def test_upgrade_command_writes_the_intent_and_refuses_bad_input(
                                    "--config", str(cfg_file), "--no-wait"],
                                   cwd=REPO_ROOT, check=False, env=env)
     assert bad.returncode == 2 and b"not a k0s version: 'latest'" in bad.stderr
+
+
+@pytest.mark.anyio
+async def test_status_not_on_a_terminal_prints_a_view_per_change() -> None:
+    """First hour (#31): `k0s-fleet status` piped (not a terminal) kept a live view that
+    never reached the pipe. Now: plain lines, the view printed once and again only when the
+    rollout changed (not for the clock), like `kubectl get --watch`."""
+    cs = [cluster("can", "ug", labels=GATE_CANARY), cluster("p1", "ww", labels=PROD)]
+    doc = build_status(evaluate(waves_config(), cs), cs)
+    served: dict[str, Any] = {"doc": doc}
+    requests = [0]
+    polled = anyio.Event()
+
+    async def status(_: web.Request) -> web.Response:
+        requests[0] += 1
+        if requests[0] >= 4:
+            polled.set()
+        return web.json_response(served["doc"])
+
+    app = web.Application()
+    app.router.add_get("/status", status)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    out = b""
+    try:
+        async with await anyio.open_process(
+                [sys.executable, "-m", "fleet.cli", "status", "--url",
+                 f"http://127.0.0.1:{port}", "--interval", "0.05s"],
+                cwd=REPO_ROOT, env={**os.environ, "COLUMNS": "120"},
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as proc:
+            assert proc.stdout is not None
+
+            async def until(text: bytes) -> None:
+                nonlocal out
+                while text not in out:
+                    assert proc.stdout is not None
+                    out += await proc.stdout.receive()
+
+            try:
+                with anyio.fail_after(60):
+                    await until(b"wave canary")
+                    await polled.wait()  # polled again: the same rollout, a later clock
+                    served["doc"] = {**doc, "generatedAt": "2030-01-01T00:00:00Z"}
+                    requests[0] = 0
+                    polled = anyio.Event()
+                    await polled.wait()
+                    served["doc"] = {**doc, "generatedAt": "2030-01-01T00:00:05Z",
+                                     "rollout": {**doc["rollout"], "paused": "maintenance"}}
+                    await until(b"PAUSED: maintenance")
+            finally:
+                proc.terminate()
+    finally:
+        await runner.cleanup()
+    text = out.decode()
+    assert "\x1b[" not in text, "terminal control sequences in a pipe"
+    assert text.count("config: the controller's own") == 2, text
+    assert text.count("fleet rollout") == 2, text
