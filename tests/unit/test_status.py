@@ -223,3 +223,28 @@ def test_nodeplan_metrics_from_the_moved_parts_equal_those_from_every_nodeplan()
     counted = counts(by_part)
     assert counted[("k0s_fleet_node_upgrades_completed_total", ())] == 6
     assert counted == counts(whole)
+
+
+def test_wide_view_fits_120_columns_one_line_per_cluster() -> None:
+    """First hour (#31): `status -o wide` wrapped every row at 120 columns. Each cluster
+    stays on one line, its name whole; long cells are cut with an ellipsis."""
+    cs = [cluster("edge-production-01", "ug", labels=CANARY), cluster("p1", "ww", labels=PROD),
+          cluster("p2", "uu", labels=PROD, object_annotation="hold")]
+    doc = build_status(evaluate(waves_config(), cs), cs)
+    wide = {f"{c['namespace']}/{c['name']}": {
+        "executor": "paused-in-place,capi-extension", "step": "Downloading",
+        "node": "edge-production-01-md-7f9c4-abcde (+2)", "inStep": "1m02s"}
+        for w in doc["waves"] for c in w["clusters"]}
+    buf = io.StringIO()
+    Console(file=buf, width=120).print(render(doc, wide=wide))
+    lines = buf.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 120, buf.getvalue()
+    for name in wide:
+        (row,) = [line for line in lines if name + " " in line]
+        assert "Downloading" in row and "1m02s" in row, buf.getvalue()
+    assert not [line for line in lines if "(+2)" in line and "fleet/" not in line]
+    headers = [line for line in lines if " cluster " in line]
+    assert headers and all("in step" in h and "why not now" in h for h in headers), headers
+    assert "…" in buf.getvalue()
+    # the bar under the headline ends its line (the first wave's panel began on it)
+    assert lines[1].strip().strip("━╸") == "", lines[1]
