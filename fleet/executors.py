@@ -59,6 +59,8 @@ class CarriedRequest:
     reason: str = ""
     # when the node entered ``state``, by the node's own clock (None: not said)
     at: datetime | None = None
+    # what the node's drain did with each pod ("<ns>/<pod>: <outcome>"), where it says
+    drain: tuple[str, ...] = ()
 
     @property
     def terminal(self) -> bool:
@@ -134,7 +136,8 @@ def _from_agent(sig: SignalData | None) -> CarriedRequest | None:
         plan_id=sig.planId, created=sig.created, command_id=sig.command.id,
         state=sig.status.status if sig.status is not None else None,
         reason=sig.status.reason if sig.status is not None else "",
-        at=sig.status.timestamp if sig.status is not None else None)
+        at=sig.status.timestamp if sig.status is not None else None,
+        drain=(sig.status.drain or ()) if sig.status is not None else ())
 
 
 def _from_autopilot(ap: AutopilotSignal | None) -> CarriedRequest | None:

@@ -477,6 +477,8 @@ class Dispatcher:
             patch["nodeStateAt"] = format_time(a.node_state_at) if a.node_state_at else None
             if a.running_version is not None:
                 patch["runningVersion"] = a.running_version
+            if a.drain:
+                patch["drain"] = list(a.drain)
             return {"status": patch | _identity(obj)}
 
         obj = await self._patch(self.mgmt, NODE_PLANS, a.plan.name, a.plan.namespace, mutate,
@@ -499,6 +501,7 @@ class Dispatcher:
                 "phaseSince": format_time(now),
                 "conditions": _condition_list(status.get("conditions") or [],
                                               _failed_conditions(a.reason, a.message), now),
+                **({"drain": list(a.drain)} if a.drain else {}),
             } | _identity(obj)}
 
         obj = await self._patch(self.mgmt, NODE_PLANS, a.plan.name, a.plan.namespace, mutate,

@@ -60,6 +60,7 @@ class UpdateNodePlanStatus:
     running_version: str | None
     conditions: tuple[Condition, ...]
     node_state_at: datetime | None = None
+    drain: tuple[str, ...] = ()  # the node's drain outcome per pod (status.drain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,7 @@ class MarkNodePlanFailed:
     message: str
     node_state: str
     deadline: bool = False
+    drain: tuple[str, ...] = ()  # the node's drain outcome per pod (status.drain)
 
 
 @dataclass(frozen=True, slots=True)

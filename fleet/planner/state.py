@@ -50,6 +50,7 @@ class NodeRequest:
     state: SignalState | None
     reason: str
     at: datetime | None = None  # when the node entered ``state`` (the node's clock)
+    drain: tuple[str, ...] = ()  # the drain's outcome per pod, where the node says
 
 
 PHASE_DELETING = "Deleting"

@@ -63,7 +63,7 @@ class NodePlanUpkeep(PassState):
         if carried is None or not carried.is_request(p.plan_id, p.started_at,
                                                      max(1, p.attempts)):
             return None
-        return NodeRequest(carried.state, carried.reason, carried.at)
+        return NodeRequest(carried.state, carried.reason, carried.at, carried.drain)
 
     def _node_busy_with_other(self, p: NodePlanInfo, node: NodeInfo) -> str | None:
         """Another live NodePlan's request occupies the node: do not overwrite it."""
@@ -139,7 +139,7 @@ class NodePlanUpkeep(PassState):
                     and req.state == SignalState.COMPLETED and node is not None
                     and node.available and version_ok)
             if late and node is not None:
-                self._mark_completed(p, node, req.at if req is not None else None)
+                self._mark_completed(p, node, req)
                 return
             self._add_view(p, NodePlanPhase.FAILED)
             return
@@ -174,12 +174,13 @@ class NodePlanUpkeep(PassState):
             self.emit(MarkNodePlanFailed(
                 p.ref, reason=C.R_NODE_FAILED, node_state=req.state.value,
                 message=truncate(f"node {p.node}: {req.state.value}"
-                                  + (f": {req.reason}" if req.reason else ""))))
+                                  + (f": {req.reason}" if req.reason else "")),
+                drain=req.drain))
             self._add_view(p, NodePlanPhase.FAILED)
             return
         elif req.state == SignalState.COMPLETED:
             if node is not None and node.available and version_ok:
-                self._mark_completed(p, node, req.at)
+                self._mark_completed(p, node, req)
                 return
             state_key, phase, node_state, at = COMPLETING, NodePlanPhase.IN_PROGRESS, \
                 SignalState.COMPLETED.value, req.at
@@ -386,14 +387,16 @@ class NodePlanUpkeep(PassState):
         )
 
     def _mark_completed(self, p: NodePlanInfo, node: NodeInfo,
-                        at: datetime | None = None) -> None:
+                        req: NodeRequest | None) -> None:
         message = f"node {p.node} runs {p.version} and is Ready"
+        at = req.at if req is not None else None
         self.emit(UpdateNodePlanStatus(
             p.ref, phase=NodePlanPhase.COMPLETED, node_state=SignalState.COMPLETED.value,
             message=message, phase_since=self.now, completed_at=self.now,
             running_version=node.running_version or p.version,
             conditions=self._plan_conditions(p, NodePlanPhase.COMPLETED, message,
-                                             dispatched=True), node_state_at=at))
+                                             dispatched=True), node_state_at=at,
+            drain=req.drain if req is not None else ()))
         self._add_view(p, NodePlanPhase.COMPLETED).recording = True
         self._complete_machine(dataclasses.replace(p, completed_at=self.now))
 
