@@ -42,7 +42,7 @@ from fleet.testing.k0smotron import K0smotronStandIn, register_control_nodes, ve
 from fleet.testing.responder import NodeResponder
 from fleet.testing.world import World
 from tests.helpers.capienv import wait_for
-from tests.helpers.controller import intent_config, policy_controller
+from tests.helpers.controller import Lines, intent_config, policy_controller
 from tests.helpers.names import unique
 
 V1, V2, V_NEXT_MINOR = "v1.31.2+k0s.0", "v1.31.3+k0s.0", "v1.32.0+k0s.0"
@@ -262,17 +262,6 @@ async def test_the_extension_skew_check_does_not_take_a_stale_kcp_status_version
     assert workers == [V1]
 
 
-class _Lines:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def write(self, s: str) -> None:
-        self.lines.append(s)
-
-    def flush(self) -> None:
-        pass
-
-
 async def test_the_endpoint_k0smotron_writes_into_an_adopted_kcp_is_not_a_users_change(
         world: World, mgmt: KubeClient, wl1: KubeClient, infra_crd: None,
         namespace: str) -> None:
@@ -303,7 +292,7 @@ async def test_the_endpoint_k0smotron_writes_into_an_adopted_kcp_is_not_a_users_
         await tg.start(responder.run)
         obj = await apply_upgrade(mgmt, namespace=namespace, name=f"to-{fc.name}", version=V2,
                                   selector=None)
-        out = _Lines()
+        out = Lines()
         with anyio.fail_after(120):
             rc = await follow(mgmt, namespace=namespace, name=f"to-{fc.name}",
                               generation=obj["metadata"]["generation"], out=out, poll=0.2)
