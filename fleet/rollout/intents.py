@@ -13,9 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from fleet.events import WARNING, EventRecorder, Regarding
+from fleet.events import NORMAL, WARNING, EventRecorder, Regarding
 from fleet.intent import (
     COND_REFUSED,
+    PHASE_FAILED,
     REASON_REFUSED,
     ClusterStanding,
     WaveStanding,
@@ -298,7 +299,26 @@ class UpgradeStatusWriter:
             return False
         self._written[key] = obj
         await self._announce_refusal(u, current.get("status") or {}, new)
+        await self._announce_phase(u, current.get("status") or {}, new)
         return True
+
+    async def _announce_phase(self, u: FleetUpgradeInfo, old: Mapping[str, Any],
+                              new: Mapping[str, Any]) -> None:
+        """An Event on the FleetUpgrade when its phase changes (Progressing, Complete,
+        Failed, Withdrawing...), with the status message: `kubectl describe` tells its
+        story. Failed is a Warning. Only a write that changed the phase announces it, so
+        a restarted controller that finds the phase written says nothing again."""
+        if self.recorder is None:
+            return
+        phase = str(new.get("phase") or "")
+        if not phase or phase == str(old.get("phase") or ""):
+            return
+        await self.recorder.emit(
+            Regarding(kind=FLEET_UPGRADES.kind, name=u.ref.name, namespace=u.ref.namespace,
+                      uid=u.ref.uid, api_version=FLEET_UPGRADES.api_version),
+            reason=phase, action="Rollout",
+            note=str(new.get("message") or f"{u.ref.name}: {phase}"),
+            type=WARNING if phase == PHASE_FAILED else NORMAL)
 
     async def _announce_refusal(self, u: FleetUpgradeInfo, old: Mapping[str, Any],
                                 new: Mapping[str, Any]) -> None:

@@ -124,6 +124,14 @@ async def test_a_fleet_upgrade_two_minors_ahead_climbs_one_minor_at_a_time(
                 rc = await follow(mgmt, namespace=namespace, name="ladder",
                                   generation=obj["metadata"]["generation"], out=out, poll=0.2)
             assert rc == Exit.OK, out.lines
+
+            async def told() -> list[str] | None:  # `kubectl describe` tells the story
+                reasons = [e.get("reason") for e in await list_events(
+                    mgmt, namespace, regarding_name="ladder")
+                    if (e.get("regarding") or {}).get("kind") == "FleetUpgrade"]
+                return reasons if {"Progressing", "Complete"} <= set(reasons) else None
+
+            await wait_for("the FleetUpgrade's phase Events", told, 30, 0.1)
         tg.cancel_scope.cancel()
     for m in (await mgmt.list(MACHINES, namespace)).items:
         watcher.observe(m)
