@@ -553,7 +553,8 @@ async def install_apf(mgmt: KubeClient, user: str, *, chart: bool) -> dict[str, 
         "template", APF_RELEASE, REPO / "charts" / "k0s-fleet", "--namespace", NAMESPACE,
         "--show-only", "templates/flowschema.yaml",
         "--api-versions", "flowcontrol.apiserver.k8s.io/v1",
-        "--set", f"serviceAccount.name={APF_SERVICE_ACCOUNT}").stdout)
+        "--set", f"serviceAccount.name={APF_SERVICE_ACCOUNT}",
+        "--set", "rbac.secrets.clusterWide=true").stdout)  # the bench's fleet: every namespace
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     kinds = {"PriorityLevelConfiguration": PRIORITY_LEVELS, "FlowSchema": FLOW_SCHEMAS}
     for doc in sorted(docs, key=lambda d: d["kind"] != "PriorityLevelConfiguration"):

@@ -220,6 +220,7 @@ async def run(work: Path, out: Path | None, alert_timeout: float) -> int:
                 [str(binary("helm")), "template", "k0s-fleet",
                  str(work / "dist" / "k0s-fleet-0.1.0.tgz"),
                  "--namespace", SYSTEM_NS, "--set", "metrics.prometheusRule.enabled=true",
+                 "--set", f"fleet.clusters.namespaces[0]={FLEET_NS}",  # as installed
                  "--api-versions", "monitoring.coreos.com/v1",
                  "--show-only", "templates/prometheusrule.yaml"])).stdout.decode()
             (work / "rules.yaml").write_text(yaml.safe_dump(
