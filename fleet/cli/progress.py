@@ -217,7 +217,9 @@ def render_progress(state: ProgressState, *, width: int = 100) -> list[str]:
             line = f"  {f'{c.namespace}/{c.name}':<{name_w}}  {c.phase:<11} {c.done}/{c.total}"
             if c.rung:
                 line += f" rung {c.rung}"
-            if c.steps:
+            # A cluster whose nodes are all up to date has nothing in flight, whatever a
+            # NodePlan whose status write trails the node (or a read between the two) says.
+            if c.steps and c.done < c.total and c.phase != "Complete":
                 s = c.steps[0]
                 t = in_step(s, state.now)
                 line += f"  {s.node} {s.step}" + ("" if t is None else f" {age(t)}")

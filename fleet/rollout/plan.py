@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from fleet.config import FleetConfig
+from fleet.config import DEFAULT_WAVE_NAME, FleetConfig
 from fleet.model import (
     EXECUTOR_AGENT,
     ClusterKey,
@@ -319,6 +319,8 @@ def plan_text(doc: dict[str, Any], *, wide: Mapping[str, str] | None = None) -> 
     # (the CLI prints them after the plan: fleet/cli/plan.py refusals_text).
     refused = {r["cluster"] for r in doc.get("refusals") or () if not r.get("object")}
     for w in doc["waves"]:
+        if w["name"] == DEFAULT_WAVE_NAME and not w["clusters"]:
+            continue  # the implicit wave of clusters no other wave selects: here none
         canary = " canary=true" if w["canary"] else ""
         out.append(f"wave {w['name']} [{w['phase']}]{canary} maxConcurrentClusters="
                    f"{w['maxConcurrentClusters']} soak={w['soak']} "

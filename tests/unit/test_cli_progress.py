@@ -144,6 +144,16 @@ def test_progress_view_per_wave_and_cluster_with_eta() -> None:
     assert all(len(line) <= 40 for line in render_progress(state, width=40))
 
 
+def test_a_complete_cluster_shows_no_node_in_flight() -> None:
+    """The first hour's transcript: `fleet-prod/edge-01  Complete 3/3  edge-01-md-1
+    Downloading 3s` (its last NodePlan's status trailed the node, or was read before the
+    FleetUpgrade's). A cluster whose nodes are all up to date has nothing in flight."""
+    plans = [plan("can-1", "can", NodePlanPhase.IN_PROGRESS, node_state="Downloading",
+                  started=5, since=3)]
+    lines = render_progress(progress_state(fleet_upgrade(), plans, NOW), width=200)
+    assert re.fullmatch(r"  fleet/can +Complete +2/2", lines[2]), lines[2]
+
+
 def test_progress_view_of_a_fresh_fleet_upgrade() -> None:
     lines = render_progress(progress_state({}, [], NOW))
     assert lines == ["Pending: - clusters, 0/0 nodes"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from datetime import timedelta
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -17,7 +18,7 @@ from fleet.planner import PlannerSettings, plan
 from fleet.planner.simulate import SimFleet, add_cluster, bump
 from fleet.rollout.gate import FleetControls, FleetView, RolloutGate
 from fleet.rollout.observe import Observation
-from fleet.rollout.plan import dry_run, plan_document, render_plan
+from fleet.rollout.plan import dry_run, plan_document, plan_text, render_plan
 from fleet.rollout.progress import clusters_from_snapshot
 from fleet.rollout.state import RolloutState
 from fleet.schedule import parse_duration
@@ -264,3 +265,25 @@ def test_a_refused_cluster_is_listed_once() -> None:
     cannot = text[text.index("cannot finish from here"):text.index("(nothing would be written")]
     assert "fleet/climb" not in cannot, cannot
     assert "refuses 1 cluster(s), below" in cannot
+
+
+def test_the_plan_text_leaves_out_an_empty_default_wave() -> None:
+    """The first hour's transcript ended every plan with `wave default [Complete]
+    maxConcurrentClusters=1 ...` although every cluster was in a configured wave: the
+    implicit wave of the clusters no other wave selects is shown only when it holds one."""
+    def wave(name: str, clusters: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"name": name, "phase": "Complete", "canary": False,
+                "maxConcurrentClusters": 1, "soak": "0s", "toleratedFailures": 0,
+                "clusters": clusters}
+
+    cluster = {"namespace": "ns", "name": "c1", "phase": "Complete", "blocked": "",
+               "objects": []}
+    doc = {"rollout": {"emergencyStop": None, "halted": None, "paused": None},
+           "waves": [wave("production", [cluster]), wave("default", [])],
+           "estimatedDuration": "0s", "finishesAt": "2026-12-06T00:00:00Z", "blocked": []}
+    text = plan_text(doc)
+    assert [line.split(" [")[0] for line in text if line.startswith("wave ")] == [
+        "wave production"]
+    doc["waves"] = [wave("production", []), wave("default", [cluster])]
+    assert [line.split(" [")[0] for line in plan_text(doc) if line.startswith("wave ")] == [
+        "wave production", "wave default"]
