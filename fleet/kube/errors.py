@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 
@@ -98,6 +99,20 @@ _BY_STATUS: dict[int, type[KubeError]] = {
     422: InvalidError,
     429: TooManyRequestsError,
 }
+
+
+def answer(who: str, status: int, data: bytes, headers: Any,
+           decode: Callable[[bytes], Any]) -> Any:
+    """A response's body as ``decode`` reads it (None when empty), or the typed error for
+    a non-2xx status or a body that does not decode (``who``: server, method and path)."""
+    if not 200 <= status <= 299:
+        raise from_status(status, data, headers)
+    if not data:
+        return None
+    try:
+        return decode(data)
+    except ValueError as e:
+        raise KubeError(f"{who}: undecodable answer: {e}") from None
 
 
 def from_status(status: int, body: str | bytes | dict[str, Any] | None,

@@ -10,7 +10,12 @@ from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from fleet.kube.errors import KubeError, UnreachableError, WatchIdleError, from_status
+from fleet.kube.errors import (
+    UnreachableError,
+    WatchIdleError,
+    answer,
+    from_status,
+)
 
 _RESPONSE_TYPES = {code: "object" for code in (200, 201, 202)}
 
@@ -108,14 +113,7 @@ class GeneratedTransport:
             raise from_status(e.status or 0, e.body, e.headers) from None
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             raise UnreachableError(f"{self.name}: {method} {path}: {e!r}") from e
-        if not 200 <= resp.status <= 299:
-            raise from_status(resp.status, data, resp.headers)
-        if not data:
-            return None
-        try:
-            return decode(data)
-        except ValueError as e:
-            raise KubeError(f"{self.name}: {method} {path}: undecodable answer: {e}") from None
+        return answer(f"{self.name}: {method} {path}", resp.status, data, resp.headers, decode)
 
     async def stream(self, path: str, *, query: Sequence[tuple[str, str]],
                      read_timeout: float) -> _Lines:

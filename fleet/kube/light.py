@@ -28,7 +28,13 @@ from urllib.parse import urlencode
 
 import anyio
 
-from fleet.kube.errors import KubeError, UnreachableError, WatchIdleError, from_status
+from fleet.kube.errors import (
+    KubeError,
+    UnreachableError,
+    WatchIdleError,
+    answer,
+    from_status,
+)
 from fleet.kube.http import ConnectSlots, HttpClient, HttpError, Response
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -316,14 +322,8 @@ class LightTransport:
                     resp.release()
         except (HttpError, TimeoutError) as e:
             raise UnreachableError(f"{self.name}: {method} {path}: {e!r}") from e
-        if not 200 <= resp.status <= 299:
-            raise from_status(resp.status, data, resp.headers)
-        if not data:
-            return None
-        try:
-            return json.loads(data) if decode is None else decode(data)
-        except ValueError as e:
-            raise KubeError(f"{self.name}: {method} {path}: undecodable answer: {e}") from None
+        return answer(f"{self.name}: {method} {path}", resp.status, data, resp.headers,
+                      json.loads if decode is None else decode)
 
     async def stream(self, path: str, *, query: Sequence[tuple[str, str]],
                      read_timeout: float) -> _Lines:
