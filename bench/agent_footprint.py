@@ -35,8 +35,8 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fleet.contract.signal import SignalState
 from fleet.kube import KubeClient
-from fleet.signal import SignalState
 from fleet.testing.binaries import REPO_ROOT
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.simnode import SimNode

@@ -107,7 +107,7 @@ async def _child(kubeconfig: str, config_path: str, out: str,
     import anyio  # noqa: PLC0415
     import yaml  # noqa: PLC0415
 
-    from fleet.config import FleetConfig  # noqa: PLC0415
+    from fleet.config.models import FleetConfig  # noqa: PLC0415
     from fleet.controllers.runner import FleetController  # noqa: PLC0415
     from fleet.kube import KubeClient  # noqa: PLC0415
 

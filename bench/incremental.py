@@ -36,10 +36,8 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.controllers.dispatcher import action_target
-from fleet.intent import WaveStanding, upgrade_status
-from fleet.model import ClusterKey, FleetUpgradeInfo, IntentTarget, ObjectRef, Snapshot
 from fleet.planner import PlannerSettings, plan
 from fleet.planner.actions import Action
 from fleet.planner.incremental import IncrementalPlanner, Merger, split
@@ -47,6 +45,8 @@ from fleet.planner.simulate import SimFleet, add_cluster, bump
 from fleet.rollout.gate import DecisionHold, FleetView, GateDecision, RolloutGate
 from fleet.rollout.intents import UpgradeStatusWriter, fleet_hold, standing
 from fleet.rollout.progress import ProgressMemo, clusters_from_snapshot
+from fleet.world.intent import WaveStanding, upgrade_status
+from fleet.world.model import ClusterKey, FleetUpgradeInfo, IntentTarget, ObjectRef, Snapshot
 
 V2 = "v1.31.3+k0s.0"
 

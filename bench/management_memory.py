@@ -1,5 +1,5 @@
 """Memory of the management caches, per kind: N clusters' CAPI objects held whole (as
-before fleet/kept.py) and as kept projections, measured with tracemalloc in this process.
+before fleet/world/kept.py) and as kept projections, measured with tracemalloc in this process.
 
 Each cluster is what fleet/testing/capi.py's ``create_cluster`` writes (a Cluster, its
 kubeconfig Secret, a K0sControlPlane with 3 control-plane Machines, a MachineDeployment
@@ -25,8 +25,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fleet.clusters import kubeconfig_secret
-from fleet.kept import projection
 from fleet.kube.cache import ObjectCache
 from fleet.kube.resources import (
     CLUSTERS,
@@ -45,6 +43,8 @@ from fleet.testing.capi import (
     machine_set_object,
     worker_machine_object,
 )
+from fleet.world.clusters import kubeconfig_secret
+from fleet.world.kept import projection
 
 NS, V, NOW = "fleet", "v1.31.2+k0s.0", "2026-01-01T00:00:00Z"
 KINDS = (MACHINES, K0S_CONTROL_PLANES, MACHINE_DEPLOYMENTS, MACHINE_SETS, CLUSTERS, SECRETS)

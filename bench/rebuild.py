@@ -1,6 +1,6 @@
 """A full snapshot rebuild from the management caches, N clusters, in this process.
 
-The caches hold what the controller keeps of each object (fleet/kept.py: one bytes
+The caches hold what the controller keeps of each object (fleet/world/kept.py: one bytes
 object each); ``build_snapshot`` reads every object of every cluster through them, as
 the controller's pass does after a FleetUpgrade's change, a re-sync or at start-up. The
 first build parses every object; the next ones find every parse remembered (nothing
@@ -28,8 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from management_memory import cluster_objects
 
-from fleet.config import FleetConfig
-from fleet.kept import projection
+from fleet.config.models import FleetConfig
 from fleet.kube.cache import ObjectCache
 from fleet.kube.resources import (
     CLUSTERS,
@@ -39,7 +38,8 @@ from fleet.kube.resources import (
     MACHINES,
     Resource,
 )
-from fleet.snapshot import ManagementObjects, build_snapshot, fleet_clusters
+from fleet.world.kept import projection
+from fleet.world.snapshot import ManagementObjects, build_snapshot, fleet_clusters
 
 KINDS = (CLUSTERS, K0S_CONTROL_PLANES, MACHINE_DEPLOYMENTS, MACHINE_SETS, MACHINES)
 

@@ -100,8 +100,8 @@ def _rss_mib() -> float:
 
 
 async def _child(n: int, kubeconfig: dict[str, Any], settle: float) -> dict[str, Any]:
-    from fleet.clusters import ClusterRegistry, kubeconfig_secret  # noqa: PLC0415
     from fleet.kube.cache import ObjectCache  # noqa: PLC0415
+    from fleet.world.clusters import ClusterRegistry, kubeconfig_secret  # noqa: PLC0415
 
     secrets = ObjectCache("Secret")
     for i in range(n):

@@ -50,9 +50,8 @@ sys.path.insert(0, str(REPO))
 import yaml  # noqa: E402
 
 from bench.stats import percentile  # noqa: E402
-from fleet.config import FleetConfig  # noqa: E402
+from fleet.config.models import FleetConfig  # noqa: E402
 from fleet.controllers.runner import FleetController  # noqa: E402
-from fleet.intent import apply_intents, fleet_upgrade_from  # noqa: E402
 from fleet.kube import KubeClient  # noqa: E402
 from fleet.kube.resources import MACHINE_DEPLOYMENTS, NAMESPACES  # noqa: E402
 from fleet.planner import PlannerSettings, plan  # noqa: E402
@@ -62,6 +61,7 @@ from fleet.planner.simulate import bump as sim_bump  # noqa: E402
 from fleet.testing.capi import bump, create_cluster, ensure_infra_crd  # noqa: E402
 from fleet.testing.responder import NodeResponder  # noqa: E402
 from fleet.testing.world import World  # noqa: E402
+from fleet.world.intent import apply_intents, fleet_upgrade_from  # noqa: E402
 
 V1, V2 = "v1.31.2+k0s.0", "v1.31.3+k0s.0"
 NAMESPACE = "bench"

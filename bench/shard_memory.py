@@ -40,16 +40,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from management_memory import NS, V, cluster_objects
 
-from fleet.clusters import ClusterRegistry
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.controllers.observe import ManagementView
 from fleet.controllers.parts import FleetParts
 from fleet.kube.resources import FLEET_UPGRADES, SECRETS, Resource
 from fleet.kube.watch import Reflector, WatchEvent
-from fleet.model import ClusterKey
 from fleet.planner.incremental import Merger
 from fleet.rollout.gate import FleetView, RolloutGate
 from fleet.rollout.progress import ProgressMemo
+from fleet.world.clusters import ClusterRegistry
+from fleet.world.model import ClusterKey
 
 try:
     from fleet.rollout.progress import foreign_digest

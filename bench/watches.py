@@ -4,7 +4,7 @@
 
 A test world of its own (etcd + one kube-apiserver, idle but for this), and Reflectors on
 Nodes, ConfigMaps and CRDs side by side with the workload watches' settings
-(fleet.clusters.ClusterRegistry: server timeout WORKLOAD_WATCH_TIMEOUT less up to half of
+(fleet.world.clusters.ClusterRegistry: server timeout WORKLOAD_WATCH_TIMEOUT less up to half of
 it at random, idle bound 150 s) and the settings every watch had before (server timeout
 120 s less up to a fifth, read timeout 150 s). Printed per resource and setting: watch
 requests opened, of them resumed after an idle bound, lists, failures, over the window.
@@ -23,10 +23,10 @@ import anyio
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from fleet.clusters import WORKLOAD_WATCH_TIMEOUT  # noqa: E402
 from fleet.kube.resources import CONFIGMAPS, CRDS, NODES  # noqa: E402
 from fleet.kube.watch import Reflector  # noqa: E402
 from fleet.testing.world import World  # noqa: E402
+from fleet.world.clusters import WORKLOAD_WATCH_TIMEOUT  # noqa: E402
 
 
 async def measure(world: World, minutes: float) -> dict[str, dict[str, float]]:

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 import aiohttp
 import anyio
 
-from fleet.config import DownloadSettings
-from fleet.downloads import (
+from fleet.config.downloads import (
     DownloadResolutionError,
     digest_manifest_url,
     parse_digest_manifest,
     resolve_download,
 )
+from fleet.config.models import DownloadSettings
 
 # Nodes always report their architecture; one not seen yet is taken to be this.
 DEFAULT_ARCH = "amd64"
@@ -78,7 +78,7 @@ class ArtifactResolver:
     async def resolve(self, version: str, arch: str | None = None) -> Artifact:
         """The artifact for k0s ``version`` on ``arch`` (None: :data:`DEFAULT_ARCH`).
 
-        Raises :class:`fleet.downloads.DownloadResolutionError` saying what to configure.
+        Raises :class:`fleet.config.downloads.DownloadResolutionError` saying what to configure.
         """
         arch = arch or DEFAULT_ARCH
         manifest = await self._manifest(version, arch)

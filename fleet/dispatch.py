@@ -15,12 +15,12 @@ from datetime import datetime
 from typing import Any
 
 from fleet.artifacts import Artifact
-from fleet.executors import executor as executor_named
+from fleet.contract.nodeplan import build_nodeplan
+from fleet.contract.signal import NodePolicy
 from fleet.kube import AlreadyExistsError, KubeClient, KubeObject
 from fleet.kube.resources import NODE_PLANS
-from fleet.model import ANN_DISPATCH_REASON, ANN_REQUESTED_AT, NODEPLAN_FINALIZER, format_time
-from fleet.nodeplan import build_nodeplan
-from fleet.signal import NodePolicy
+from fleet.world.executors import executor as executor_named
+from fleet.world.model import ANN_DISPATCH_REASON, ANN_REQUESTED_AT, NODEPLAN_FINALIZER, format_time
 
 
 def nodeplan_to_dispatch(*, machine: dict[str, Any], node_name: str, role: str, version: str,
@@ -41,7 +41,7 @@ def nodeplan_to_dispatch(*, machine: dict[str, Any], node_name: str, role: str, 
 def created_started(body: KubeObject, *, at: datetime, reason: str) -> KubeObject:
     """``body`` to be created started: the first request's identity (attempt 1, its
     ``created`` = ``at``) and why it was dispatched in its annotations, so the node can be
-    signalled without a status write first (``fleet.model.nodeplan_from`` reads them;
+    signalled without a status write first (``fleet.world.model.nodeplan_from`` reads them;
     the CRD defaults ``status.phase`` to Pending until the first status write)."""
     meta = body["metadata"]
     return {**body, "metadata": {**meta, "annotations": {

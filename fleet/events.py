@@ -32,7 +32,7 @@ from fleet.kube.resources import (
     NODE_PLANS,
     NODES,
 )
-from fleet.model import truncate
+from fleet.world.model import truncate
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class Regarding:
 
     @classmethod
     def of(cls, obj: Any) -> Regarding:
-        """From a plain API object (dict), a fleet.model.ObjectRef, or a Regarding."""
+        """From a plain API object (dict), a fleet.world.model.ObjectRef, or a Regarding."""
         if isinstance(obj, Regarding):
             return obj
         if isinstance(obj, Mapping):

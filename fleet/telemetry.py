@@ -41,7 +41,7 @@ from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioB
 from opentelemetry.util.types import Attributes
 
 from fleet import __version__
-from fleet.tracecontext import (
+from fleet.contract.tracecontext import (
     _PRESET,
     TRACEPARENT_ANNOTATION,
     DurableSpan,

@@ -35,9 +35,9 @@ import aiohttp
 import anyio
 import yaml
 
+from fleet.contract.signal import SignalState
 from fleet.kube import KubeClient
 from fleet.kube.resources import CLUSTERS, CONFIGMAPS, NAMESPACES
-from fleet.signal import SignalState
 from fleet.testing.binaries import REPO_ROOT, binary
 from fleet.testing.capi import create_cluster, ensure_infra_crd
 from fleet.testing.releases import ReleaseServer

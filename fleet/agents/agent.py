@@ -66,11 +66,7 @@ from fleet.agents.state import (
     uncordon_patch,
 )
 from fleet.agents.verify import wait_running
-from fleet.kube import KubeClient, KubeError, KubeObject, patch_with_retry
-from fleet.kube.backoff import Backoff
-from fleet.kube.resources import CONTROL_NODES, NODES
-from fleet.kube.watch import Reflector, WatchEvent
-from fleet.signal import (
+from fleet.contract.signal import (
     RUNNING_VERSION_KEY,
     SIGNAL_DATA_KEY,
     SIGNAL_REJECTED_KEY,
@@ -84,7 +80,11 @@ from fleet.signal import (
     replace_status,
     utcnow,
 )
-from fleet.tracecontext import K8S_NODE_NAME, DurableSpan, get_tracer
+from fleet.contract.tracecontext import K8S_NODE_NAME, DurableSpan, get_tracer
+from fleet.kube import KubeClient, KubeError, KubeObject, patch_with_retry
+from fleet.kube.backoff import Backoff
+from fleet.kube.resources import CONTROL_NODES, NODES
+from fleet.kube.watch import Reflector, WatchEvent
 
 log = logging.getLogger(__name__)
 

@@ -26,12 +26,12 @@ from typing import Any, Literal, NamedTuple
 import anyio
 
 from fleet.agents.state import cordon_patch, cordoned_by_agent, eviction_exempt, uncordon_patch
+from fleet.contract.selectors import selector_matches
+from fleet.contract.signal import DrainBehavior, DrainRule
 from fleet.kube import KubeClient, KubeObject, patch_with_retry
 from fleet.kube.backoff import Backoff
 from fleet.kube.errors import KubeError, NotFoundError, TooManyRequestsError
 from fleet.kube.resources import NAMESPACES, NODES, PODS
-from fleet.selectors import selector_matches
-from fleet.signal import DrainBehavior, DrainRule
 
 log = logging.getLogger(__name__)
 

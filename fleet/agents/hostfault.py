@@ -15,7 +15,7 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass, field
 
-from fleet.signal import SignalState
+from fleet.contract.signal import SignalState
 
 # Nothing the agent can wait out.
 PERSISTENT = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})

@@ -18,7 +18,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleet.agents.state import url_prefix_problem
-from fleet.signal import (
+from fleet.contract.signal import (
     AGENT_ENV_PREFIX,
     DrainRule,
     DrainTimeoutAction,
@@ -27,7 +27,7 @@ from fleet.signal import (
 )
 
 # Where k0s releases come from unless the agent is told otherwise: the fixed part of the
-# fleet config's default download.urlTemplate (fleet.config.DEFAULT_URL_TEMPLATE).
+# fleet config's default download.urlTemplate (fleet.config.models.DEFAULT_URL_TEMPLATE).
 DEFAULT_RELEASE_PREFIX = "https://get.k0sproject.io/"
 # Where that location's downloads redirect to (GitHub's release downloads and the CDN
 # they hand over to): every redirect hop must lie under an accepted prefix too.

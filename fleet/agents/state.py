@@ -18,7 +18,7 @@ from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
-from fleet.signal import (
+from fleet.contract.signal import (
     CORDONED_BY_KEY,
     HAPPY_PATH,
     SIGNAL_DATA_KEY,
@@ -31,7 +31,7 @@ from fleet.signal import (
     parse_signal,
     signal_digest,
 )
-from fleet.versions import same_version
+from fleet.contract.versions import same_version
 
 RequestKey = tuple[str, datetime]
 

@@ -17,7 +17,7 @@ import anyio
 
 from fleet.agents.restart import K0sProbe
 from fleet.agents.settings import VersionSource
-from fleet.versions import same_version
+from fleet.contract.versions import same_version
 
 POLL_SECONDS = 0.25
 

@@ -25,8 +25,8 @@ from pydantic import BaseModel, ValidationError
 
 from fleet.agents.agent import serve
 from fleet.agents.settings import AgentSettings, environment_problems
-from fleet.cli.common import Exit
-from fleet.tracecontext import TracingOptions, get_tracer, tracing_wanted
+from fleet.cli.exit import Exit
+from fleet.contract.tracecontext import TracingOptions, get_tracer, tracing_wanted
 
 _SCALARS: dict[Any, Any] = {str: str, int: int, float: float, Path: Path}
 

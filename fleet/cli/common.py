@@ -42,20 +42,20 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
 import anyio
 import yaml
 
-from fleet.config import FleetConfig
-from fleet.config_errors import ConfigError, ConfigProblem
-from fleet.config_loader import CONFIG_PATH_ENV, load_config
+from fleet.cli.exit import Exit
+from fleet.config.errors import ConfigError, ConfigProblem
+from fleet.config.loader import CONFIG_PATH_ENV, load_config
+from fleet.config.models import FleetConfig
+from fleet.contract.nodeplan import version_slug
 from fleet.kube import ForbiddenError, KubeClient, KubeError
 from fleet.kube.light import KubeconfigError
 from fleet.kube.resources import CONFIGMAPS, DEPLOYMENTS
-from fleet.nodeplan import version_slug
 
 # The chart's default release namespace (docs/operations.md installs it there).
 CHART_NAMESPACE = "k0s-fleet-system"
@@ -65,15 +65,6 @@ CONTROLLER_CONFIG_SELECTOR = ("app.kubernetes.io/part-of=k0s-fleet,"
                               "app.kubernetes.io/component=controller")
 CONTROLLER_CONFIG_KEY = "fleet.yaml"
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-
-
-class Exit(IntEnum):
-    OK = 0
-    FAILED = 1  # the command ran and failed (unreachable cluster, upgrade Failed, ...)
-    BAD_CONFIG = 2  # bad input: arguments, the fleet config, a kubeconfig, no controller
-    NOT_DONE = 3  # upgrade: not complete within --timeout
-    LOST_LEADERSHIP = 4  # the controller lost its Lease (its Pod restarts)
-    INTERRUPTED = 130
 
 
 EXIT_CODES_HELP = """exit codes:

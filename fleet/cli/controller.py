@@ -25,8 +25,8 @@ import anyio.abc
 
 from fleet.cli import common, memtrace
 from fleet.cli.probes import probes
-from fleet.config import FleetConfig
-from fleet.config_errors import ConfigError
+from fleet.config.errors import ConfigError
+from fleet.config.models import FleetConfig
 from fleet.controllers.gcpause import GcPauses, freeze_survivors
 from fleet.controllers.heap import fixed_mmap_threshold
 from fleet.controllers.leader import LeaderElector, LostLeadershipError
@@ -137,7 +137,7 @@ async def _main(args: argparse.Namespace, config: FleetConfig,
             on_change=trigger.poke, stall_seconds=stall_seconds,
             on_stall=on_stall) if args.shards else None
         # Every write of the controller, its Event recorder and the rollout policy is
-        # fenced by the Lease(s) it is made under (fleet.fence): with one leader, the
+        # fenced by the Lease(s) it is made under (fleet.world.fence): with one leader, the
         # leader Lease; sharded, the member Lease and the cluster's shard claim, and for
         # the fleet-wide writes the writer Lease. A replica resumed after a stop past its
         # renew deadline sends nothing before its renewal task has noticed.

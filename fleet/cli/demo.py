@@ -39,12 +39,12 @@ from rich.table import Table
 from rich.text import Text
 
 from fleet.cli.upgrade import apply_upgrade
-from fleet.config import FleetConfig, TelemetrySettings
+from fleet.config.models import FleetConfig, TelemetrySettings
+from fleet.contract.nodeplan import NodePlanPhase, nodeplan_name
+from fleet.contract.versions import same_version
 from fleet.controllers.runner import FleetController
 from fleet.events import EventRecorder
 from fleet.kube.resources import CLUSTERS, NAMESPACES, NODE_PLANS
-from fleet.model import ROLE_CONTROLLER, Snapshot
-from fleet.nodeplan import NodePlanPhase, nodeplan_name
 from fleet.planner import PlanResult
 from fleet.rollout.policy import RolloutPolicy
 from fleet.telemetry import get_tracer, setup_tracing
@@ -55,7 +55,7 @@ from fleet.testing.releases import ReleaseServer
 from fleet.testing.responder import NodeResponder
 from fleet.testing.simnode import SimNode
 from fleet.testing.world import World
-from fleet.versions import same_version
+from fleet.world.model import ROLE_CONTROLLER, Snapshot
 
 FROM, TO = "v1.31.2+k0s.0", "v1.31.3+k0s.0"
 NAMESPACE = "fleet-demo"
@@ -135,7 +135,7 @@ class Board:
                 # ... and its NodePlan (if any) recorded Completed: the node-upgrade span is
                 # written with that status, and the demo prints those traces when done.
                 # (A worker's Completed NodePlan is its record until the paused sequence
-                # ends: fleet.eligibility.as_recorded.)
+                # ends: fleet.world.eligibility.as_recorded.)
                 completed = plan is not None and plan.phase == NodePlanPhase.COMPLETED
                 up = same_version(target, TO) and (same_version(m.version, target) or same_version(
                     m.running_version_annotation, target) or completed) and (

@@ -25,18 +25,18 @@ from typing import Any
 
 from fleet.cli import common
 from fleet.cli.progress import current_steps, wide_columns
-from fleet.config import ExtensionMode, FleetConfig
+from fleet.config.models import ExtensionMode, FleetConfig
+from fleet.config.schedule import DurationError, parse_duration
+from fleet.contract.selectors import parse_label_selector
+from fleet.contract.skew import RULES
+from fleet.contract.versions import InvalidVersionError, normalize
 from fleet.extension.activation import extension_active, own_endpoint
-from fleet.intent import resolve
 from fleet.kube import KubeClient, KubeError, KubeObject
 from fleet.kube.resources import EXTENSION_CONFIGS
-from fleet.model import ClusterKey, format_time
 from fleet.rollout.observe import Observation, observe
 from fleet.rollout.plan import DryRun, dry_run, plan_document, render_plan
-from fleet.schedule import DurationError, parse_duration
-from fleet.selectors import parse_label_selector
-from fleet.skew import RULES
-from fleet.versions import InvalidVersionError, normalize
+from fleet.world.intent import resolve
+from fleet.world.model import ClusterKey, format_time
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,7 +70,7 @@ class Preview:
 
 
 def parse_preview(version: str, selector: str = "", name: str | None = None) -> Preview:
-    """Raises :class:`~fleet.versions.InvalidVersionError` or
+    """Raises :class:`~fleet.contract.versions.InvalidVersionError` or
     :class:`~fleet.cli.common.BadInputError` (both bad input, exit 2)."""
     v = normalize(version)
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.status.health import Health
 
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from fleet.model import ClusterKey, NodePlanInfo
-from fleet.nodeplan import NodePlanPhase
+from fleet.contract.nodeplan import NodePlanPhase
+from fleet.world.model import ClusterKey, NodePlanInfo
 
 _LIVE = (NodePlanPhase.PENDING, NodePlanPhase.IN_PROGRESS)
 

@@ -31,16 +31,16 @@ from rich.text import Text
 from fleet.cli import common
 from fleet.cli.plan import extension_clusters
 from fleet.cli.progress import current_steps, wide_columns
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
+from fleet.config.schedule import DurationError, parse_duration
 from fleet.kube import KubeClient
-from fleet.model import ControlPlaneInfo, MachineDeploymentInfo
 from fleet.planner.writer import executor_of
 from fleet.rollout.gate import FleetView, RolloutGate
 from fleet.rollout.observe import Observation, observe
 from fleet.rollout.progress import clusters_from_snapshot
-from fleet.schedule import DurationError, parse_duration
 from fleet.status.model import build_status
 from fleet.status.view import render
+from fleet.world.model import ControlPlaneInfo, MachineDeploymentInfo
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

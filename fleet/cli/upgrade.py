@@ -44,13 +44,13 @@ import anyio
 from fleet.cli import common, plan
 from fleet.cli.common import default_name, upgrade_object
 from fleet.cli.progress import progress_state, render_progress
+from fleet.config.schedule import DurationError, parse_duration
+from fleet.contract.selectors import LabelSelector, parse_label_selector
+from fleet.contract.versions import InvalidVersionError, normalize
 from fleet.kube import AlreadyExistsError, KubeClient, KubeError
 from fleet.kube.resources import CONFIGMAPS, FLEET_UPGRADES, LEASES, NODE_PLANS
-from fleet.model import NodePlanInfo, nodeplan_from
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP
-from fleet.schedule import DurationError, parse_duration
-from fleet.selectors import LabelSelector, parse_label_selector
-from fleet.versions import InvalidVersionError, normalize
+from fleet.world.model import NodePlanInfo, nodeplan_from
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

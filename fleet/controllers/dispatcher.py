@@ -20,14 +20,19 @@ import anyio.abc
 from opentelemetry import trace
 
 from fleet.artifacts import ArtifactResolver
-from fleet.clusters import ClusterRegistry
-from fleet.config import FleetConfig
+from fleet.config.downloads import DownloadResolutionError
+from fleet.config.models import FleetConfig
+from fleet.contract.nodeplan import TRACEPARENT_ANNOTATION, NodePlanPhase, nodeplan_name
+from fleet.contract.signal import (
+    CORDONED_BY_KEY,
+    SIGNAL_VERSION,
+    NodePolicy,
+    parse_signal,
+)
+from fleet.contract.tracecontext import k8s_attributes
 from fleet.controllers.observe import ManagementView
 from fleet.dispatch import create_or_adopt_nodeplan, created_started, nodeplan_to_dispatch
-from fleet.downloads import DownloadResolutionError
-from fleet.drainrules import DrainRuleError, rules_for_machine
 from fleet.events import NORMAL, WARNING, EventRecorder
-from fleet.executors import executor, request_for
 from fleet.kube import (
     KubeClient,
     KubeError,
@@ -52,26 +57,6 @@ from fleet.kube.resources import (
     NODES,
     Resource,
 )
-from fleet.model import (
-    ANN_CAPI_PAUSED,
-    ANN_MACHINE_RUNNING_VERSION,
-    ANN_PAUSED_FOR,
-    ANN_WRITTEN_VERSION,
-    KIND_CONTROL_NODE,
-    KIND_HOSTED_CP,
-    KIND_KCP,
-    KIND_MD,
-    KIND_NODEPLAN,
-    KIND_WORKER_TEMPLATE,
-    NODEPLAN_FINALIZER,
-    ClusterKey,
-    Condition,
-    NodePlanInfo,
-    ObjectRef,
-    format_time,
-    nodeplan_from,
-)
-from fleet.nodeplan import TRACEPARENT_ANNOTATION, NodePlanPhase, nodeplan_name
 from fleet.planner import conditions as C
 from fleet.planner.actions import (
     Action,
@@ -99,15 +84,30 @@ from fleet.planner.actions import (
     UpdateNodePlanStatus,
     WriteVersion,
 )
-from fleet.records import NodeRecord
-from fleet.signal import (
-    CORDONED_BY_KEY,
-    SIGNAL_VERSION,
-    NodePolicy,
-    parse_signal,
-)
 from fleet.telemetry import context_from_traceparent, current_traceparent
-from fleet.tracecontext import k8s_attributes
+from fleet.world.clusters import ClusterRegistry
+from fleet.world.drainrules import DrainRuleError, rules_for_machine
+from fleet.world.executors import executor, request_for
+from fleet.world.model import (
+    ANN_CAPI_PAUSED,
+    ANN_MACHINE_RUNNING_VERSION,
+    ANN_PAUSED_FOR,
+    ANN_WRITTEN_VERSION,
+    KIND_CONTROL_NODE,
+    KIND_HOSTED_CP,
+    KIND_KCP,
+    KIND_MD,
+    KIND_NODEPLAN,
+    KIND_WORKER_TEMPLATE,
+    NODEPLAN_FINALIZER,
+    ClusterKey,
+    Condition,
+    NodePlanInfo,
+    ObjectRef,
+    format_time,
+    nodeplan_from,
+)
+from fleet.world.records import NodeRecord
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Before a replica acts on the clusters of a shard it has just taken, it reads their
 NodePlans (what the previous holder dispatched) and the objects kept foreign until then
-(fleet/kept.py) again. The I/O is
+(fleet/world/kept.py) again. The I/O is
 :meth:`fleet.controllers.runner.FleetController.warm_taken`; the progress of its bulk
 re-read, kept across looks that are cut off, is here.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fleet.model import ClusterKey
+from fleet.world.model import ClusterKey
 
 # Where one list of a bulk re-read stands: (namespace or None, resource plural).
 ListAt = tuple[str | None, str]

@@ -33,7 +33,7 @@ from fleet.kube import (
     UnauthorizedError,
 )
 from fleet.kube.resources import Resource
-from fleet.model import InfraMachineInfo, MachineInfo, TemplateRef, infra_machine_from
+from fleet.world.model import InfraMachineInfo, MachineInfo, TemplateRef, infra_machine_from
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,10 +29,10 @@ from fleet.controllers.renewal import (
     renew_while_held,
     stall_bound,
 )
-from fleet.fence import WriteFence, lease_clock
 from fleet.kube import AlreadyExistsError, ConflictError, KubeClient, KubeError, NotFoundError
 from fleet.kube.resources import LEASES
-from fleet.model import format_time
+from fleet.world.fence import WriteFence, lease_clock
+from fleet.world.model import format_time
 
 log = logging.getLogger(__name__)
 

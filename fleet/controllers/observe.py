@@ -10,8 +10,7 @@ from collections.abc import Callable, Iterable
 import anyio
 import anyio.abc
 
-from fleet.config import FleetConfig
-from fleet.kept import FOREIGN_ZDICT, foreign, projection
+from fleet.config.models import FleetConfig
 from fleet.kube import KubeClient, KubeError, NotFoundError
 from fleet.kube.backoff import Backoff
 from fleet.kube.cache import ObjectCache, ObjectListener
@@ -30,7 +29,8 @@ from fleet.kube.resources import (
     Resource,
 )
 from fleet.kube.watch import Reflector
-from fleet.model import (
+from fleet.world.kept import FOREIGN_ZDICT, foreign, projection
+from fleet.world.model import (
     ClusterKey,
 )
 
@@ -61,9 +61,9 @@ class ManagementView:
         self.intent_namespace = intent_namespace
         # ``on_object(res)``: a listener told which object of ``res`` changed. Of the
         # CAPI objects and kubeconfig Secrets only what the controller reads is kept
-        # (fleet/kept.py); the watches keep no copy of their own (keep_objects=False).
+        # (fleet/world/kept.py); the watches keep no copy of their own (keep_objects=False).
         # ``holds`` (sharded replicas): whether this replica holds a cluster; of the others'
-        # Machines and kubeconfig Secrets less is kept (fleet/kept.py FOREIGN_SPECS).
+        # Machines and kubeconfig Secrets less is kept (fleet/world/kept.py FOREIGN_SPECS).
         self.holds = holds
         self.caches = {res: ObjectCache(res.kind, on_change=on_change,
                                         on_object=on_object(res) if on_object else None,

@@ -3,9 +3,9 @@
 Every change the watches (or the controller's own writes) bring is traced to the cluster
 it belongs to: a management object by the cluster it names (parsed with the snapshot's
 own parsers, memoised per resourceVersion, so the rebuild reuses the parse), a workload
-object by the cluster it came from (:meth:`fleet.clusters.ClusterRegistry.changed`).
+object by the cluster it came from (:meth:`fleet.world.clusters.ClusterRegistry.changed`).
 That cluster is *dirty*; a pass rebuilds the snapshot part of the dirty clusters only
-(:func:`fleet.snapshot.build_snapshot` over just their objects) and keeps every other
+(:func:`fleet.world.snapshot.build_snapshot` over just their objects) and keeps every other
 part as the same object, which is what :class:`fleet.planner.incremental.IncrementalPlanner`
 and the rollout's progress memo key on. A change that cannot be traced to one cluster
 (a FleetUpgrade, a cache that re-synced) makes every cluster dirty.
@@ -20,9 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from fleet.clusters import ClusterRegistry
-from fleet.config import FleetConfig
-from fleet.intent import fleet_upgrade_from, resolve
+from fleet.config.models import FleetConfig
 from fleet.kube import KubeObject
 from fleet.kube.cache import ObjectCache
 from fleet.kube.resources import (
@@ -39,7 +37,10 @@ from fleet.kube.resources import (
     Resource,
 )
 from fleet.kube.watch import ObjectKey, object_key
-from fleet.model import (
+from fleet.planner.incremental import OtherNodePlans
+from fleet.world.clusters import ClusterRegistry
+from fleet.world.intent import fleet_upgrade_from, resolve
+from fleet.world.model import (
     ClusterInfo,
     ClusterKey,
     FleetUpgradeInfo,
@@ -53,9 +54,8 @@ from fleet.model import (
     machine_set_from,
     nodeplan_from,
 )
-from fleet.planner.incremental import OtherNodePlans
-from fleet.records import live_autopilot_plan
-from fleet.snapshot import (
+from fleet.world.records import live_autopilot_plan
+from fleet.world.snapshot import (
     Listed,
     ManagementObjects,
     build_snapshot,

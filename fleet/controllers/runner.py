@@ -25,9 +25,9 @@ import anyio.abc
 import anyio.lowlevel
 from opentelemetry import trace
 
-from fleet import nodeplan
-from fleet.clusters import WORKLOAD_WATCH_TIMEOUT, ClientFactory, ClusterRegistry
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
+from fleet.contract import nodeplan
+from fleet.contract.signal import SignalState
 from fleet.controllers.dispatcher import Dispatcher, action_target
 from fleet.controllers.handoff import BulkReread, ListAt
 from fleet.controllers.heap import HeapTrimmer
@@ -35,8 +35,6 @@ from fleet.controllers.infra import InfraMachines
 from fleet.controllers.observe import SECRET_FIELD_SELECTOR, ManagementView, kubeconfig_secrets
 from fleet.controllers.parts import FleetParts
 from fleet.events import EventRecorder
-from fleet.fence import writes_for
-from fleet.kept import CAPI_CLUSTER_LABEL
 from fleet.kube import GoneError, KubeClient, KubeError
 from fleet.kube.backoff import Backoff
 from fleet.kube.resources import (
@@ -49,13 +47,15 @@ from fleet.kube.resources import (
     SECRETS,
     Resource,
 )
-from fleet.model import ClusterKey, ObjectRef, Snapshot
 from fleet.planner import COMPLETING, PENDING, FleetPolicy, PlannerSettings, PlanResult
 from fleet.planner.actions import STARTS, Action, CreateNodePlan, urgency
 from fleet.planner.incremental import IncrementalPlanner, IncrementalResult, Merger
-from fleet.signal import SignalState
-from fleet.snapshot import custom_kubeconfig_secrets, watched_namespaces
 from fleet.telemetry import get_tracer, link_from_traceparent
+from fleet.world.clusters import WORKLOAD_WATCH_TIMEOUT, ClientFactory, ClusterRegistry
+from fleet.world.fence import writes_for
+from fleet.world.kept import CAPI_CLUSTER_LABEL
+from fleet.world.model import ClusterKey, ObjectRef, Snapshot
+from fleet.world.snapshot import custom_kubeconfig_secrets, watched_namespaces
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ class FleetController:
         while it does not); ``write_fence``: every write of
         this controller (management and workload clusters, Events) is sent only while it
         answers True (:meth:`fleet.kube.KubeClient.fenced`; each action's writes are marked
-        as its cluster's, :func:`fleet.fence.writes_for`); ``after_start_up``: called with
+        as its cluster's, :func:`fleet.world.fence.writes_for`); ``after_start_up``: called with
         ``"first pass"`` when the first pass is about to run, and with ``"first quiet"``
         once the work that pass started is done (nothing in flight, no change waiting)."""
         if write_fence is not None:
@@ -394,7 +394,7 @@ class FleetController:
         """True once newly taken shards may be acted on (``taken``: whether a cluster is in
         one): their clusters' NodePlans have been read into the NodePlan cache (what the
         previous holder dispatched counts, whether or not the watch has delivered it
-        yet), and with claims, the objects that were kept foreign (fleet/kept.py) have
+        yet), and with claims, the objects that were kept foreign (fleet/world/kept.py) have
         been read again in full. That is one NodePlan list per ``plans_per_list`` clusters and
         per cluster one Machine and one Secret list (none for a cluster read ahead and
         kept in full since: :meth:`read_ahead`), by Cluster API's cluster-name label; past
@@ -606,7 +606,7 @@ class FleetController:
 
     def _rekeep_owners(self, key: ClusterKey) -> None:
         """Keep one cluster's Cluster, K0sControlPlanes, MachineDeployments and MachineSets
-        as its holding now says (compressed and unparsed while foreign: fleet/kept.py
+        as its holding now says (compressed and unparsed while foreign: fleet/world/kept.py
         ``foreign``; kept whole either way, so nothing needs reading again)."""
         for res in (K0S_CONTROL_PLANES, MACHINE_DEPLOYMENTS, MACHINE_SETS):
             self.view[res].rekeep(self.parts.object_keys(res, key))
@@ -614,7 +614,7 @@ class FleetController:
 
     def _drop_given_back(self) -> None:
         """Keep only the foreign subset of the clusters whose shard claim this replica no
-        longer holds, nor may take soon (fleet/kept.py)."""
+        longer holds, nor may take soon (fleet/world/kept.py)."""
         claims = self.claims
         if claims is None:
             return

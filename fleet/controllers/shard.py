@@ -52,7 +52,7 @@ A newly taken shard is not acted on until the replica's management caches hold e
 NodePlan a fresh list shows (``warm``): what the previous holder dispatched is counted
 before this one plans. The controller's ``warm`` also reads its clusters' Machines and
 kubeconfig Secrets again first: of clusters whose shard it did not hold it kept only a
-subset (fleet/kept.py ``FOREIGN_SPECS``).
+subset (fleet/world/kept.py ``FOREIGN_SPECS``).
 
 Reading ahead. A take at ``expiry`` used to be followed by the whole warm-up (three
 lists per cluster) and then the workload connection (three more lists on another
@@ -96,11 +96,11 @@ from fleet.controllers.renewal import (
     renew_while_held,
     stall_bound,
 )
-from fleet.fence import WriteFence, fleet_wide, lease_clock, write_cluster
 from fleet.kube import AlreadyExistsError, ConflictError, KubeClient, KubeError, NotFoundError
 from fleet.kube.resources import LEASES
 from fleet.kube.watch import Reflector, WatchEvent
-from fleet.model import ClusterKey, format_time
+from fleet.world.fence import WriteFence, fleet_wide, lease_clock, write_cluster
+from fleet.world.model import ClusterKey, format_time
 
 log = logging.getLogger(__name__)
 
@@ -315,8 +315,8 @@ class ShardMembership:
 
     def write_fence(self, fleet_writer: Callable[[], bool]) -> WriteFence:
         """The fence of this replica's writes (:meth:`fleet.kube.KubeClient.fenced`): a
-        write for a cluster (:func:`fleet.fence.writes_for`) needs :meth:`holds_cluster`,
-        any other :meth:`holds`; a fleet-wide one (:func:`fleet.fence.fleet_wide_writes`)
+        write for a cluster (:func:`fleet.world.fence.writes_for`) needs :meth:`holds_cluster`,
+        any other :meth:`holds`; a fleet-wide one (:func:`fleet.world.fence.fleet_wide_writes`)
         also ``fleet_writer()`` (the writer Lease's own fence)."""
         def holds() -> bool:
             cluster = write_cluster()

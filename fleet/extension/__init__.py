@@ -9,7 +9,7 @@ Public API:
   sequencer) drives a cluster; see ``docs/runtime-extension.md``.
 """
 
-from fleet.config import ExtensionMode
+from fleet.config.models import ExtensionMode
 from fleet.extension.activation import (
     ExtensionEndpoint,
     extension_active,

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from fleet.config import ExtensionMode, ExtensionSettings
+from fleet.config.models import ExtensionMode, ExtensionSettings
+from fleet.contract.selectors import selector_matches
 from fleet.extension.catalog import HANDLER_BY_HOOK
 from fleet.extension.wire import HOOKS_API_VERSION, Hook
-from fleet.selectors import selector_matches
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 

@@ -16,7 +16,8 @@ cluster's Machines, the Node) and acts only when every check here passes:
 - ``FleetTarget``: it is the version k0s-fleet wrote (or adopted) on the Machine's
   MachineDeployment / K0sControlPlane (the ``fleet.k0s-fleet.io/version`` record, the one
   the controller keeps as each object's target);
-- k0s's skew rules (:mod:`fleet.skew`): not older than what the node runs (``NoDowngrade``),
+- k0s's skew rules (:mod:`fleet.contract.skew`): not older than what the node runs
+  (``NoDowngrade``),
   at most one minor ahead of it (``OneMinorAtATime``), a worker never on a newer minor than
   the cluster's oldest control plane (``WorkersNotNewerThanControlPlanes``), a control plane
   never more than one minor ahead of the oldest worker
@@ -31,12 +32,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet.skew import (
+from fleet.contract.skew import (
     SkewRefusal,
     check_control_plane_move,
     check_worker_move,
 )
-from fleet.versions import K0sVersion, parse_or_none, same_version
+from fleet.contract.versions import K0sVersion, parse_or_none, same_version
 
 UPDATE_IN_PROGRESS_ANNOTATION = "in-place-updates.internal.cluster.x-k8s.io/update-in-progress"
 PENDING_HOOKS_ANNOTATION = "runtime.cluster.x-k8s.io/pending-hooks"
@@ -52,7 +53,7 @@ CHECKS = (CHECK_EXTENSION_PATH, CHECK_IN_PLACE, CHECK_LIVE_VERSION, CHECK_FLEET_
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """One failed check: its name (a check above or a :mod:`fleet.skew` rule) and why."""
+    """One failed check: its name (a check above or a :mod:`fleet.contract.skew` rule) and why."""
 
     check: str
     message: str
@@ -164,7 +165,7 @@ def check_cluster_skew(role: str, desired: str, control_planes: Iterable[str],
                        workers: Iterable[str], *, what: str) -> SkewRefusal | None:
     """CanUpdate*'s view of the cluster: a worker version newer than the oldest control
     plane's minor, or a control-plane version leaving a worker more than one minor
-    behind, is not done in place (the move itself is :func:`fleet.skew.check_move`'s)."""
+    behind, is not done in place (the move itself is :func:`fleet.contract.skew.check_move`'s)."""
     if role == "controller":
         return check_control_plane_move((), workers, desired, what=what)
     return check_worker_move((), control_planes, desired, what=what)

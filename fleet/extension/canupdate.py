@@ -9,7 +9,7 @@ It answers with the patch that makes ``current`` equal ``desired`` only when
 - the Machine spec (``spec.template.spec`` for a MachineSet) differs in ``version``
   and nowhere else that CAPI compares, and both versions are k0s versions with the
   desired one neither older than the current one nor more than one minor ahead of it
-  (:func:`fleet.skew.check_move`: ``NoDowngrade``, ``OneMinorAtATime``);
+  (:func:`fleet.contract.skew.check_move`: ``NoDowngrade``, ``OneMinorAtATime``);
 - the bootstrap config spec differs at most in its own ``version`` field;
 - the infrastructure object's spec is unchanged.
 
@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fleet.contract.skew import check_move
+from fleet.contract.versions import K0sVersion, parse_or_none
 from fleet.extension.patches import FieldPath, dotted, fields_patch
 from fleet.extension.wire import (
     CanUpdateMachineRequest,
@@ -37,8 +39,6 @@ from fleet.extension.wire import (
     PatchType,
     ResponseStatus,
 )
-from fleet.skew import check_move
-from fleet.versions import K0sVersion, parse_or_none
 
 BOOTSTRAP_GROUP = "bootstrap.cluster.x-k8s.io"
 K0S_CONFIG_KINDS = frozenset({"K0sWorkerConfig", "K0sControllerConfig"})
@@ -187,7 +187,7 @@ def _decide(shape: _Shape, *, current: Mapping[str, Any], desired: Mapping[str, 
         return Decision.decline(f"desired {vpath} {want_raw!r} is not a k0s version")
     if cur_v is None:
         return Decision.decline(f"current {vpath} {cur_raw!r} is not a k0s version")
-    # k0s's skew rules (fleet.skew): never down, at most one minor at a time; the decline
+    # k0s's skew rules (fleet.contract.skew): never down, at most one minor at a time; the decline
     # names the rule.
     refusal = check_move(cur_v, want_v, what=vpath)
     if refusal is not None:

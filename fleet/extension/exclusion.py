@@ -14,14 +14,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from fleet.config import ExtensionMode, FleetConfig
+from fleet.config.models import ExtensionMode, FleetConfig
 from fleet.extension.activation import ExtensionEndpoint, extension_active, own_endpoint
 from fleet.kube import KubeClient
 from fleet.kube.resources import EXTENSION_CONFIGS
 from fleet.kube.watch import Reflector, WatchEvent
-from fleet.model import ClusterKey, ObjectRef, Snapshot
 from fleet.planner.policy import FleetPolicy, Hold
 from fleet.planner.writer import EXTENSION_HOLD_REASON, ExtensionDrives
+from fleet.world.model import ClusterKey, ObjectRef, Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fleet.config import ExtensionMode
+from fleet.config.models import ExtensionMode
 from fleet.extension.admission import check_cluster_skew
 from fleet.extension.canupdate import (
     MACHINE_SET_VERSION,

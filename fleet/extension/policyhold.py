@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.kube import KubeClient
 from fleet.kube.resources import (
     CLUSTERS,
@@ -21,12 +21,12 @@ from fleet.kube.resources import (
     K0S_WORKER_CONFIG_TEMPLATES,
     MACHINE_DEPLOYMENTS,
 )
-from fleet.model import deployment_from
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP, STATE_KEY
 from fleet.rollout.gate import FleetControls
 from fleet.rollout.hookgate import HookSubject, hook_hold
 from fleet.rollout.state import RolloutState
-from fleet.snapshot import template_key
+from fleet.world.model import deployment_from
+from fleet.world.snapshot import template_key
 
 # (Machine as stored, namespace, cluster name) -> why not now, or None
 PolicyHold = Callable[[Mapping[str, Any], str, str], Awaitable["str | None"]]

@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fleet.contract.nodeplan import NodePlanPhase
+from fleet.contract.signal import FAILED_STATES, RUNNING_VERSION_KEY, SignalState
+from fleet.contract.versions import same_version
 from fleet.extension.wire import ResponseStatus, UpdateMachineResponse
-from fleet.nodeplan import NodePlanPhase
-from fleet.signal import FAILED_STATES, RUNNING_VERSION_KEY, SignalState
-from fleet.versions import same_version
 
 # Seconds until CAPI should ask again, by the phase the node is in.
 RETRY_AFTER_SECONDS: Mapping[str, int] = {

@@ -28,7 +28,7 @@ from opentelemetry.trace import Tracer
 from pydantic import ValidationError
 
 from fleet.artifacts import ArtifactResolver
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.extension.activation import own_endpoint
 from fleet.extension.catalog import DISCOVERY_PATH, HANDLERS, hook_path
 from fleet.extension.handlers import ExtensionHandlers

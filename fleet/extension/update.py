@@ -1,7 +1,7 @@
 """The UpdateMachine hook: create (or find) the Machine's NodePlan and report on it.
 
 Idempotent by construction: the NodePlan's name is a function of (Machine, version)
-(:func:`fleet.nodeplan.nodeplan_name`), so every call, from any replica, concurrent or
+(:func:`fleet.contract.nodeplan.nodeplan_name`), so every call, from any replica, concurrent or
 not, and the standalone controller too, names the same object. Creating it is the
 unit of dispatch; AlreadyExists means someone already dispatched, and we adopt that
 NodePlan whatever its source. This module never drives the NodePlan: the controller's
@@ -11,7 +11,7 @@ we only create it and read it (plus the workload Node, for the final check).
 The request is a hint: before anything is written, what it asks is checked against the
 stored objects (:mod:`fleet.extension.admission`), and the one write, the NodePlan, goes
 through the client the service is given (the replica's fenced client) under
-:func:`fleet.fence.writes_for` the Machine's cluster.
+:func:`fleet.world.fence.writes_for` the Machine's cluster.
 """
 
 from __future__ import annotations
@@ -24,9 +24,12 @@ from typing import Any, Protocol
 from opentelemetry.trace import Tracer
 
 from fleet.artifacts import ArtifactResolver
-from fleet.config import ClusterSettings, ExtensionMode
+from fleet.config.downloads import DownloadResolutionError
+from fleet.config.models import ClusterSettings, ExtensionMode
+from fleet.contract.nodeplan import TRACEPARENT_ANNOTATION, nodeplan_name
+from fleet.contract.signal import NodePolicy
+from fleet.contract.versions import InvalidVersionError, K0sVersion
 from fleet.dispatch import create_or_adopt_nodeplan, nodeplan_to_dispatch
-from fleet.downloads import DownloadResolutionError
 from fleet.extension.activation import ExtensionEndpoint, extension_active
 from fleet.extension.admission import UpdateSubject, check_update_machine, refusal_message
 from fleet.extension.policyhold import PolicyHold
@@ -38,7 +41,6 @@ from fleet.extension.progress import (
     update_progress,
 )
 from fleet.extension.wire import ResponseStatus, UpdateMachineRequest, UpdateMachineResponse
-from fleet.fence import writes_for
 from fleet.kube import (
     FencedError,
     KubeClient,
@@ -57,7 +59,10 @@ from fleet.kube.resources import (
     NODE_PLANS,
     NODES,
 )
-from fleet.model import (
+from fleet.rollout.hookgate import HELD_RETRY_SECONDS
+from fleet.telemetry import current_traceparent, link_from_traceparent
+from fleet.world.fence import writes_for
+from fleet.world.model import (
     ANN_MACHINE_RUNNING_VERSION,
     ANN_WRITTEN_VERSION,
     KIND_HOSTED_CP,
@@ -66,11 +71,6 @@ from fleet.model import (
     LABEL_CLUSTER_NAME,
     machine_from,
 )
-from fleet.nodeplan import TRACEPARENT_ANNOTATION, nodeplan_name
-from fleet.rollout.hookgate import HELD_RETRY_SECONDS
-from fleet.signal import NodePolicy
-from fleet.telemetry import current_traceparent, link_from_traceparent
-from fleet.versions import InvalidVersionError, K0sVersion
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class _Registry(Protocol):
 
 
 def workload_client_from_registry(registry: _Registry) -> WorkloadClientGetter:
-    """Adapt the controller's :class:`fleet.clusters.ClusterRegistry` (cached clients)."""
+    """Adapt the controller's :class:`fleet.world.clusters.ClusterRegistry` (cached clients)."""
 
     async def get(namespace: str, cluster: str) -> KubeClient:
         client = registry.client((namespace, cluster))
@@ -247,7 +247,7 @@ class UpdateMachineService:
                         status=ResponseStatus.SUCCESS, retry_after_seconds=HELD_RETRY_SECONDS,
                         message=f"{what}: not yet: {held}")
             try:
-                # Fenced like the controller's writes for this cluster (fleet.fence).
+                # Fenced like the controller's writes for this cluster (fleet.world.fence).
                 with writes_for((namespace, cluster)):
                     plan = await self._dispatch(machine, node_name, version, node, executor)
             except DownloadResolutionError as e:

@@ -1,7 +1,7 @@
 """Workload cluster clients for the extension on every replica, leader or not.
 
 CAPI calls the extension's Service, which spreads calls over all controller replicas;
-the controller's :class:`fleet.clusters.ClusterRegistry` lives only on the leader. So
+the controller's :class:`fleet.world.clusters.ClusterRegistry` lives only on the leader. So
 the extension keeps its own small cache: one client per cluster, built from the
 cluster's kubeconfig Secret (read on every call: one list by name) and rebuilt when the
 Secret's content changes.
@@ -17,14 +17,14 @@ from typing import Any
 
 import anyio
 
-from fleet.clusters import (
+from fleet.kube import KubeClient, KubeError, UnreachableError
+from fleet.kube.resources import SECRETS
+from fleet.world.clusters import (
     KubeconfigSecretError,
     kubeconfig_from_secret,
     no_file_credentials,
     secret_digest,
 )
-from fleet.kube import KubeClient, KubeError, UnreachableError
-from fleet.kube.resources import SECRETS
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ resourceVersion) is ignored.
 :class:`ObjectCache` holds the objects as the API server sent them, without
 ``metadata.managedFields``, or only the JSON subset a projection keeps of them
 (:class:`Kept`: the management objects, of which the controller reads a few fields of
-thousands, :mod:`fleet.kept`). :class:`RecordCache`
+thousands, :mod:`fleet.world.kept`). :class:`RecordCache`
 holds compact records instead, converted on ingest by a function the caller gives: for
 objects of which only a few facts are read, at a scale where the full JSON would be most
 of the process's memory (a workload cluster's Nodes).

@@ -230,7 +230,7 @@ class KubeClient:
             raise FencedError(f"{self.name}: {method} {path} not sent: this replica's Lease "
                               "is not known to be held any more")
         query_params = [(k, _query_value(v)) for k, v in (query or {}).items() if v is not None]
-        # A fence that knows how long its Lease is held (fleet.fence.WriteFence) bounds the
+        # A fence that knows how long its Lease is held (fleet.world.fence.WriteFence) bounds the
         # whole send: waiting for a connection, connecting and retrying all count.
         remaining = getattr(self._write_fence, "remaining", None) if method != "GET" else None
         if remaining is None:

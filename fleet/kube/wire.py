@@ -6,7 +6,7 @@ facts throws them away at once. With a thousand clusters watching the same Nodes
 patch of a Node is a thousand such decodes: CPU, and garbage for the collector.
 
 An :class:`ObjectDecoder` (built from what the layer that knows what it keeps names,
-e.g. :mod:`fleet.records`) turns one object's raw JSON into the small JSON subset its
+e.g. :mod:`fleet.world.records`) turns one object's raw JSON into the small JSON subset its
 listener reads, skipping every other field without building it (msgspec typed Structs).
 This module frames that decoder into watch lines and list pages:
 

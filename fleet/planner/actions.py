@@ -6,8 +6,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from fleet.executors import Request
-from fleet.model import ClusterKey, Condition, ObjectRef
+from fleet.world.executors import Request
+from fleet.world.model import ClusterKey, Condition, ObjectRef
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +121,7 @@ class ReleaseNodePlan:
 class PatchMachineVersion:
     """Control plane done: Machine.spec.version = what now runs (as k0smotron does).
     ``record_running`` (a worker at the end of the paused sequence): the running-version
-    annotation is written in the same request (fleet.eligibility.completion_deferred)."""
+    annotation is written in the same request (fleet.world.eligibility.completion_deferred)."""
 
     machine: ObjectRef
     version: str

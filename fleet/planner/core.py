@@ -18,12 +18,12 @@ Everything is recomputed from the snapshot on every pass: there is no memory her
 
 from __future__ import annotations
 
-from fleet.model import Snapshot
 from fleet.planner.actions import PlanResult
 from fleet.planner.policy import Hold
 from fleet.planner.sequencing import Sequencing
 from fleet.planner.settings import PlannerSettings
 from fleet.planner.upkeep import NodePlanUpkeep
+from fleet.world.model import Snapshot
 
 
 def plan(snapshot: Snapshot, settings: PlannerSettings, *, hold: Hold | None = None

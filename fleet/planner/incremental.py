@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
-from fleet.model import ClusterKey, ObjectRef, Snapshot
 from fleet.planner.actions import Action, Decision, PlanResult
 from fleet.planner.core import plan
 from fleet.planner.policy import DiffableHold, Hold, VerdictHold
 from fleet.planner.settings import PlannerSettings
+from fleet.world.model import ClusterKey, ObjectRef, Snapshot
 
 T = TypeVar("T")
 HoldAnswers = dict[tuple[ClusterKey, ObjectRef], object]

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from typing import Protocol, runtime_checkable
 
-from fleet.model import ClusterKey, ObjectRef, Snapshot
+from fleet.world.model import ClusterKey, ObjectRef, Snapshot
 
 # hold(cluster, owner): a reason to start no new node upgrade for that object now (waves,
 # windows, pauses, another path driving the cluster), or None.

@@ -8,31 +8,8 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from fleet.budget import UnavailabilityBudget
-from fleet.eligibility import (
-    Eligibility,
-    as_recorded,
-    as_recorded_control_plane,
-    control_plane_eligibility,
-    kubelet_form,
-    machine_deployment_eligibility,
-    same_version,
-)
-from fleet.model import (
-    ANN_RETRY,
-    ROLE_CONTROLLER,
-    ClusterInfo,
-    ClusterKey,
-    Condition,
-    ControlPlaneInfo,
-    MachineDeploymentInfo,
-    MachineInfo,
-    MachineSetInfo,
-    NodeInfo,
-    ObjectRef,
-    RolloutStatus,
-    truncate,
-)
+from fleet.contract.skew import SkewRefusal, check_control_plane_move, check_worker_move
+from fleet.contract.versions import K0sVersion, valid_version
 from fleet.planner import conditions as C
 from fleet.planner.actions import (
     CreateNodePlan,
@@ -65,8 +42,31 @@ from fleet.planner.writer import (
     template_step,
     version_step,
 )
-from fleet.skew import SkewRefusal, check_control_plane_move, check_worker_move
-from fleet.versions import K0sVersion, valid_version
+from fleet.world.budget import UnavailabilityBudget
+from fleet.world.eligibility import (
+    Eligibility,
+    as_recorded,
+    as_recorded_control_plane,
+    control_plane_eligibility,
+    kubelet_form,
+    machine_deployment_eligibility,
+    same_version,
+)
+from fleet.world.model import (
+    ANN_RETRY,
+    ROLE_CONTROLLER,
+    ClusterInfo,
+    ClusterKey,
+    Condition,
+    ControlPlaneInfo,
+    MachineDeploymentInfo,
+    MachineInfo,
+    MachineSetInfo,
+    NodeInfo,
+    ObjectRef,
+    RolloutStatus,
+    truncate,
+)
 
 CONTROL_PLANE_BUSY = "another control plane is being upgraded"
 
@@ -284,7 +284,7 @@ class Sequencing(PassState):
     def _skew(self, owner: ControlPlaneInfo | MachineDeploymentInfo, target: str
               ) -> SkewRefusal | None:
         """k0s's version skew rules for moving ``owner`` to ``target``, given the versions
-        the Machines of its cluster say (fleet/skew.py): one minor at a time, no downgrade,
+        the Machines of its cluster say (fleet/contract/skew.py): one minor at a time, no downgrade,
         workers never newer than the oldest control plane nor more than one minor older.
         Control planes hosted outside the cluster's Machines are not counted here."""
         if same_version(owner.object_version, target):

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-# Deadline keys: a node state (fleet.signal.SignalState values), plus these two.
+# Deadline keys: a node state (fleet.contract.signal.SignalState values), plus these two.
 PENDING = "Pending"  # signalled, the node has not answered yet
 COMPLETING = "Completing"  # the node said Completed; waiting for Ready + the target version
 

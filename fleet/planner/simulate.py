@@ -13,9 +13,40 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from fleet.executors import executor
-from fleet.intent import apply_intents
-from fleet.model import (
+from fleet.contract.nodeplan import NodePlanPhase, nodeplan_name
+from fleet.contract.signal import (
+    HAPPY_PATH,
+    SIGNAL_VERSION,
+    SignalState,
+    SignalStatus,
+    parse_signal,
+)
+from fleet.contract.skew import EMPTY_CATALOG, ReleaseCatalog
+from fleet.planner.actions import (
+    Action,
+    AnnotateWorkerVersion,
+    ClearSignal,
+    CreateNodePlan,
+    MarkNodePlanFailed,
+    PatchMachineSetVersion,
+    PatchMachineVersion,
+    PauseObject,
+    RecordWrittenVersion,
+    ReleaseNodePlan,
+    ReleasePause,
+    RemoveAnnotation,
+    RetryNodePlan,
+    SetRolloutStatus,
+    SignalNode,
+    StartNodePlan,
+    UncordonNode,
+    UpdateNodePlanStatus,
+    WriteVersion,
+)
+from fleet.planner.conditions import NP_FAILED, R_DEADLINE
+from fleet.world.executors import executor
+from fleet.world.intent import apply_intents
+from fleet.world.model import (
     ANN_CAPI_PAUSED,
     ANN_K0S_CONFIG,
     ANN_MACHINE_RUNNING_VERSION,
@@ -45,38 +76,7 @@ from fleet.model import (
     Snapshot,
     TemplateRef,
 )
-from fleet.nodeplan import NodePlanPhase, nodeplan_name
-from fleet.planner.actions import (
-    Action,
-    AnnotateWorkerVersion,
-    ClearSignal,
-    CreateNodePlan,
-    MarkNodePlanFailed,
-    PatchMachineSetVersion,
-    PatchMachineVersion,
-    PauseObject,
-    RecordWrittenVersion,
-    ReleaseNodePlan,
-    ReleasePause,
-    RemoveAnnotation,
-    RetryNodePlan,
-    SetRolloutStatus,
-    SignalNode,
-    StartNodePlan,
-    UncordonNode,
-    UpdateNodePlanStatus,
-    WriteVersion,
-)
-from fleet.planner.conditions import NP_FAILED, R_DEADLINE
-from fleet.reported import kubelet_version
-from fleet.signal import (
-    HAPPY_PATH,
-    SIGNAL_VERSION,
-    SignalState,
-    SignalStatus,
-    parse_signal,
-)
-from fleet.skew import EMPTY_CATALOG, ReleaseCatalog
+from fleet.world.reported import kubelet_version
 
 AGENT = "sim-agent"
 

@@ -10,10 +10,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 
-from fleet.budget import InvalidMaxUnavailableError, UnavailabilityBudget
-from fleet.eligibility import same_version
-from fleet.executors import EXECUTORS
-from fleet.model import (
+from fleet.contract.nodeplan import nodeplan_name as _nodeplan_name
+from fleet.contract.signal import SignalState
+from fleet.contract.versions import valid_version
+from fleet.planner import conditions as C
+from fleet.planner.actions import (
+    Action,
+    Decision,
+)
+from fleet.planner.policy import Hold
+from fleet.planner.settings import PlannerSettings
+from fleet.world.budget import InvalidMaxUnavailableError, UnavailabilityBudget
+from fleet.world.eligibility import same_version
+from fleet.world.executors import EXECUTORS
+from fleet.world.model import (
     KIND_KCP,
     KIND_MD,
     ROLE_CONTROLLER,
@@ -29,16 +39,6 @@ from fleet.model import (
     Snapshot,
     format_time,
 )
-from fleet.nodeplan import nodeplan_name as _nodeplan_name
-from fleet.planner import conditions as C
-from fleet.planner.actions import (
-    Action,
-    Decision,
-)
-from fleet.planner.policy import Hold
-from fleet.planner.settings import PlannerSettings
-from fleet.signal import SignalState
-from fleet.versions import valid_version
 
 nodeplan_name = lru_cache(maxsize=65536)(_nodeplan_name)
 

@@ -8,24 +8,9 @@ from __future__ import annotations
 import dataclasses
 from datetime import datetime, timedelta
 
-from fleet.eligibility import (
-    completion_deferred,
-    same_version,
-)
-from fleet.executors import EXECUTORS, executor, request_for
-from fleet.model import (
-    ANN_RETRY,
-    KIND_MD,
-    NODEPLAN_FINALIZER,
-    ROLE_CONTROLLER,
-    ClusterKey,
-    Condition,
-    NodeInfo,
-    NodePlanInfo,
-    ObjectRef,
-    truncate,
-)
-from fleet.nodeplan import NodePlanPhase
+from fleet.contract.nodeplan import NodePlanPhase
+from fleet.contract.signal import SignalState
+from fleet.contract.versions import valid_version
 from fleet.planner import conditions as C
 from fleet.planner.actions import (
     AnnotateWorkerVersion,
@@ -49,8 +34,23 @@ from fleet.planner.state import (
     Unsent,
     deployment_budget,
 )
-from fleet.signal import SignalState
-from fleet.versions import valid_version
+from fleet.world.eligibility import (
+    completion_deferred,
+    same_version,
+)
+from fleet.world.executors import EXECUTORS, executor, request_for
+from fleet.world.model import (
+    ANN_RETRY,
+    KIND_MD,
+    NODEPLAN_FINALIZER,
+    ROLE_CONTROLLER,
+    ClusterKey,
+    Condition,
+    NodeInfo,
+    NodePlanInfo,
+    ObjectRef,
+    truncate,
+)
 
 
 class NodePlanUpkeep(PassState):

@@ -2,7 +2,7 @@
 
 *One writer.* k0s-fleet writes ``K0sControlPlane.spec.version`` and
 ``MachineDeployment.spec.template.spec.version`` of every cluster of the fleet itself,
-when a FleetUpgrade (fleet/intent.py) asks for a version and the rollout policy admits the
+when a FleetUpgrade (fleet/world/intent.py) asks for a version and the rollout policy admits the
 cluster, control planes before workers. At first sight it adopts the version the object
 says (annotation ``fleet.k0s-fleet.io/version``, its record); from then on, the record
 (or the FleetUpgrade's version) is the target. A version that differs from the record was
@@ -32,16 +32,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from fleet.model import (
+from fleet.contract.skew import SkewRefusal, check_move
+from fleet.contract.versions import same_version
+from fleet.planner import conditions as C
+from fleet.planner.actions import Action, RecordWrittenVersion, ReleasePause, WriteVersion
+from fleet.world.model import (
     ControlPlaneInfo,
     MachineDeploymentInfo,
     MachineInfo,
     MachineSetInfo,
 )
-from fleet.planner import conditions as C
-from fleet.planner.actions import Action, RecordWrittenVersion, ReleasePause, WriteVersion
-from fleet.skew import SkewRefusal, check_move
-from fleet.versions import same_version
 
 # Cluster API's in-place update markers on a Machine (set by the owner of the Machine
 # and by the MachineSet controller while an UpdateMachine hook is pending or running).
@@ -100,7 +100,7 @@ def version_step(obj: Owner, *, hold: str | None, write_blocked: str,
     ``hold`` is the rollout policy's (not admitted, paused, window closed...) and
     ``write_blocked`` any other reason not to write now (Cluster paused, halted, control
     planes first); neither matters once the version is written. ``skew``: k0s's version
-    skew rules refuse moving this object to its target now (fleet/skew.py); the version
+    skew rules refuse moving this object to its target now (fleet/contract/skew.py); the version
     is then not written, whoever asked for it.
     """
     spec, written, target = obj.object_version, obj.written_version, obj.version

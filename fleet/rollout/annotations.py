@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fleet.signal import DOMAIN
+from fleet.contract.signal import DOMAIN
 
 # On the rollout ConfigMap (fleet level), the CAPI Cluster (cluster level), or a
 # MachineDeployment / K0sControlPlane (object level): start no new node upgrades there.

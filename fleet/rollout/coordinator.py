@@ -23,17 +23,17 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.events import NORMAL, WARNING, EventRecorder, Regarding
 from fleet.kube import AlreadyExistsError, KubeClient, KubeError, NotFoundError, patch_with_retry
 from fleet.kube.cache import newer_or_same
 from fleet.kube.resources import CONFIGMAPS
 from fleet.kube.watch import Reflector, WatchEvent
-from fleet.model import ClusterKey, format_time
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP, STATE_KEY
 from fleet.rollout.gate import ClusterPhase, FleetControls, FleetView, GateDecision, RolloutGate
 from fleet.rollout.progress import ClusterProgress
 from fleet.rollout.state import RolloutState, Transition
+from fleet.world.model import ClusterKey, format_time
 
 log = logging.getLogger(__name__)
 

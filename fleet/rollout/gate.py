@@ -28,12 +28,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from fleet.config import ClusterSettings, FleetConfig, MaintenanceWindow, Wave
-from fleet.model import ClusterKey, ObjectRef, format_time
+from fleet.config.models import ClusterSettings, FleetConfig, MaintenanceWindow, Wave
+from fleet.config.schedule import next_window_start, window_open
 from fleet.rollout.annotations import ANN_EMERGENCY_STOP, ANN_PAUSED, ROLLOUT_CONFIGMAP, switch
 from fleet.rollout.progress import ClusterProgress, fingerprint
 from fleet.rollout.state import RolloutState, Transition, WaveRecord
-from fleet.schedule import next_window_start, window_open
+from fleet.world.model import ClusterKey, ObjectRef, format_time
 
 
 class ClusterPhase(StrEnum):
@@ -224,7 +224,7 @@ def _when(t: datetime) -> str:
 
 @dataclass(frozen=True, slots=True)
 class GateSettings:
-    """What the gate reads of a cluster's effective settings (fleet.config.ClusterSettings):
+    """What the gate reads of a cluster's effective settings (fleet.config.models.ClusterSettings):
     its wave and maintenance windows. One object for every cluster that shares them (a
     pydantic ClusterSettings per cluster was 1.4 KB, for each of 10 000 clusters)."""
 

@@ -18,13 +18,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from fleet.config import FleetConfig
-from fleet.model import ANN_WRITTEN_VERSION, KIND_MD
+from fleet.config.models import FleetConfig
+from fleet.config.schedule import window_open
+from fleet.contract.versions import same_version
 from fleet.rollout.annotations import ANN_PAUSED, ROLLOUT_CONFIGMAP, switch
 from fleet.rollout.gate import FleetControls
 from fleet.rollout.state import RolloutState
-from fleet.schedule import window_open
-from fleet.versions import same_version
+from fleet.world.model import ANN_WRITTEN_VERSION, KIND_MD
 
 HELD_RETRY_SECONDS = 30
 

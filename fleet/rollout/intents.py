@@ -14,7 +14,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from fleet.events import NORMAL, WARNING, EventRecorder, Regarding
-from fleet.intent import (
+from fleet.kube import KubeClient, KubeError, KubeObject, NotFoundError, patch_with_retry
+from fleet.kube.cache import newer_or_same
+from fleet.kube.resources import FLEET_UPGRADES
+from fleet.rollout.gate import ClusterGate, ClusterPhase, GateDecision
+from fleet.rollout.progress import ClusterProgress
+from fleet.world.intent import (
     COND_REFUSED,
     PHASE_FAILED,
     REASON_REFUSED,
@@ -24,18 +29,13 @@ from fleet.intent import (
     upgrade_status,
     withdrawing_status,
 )
-from fleet.kube import KubeClient, KubeError, KubeObject, NotFoundError, patch_with_retry
-from fleet.kube.cache import newer_or_same
-from fleet.kube.resources import FLEET_UPGRADES
-from fleet.model import (
+from fleet.world.model import (
     FLEET_UPGRADE_FINALIZER,
     ClusterKey,
     FleetUpgradeInfo,
     IntentTarget,
     format_time,
 )
-from fleet.rollout.gate import ClusterGate, ClusterPhase, GateDecision
-from fleet.rollout.progress import ClusterProgress
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ class UpgradeStatusWriter:
     async def _withdraw(self, u: FleetUpgradeInfo, stand: Sequence[ClusterStanding],
                         intents: Mapping[ClusterKey, IntentTarget]) -> int:
         """A deleted FleetUpgrade: its status says Withdrawing with the clusters still
-        finishing the version k0s-fleet had written into them (fleet.intent.apply_intents
+        finishing the version k0s-fleet had written into them (fleet.world.intent.apply_intents
         keeps those, and only those, on it); once none is left, the finalizer goes (and
         the object with it). Returns the status writes made."""
         finishing = [s for s in stand if not s.complete and (

@@ -2,8 +2,8 @@
 
 Lists the Cluster API objects and NodePlans of the management cluster, reads each
 workload cluster's Nodes through its kubeconfig Secret, and returns the same
-:class:`~fleet.model.Snapshot` the controller plans on (built by the same
-:func:`fleet.snapshot.build_snapshot`), plus the fleet's rollout controls and state.
+:class:`~fleet.world.model.Snapshot` the controller plans on (built by the same
+:func:`fleet.world.snapshot.build_snapshot`), plus the fleet's rollout controls and state.
 Nothing is written anywhere.
 """
 
@@ -17,8 +17,7 @@ from typing import Any
 
 import anyio
 
-from fleet.clusters import KubeconfigSecretError, kubeconfig_from_secret
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.controllers.infra import InfraMachines
 from fleet.kube import KubeClient, KubeError, KubeObject, NotFoundError
 from fleet.kube.resources import (
@@ -38,18 +37,19 @@ from fleet.kube.resources import (
     SECRETS,
     Resource,
 )
-from fleet.model import (
+from fleet.rollout.annotations import ROLLOUT_CONFIGMAP, STATE_KEY
+from fleet.rollout.gate import FleetControls
+from fleet.rollout.state import RolloutState
+from fleet.world.clusters import KubeconfigSecretError, kubeconfig_from_secret
+from fleet.world.model import (
     KIND_CONTROL_NODE,
     KIND_NODE,
     ClusterKey,
     NodeInfo,
     Snapshot,
 )
-from fleet.records import live_autopilot_plan, node_records, plan_records
-from fleet.rollout.annotations import ROLLOUT_CONFIGMAP, STATE_KEY
-from fleet.rollout.gate import FleetControls
-from fleet.rollout.state import RolloutState
-from fleet.snapshot import (
+from fleet.world.records import live_autopilot_plan, node_records, plan_records
+from fleet.world.snapshot import (
     Listed,
     ManagementObjects,
     build_snapshot,

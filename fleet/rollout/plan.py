@@ -18,16 +18,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from fleet.config import DEFAULT_WAVE_NAME, FleetConfig
-from fleet.model import (
-    EXECUTOR_AGENT,
-    ClusterKey,
-    ControlPlaneInfo,
-    IntentTarget,
-    MachineDeploymentInfo,
-    ObjectRef,
-    format_time,
-)
+from fleet.config.models import DEFAULT_WAVE_NAME, FleetConfig
+from fleet.config.schedule import format_duration
+from fleet.contract.signal import HAPPY_PATH
 from fleet.planner import PlannerSettings, plan
 from fleet.planner.actions import (
     Action,
@@ -44,8 +37,15 @@ from fleet.planner.writer import EXTENSION_HOLD_REASON, ExtensionDrives, executo
 from fleet.rollout.gate import FleetView, GateDecision, RolloutGate, WavePhase
 from fleet.rollout.observe import Observation
 from fleet.rollout.progress import ClusterProgress, NodeState, clusters_from_snapshot
-from fleet.schedule import format_duration
-from fleet.signal import HAPPY_PATH
+from fleet.world.model import (
+    EXECUTOR_AGENT,
+    ClusterKey,
+    ControlPlaneInfo,
+    IntentTarget,
+    MachineDeploymentInfo,
+    ObjectRef,
+    format_time,
+)
 
 _QUIET = (SetRolloutStatus, RecordEvent, ReportNotInPlace, HaltObject, ReportVersionConflict,
           ReportOtherDriver)

@@ -23,16 +23,16 @@ from typing import Protocol
 
 import anyio
 
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.events import EventRecorder
-from fleet.fence import fleet_wide_writes
 from fleet.kube import KubeClient
-from fleet.model import Snapshot
 from fleet.planner.policy import Hold
 from fleet.rollout.coordinator import RolloutCoordinator
 from fleet.rollout.gate import DecisionHold, GateDecision
 from fleet.rollout.intents import UpgradeStatusWriter
 from fleet.rollout.progress import ClusterProgress, ProgressMemo, foreign_digest
+from fleet.world.fence import fleet_wide_writes
+from fleet.world.model import Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -21,14 +21,18 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from fleet.eligibility import (
+from fleet.contract.nodeplan import NodePlanPhase
+from fleet.contract.versions import same_version, valid_version
+from fleet.planner.conditions import HALTED, UP_TO_DATE
+from fleet.rollout.annotations import ANN_PAUSED, switch
+from fleet.world.eligibility import (
     Eligibility,
     as_recorded,
     control_plane_eligibility,
     machine_deployment_eligibility,
 )
-from fleet.executors import executor
-from fleet.model import (
+from fleet.world.executors import executor
+from fleet.world.model import (
     ClusterKey,
     ControlPlaneInfo,
     FleetUpgradeInfo,
@@ -40,11 +44,7 @@ from fleet.model import (
     ObjectRef,
     Snapshot,
 )
-from fleet.nodeplan import NodePlanPhase
-from fleet.planner.conditions import HALTED, UP_TO_DATE
-from fleet.reported import running_version
-from fleet.rollout.annotations import ANN_PAUSED, switch
-from fleet.versions import same_version, valid_version
+from fleet.world.reported import running_version
 
 
 class NodeState(StrEnum):
@@ -127,7 +127,7 @@ class ClusterProgress:
     # management objects (NodePlans, the versions recorded on Machines), not watched here.
     foreign: bool = False
     # The FleetUpgrade's version while the cluster is on a lower rung of its ladder
-    # (fleet/skew.py: one minor at a time): not complete until it is there, and its
+    # (fleet/contract/skew.py: one minor at a time): not complete until it is there, and its
     # targets (the rollout's identity) are that version, not the rung's.
     climbing: str | None = None
     # (namespace, name), made once: the wave gate asks for it many times per cluster and
@@ -307,7 +307,7 @@ def _holder_updated(obj: MachineDeploymentInfo | ControlPlaneInfo, target: str |
 def clusters_from_snapshot(snapshot: Snapshot) -> list[ClusterProgress]:
     """Progress of every cluster in ``snapshot`` (labels and annotations from its CAPI
     Cluster object). Whether a node is upgradable in place is the controller's own rule
-    (fleet.eligibility).
+    (fleet.world.eligibility).
     """
     plans: dict[tuple[str, str, str], list[NodePlanInfo]] = {}
     for p in snapshot.nodeplans.values():

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from fleet.model import format_time, parse_time
+from fleet.world.model import format_time, parse_time
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from fleet.model import NodePlanInfo
-from fleet.nodeplan import NodePlanPhase
+from fleet.contract.nodeplan import NodePlanPhase
 from fleet.planner.conditions import R_DEADLINE
 from fleet.rollout.progress import NodeState
+from fleet.world.model import NodePlanInfo
 
 PHASE_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
 UPGRADE_BUCKETS = (10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400)

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from fleet.model import ClusterKey, format_time
+from fleet.config.schedule import format_duration
 from fleet.rollout.gate import GateDecision
 from fleet.rollout.progress import ClusterProgress, NodeState, ObjectProgress
-from fleet.schedule import format_duration
+from fleet.world.model import ClusterKey, format_time
 
 SCHEMA_VERSION = 1
 

@@ -16,12 +16,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from fleet.listen import start_site
-from fleet.model import ClusterKey, Snapshot
 from fleet.rollout.gate import GateDecision
 from fleet.rollout.progress import ClusterProgress
 from fleet.status.health import Health
 from fleet.status.metrics import FleetMetrics
 from fleet.status.model import build_status
+from fleet.world.model import ClusterKey, Snapshot
 
 
 class StatusBoard:

@@ -25,7 +25,6 @@ from typing import Any
 
 import anyio
 
-from fleet.clusters import kubeconfig_secret
 from fleet.kube import AlreadyExistsError, KubeClient, KubeError, KubeObject, patch_with_retry
 from fleet.kube.resources import (
     CLUSTERS,
@@ -41,7 +40,15 @@ from fleet.kube.resources import (
     SECRETS,
     Resource,
 )
-from fleet.model import (
+from fleet.testing.providers import (
+    BOOTSTRAP_GROUP,
+    INFRA_GROUP,
+    SIM_MACHINE_TEMPLATES,
+    SIM_MACHINES,
+)
+from fleet.testing.world import TEST_CRDS, crd_documents
+from fleet.world.clusters import kubeconfig_secret
+from fleet.world.model import (
     ANN_CLONED_FROM_GROUPKIND,
     ANN_CLONED_FROM_NAME,
     ANN_K0S_CONFIG,
@@ -51,14 +58,7 @@ from fleet.model import (
     LABEL_DEPLOYMENT_NAME,
     LABEL_SET_NAME,
 )
-from fleet.reported import kubelet_version
-from fleet.testing.providers import (
-    BOOTSTRAP_GROUP,
-    INFRA_GROUP,
-    SIM_MACHINE_TEMPLATES,
-    SIM_MACHINES,
-)
-from fleet.testing.world import TEST_CRDS, crd_documents
+from fleet.world.reported import kubelet_version
 
 # On every test Cluster: its name, so that a FleetUpgrade can select that one cluster.
 TEST_CLUSTER_LABEL = "test.k0s-fleet.io/cluster"

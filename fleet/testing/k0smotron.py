@@ -49,6 +49,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from fleet.contract.versions import InvalidVersionError, K0sVersion
 from fleet.kube import AlreadyExistsError, KubeClient, KubeError, patch_with_retry
 from fleet.kube.resources import (
     AUTOPILOT_PLANS,
@@ -60,15 +61,14 @@ from fleet.kube.resources import (
     NAMESPACES,
 )
 from fleet.kube.watch import Reflector, WatchEvent
-from fleet.model import (
+from fleet.testing.providers import PLAYED
+from fleet.world.model import (
     ANN_CAPI_PAUSED,
     ANN_CLONED_FROM_GROUPKIND,
     ANN_CLONED_FROM_NAME,
     ANN_K0S_CONFIG,
     LABEL_CLUSTER_NAME,
 )
-from fleet.testing.providers import PLAYED
-from fleet.versions import InvalidVersionError, K0sVersion
 
 log = logging.getLogger(__name__)
 

@@ -34,11 +34,11 @@ from typing import Any
 
 import anyio
 
-from fleet.eligibility import kubelet_form
+from fleet.contract.signal import RUNNING_VERSION_KEY
 from fleet.kube import AlreadyExistsError, KubeClient, KubeError, KubeObject, NotFoundError
 from fleet.kube.resources import K0S_CONTROL_PLANES, MACHINES, NODES, SECRETS, Resource
 from fleet.kube.watch import Reflector
-from fleet.signal import RUNNING_VERSION_KEY
+from fleet.world.eligibility import kubelet_form
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from fleet.kube import KubeClient, KubeError, KubeObject, patch_with_retry
-from fleet.kube.resources import NODES, Resource
-from fleet.kube.watch import Reflector, WatchEvent
-from fleet.signal import (
+from fleet.contract.signal import (
     AUTOPILOT_SIGNAL_DATA_KEY,
     CORDONED_BY_KEY,
     HAPPY_PATH,
@@ -36,6 +33,9 @@ from fleet.signal import (
     SignalStatus,
     parse_signal,
 )
+from fleet.kube import KubeClient, KubeError, KubeObject, patch_with_retry
+from fleet.kube.resources import NODES, Resource
+from fleet.kube.watch import Reflector, WatchEvent
 from fleet.testing.capi import set_node_ready
 
 log = logging.getLogger(__name__)

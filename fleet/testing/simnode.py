@@ -34,12 +34,7 @@ import anyio
 import anyio.abc
 import yaml
 
-from fleet.executors import AGENT, Request
-from fleet.kube import KubeClient, KubeObject
-from fleet.kube.errors import KubeError, NotFoundError
-from fleet.kube.resources import CONTROL_NODES, NODES, PODS, Resource
-from fleet.kube.watch import Reflector, WatchEvent
-from fleet.signal import (
+from fleet.contract.signal import (
     SIGNAL_DATA_KEY,
     SIGNAL_REJECTED_KEY,
     SIGNAL_VERSION,
@@ -50,9 +45,14 @@ from fleet.signal import (
     SignalState,
     parse_signal,
 )
+from fleet.kube import KubeClient, KubeObject
+from fleet.kube.errors import KubeError, NotFoundError
+from fleet.kube.resources import CONTROL_NODES, NODES, PODS, Resource
+from fleet.kube.watch import Reflector, WatchEvent
 from fleet.testing.binaries import REPO_ROOT
 from fleet.testing.providers import PRESSURE_CONDITIONS, kubelet_version
 from fleet.testing.releases import Release
+from fleet.world.executors import AGENT, Request
 
 CRASH_ENV = "K0S_FLEET_AGENT_CRASH_AT"
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from fleet.contract.signal import CORDONED_BY_KEY, SignalState
 from fleet.kube import KubeClient, KubeObject
-from fleet.signal import CORDONED_BY_KEY, SignalState
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.simnode import SimNode
 from fleet.testing.world import World

@@ -37,9 +37,18 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from fleet.budget import UnavailabilityBudget
-from fleet.config import FleetConfig
-from fleet.model import (
+from fleet.config.models import FleetConfig
+from fleet.contract.nodeplan import NodePlanPhase
+from fleet.contract.signal import SignalState
+from fleet.contract.versions import same_version
+from fleet.planner import PlannerSettings, plan
+from fleet.planner.actions import CreateNodePlan, SignalNode
+from fleet.planner.simulate import SimFleet, add_cluster, bump
+from fleet.rollout.gate import FleetView, RolloutGate
+from fleet.rollout.progress import clusters_from_snapshot
+from fleet.rollout.state import RolloutState
+from fleet.world.budget import UnavailabilityBudget
+from fleet.world.model import (
     ANN_RETRY,
     KIND_MD,
     KIND_NODEPLAN,
@@ -48,15 +57,6 @@ from fleet.model import (
     NodeInfo,
     ObjectRef,
 )
-from fleet.nodeplan import NodePlanPhase
-from fleet.planner import PlannerSettings, plan
-from fleet.planner.actions import CreateNodePlan, SignalNode
-from fleet.planner.simulate import SimFleet, add_cluster, bump
-from fleet.rollout.gate import FleetView, RolloutGate
-from fleet.rollout.progress import clusters_from_snapshot
-from fleet.rollout.state import RolloutState
-from fleet.signal import SignalState
-from fleet.versions import same_version
 
 T0 = datetime(2026, 3, 2, 12, 0).astimezone()
 OLD = "v1.31.2+k0s.0"

@@ -11,7 +11,9 @@ import anyio
 import anyio.abc
 from opentelemetry.sdk.trace import TracerProvider
 
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
+from fleet.contract.signal import RUNNING_VERSION_KEY, InvalidSignalError, parse_signal
+from fleet.contract.versions import same_version
 from fleet.controllers.runner import FleetController
 from fleet.events import EventRecorder
 from fleet.kube import KubeClient, KubeObject
@@ -26,10 +28,8 @@ from fleet.kube.resources import (
 from fleet.kube.watch import Reflector, WatchEvent
 from fleet.planner import conditions as C
 from fleet.rollout.policy import RolloutPolicy
-from fleet.signal import RUNNING_VERSION_KEY, InvalidSignalError, parse_signal
 from fleet.testing.capi import FleetCluster, create_cluster
 from fleet.testing.world import World
-from fleet.versions import same_version
 from tests.helpers.names import unique
 
 V1, V2 = "v1.31.2+k0s.0", "v1.31.3+k0s.0"

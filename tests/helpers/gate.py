@@ -7,8 +7,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from fleet.config import FleetConfig
-from fleet.model import ObjectRef
+from fleet.config.models import FleetConfig
 from fleet.rollout.gate import (
     FleetControls,
     FleetView,
@@ -17,6 +16,7 @@ from fleet.rollout.gate import (
 )
 from fleet.rollout.progress import ClusterProgress, NodeProgress, NodeState, ObjectProgress
 from fleet.rollout.state import RolloutState
+from fleet.world.model import ObjectRef
 
 T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)  # a Monday
 
@@ -29,7 +29,7 @@ OLD = "v1.31.2+k0s.0"
 
 def config(**rollout: Any) -> FleetConfig:
     # The simulated nodes download nothing: no digests needed (else the skew rules refuse
-    # a FleetUpgrade's target before any write, fleet/skew.py climb).
+    # a FleetUpgrade's target before any write, fleet/contract/skew.py climb).
     return FleetConfig.model_validate({"rollout": rollout,
                                        "download": {"allowUnverified": True}},
                                       by_alias=True, by_name=False)

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 
-from fleet.config import ClusterSettings, FleetConfig, MaintenanceWindow
-from fleet.model import ClusterKey, ObjectRef
+from fleet.config.models import ClusterSettings, FleetConfig, MaintenanceWindow
+from fleet.world.model import ClusterKey, ObjectRef
 from fleet.rollout.annotations import ANN_EMERGENCY_STOP, ANN_PAUSED, ROLLOUT_CONFIGMAP
 from fleet.rollout.gate import (
     FOREIGN,
@@ -28,7 +28,7 @@ from fleet.rollout.gate import (
 )
 from fleet.rollout.progress import ClusterProgress, fingerprint
 from fleet.rollout.state import RolloutState, WaveRecord
-from fleet.schedule import next_window_start, window_open
+from fleet.config.schedule import next_window_start, window_open
 
 
 class ReferenceGate:

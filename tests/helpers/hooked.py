@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from fleet.clusters import ClientFactory
 from fleet.kube import KubeClient
+from fleet.world.clusters import ClientFactory
 
 # Shown every request (method, path without query) before it is sent; it may note it or
 # hold it back (await something).

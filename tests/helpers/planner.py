@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from fleet.model import (
-    ClusterKey,
-)
 from fleet.planner import PENDING, PlannerSettings, plan
 from fleet.planner.actions import (
     Action,
 )
 from fleet.planner.simulate import SimFleet, add_cluster
+from fleet.world.model import (
+    ClusterKey,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

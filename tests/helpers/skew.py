@@ -4,7 +4,7 @@
 The rules, as k0s states them: control planes of a cluster within one minor of each other;
 no worker newer than the oldest control plane, nor more than one minor older; no object
 moved down, nor by more than one minor at a time. The judge reads versions with its own
-parse (not fleet.versions), so a bug there cannot hide a violation.
+parse (not fleet.contract.versions), so a bug there cannot hide a violation.
 """
 
 from __future__ import annotations

@@ -34,7 +34,9 @@ from typing import Any
 
 import anyio
 
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
+from fleet.contract.nodeplan import NodePlanPhase
+from fleet.contract.versions import same_version
 from fleet.controllers.runner import FleetController
 from fleet.events import EventRecorder
 from fleet.kube import KubeClient
@@ -47,8 +49,6 @@ from fleet.kube.resources import (
     NODE_PLANS,
     Resource,
 )
-from fleet.model import ANN_MACHINE_RUNNING_VERSION
-from fleet.nodeplan import NodePlanPhase
 from fleet.planner import conditions as C
 from fleet.rollout.policy import RolloutPolicy
 from fleet.testing.audit import AuditedRequest, AuditLog, audit_args, tally
@@ -56,7 +56,7 @@ from fleet.testing.capi import FleetCluster, bump, create_cluster, ensure_infra_
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.simnode import SimNode
 from fleet.testing.world import World
-from fleet.versions import same_version
+from fleet.world.model import ANN_MACHINE_RUNNING_VERSION
 
 CONTROLLER_USER = "k0s-fleet-controller"
 AGENT_USER = "k0s-fleet-agent"

@@ -18,8 +18,9 @@ import yaml
 from opentelemetry import trace
 
 from fleet.cli.upgrade import apply_upgrade
-from fleet.clusters import ClusterRegistry
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
+from fleet.contract.nodeplan import build_nodeplan
+from fleet.contract.signal import RUNNING_VERSION_KEY
 from fleet.controllers.dispatcher import Dispatcher
 from fleet.controllers.observe import ManagementView
 from fleet.events import EventRecorder
@@ -33,8 +34,6 @@ from fleet.kube.resources import (
     NODES,
     SECRETS,
 )
-from fleet.model import format_time
-from fleet.nodeplan import build_nodeplan
 from fleet.planner import PlannerSettings, plan
 from fleet.planner.actions import (
     AnnotateWorkerVersion,
@@ -48,13 +47,14 @@ from fleet.planner.actions import (
     ReportVersionConflict,
     WriteVersion,
 )
-from fleet.reported import kubelet_version
 from fleet.rollout.coordinator import RolloutCoordinator
 from fleet.rollout.gate import GateDecision
 from fleet.rollout.observe import observe
 from fleet.rollout.progress import ClusterProgress, clusters_from_snapshot
-from fleet.signal import RUNNING_VERSION_KEY
 from fleet.testing.world import ApiServer
+from fleet.world.clusters import ClusterRegistry
+from fleet.world.model import format_time
+from fleet.world.reported import kubelet_version
 
 OLD = "v1.31.2+k0s.0"
 
@@ -148,7 +148,7 @@ def fleet_config(namespace: str, kubeconfig: str | None = None,
         "management": {"namespace": namespace, "kubeconfig": kubeconfig},
         "clusters": {"namespaces": [namespace]},
         # no node downloads anything here (the nodes are scripted): without a digest the
-        # skew rules would refuse the target before any write (fleet/skew.py climb)
+        # skew rules would refuse the target before any write (fleet/contract/skew.py climb)
         "download": {"allowUnverified": True},
         "rollout": rollout,
     }, by_alias=True, by_name=False)

@@ -38,9 +38,9 @@ import anyio
 import pytest
 import yaml
 
+from fleet.contract.signal import HAPPY_PATH, SignalState
 from fleet.kube import KubeClient
 from fleet.kube.resources import LEASES
-from fleet.signal import HAPPY_PATH, SignalState
 from fleet.testing.binaries import REPO_ROOT
 from fleet.testing.capi import ensure_infra_crd
 from fleet.testing.releases import Release, ReleaseServer, fake_k0s

@@ -20,8 +20,8 @@ import anyio
 import pytest
 
 from fleet.agents.files import sha256_file
+from fleet.contract.signal import CORDONED_BY_KEY, HAPPY_PATH, SignalState
 from fleet.kube import KubeClient, KubeObject
-from fleet.signal import CORDONED_BY_KEY, HAPPY_PATH, SignalState
 from fleet.testing.releases import Release, ReleaseServer
 from fleet.testing.simnode import SimNode
 from fleet.testing.world import World

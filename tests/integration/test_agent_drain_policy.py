@@ -16,10 +16,10 @@ import anyio
 import pytest
 
 from fleet.agents.files import sha256_file
+from fleet.contract.signal import NodePolicy, SignalState
 from fleet.kube import KubeClient
 from fleet.kube.resources import NAMESPACES, PODS
 from fleet.kube.watch import watch_once
-from fleet.signal import NodePolicy, SignalState
 from fleet.testing.releases import ReleaseServer
 from tests.helpers.agent import NEW, OLD, TERMINAL, uncordoned
 from tests.helpers.capienv import wait_for

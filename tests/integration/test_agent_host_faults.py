@@ -18,7 +18,7 @@ import anyio
 import pytest
 
 from fleet.agents.files import sha256_file
-from fleet.signal import SignalState
+from fleet.contract.signal import SignalState
 from fleet.testing.releases import ReleaseServer
 from tests.helpers.agent import (
     NEW,

@@ -21,9 +21,7 @@ import anyio
 import pytest
 
 from fleet.agents.files import sha256_file
-from fleet.kube import KubeClient, KubeObject
-from fleet.kube.resources import NAMESPACES, NODES, PODS
-from fleet.signal import (
+from fleet.contract.signal import (
     SIGNAL_DATA_KEY,
     SIGNAL_VERSION,
     SIGNAL_VERSION_KEY,
@@ -35,6 +33,8 @@ from fleet.signal import (
     replace_status,
     utcnow,
 )
+from fleet.kube import KubeClient, KubeObject
+from fleet.kube.resources import NAMESPACES, NODES, PODS
 from fleet.testing.providers import kubelet_version
 from fleet.testing.releases import Release, ReleaseServer
 from fleet.testing.simnode import SimNode

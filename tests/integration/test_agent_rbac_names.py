@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fleet.contract.signal import HAPPY_PATH, SignalState
 from fleet.kube import ForbiddenError, KubeClient
 from fleet.kube.resources import NAMESPACES, NODES, SERVICE_ACCOUNTS, Resource
-from fleet.signal import HAPPY_PATH, SignalState
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.simnode import SimNode
 from fleet.testing.world import World

@@ -23,9 +23,9 @@ import pytest
 
 from fleet.agents.agent import Agent
 from fleet.agents.settings import AgentSettings, RestartStrategy
+from fleet.contract.signal import InvalidSignalError, SignalState, parse_signal
 from fleet.kube import KubeClient, KubeObject
 from fleet.kube.watch import WatchEvent
-from fleet.signal import InvalidSignalError, SignalState, parse_signal
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.simnode import SimNode
 from tests.helpers.agent import MANGLED, NEW, TERMINAL

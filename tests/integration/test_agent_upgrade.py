@@ -18,9 +18,7 @@ import anyio
 import pytest
 
 from fleet.agents.files import sha256_file
-from fleet.kube import KubeClient, KubeObject
-from fleet.kube.resources import NAMESPACES, NODES, PDBS, PODS
-from fleet.signal import (
+from fleet.contract.signal import (
     HAPPY_PATH,
     RUNNING_VERSION_KEY,
     SIGNAL_DATA_KEY,
@@ -31,6 +29,8 @@ from fleet.signal import (
     SignalState,
     signal_digest,
 )
+from fleet.kube import KubeClient, KubeObject
+from fleet.kube.resources import NAMESPACES, NODES, PDBS, PODS
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.simnode import SimNode
 from tests.helpers.agent import (

@@ -25,7 +25,7 @@ import anyio
 import pytest
 
 from fleet.cli.upgrade import apply_upgrade
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.controllers.runner import FleetController, Trigger
 from fleet.events import EventRecorder, list_events
 from fleet.extension import (
@@ -49,7 +49,6 @@ from fleet.kube.resources import (
     NODE_PLANS,
 )
 from fleet.kube.watch import Reflector, WatchEvent
-from fleet.model import ANN_CAPI_PAUSED, ANN_WRITTEN_VERSION, LABEL_CLUSTER_NAME
 from fleet.planner import conditions as C
 from fleet.rollout.policy import RolloutPolicy
 from fleet.testing.capi import TEST_CLUSTER_LABEL, create_capi_cluster, hand_edit
@@ -58,6 +57,7 @@ from fleet.testing.providers import ProviderPlayer
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.simfarm import SimNodeFarm
 from fleet.testing.world import World
+from fleet.world.model import ANN_CAPI_PAUSED, ANN_WRITTEN_VERSION, LABEL_CLUSTER_NAME
 from tests.helpers.capienv import capi_namespace, playing, provisioned, wait_for
 from tests.helpers.names import unique
 

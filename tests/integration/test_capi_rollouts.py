@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from fleet.contract.signal import RUNNING_VERSION_KEY
 from fleet.kube import KubeClient, KubeError
 from fleet.kube.resources import MACHINE_DEPLOYMENTS, MACHINE_SETS, MACHINES, NODES
-from fleet.signal import RUNNING_VERSION_KEY
 from fleet.testing.capi import CapiCluster, create_capi_cluster
 from fleet.testing.capimanager import CapiEnv, CapiEnvs, capi_versions
 from fleet.testing.inplace_sequence import (

@@ -21,7 +21,7 @@ import pytest
 
 from fleet.cli.common import Exit
 from fleet.cli.upgrade import apply_upgrade, follow
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.kube import KubeClient
 from fleet.kube.resources import (
     CLUSTERS,

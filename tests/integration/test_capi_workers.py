@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from fleet.cli.upgrade import apply_upgrade
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.kube import KubeClient
 from fleet.kube.resources import (
     K0S_CONTROL_PLANES,
@@ -36,13 +36,13 @@ from fleet.kube.resources import (
     NODE_PLANS,
     NODES,
 )
-from fleet.model import ANN_CAPI_PAUSED, ANN_PAUSED_FOR, ANN_WRITTEN_VERSION
 from fleet.planner import conditions as C
 from fleet.testing.capi import create_capi_cluster
 from fleet.testing.capimanager import CapiEnvs, capi_versions
 from fleet.testing.providers import K0S_WORKER_CONFIGS, ProviderPlayer
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.world import World
+from fleet.world.model import ANN_CAPI_PAUSED, ANN_PAUSED_FOR, ANN_WRITTEN_VERSION
 from tests.helpers.capienv import capi_namespace, playing, provisioned, wait_for
 from tests.helpers.controller import acted_on_current_state, running_controller
 from tests.helpers.names import unique

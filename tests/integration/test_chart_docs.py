@@ -27,11 +27,11 @@ from fleet.kube.resources import (
     NAMESPACES,
     NODE_PLANS,
 )
-from fleet.model import ANN_RETRY
 from fleet.rollout.annotations import ANN_PAUSED, ROLLOUT_CONFIGMAP, switch
 from fleet.testing.binaries import REPO_ROOT, binary
 from fleet.testing.capi import K0S_CONFIG_SPEC, infrastructure_template_ref
 from fleet.testing.world import World
+from fleet.world.model import ANN_RETRY
 from tests.helpers.charts import DAEMONSETS, DEPLOYMENTS, helm_env, kubeconfig_file
 
 pytestmark = pytest.mark.anyio

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from fleet.cli.common import Exit
+from fleet.contract.nodeplan import build_nodeplan
 from fleet.kube import KubeClient
 from fleet.kube.resources import (
     CLUSTERS,
@@ -36,10 +37,9 @@ from fleet.kube.resources import (
     NODES,
     SECRETS,
 )
-from fleet.model import format_time
-from fleet.nodeplan import build_nodeplan
 from fleet.testing.binaries import REPO_ROOT
 from fleet.testing.world import World
+from fleet.world.model import format_time
 from tests.helpers.charts import CONTROLLER_CHART, render
 from tests.helpers.waves import CANARY, OLD, PROD, WAVES, FleetCluster, make_cluster
 from tests.integration.test_cli_kubeconfig import (

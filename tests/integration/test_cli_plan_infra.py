@@ -16,9 +16,9 @@ from fleet.cli.plan import parse_preview, plan_with
 from fleet.controllers.infra import InfraMachines
 from fleet.kube import KubeClient
 from fleet.kube.resources import SERVICE_ACCOUNTS
-from fleet.model import TemplateRef
 from fleet.testing.capi import INFRA_MACHINES, create_cluster, ensure_infra_crd
 from fleet.testing.world import World
+from fleet.world.model import TemplateRef
 from tests.helpers.controller import fleet_config
 from tests.helpers.names import unique
 from tests.helpers.rbac import service_account_token

@@ -1,4 +1,4 @@
-"""Workload cluster clients follow their kubeconfig Secrets (fleet.clusters)."""
+"""Workload cluster clients follow their kubeconfig Secrets (fleet.world.clusters)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from typing import Any
 import anyio
 import pytest
 
-from fleet.clusters import ClusterRegistry, kubeconfig_secret
 from fleet.controllers.observe import SECRET_FIELD_SELECTOR
 from fleet.kube import KubeClient
 from fleet.kube.cache import ObjectCache
 from fleet.kube.resources import CONTROL_NODES, CRDS, NODES, SECRETS
 from fleet.kube.watch import Reflector
 from fleet.testing.world import TEST_CRDS, World, crd_documents, install_crds
+from fleet.world.clusters import ClusterRegistry, kubeconfig_secret
 from tests.helpers.hooked import hooked_factory
 from tests.helpers.names import unique
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
+from fleet.contract.nodeplan import NodePlanPhase
+from fleet.contract.signal import SignalState
 from fleet.kube import KubeClient
 from fleet.kube.resources import NODE_PLANS
-from fleet.nodeplan import NodePlanPhase
-from fleet.signal import SignalState
 from fleet.testing.capi import bump, create_cluster, ensure_infra_crd
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.simnode import SimNode

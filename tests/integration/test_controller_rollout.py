@@ -21,7 +21,9 @@ import yaml
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
+from fleet.contract.nodeplan import NodePlanPhase
+from fleet.contract.signal import RUNNING_VERSION_KEY, SignalState
 from fleet.events import list_events
 from fleet.kube import KubeClient, KubeObject
 from fleet.kube.resources import (
@@ -34,10 +36,7 @@ from fleet.kube.resources import (
     NODES,
 )
 from fleet.kube.watch import Reflector, WatchEvent
-from fleet.model import ANN_RETRY
-from fleet.nodeplan import NodePlanPhase
 from fleet.planner import conditions as C
-from fleet.signal import RUNNING_VERSION_KEY, SignalState
 from fleet.testing.binaries import REPO_ROOT
 from fleet.testing.capi import (
     annotate,
@@ -48,6 +47,7 @@ from fleet.testing.capi import (
 )
 from fleet.testing.responder import AutopilotResponder, Behaviour, NodeResponder
 from fleet.testing.world import World, free_port
+from fleet.world.model import ANN_RETRY
 from tests.helpers.controller import (
     PROVIDER,
     V1,

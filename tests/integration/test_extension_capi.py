@@ -32,8 +32,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from fleet.artifacts import ArtifactResolver
-from fleet.clusters import kubeconfig_secret
-from fleet.config import DownloadSettings, FleetConfig
+from fleet.config.models import DownloadSettings, FleetConfig
+from fleet.contract.nodeplan import (
+    LABEL_MACHINE,
+    TRACEPARENT_ANNOTATION,
+    build_nodeplan,
+    label_value,
+    nodeplan_name,
+)
+from fleet.contract.signal import HAPPY_PATH, RUNNING_VERSION_KEY, SignalState
 from fleet.extension import (
     ExtensionHandlers,
     SecretWorkloadClients,
@@ -56,18 +63,11 @@ from fleet.kube.resources import (
     NODES,
     SECRETS,
 )
-from fleet.model import ANN_WRITTEN_VERSION, NODEPLAN_FINALIZER
-from fleet.nodeplan import (
-    LABEL_MACHINE,
-    TRACEPARENT_ANNOTATION,
-    build_nodeplan,
-    label_value,
-    nodeplan_name,
-)
 from fleet.rollout.annotations import ANN_EMERGENCY_STOP, ROLLOUT_CONFIGMAP, STATE_KEY
 from fleet.rollout.state import RolloutState
-from fleet.signal import HAPPY_PATH, RUNNING_VERSION_KEY, SignalState
 from fleet.testing.world import World
+from fleet.world.clusters import kubeconfig_secret
+from fleet.world.model import ANN_WRITTEN_VERSION, NODEPLAN_FINALIZER
 from tests.helpers.capi import CapiDriver, Extension
 from tests.helpers.names import unique
 

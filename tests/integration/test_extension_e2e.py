@@ -28,7 +28,9 @@ import anyio
 import pytest
 
 from fleet.cli.upgrade import apply_upgrade, follow
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
+from fleet.contract.nodeplan import nodeplan_name
+from fleet.contract.signal import RUNNING_VERSION_KEY
 from fleet.controllers.runner import FleetController, Trigger
 from fleet.events import EventRecorder
 from fleet.extension import (
@@ -49,14 +51,12 @@ from fleet.kube.resources import (
     NODE_PLANS,
     NODES,
 )
-from fleet.model import ANN_CAPI_PAUSED, ANN_WRITTEN_VERSION
-from fleet.nodeplan import nodeplan_name
 from fleet.rollout.annotations import ANN_EMERGENCY_STOP, ROLLOUT_CONFIGMAP
 from fleet.rollout.policy import RolloutPolicy
-from fleet.signal import RUNNING_VERSION_KEY
 from fleet.testing.capi import bump, create_cluster, ensure_infra_crd
 from fleet.testing.responder import NodeResponder
 from fleet.testing.world import World
+from fleet.world.model import ANN_CAPI_PAUSED, ANN_WRITTEN_VERSION
 from tests.helpers.capi import CapiDriver, Extension
 from tests.helpers.names import unique
 

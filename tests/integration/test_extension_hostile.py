@@ -25,11 +25,11 @@ from typing import Any
 
 import pytest
 
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
+from fleet.contract.signal import RUNNING_VERSION_KEY
 from fleet.extension import handlers_from_config, start_extension_server
 from fleet.extension.selfsigned import make_cert_pair
 from fleet.extension.wire import Hook
-from fleet.fence import write_cluster
 from fleet.kube import KubeClient
 from fleet.kube.resources import (
     CLUSTERS,
@@ -42,8 +42,8 @@ from fleet.kube.resources import (
     NODE_PLANS,
     NODES,
 )
-from fleet.model import ANN_WRITTEN_VERSION
-from fleet.signal import RUNNING_VERSION_KEY
+from fleet.world.fence import write_cluster
+from fleet.world.model import ANN_WRITTEN_VERSION
 from tests.helpers.capi import PENDING_HOOKS, UPDATE_IN_PROGRESS, CapiDriver, Extension
 from tests.helpers.names import unique
 
@@ -224,7 +224,7 @@ async def test_a_version_that_is_not_the_machines_is_refused(
 async def test_update_machine_writes_are_fenced_for_the_cluster(
         mgmt: KubeClient, wl1: KubeClient, namespace: str, tmp_path: Path) -> None:
     """The NodePlan is written through the client the extension is given, marked as a
-    write for the Machine's cluster (fleet.fence.writes_for), like the controller's: a
+    write for the Machine's cluster (fleet.world.fence.writes_for), like the controller's: a
     replica whose fence does not admit that cluster writes nothing and tells CAPI to ask
     again; one whose fence admits it dispatches."""
     scene = await make_scene(mgmt, wl1, namespace)

@@ -11,7 +11,7 @@ import anyio
 import pytest
 import yaml
 
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.kube import KubeClient
 from fleet.kube.resources import SECRETS
 from fleet.testing.capi import create_cluster, ensure_infra_crd

@@ -30,8 +30,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from fleet.clusters import ClusterRegistry, kubeconfig_secret
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.controllers.observe import SECRET_FIELD_SELECTOR
 from fleet.extension.workload import SecretWorkloadClients
 from fleet.kube import KubeClient, NotFoundError, UnreachableError
@@ -39,11 +38,12 @@ from fleet.kube.cache import ObjectCache
 from fleet.kube.inline import KubeconfigNotAllowedError
 from fleet.kube.resources import MACHINE_DEPLOYMENTS, NODE_PLANS, NODES, SECRETS
 from fleet.kube.watch import Reflector
-from fleet.model import ClusterKey
 from fleet.planner import conditions as C
 from fleet.rollout.observe import workload_client
 from fleet.testing.capi import bump, create_cluster, ensure_infra_crd
 from fleet.testing.world import World
+from fleet.world.clusters import ClusterRegistry, kubeconfig_secret
+from fleet.world.model import ClusterKey
 from tests.helpers.controller import V2, fleet_config, running_controller
 from tests.helpers.names import unique
 

@@ -15,13 +15,13 @@ import pytest
 
 from fleet.controllers.infra import InfraMachines
 from fleet.kube import KubeClient
-from fleet.model import (
+from fleet.testing.capi import INFRA_MACHINES, ensure_infra_crd
+from fleet.testing.providers import INFRA_GROUP
+from fleet.world.model import (
     ANN_CLONED_FROM_GROUPKIND,
     ANN_CLONED_FROM_NAME,
     TemplateRef,
 )
-from fleet.testing.capi import INFRA_MACHINES, ensure_infra_crd
-from fleet.testing.providers import INFRA_GROUP
 from tests.helpers.clock import FakeClock
 
 

@@ -17,8 +17,8 @@ import anyio
 import pytest
 
 from fleet.cli.upgrade import apply_upgrade, follow
+from fleet.contract.nodeplan import NodePlanPhase
 from fleet.events import list_events
-from fleet.intent import COND_COMPLETE
 from fleet.kube import ForbiddenError, KubeClient
 from fleet.kube.resources import (
     CLUSTERS,
@@ -31,13 +31,13 @@ from fleet.kube.resources import (
     NODE_PLANS,
     Resource,
 )
-from fleet.model import ANN_CAPI_PAUSED, ANN_PAUSED_FOR, ANN_WRITTEN_VERSION
-from fleet.nodeplan import NodePlanPhase
 from fleet.planner import conditions as C
 from fleet.testing.capi import FleetCluster, create_cluster, ensure_infra_crd
 from fleet.testing.k0smotron import K0smotronStandIn, register_control_nodes
 from fleet.testing.responder import NodeResponder
 from fleet.testing.world import World
+from fleet.world.intent import COND_COMPLETE
+from fleet.world.model import ANN_CAPI_PAUSED, ANN_PAUSED_FOR, ANN_WRITTEN_VERSION
 from tests.helpers.capienv import wait_for
 from tests.helpers.controller import (
     InvariantWatcher,

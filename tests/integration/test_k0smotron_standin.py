@@ -28,7 +28,6 @@ from fleet.kube.resources import (
     MACHINES,
     NODE_PLANS,
 )
-from fleet.model import ANN_CAPI_PAUSED, ANN_WRITTEN_VERSION
 from fleet.planner import conditions as C
 from fleet.testing.capi import (
     CONTROL_PLANE_ENDPOINT,
@@ -41,6 +40,7 @@ from fleet.testing.capi import (
 from fleet.testing.k0smotron import K0smotronStandIn, register_control_nodes, version_matches
 from fleet.testing.responder import NodeResponder
 from fleet.testing.world import World
+from fleet.world.model import ANN_CAPI_PAUSED, ANN_WRITTEN_VERSION
 from tests.helpers.capienv import wait_for
 from tests.helpers.controller import Lines, intent_config, policy_controller
 from tests.helpers.names import unique

@@ -23,8 +23,7 @@ from typing import Any
 import anyio
 import pytest
 
-from fleet.clusters import node_cache
-from fleet.kept import project
+from fleet.contract.signal import SIGNAL_VERSION_KEY
 from fleet.kube import (
     AlreadyExistsError,
     ConflictError,
@@ -40,10 +39,11 @@ from fleet.kube.errors import ServerError
 from fleet.kube.resources import CONFIGMAPS, NAMESPACES, NODES
 from fleet.kube.transport import TRANSPORTS, TransportName
 from fleet.kube.watch import Reflector, WatchEvent, watch_once
-from fleet.records import NodeRecord
-from fleet.signal import SIGNAL_VERSION_KEY
 from fleet.testing.kubesim import KubeSimThread
 from fleet.testing.world import World
+from fleet.world.clusters import node_cache
+from fleet.world.kept import project
+from fleet.world.records import NodeRecord
 from tests.helpers.names import unique
 
 pytestmark = pytest.mark.anyio
@@ -566,7 +566,7 @@ async def test_records_only_relist_deletions_and_patch_preconditions(
 async def test_projected_cache_from_paged_relists_and_patch_preconditions(
     scratch: Backend, scratch_client: KubeClient, from_cache: bool
 ) -> None:
-    """The management caches' set-up (fleet/kept.py): a Reflector that keeps only
+    """The management caches' set-up (fleet/world/kept.py): a Reflector that keeps only
     resourceVersions (or, ``from_cache``, keeps none and asks the cache it feeds for them
     on a re-list) and lists page by page (here 2 objects a page) feeds an ObjectCache
     that keeps a projection of each object. Every object arrives, only the projection is

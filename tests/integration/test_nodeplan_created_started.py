@@ -15,11 +15,11 @@ import anyio
 import pytest
 
 from fleet.artifacts import Artifact
+from fleet.contract.nodeplan import NodePlanPhase
 from fleet.dispatch import created_started, nodeplan_to_dispatch
 from fleet.kube.resources import NAMESPACES, NODE_PLANS
-from fleet.model import nodeplan_from
-from fleet.nodeplan import NodePlanPhase
 from fleet.testing.world import CHART_CRDS, World, crd_documents, install_crds
+from fleet.world.model import nodeplan_from
 
 V2 = "v1.31.3+k0s.0"
 AT = datetime(2026, 12, 1, 16, 40, 1, 123456, tzinfo=UTC)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.clusters import kubeconfig_secret
 from fleet.kube import KubeClient
 from fleet.kube.resources import CLUSTERS, SECRETS
 from fleet.rollout.observe import observe
 from fleet.testing.proxy import StallingProxy
 from fleet.testing.world import World
+from fleet.world.clusters import kubeconfig_secret
 from tests.helpers.waves import fleet_config
 
 pytestmark = pytest.mark.anyio

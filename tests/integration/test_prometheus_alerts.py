@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 from fleet import __version__
+from fleet.contract.signal import SignalState
 from fleet.kube import KubeClient
-from fleet.signal import SignalState
 from fleet.testing.binaries import REPO_ROOT, binary
 from fleet.testing.capi import bump, create_cluster, ensure_infra_crd
 from fleet.testing.responder import Behaviour, NodeResponder

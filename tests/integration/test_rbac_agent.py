@@ -20,19 +20,7 @@ import anyio
 import pytest
 import yaml
 
-from fleet.kube import ForbiddenError, KubeClient
-from fleet.kube.resources import (
-    AUTOPILOT_PLANS,
-    CONTROL_NODES,
-    CRDS,
-    NAMESPACES,
-    NODES,
-    PODS,
-    SECRETS,
-    SERVICE_ACCOUNTS,
-    Resource,
-)
-from fleet.signal import (
+from fleet.contract.signal import (
     HAPPY_PATH,
     SIGNAL_DATA_KEY,
     SIGNAL_VERSION,
@@ -44,6 +32,18 @@ from fleet.signal import (
     SignalStatus,
     replace_status,
     utcnow,
+)
+from fleet.kube import ForbiddenError, KubeClient
+from fleet.kube.resources import (
+    AUTOPILOT_PLANS,
+    CONTROL_NODES,
+    CRDS,
+    NAMESPACES,
+    NODES,
+    PODS,
+    SECRETS,
+    SERVICE_ACCOUNTS,
+    Resource,
 )
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.simnode import SimNode

@@ -22,6 +22,7 @@ import anyio.abc
 import pytest
 
 from fleet.cli.upgrade import apply_upgrade, upgrade_object
+from fleet.contract.nodeplan import NodePlanPhase
 from fleet.kube import ForbiddenError, KubeClient
 from fleet.kube.resources import (
     CONFIGMAPS,
@@ -37,7 +38,6 @@ from fleet.kube.resources import (
     PODS,
     SECRETS,
 )
-from fleet.nodeplan import NodePlanPhase
 from fleet.testing.capi import create_cluster, ensure_infra_crd
 from fleet.testing.responder import NodeResponder
 from fleet.testing.world import World

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from fleet.cli.upgrade import apply_upgrade
+from fleet.contract.nodeplan import NodePlanPhase
 from fleet.kube import KubeClient
 from fleet.kube.resources import (
     FLEET_UPGRADES,
@@ -33,13 +34,12 @@ from fleet.kube.resources import (
     NODE_PLANS,
     PODS,
 )
-from fleet.model import ANN_RETRY
-from fleet.nodeplan import NodePlanPhase
 from fleet.testing.capi import bump, create_cluster, ensure_infra_crd
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.responder import NodeResponder
 from fleet.testing.simnode import SimNode
 from fleet.testing.world import World
+from fleet.world.model import ANN_RETRY
 from tests.helpers.charts import (
     AGENT_CHART,
     CLUSTER_ROLES,

@@ -32,9 +32,9 @@ from fleet.kube.resources import (
     NODE_PLANS,
     NODES,
 )
-from fleet.model import Snapshot
 from fleet.testing.capi import FleetCluster, ensure_infra_crd
 from fleet.testing.world import World
+from fleet.world.model import Snapshot
 from tests.helpers.capienv import wait_for
 from tests.helpers.controller import (
     all_up_to_date,

@@ -6,15 +6,15 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from fleet.contract.signal import SignalState
 from fleet.events import list_events
 from fleet.kube import KubeClient
 from fleet.kube.resources import MACHINE_DEPLOYMENTS, NODE_PLANS
-from fleet.model import ANN_RETRY
 from fleet.planner import conditions as C
-from fleet.signal import SignalState
 from fleet.testing.capi import annotate, bump, create_cluster, ensure_infra_crd
 from fleet.testing.responder import Behaviour, NodeResponder
 from fleet.testing.world import World
+from fleet.world.model import ANN_RETRY
 from tests.helpers.controller import V2, fleet_config, running_controller, wait_condition
 from tests.helpers.names import unique
 

@@ -14,23 +14,23 @@ import aiohttp
 import anyio
 import pytest
 
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
+from fleet.contract.signal import SignalState
 from fleet.controllers.runner import FleetController
 from fleet.events import EventRecorder, list_events
 from fleet.kube import KubeClient
 from fleet.kube.resources import CLUSTERS, CONFIGMAPS, NODE_PLANS
-from fleet.model import parse_time
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP, STATE_KEY
 from fleet.rollout.observe import observe
 from fleet.rollout.plan import dry_run, plan_document
 from fleet.rollout.policy import RolloutPolicy
 from fleet.rollout.state import RolloutState
-from fleet.signal import SignalState
 from fleet.status.health import Health
 from fleet.status.server import StatusBoard, make_app, serve
 from fleet.testing.capi import FleetCluster, bump, create_cluster
 from fleet.testing.responder import Behaviour, NodeResponder
 from fleet.testing.world import World
+from fleet.world.model import parse_time
 from tests.helpers.names import unique
 
 V1, V2 = "v1.31.2+k0s.0", "v1.31.3+k0s.0"

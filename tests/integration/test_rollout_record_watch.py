@@ -13,7 +13,7 @@ import anyio
 import anyio.abc
 import pytest
 
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.events import EventRecorder, list_events
 from fleet.kube import KubeClient
 from fleet.kube.resources import CONFIGMAPS

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from fleet.contract.nodeplan import nodeplan_name
 from fleet.events import EventRecorder, list_events
 from fleet.kube import KubeClient
 from fleet.kube.resources import (
@@ -34,19 +35,18 @@ from fleet.kube.resources import (
     MACHINES,
     NODE_PLANS,
 )
-from fleet.model import (
+from fleet.rollout.annotations import ANN_PAUSED, ROLLOUT_CONFIGMAP, STATE_KEY
+from fleet.rollout.observe import observe
+from fleet.rollout.plan import dry_run, plan_document
+from fleet.rollout.state import RolloutState
+from fleet.testing.world import World
+from fleet.world.model import (
     ANN_CAPI_PAUSED,
     ANN_PAUSED_FOR,
     ANN_WRITTEN_VERSION,
     ObjectRef,
     parse_time,
 )
-from fleet.nodeplan import nodeplan_name
-from fleet.rollout.annotations import ANN_PAUSED, ROLLOUT_CONFIGMAP, STATE_KEY
-from fleet.rollout.observe import observe
-from fleet.rollout.plan import dry_run, plan_document
-from fleet.rollout.state import RolloutState
-from fleet.testing.world import World
 from tests.helpers.waves import (
     CANARY,
     PROD,

@@ -1,5 +1,5 @@
 """A sharded replica keeps little of the clusters it does not hold, and reads them again
-in full before acting on one it takes (issue #13 target 2, fleet/kept.py FOREIGN_SPECS).
+in full before acting on one it takes (issue #13 target 2, fleet/world/kept.py FOREIGN_SPECS).
 
 Two CAPI clusters on the real test world (workload API server ``wl1``), one in-process
 controller whose shard claims the test moves by hand (:class:`Claims`, the part of
@@ -24,13 +24,13 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.kube import KubeClient
 from fleet.kube.resources import MACHINES, NODE_PLANS, SECRETS
-from fleet.model import ClusterKey
 from fleet.testing.capi import FleetCluster, bump, ensure_infra_crd
 from fleet.testing.responder import NodeResponder
 from fleet.testing.world import World
+from fleet.world.model import ClusterKey
 from tests.helpers.capienv import wait_for
 from tests.helpers.controller import (
     V1,

@@ -34,11 +34,11 @@ import pytest
 import yaml
 
 from fleet.cli.common import Exit
+from fleet.contract.signal import InvalidSignalError, parse_signal
 from fleet.controllers.shard import GROUP_LABEL, shard_lease_name, shard_of
 from fleet.kube import KubeClient
 from fleet.kube.resources import LEASES, NODES
 from fleet.kube.watch import Reflector, WatchEvent
-from fleet.signal import InvalidSignalError, parse_signal
 from fleet.testing.binaries import REPO_ROOT
 from fleet.testing.capi import FleetCluster, bump, create_cluster, ensure_infra_crd
 from fleet.testing.responder import NodeResponder

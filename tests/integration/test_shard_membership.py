@@ -17,7 +17,7 @@ import anyio
 import anyio.abc
 import pytest
 
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.controllers.shard import (
     GROUP_LABEL,
     ShardMembership,
@@ -28,12 +28,12 @@ from fleet.controllers.shard import (
 from fleet.kube import KubeClient
 from fleet.kube.client import KubeObject
 from fleet.kube.resources import CONFIGMAPS, LEASES, Resource
-from fleet.model import ClusterKey
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP, STATE_KEY
 from fleet.rollout.coordinator import RolloutCoordinator
 from fleet.rollout.gate import FleetControls, FleetView
 from fleet.rollout.progress import ClusterProgress
 from fleet.rollout.state import RolloutState
+from fleet.world.model import ClusterKey
 from tests.helpers.gate import T0, cluster
 
 pytestmark = pytest.mark.anyio

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
+from fleet.contract.signal import HAPPY_PATH, SignalState
 from fleet.kube import KubeClient
 from fleet.kube.resources import NAMESPACES, NODE_PLANS, PDBS, PODS
-from fleet.signal import HAPPY_PATH, SignalState
 from fleet.telemetry import TracingOptions, current_traceparent, get_tracer, setup_tracing
 from fleet.testing.capi import bump, create_cluster, ensure_infra_crd
 from fleet.testing.jaeger import Jaeger, TraceSpan

@@ -13,7 +13,7 @@ import pytest
 
 from fleet.cli.common import Exit
 from fleet.cli.upgrade import apply_upgrade, follow
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.events import list_events
 from fleet.kube import KubeClient
 from fleet.kube.resources import (
@@ -25,7 +25,6 @@ from fleet.kube.resources import (
     MACHINES,
     NODE_PLANS,
 )
-from fleet.model import ANN_WRITTEN_VERSION
 from fleet.testing.capi import ensure_infra_crd
 from fleet.testing.k0smotron import (
     HostedControlPlaneStandIn,
@@ -34,6 +33,7 @@ from fleet.testing.k0smotron import (
 )
 from fleet.testing.responder import NodeResponder
 from fleet.testing.world import World
+from fleet.world.model import ANN_WRITTEN_VERSION
 from tests.helpers.capienv import wait_for
 from tests.helpers.controller import Lines, intent_config, policy_controller, small_cluster
 from tests.helpers.skew import FleetSkewWatcher, SkewWatcher

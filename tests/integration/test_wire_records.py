@@ -1,5 +1,5 @@
 """On the real kube-apiserver, over both transports: a Reflector that decodes Nodes
-straight into the records' subset (fleet.kube.wire + fleet.records.node_subset), paged
+straight into the records' subset (fleet.kube.wire + fleet.world.records.node_subset), paged
 list and watch alike, feeds a RecordCache the same records (uid and resourceVersion
 included) as one that decodes every Node whole."""
 
@@ -10,16 +10,16 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from fleet.clusters import node_cache
+from fleet.contract.signal import SIGNAL_VERSION_KEY
 from fleet.kube import KubeClient
 from fleet.kube.cache import RecordCache
 from fleet.kube.resources import NODES
 from fleet.kube.transport import TRANSPORTS, TransportName
 from fleet.kube.watch import Reflector
-from fleet.records import NodeRecord, node_subset
-from fleet.signal import SIGNAL_VERSION_KEY
 from fleet.testing.kubesim.nodes import realistic_node
 from fleet.testing.world import World
+from fleet.world.clusters import node_cache
+from fleet.world.records import NodeRecord, node_subset
 from tests.helpers.names import unique
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]

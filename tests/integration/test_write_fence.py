@@ -19,7 +19,7 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.controllers.leader import LeaderElector
 from fleet.controllers.shard import (
     LostMembershipError,
@@ -28,16 +28,16 @@ from fleet.controllers.shard import (
     shard_of,
 )
 from fleet.events import EventRecorder, Regarding, list_events
-from fleet.fence import WriteFence, fleet_wide_writes, writes_for
 from fleet.kube import FencedError, KubeClient, NotFoundError
 from fleet.kube.resources import CONFIGMAPS
-from fleet.model import ClusterKey, Snapshot
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP, STATE_KEY
 from fleet.rollout.coordinator import RolloutCoordinator
 from fleet.rollout.policy import RolloutPolicy
 from fleet.rollout.state import RolloutState
 from fleet.testing.proxy import StallingProxy
 from fleet.testing.world import World
+from fleet.world.fence import WriteFence, fleet_wide_writes, writes_for
+from fleet.world.model import ClusterKey, Snapshot
 from tests.helpers.gate import T0, cluster
 from tests.helpers.names import unique
 

@@ -10,10 +10,10 @@ from pydantic import ValidationError
 
 from fleet.agents.drain import CAPI_DRAIN_LABEL, DrainResult, judge, select
 from fleet.agents.settings import AgentSettings
-from fleet.config import FleetConfig
-from fleet.config_errors import ConfigError
-from fleet.config_loader import load_config
-from fleet.signal import NodePolicy
+from fleet.config.errors import ConfigError
+from fleet.config.loader import load_config
+from fleet.config.models import FleetConfig
+from fleet.contract.signal import NodePolicy
 
 RS = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "u1",
        "controller": True}]

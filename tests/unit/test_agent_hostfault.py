@@ -9,7 +9,7 @@ import os
 import pytest
 
 from fleet.agents.hostfault import ATTEMPTS, HostFaults, describe, failure_state
-from fleet.signal import SignalState
+from fleet.contract.signal import SignalState
 
 
 def test_describe_names_path_and_errno() -> None:

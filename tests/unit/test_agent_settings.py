@@ -18,8 +18,8 @@ from fleet.agents.settings import (
 )
 from fleet.cli import build_parser, main
 from fleet.cli.agent import add_settings_flags
-from fleet.config import NodePolicySettings
-from fleet.signal import POLICY_SETTINGS, misplaced_policy_variable
+from fleet.config.models import NodePolicySettings
+from fleet.contract.signal import POLICY_SETTINGS, misplaced_policy_variable
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,5 @@
-"""The parts of fleet.signal the agent added: status replacement, rejection digest, URLs."""
+"""The parts of fleet.contract.signal the agent added: status replacement, rejection digest,
+URLs."""
 
 import json
 import re
@@ -7,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleet.signal import (
+from fleet.contract.signal import (
     SIGNAL_DATA_KEY,
     InvalidSignalError,
     SignalState,

@@ -32,7 +32,7 @@ from fleet.agents.state import (
     uncordon_patch,
     url_prefix_problem,
 )
-from fleet.signal import (
+from fleet.contract.signal import (
     CORDONED_BY_KEY,
     HAPPY_PATH,
     SIGNAL_DATA_KEY,

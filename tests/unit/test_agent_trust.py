@@ -16,7 +16,7 @@ from fleet.agents.state import (
     redirect_problem,
     url_problem,
 )
-from fleet.signal import K0sUpdateCommand, SignalState, SignalStatus
+from fleet.contract.signal import K0sUpdateCommand, SignalState, SignalStatus
 
 T0 = datetime(2026, 12, 6, 3, 0, tzinfo=UTC)
 SHA = "a" * 64

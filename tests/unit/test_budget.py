@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleet.budget import InvalidMaxUnavailableError, UnavailabilityBudget
+from fleet.world.budget import InvalidMaxUnavailableError, UnavailabilityBudget
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """The agent chart says which of its values every k0s-fleet request overrides.
 
-Each field of the per-request policy (fleet.signal.NodePolicy, filled from the fleet
+Each field of the per-request policy (fleet.contract.signal.NodePolicy, filled from the fleet
 YAML's ``agent:`` section for every request: FleetConfig.agent.node_policy()) has an agent
 chart value it overrides; that value must say so in charts/k0s-fleet-agent/values.yaml,
 and the rendered DaemonSet must hand that value to the setting the policy overrides.
@@ -8,8 +8,8 @@ and the rendered DaemonSet must hand that value to the setting the policy overri
 
 from __future__ import annotations
 
-from fleet.config import FleetConfig
-from fleet.signal import NodePolicy
+from fleet.config.models import FleetConfig
+from fleet.contract.signal import NodePolicy
 from tests.helpers.charts import AGENT_CHART, pod_spec, render
 
 # policy field -> (agent chart value, the agent's environment variable it sets)

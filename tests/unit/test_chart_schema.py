@@ -1,7 +1,7 @@
 """The controller chart validates ``values.fleet`` against the fleet YAML model itself.
 
 ``charts/k0s-fleet/values.schema.json`` embeds a JSON schema generated from
-:class:`fleet.config.FleetConfig`, so a misspelt fleet key fails ``helm install`` (not
+:class:`fleet.config.models.FleetConfig`, so a misspelt fleet key fails ``helm install`` (not
 the controller's start-up, minutes later). This test keeps the two in step; when the
 model changes, regenerate with
 
@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fleet.config import FleetConfig
-from fleet.config_loader import load_config
+from fleet.config.loader import load_config
+from fleet.config.models import FleetConfig
 from fleet.testing.binaries import REPO_ROOT
 from tests.helpers.charts import CONTROLLER_CHART, helm, render, template_args
 

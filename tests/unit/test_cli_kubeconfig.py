@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from fleet.cli import common
-from fleet.config import ManagementSettings
-from fleet.config_loader import load_config
+from fleet.config.loader import load_config
+from fleet.config.models import ManagementSettings
 
 
 def kubeconfig(name: str, server: str, *, current: str | None = None,

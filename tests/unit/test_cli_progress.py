@@ -27,19 +27,19 @@ from fleet.cli.progress import (
     wide_columns,
 )
 from fleet.cli.upgrade import redraw_text
-from fleet.config import ManagementSettings
-from fleet.model import (
+from fleet.config.models import ManagementSettings
+from fleet.contract.nodeplan import NodePlanPhase
+from fleet.contract.skew import SkewRefusal
+from fleet.planner.writer import version_step
+from fleet.rollout.gate import GateDecision
+from fleet.rollout.plan import DryRun
+from fleet.world.model import (
     ANN_WRITTEN_VERSION,
     IntentTarget,
     MachineDeploymentInfo,
     NodePlanInfo,
     ObjectRef,
 )
-from fleet.nodeplan import NodePlanPhase
-from fleet.planner.writer import version_step
-from fleet.rollout.gate import GateDecision
-from fleet.rollout.plan import DryRun
-from fleet.skew import SkewRefusal
 from tests.helpers.charts import CONTROLLER_CHART, render
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)

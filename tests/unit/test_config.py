@@ -16,18 +16,18 @@ from hypothesis import strategies as st
 from fleet.agents.settings import DEFAULT_RELEASE_PREFIX
 from fleet.agents.state import url_under_prefix
 from fleet.cli.common import fleet_config
-from fleet.config import (
+from fleet.config.errors import ConfigError
+from fleet.config.loader import load_config
+from fleet.config.models import (
     DEFAULT_URL_TEMPLATE,
     DownloadSettings,
     Executor,
     FleetConfig,
 )
-from fleet.config_errors import ConfigError
-from fleet.config_loader import load_config
-from fleet.config_types import FailureBudget
-from fleet.schedule import format_duration
-from fleet.selectors import parse_label_selector
-from fleet.signal import DrainTimeoutAction, SignalState
+from fleet.config.schedule import format_duration
+from fleet.config.types import FailureBudget
+from fleet.contract.selectors import parse_label_selector
+from fleet.contract.signal import DrainTimeoutAction, SignalState
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "fleet.example.yaml"
 SHA_A = "a" * 64

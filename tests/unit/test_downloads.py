@@ -1,4 +1,4 @@
-"""Download resolution: the pure rules (:mod:`fleet.downloads`) and the one resolver every
+"""Download resolution: the pure rules (:mod:`fleet.config.downloads`) and the one resolver every
 dispatch path uses (:mod:`fleet.artifacts`), digest manifest included."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from fleet.artifacts import ArtifactResolver
-from fleet.config import DownloadSettings, FleetConfig
-from fleet.downloads import (
+from fleet.config.downloads import (
     DigestConflictError,
     DigestManifestError,
     DownloadResolutionError,
@@ -20,6 +19,7 @@ from fleet.downloads import (
     parse_digest_manifest,
     resolve_download,
 )
+from fleet.config.models import DownloadSettings, FleetConfig
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64

@@ -1,4 +1,4 @@
-"""Cluster API's MachineDrainRules: which apply to a Machine (fleet.drainrules, the
+"""Cluster API's MachineDrainRules: which apply to a Machine (fleet.world.drainrules, the
 controller's side: pure, the rule objects and labels only) and what the agent's drain
 does with them (fleet.agents.drain.select: groups by order, Skip, WaitCompleted, first
 rule by name wins), as Cluster API's own drain does."""
@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from fleet.agents.drain import DrainResult, judge, select
-from fleet.drainrules import DrainRuleError, rules_for_machine
-from fleet.signal import (
+from fleet.contract.signal import (
     MAX_DRAIN_OUTCOMES,
     MORE_PODS,
     DrainRule,
@@ -25,6 +24,7 @@ from fleet.signal import (
     drain_outcomes,
     replace_status,
 )
+from fleet.world.drainrules import DrainRuleError, rules_for_machine
 
 RS = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "u1",
        "controller": True}]

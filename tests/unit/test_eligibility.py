@@ -8,12 +8,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from fleet.eligibility import (
+from fleet.world.eligibility import (
     control_plane_eligibility,
     kubelet_form,
     machine_deployment_eligibility,
 )
-from fleet.model import (
+from fleet.world.model import (
     ANN_K0S_CONFIG,
     ANN_MACHINE_RUNNING_VERSION,
     ROLE_CONTROLLER,

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fleet.contract.selectors import selector_matches
 from fleet.extension.activation import (
     ExtensionEndpoint,
     ExtensionMode,
     extension_active,
 )
-from fleet.selectors import selector_matches
 
 CLUSTER = {"metadata": {"name": "prod-eu1", "namespace": "fleet-prod"}}
 US = ExtensionEndpoint(service_name="k0s-fleet-extension", service_namespace="k0s-fleet-system")

@@ -7,6 +7,13 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fleet.contract.skew import (
+    RULE_NO_DOWNGRADE,
+    RULE_ONE_MINOR_AT_A_TIME,
+    RULE_WORKERS_AT_MOST_ONE_MINOR_OLDER,
+    RULE_WORKERS_NOT_NEWER,
+)
+from fleet.contract.versions import K0sVersion
 from fleet.extension.admission import (
     CHECK_EXTENSION_PATH,
     CHECK_FLEET_TARGET,
@@ -21,13 +28,6 @@ from fleet.extension.admission import (
     pending_hooks,
     refusal_message,
 )
-from fleet.skew import (
-    RULE_NO_DOWNGRADE,
-    RULE_ONE_MINOR_AT_A_TIME,
-    RULE_WORKERS_AT_MOST_ONE_MINOR_OLDER,
-    RULE_WORKERS_NOT_NEWER,
-)
-from fleet.versions import K0sVersion
 
 OLD, NEW = "v1.31.3+k0s.0", "v1.32.1+k0s.0"
 MARKED = {UPDATE_IN_PROGRESS_ANNOTATION: "", PENDING_HOOKS_ANNOTATION: "UpdateMachine"}

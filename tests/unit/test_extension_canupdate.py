@@ -17,6 +17,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from fleet.contract.versions import K0sVersion
 from fleet.extension.canupdate import (
     Decision,
     can_update_machine,
@@ -31,7 +32,6 @@ from fleet.extension.wire import (
     PatchType,
     ResponseStatus,
 )
-from fleet.versions import K0sVersion
 
 NS = "fleet-prod"
 

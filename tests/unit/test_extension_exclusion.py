@@ -6,7 +6,7 @@ from typing import Any, cast
 
 import pytest
 
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.extension.exclusion import HOLD_REASON, SYNC_REASON, ExtensionExclusion
 from fleet.kube import KubeClient
 

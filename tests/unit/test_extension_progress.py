@@ -10,6 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fleet.contract.nodeplan import NodePlanPhase
+from fleet.contract.signal import FAILED_STATES, HAPPY_PATH, RUNNING_VERSION_KEY, SignalState
 from fleet.extension.progress import (
     DEFAULT_RETRY_SECONDS,
     RETRY_AFTER_SECONDS,
@@ -19,8 +21,6 @@ from fleet.extension.progress import (
     update_progress,
 )
 from fleet.extension.wire import ResponseStatus
-from fleet.nodeplan import NodePlanPhase
-from fleet.signal import FAILED_STATES, HAPPY_PATH, RUNNING_VERSION_KEY, SignalState
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hooks"
 V = "v1.32.1+k0s.0"

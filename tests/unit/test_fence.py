@@ -1,4 +1,4 @@
-"""The write fences' pure parts (no server): what a write is marked as (fleet.fence), and
+"""The write fences' pure parts (no server): what a write is marked as (fleet.world.fence), and
 the sharded replica's fence deciding from its membership's state and its own clock."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 from fleet.controllers.leader import LeaderElector
 from fleet.controllers.shard import ShardMembership, shard_of
-from fleet.fence import fleet_wide, fleet_wide_writes, lease_clock, write_cluster, writes_for
 from fleet.kube import KubeClient
-from fleet.model import ClusterKey
+from fleet.world.fence import fleet_wide, fleet_wide_writes, lease_clock, write_cluster, writes_for
+from fleet.world.model import ClusterKey
 from tests.helpers.clock import FakeClock
 
 SHARDS = 4

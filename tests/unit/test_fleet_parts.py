@@ -8,13 +8,13 @@ import copy
 from datetime import UTC, datetime
 from typing import Any
 
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.controllers.parts import FleetParts
-from fleet.intent import fleet_upgrade_from, resolve
 from fleet.kube.cache import ObjectCache
 from fleet.kube.resources import FLEET_UPGRADES
-from fleet.model import ClusterInfo, ClusterKey, Snapshot
-from fleet.snapshot import readable_objects
+from fleet.world.intent import fleet_upgrade_from, resolve
+from fleet.world.model import ClusterInfo, ClusterKey, Snapshot
+from fleet.world.snapshot import readable_objects
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 

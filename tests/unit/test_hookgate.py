@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.rollout.gate import FleetControls
 from fleet.rollout.hookgate import HookSubject, hook_hold
 from fleet.rollout.state import RolloutState, Transition

@@ -24,8 +24,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet.config import FleetConfig
-from fleet.model import ObjectRef
+from fleet.config.models import FleetConfig
 from fleet.planner import PlannerSettings, plan
 from fleet.planner.incremental import merge, split
 from fleet.planner.simulate import SimFleet, add_cluster, bump
@@ -46,6 +45,7 @@ from fleet.rollout.progress import (
     clusters_from_snapshot,
 )
 from fleet.rollout.state import RolloutState
+from fleet.world.model import ObjectRef
 from tests.helpers.gate import CANARY, OLD, PROD, T0, TARGET
 from tests.helpers.gate_reference import ReferenceGate
 

@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fleet.contract.signal import SignalState
 from fleet.controllers.dispatcher import action_target
-from fleet.model import ANN_RETRY, KIND_MD, ClusterKey, ObjectRef, Snapshot
 from fleet.planner import PlannerSettings, PlanResult, incremental, plan
 from fleet.planner.actions import Action, ClearSignal, UncordonNode
 from fleet.planner.incremental import (
@@ -34,7 +34,7 @@ from fleet.planner.incremental import (
 )
 from fleet.planner.policy import Hold
 from fleet.planner.simulate import SimFleet, add_cluster, bump
-from fleet.signal import SignalState
+from fleet.world.model import ANN_RETRY, KIND_MD, ClusterKey, ObjectRef, Snapshot
 from tests.unit.test_planner_properties import T0, V2, V3, _nodes, fleets
 
 

@@ -9,32 +9,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fleet.config import LabelSelector
-from fleet.intent import (
-    ClusterStanding,
-    WaveStanding,
-    apply_intents,
-    fleet_upgrade_from,
-    resolve,
-    upgrade_status,
-    withdrawing_status,
-)
-from fleet.model import (
-    ANN_CAPI_PAUSED,
-    ANN_MACHINE_RUNNING_VERSION,
-    ANN_PAUSED_FOR,
-    ANN_WRITTEN_VERSION,
-    KIND_HOSTED_CP,
-    KIND_KCP,
-    KIND_MD,
-    KIND_WORKER_TEMPLATE,
-    ClusterInfo,
-    ControlPlaneInfo,
-    FleetUpgradeInfo,
-    MachineSetInfo,
-    ObjectRef,
-    WorkerTemplateInfo,
-)
+from fleet.config.models import LabelSelector
+from fleet.contract.signal import SignalState
+from fleet.contract.skew import ReleaseCatalog
+from fleet.contract.versions import same_version
 from fleet.planner import PENDING, PlannerSettings, plan
 from fleet.planner import conditions as C
 from fleet.planner.actions import (
@@ -54,9 +32,31 @@ from fleet.planner.actions import (
 from fleet.planner.simulate import SimFleet, add_cluster
 from fleet.planner.writer import version_step
 from fleet.rollout.progress import NodeState, clusters_from_snapshot
-from fleet.signal import SignalState
-from fleet.skew import ReleaseCatalog
-from fleet.versions import same_version
+from fleet.world.intent import (
+    ClusterStanding,
+    WaveStanding,
+    apply_intents,
+    fleet_upgrade_from,
+    resolve,
+    upgrade_status,
+    withdrawing_status,
+)
+from fleet.world.model import (
+    ANN_CAPI_PAUSED,
+    ANN_MACHINE_RUNNING_VERSION,
+    ANN_PAUSED_FOR,
+    ANN_WRITTEN_VERSION,
+    KIND_HOSTED_CP,
+    KIND_KCP,
+    KIND_MD,
+    KIND_WORKER_TEMPLATE,
+    ClusterInfo,
+    ControlPlaneInfo,
+    FleetUpgradeInfo,
+    MachineSetInfo,
+    ObjectRef,
+    WorkerTemplateInfo,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 V1, V2, V3 = "v1.31.2+k0s.0", "v1.31.3+k0s.0", "v1.32.0+k0s.0"
@@ -546,7 +546,7 @@ def test_a_running_autopilot_plan_holds_the_cluster() -> None:
 
 
 def test_live_autopilot_plan_states() -> None:
-    from fleet.records import PlanRecord, live_autopilot_plan, plan_record  # noqa: PLC0415
+    from fleet.world.records import PlanRecord, live_autopilot_plan, plan_record  # noqa: PLC0415
 
     def p(state: str | None) -> PlanRecord:
         return plan_record({"metadata": {"name": "autopilot"},
@@ -692,7 +692,7 @@ def test_a_worker_template_out_of_step_shared_or_without_version_is_left_alone(
     assert cond is not None and cond.status == "True" and why in cond.message
 
 
-# -- k0s's version skew rules on the FleetUpgrade path (fleet/skew.py) ---------------------
+# -- k0s's version skew rules on the FleetUpgrade path (fleet/contract/skew.py) ----------------
 
 def _minor(v: str | None) -> int:
     assert v is not None

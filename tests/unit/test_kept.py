@@ -1,4 +1,4 @@
-"""What the controller keeps of the management objects (fleet/kept.py) is everything its
+"""What the controller keeps of the management objects (fleet/world/kept.py) is everything its
 readers use: the snapshot's parsers give the same answer on the kept subset as on the
 whole object, for the objects the test builders write (as the API server returns them,
 with CAPI's status and server bookkeeping) and for odd ones; so do the dispatcher's
@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 
-from fleet.clusters import kubeconfig_from_secret, kubeconfig_secret, secret_digest
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
+from fleet.contract.nodeplan import build_nodeplan
 from fleet.controllers.dispatcher import _condition_list, _object_version
 from fleet.events import Regarding
-from fleet.kept import SPECS, project, projection
 from fleet.kube.cache import Kept, NotHeld, ObjectCache
 from fleet.kube.resources import (
     CLUSTERS,
@@ -32,16 +31,6 @@ from fleet.kube.resources import (
     Resource,
 )
 from fleet.kube.watch import object_key
-from fleet.model import (
-    Condition,
-    cluster_from,
-    control_plane_from,
-    deployment_from,
-    machine_from,
-    machine_set_from,
-)
-from fleet.nodeplan import build_nodeplan
-from fleet.snapshot import fleet_cluster
 from fleet.testing.capi import (
     cluster_object,
     control_plane_machine_object,
@@ -50,6 +39,17 @@ from fleet.testing.capi import (
     machine_set_object,
     worker_machine_object,
 )
+from fleet.world.clusters import kubeconfig_from_secret, kubeconfig_secret, secret_digest
+from fleet.world.kept import SPECS, project, projection
+from fleet.world.model import (
+    Condition,
+    cluster_from,
+    control_plane_from,
+    deployment_from,
+    machine_from,
+    machine_set_from,
+)
+from fleet.world.snapshot import fleet_cluster
 
 NS, CLUSTER, V = "fleet", "c1", "v1.31.2+k0s.0"
 KUBECONFIG = {"apiVersion": "v1", "kind": "Config",
@@ -167,7 +167,7 @@ PARSERS: dict[Resource, Callable[[dict[str, Any]], Any]] = {
 
 def kept_copy(res: Resource, obj: dict[str, Any], *, whole: bool = False) -> dict[str, Any]:
     """What a reader gets back from the cache after the cache was given ``obj``; with
-    ``whole``, from a cache that keeps the whole object (as before fleet/kept.py: less
+    ``whole``, from a cache that keeps the whole object (as before fleet/world/kept.py: less
     managedFields and kubectl's last-applied annotation, which it never kept)."""
     cache = ObjectCache(res.kind, keep=None if whole else projection(res))
     cache.observe(copy.deepcopy(obj))

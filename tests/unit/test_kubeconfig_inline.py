@@ -21,10 +21,9 @@ from cryptography.x509.oid import NameOID
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleet.clusters import kubeconfig_from_secret, kubeconfig_secret
-from fleet.config import FleetConfig
-from fleet.config_errors import ConfigError
-from fleet.config_loader import load_config
+from fleet.config.errors import ConfigError
+from fleet.config.loader import load_config
+from fleet.config.models import FleetConfig
 from fleet.kube import light
 from fleet.kube.inline import (
     CLUSTER_FILE_KEYS,
@@ -35,6 +34,7 @@ from fleet.kube.inline import (
     check_inline,
 )
 from fleet.kube.light import Credentials, KubeconfigError, credentials_from_kubeconfig
+from fleet.world.clusters import kubeconfig_from_secret, kubeconfig_secret
 
 CA = base64.b64encode(b"-----BEGIN CERTIFICATE-----\n").decode()
 

@@ -1,7 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleet.nodeplan import build_nodeplan, label_value, nodeplan_name
+from fleet.contract.nodeplan import build_nodeplan, label_value, nodeplan_name
 
 
 def test_name_is_deterministic_across_spellings() -> None:

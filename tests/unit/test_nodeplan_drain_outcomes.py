@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from fleet.model import ClusterKey
-from fleet.nodeplan import NodePlanPhase
+from fleet.contract.nodeplan import NodePlanPhase
+from fleet.contract.signal import SignalState
 from fleet.planner import plan
 from fleet.planner.actions import MarkNodePlanFailed, UpdateNodePlanStatus
 from fleet.planner.simulate import SimFleet, bump
-from fleet.signal import SignalState
+from fleet.world.model import ClusterKey
 from tests.helpers.planner import SETTINGS, V2, fleet, of, step
 
 OUTCOMES = ("app/web: evicted", "app/logs: left running: MachineDrainRule keep: Skip")

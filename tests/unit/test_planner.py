@@ -8,21 +8,8 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from fleet.executors import request_for
-from fleet.model import (
-    ANN_CAPI_PAUSED,
-    ANN_PAUSED_FOR,
-    ANN_RETRY,
-    KIND_KCP,
-    KIND_MD,
-    KIND_NODEPLAN,
-    ClusterKey,
-    MachineDeploymentInfo,
-    NodeInfo,
-    NodePlanInfo,
-    format_time,
-)
-from fleet.nodeplan import NodePlanPhase, nodeplan_name
+from fleet.contract.nodeplan import NodePlanPhase, nodeplan_name
+from fleet.contract.signal import SignalState, SignalStatus, parse_autopilot_signal
 from fleet.planner import PENDING, PlannerSettings, plan
 from fleet.planner import conditions as C
 from fleet.planner.actions import (
@@ -44,7 +31,20 @@ from fleet.planner.actions import (
     UpdateNodePlanStatus,
 )
 from fleet.planner.simulate import SimFleet, bump
-from fleet.signal import SignalState, SignalStatus, parse_autopilot_signal
+from fleet.world.executors import request_for
+from fleet.world.model import (
+    ANN_CAPI_PAUSED,
+    ANN_PAUSED_FOR,
+    ANN_RETRY,
+    KIND_KCP,
+    KIND_MD,
+    KIND_NODEPLAN,
+    ClusterKey,
+    MachineDeploymentInfo,
+    NodeInfo,
+    NodePlanInfo,
+    format_time,
+)
 from tests.helpers.planner import SETTINGS, T0, V1, V2, fleet, of, step
 
 

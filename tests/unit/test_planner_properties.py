@@ -26,8 +26,14 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet.budget import UnavailabilityBudget
-from fleet.model import (
+from fleet.contract.nodeplan import NodePlanPhase
+from fleet.contract.signal import SignalState
+from fleet.contract.versions import K0sVersion, same_version
+from fleet.planner import PENDING, PlannerSettings, plan
+from fleet.planner.actions import Action, CreateNodePlan, SignalNode
+from fleet.planner.simulate import SimFleet, add_cluster, bump
+from fleet.world.budget import UnavailabilityBudget
+from fleet.world.model import (
     ANN_RETRY,
     KIND_MD,
     ROLE_CONTROLLER,
@@ -36,12 +42,6 @@ from fleet.model import (
     NodeInfo,
     NodePlanInfo,
 )
-from fleet.nodeplan import NodePlanPhase
-from fleet.planner import PENDING, PlannerSettings, plan
-from fleet.planner.actions import Action, CreateNodePlan, SignalNode
-from fleet.planner.simulate import SimFleet, add_cluster, bump
-from fleet.signal import SignalState
-from fleet.versions import K0sVersion, same_version
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 V1, V2, V3 = "v1.31.2+k0s.0", "v1.31.3+k0s.0", "v1.31.4+k0s.0"
@@ -327,7 +327,7 @@ def test_worker_rollout_respects_budget_in_any_completion_order(
     else:
         raise AssertionError("did not settle")
     # recorded on the Machine, or (while the paused sequence waits for a NotReady peer)
-    # by its Completed NodePlan (fleet.eligibility.as_recorded)
+    # by its Completed NodePlan (fleet.world.eligibility.as_recorded)
     upgraded = {m.ref.name for m in sim.machines.values() if m.running_version_annotation} | {
         p.machine for p in sim.nodeplans.values() if p.phase == NodePlanPhase.COMPLETED}
     if limit > not_ready:

@@ -19,7 +19,7 @@ from fleet.controllers.shard import (
     shard_of,
 )
 from fleet.kube import KubeClient
-from fleet.model import ClusterKey
+from fleet.world.model import ClusterKey
 from tests.helpers.clock import FakeClock
 
 SHARDS = 32

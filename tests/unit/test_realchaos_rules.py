@@ -9,8 +9,8 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from fleet.contract.signal import CORDONED_BY_KEY, RUNNING_VERSION_KEY, SIGNAL_DATA_KEY
 from fleet.kube.watch import WatchEvent
-from fleet.signal import CORDONED_BY_KEY, RUNNING_VERSION_KEY, SIGNAL_DATA_KEY
 from tests.helpers.realchaos.fencing import two_leaders, writes
 from tests.helpers.realchaos.schedule import (
     FAULT_KINDS,

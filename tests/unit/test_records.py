@@ -10,23 +10,23 @@ from typing import Any
 
 import pytest
 
-from fleet.clusters import control_node_cache, node_cache, plan_cache
+from fleet.contract.signal import (
+    AUTOPILOT_SIGNAL_DATA_KEY,
+    CORDONED_BY_KEY,
+    RUNNING_VERSION_KEY,
+    SIGNAL_DATA_KEY,
+    SIGNAL_VERSION_KEY,
+)
 from fleet.kube.watch import WatchEvent
-from fleet.model import KIND_CONTROL_NODE, KIND_NODE, node_from
-from fleet.records import (
+from fleet.world.clusters import control_node_cache, node_cache, plan_cache
+from fleet.world.model import KIND_CONTROL_NODE, KIND_NODE, node_from
+from fleet.world.records import (
     NodeRecord,
     RecordError,
     live_autopilot_plan,
     node_record,
     node_records,
     plan_record,
-)
-from fleet.signal import (
-    AUTOPILOT_SIGNAL_DATA_KEY,
-    CORDONED_BY_KEY,
-    RUNNING_VERSION_KEY,
-    SIGNAL_DATA_KEY,
-    SIGNAL_VERSION_KEY,
 )
 
 SIGNAL = json.dumps({"planId": "ns/plan-a", "created": "2026-01-01T00:00:00Z",

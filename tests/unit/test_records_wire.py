@@ -1,4 +1,4 @@
-"""Decoding straight into the records' subset (fleet.kube.wire with fleet.records'
+"""Decoding straight into the records' subset (fleet.kube.wire with fleet.world.records'
 node_subset / plan_subset) makes the same record, or names the same problem, as
 json.loads followed by node_record / plan_record, for any Node-, ControlNode- or
 Plan-shaped object; watch lines and list pages frame it without changing anything else."""
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet.clusters import node_cache
+from fleet.contract.signal import AUTOPILOT_SIGNAL_VERSION_KEY, SIGNAL_DATA_KEY, SIGNAL_VERSION_KEY
 from fleet.kube.cache import Remembered
 from fleet.kube.wire import (
     ObjectDecoder,
@@ -22,8 +22,9 @@ from fleet.kube.wire import (
     decode_object,
     decode_watch_line,
 )
-from fleet.model import KIND_CONTROL_NODE, KIND_NODE
-from fleet.records import (
+from fleet.world.clusters import node_cache
+from fleet.world.model import KIND_CONTROL_NODE, KIND_NODE
+from fleet.world.records import (
     ARCH_LABEL,
     NodeRecord,
     PlanRecord,
@@ -35,7 +36,6 @@ from fleet.records import (
     plan_record,
     plan_subset,
 )
-from fleet.signal import AUTOPILOT_SIGNAL_VERSION_KEY, SIGNAL_DATA_KEY, SIGNAL_VERSION_KEY
 from tests.unit.test_records import realistic_node
 
 # -- strategies: Node-shaped objects, mostly right, sometimes of the wrong types ---------

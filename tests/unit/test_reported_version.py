@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from fleet.model import (
+from fleet.contract.versions import kubernetes_release
+from fleet.planner.conditions import UP_TO_DATE
+from fleet.planner.simulate import SimFleet, add_cluster, bump
+from fleet.rollout.gate import FleetView, RolloutGate
+from fleet.rollout.progress import ClusterProgress, NodeState, clusters_from_snapshot
+from fleet.world.model import (
     ANN_MACHINE_RUNNING_VERSION,
     KIND_CONTROL_NODE,
     Condition,
@@ -16,12 +21,7 @@ from fleet.model import (
     RolloutStatus,
     node_from,
 )
-from fleet.planner.conditions import UP_TO_DATE
-from fleet.planner.simulate import SimFleet, add_cluster, bump
-from fleet.reported import running_version
-from fleet.rollout.gate import FleetView, RolloutGate
-from fleet.rollout.progress import ClusterProgress, NodeState, clusters_from_snapshot
-from fleet.versions import kubernetes_release
+from fleet.world.reported import running_version
 from tests.helpers.gate import T0, config
 
 V1 = "v1.31.2+k0s.0"

@@ -7,8 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from fleet.config import FleetConfig
-from fleet.model import ObjectRef
+from fleet.config.models import FleetConfig
 from fleet.rollout.annotations import ANN_EMERGENCY_STOP, ANN_PAUSED
 from fleet.rollout.gate import (
     ClusterPhase,
@@ -19,6 +18,7 @@ from fleet.rollout.gate import (
     WavePhase,
 )
 from fleet.rollout.state import RolloutState
+from fleet.world.model import ObjectRef
 from tests.helpers.gate import CANARY, PROD, T0, cluster, config, evaluate, waves_config
 
 # -- waves ------------------------------------------------------------------------------

@@ -11,9 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleet.cli.plan import refusals, refusals_text
-from fleet.config import FleetConfig
-from fleet.intent import fleet_upgrade_from
-from fleet.model import InfraMachineInfo, TemplateRef
+from fleet.config.models import FleetConfig
+from fleet.config.schedule import parse_duration
 from fleet.planner import PlannerSettings, plan
 from fleet.planner.simulate import SimFleet, add_cluster, bump
 from fleet.rollout.gate import FleetControls, FleetView, RolloutGate
@@ -21,7 +20,8 @@ from fleet.rollout.observe import Observation
 from fleet.rollout.plan import dry_run, plan_document, plan_text, render_plan
 from fleet.rollout.progress import clusters_from_snapshot
 from fleet.rollout.state import RolloutState
-from fleet.schedule import parse_duration
+from fleet.world.intent import fleet_upgrade_from
+from fleet.world.model import InfraMachineInfo, TemplateRef
 from tests.helpers.gate import CANARY, PROD, T0, TARGET, config, waves_config
 
 

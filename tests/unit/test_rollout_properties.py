@@ -20,11 +20,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet.config import FleetConfig
-from fleet.model import ObjectRef
+from fleet.config.models import FleetConfig
 from fleet.rollout.gate import FleetView, GateDecision, RolloutGate
 from fleet.rollout.progress import ClusterProgress, NodeProgress, NodeState, ObjectProgress
 from fleet.rollout.state import RolloutState
+from fleet.world.model import ObjectRef
 from tests.helpers.gate import CANARY, PROD, T0, TARGET, config
 
 _LETTER = {"w": NodeState.WAITING, "g": NodeState.UPGRADING, "u": NodeState.UP_TO_DATE,

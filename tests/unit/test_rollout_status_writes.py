@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from fleet.model import KIND_KCP, KIND_MD
 from fleet.planner import PlannerSettings, plan
 from fleet.planner.actions import SetRolloutStatus
 from fleet.planner.conditions import PROGRESSING, UP_TO_DATE
 from fleet.planner.simulate import SimFleet, add_cluster, bump
+from fleet.world.model import KIND_KCP, KIND_MD
 from tests.helpers.gate import T0
 
 V1 = "v1.31.2+k0s.0"

@@ -10,7 +10,7 @@ from cronsim import CronSim
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.schedule import (
+from fleet.config.schedule import (
     CronError,
     DurationError,
     Window,
@@ -239,8 +239,8 @@ def test_repeated_start_in_the_fall_back_hour_opens_once() -> None:
 
 
 def test_cronsim_breaks_two_window_rules_so_schedule_keeps_its_own_cron() -> None:
-    """Why fleet.schedule evaluates cron itself instead of using cronsim (issue #10): cronsim
-    breaks two of the window rules in fleet.schedule's docstring. Should cronsim come to
+    """Why fleet.config.schedule evaluates cron itself instead of using cronsim (issue #10): cronsim
+    breaks two of the window rules in fleet.config.schedule's docstring. Should cronsim come to
     agree, this fails: then switch to it."""
     berlin = ZoneInfo("Europe/Berlin")
     # Rule "a skipped start moves forward by the size of the gap": 02:30 on the 2024-03-31

@@ -23,7 +23,7 @@ from fleet.planner.simulate import SimFleet, add_cluster, bump
 from fleet.rollout.gate import FOREIGN, ClusterPhase, FleetView, RolloutGate, WavePhase
 from fleet.rollout.progress import ClusterProgress, clusters_from_snapshot
 from fleet.rollout.state import RolloutState
-from fleet.snapshot import restrict
+from fleet.world.snapshot import restrict
 from tests.helpers.gate import CANARY, PROD, T0, behind, cluster, config, waves_config
 
 MEMBERS = ["ctl-a", "ctl-b", "ctl-c"]

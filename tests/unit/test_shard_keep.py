@@ -1,4 +1,4 @@
-"""What a sharded replica keeps of the clusters it does not hold (fleet/kept.py
+"""What a sharded replica keeps of the clusters it does not hold (fleet/world/kept.py
 FOREIGN_SPECS), and that a foreign cluster is judged the same from it.
 
 * the foreign subset of an object equals the foreign subset of its held copy (giving a
@@ -24,19 +24,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.clusters import ClusterRegistry, kubeconfig_secret
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
+from fleet.contract.nodeplan import build_nodeplan
+from fleet.contract.signal import RUNNING_VERSION_KEY
 from fleet.controllers.observe import ManagementView
 from fleet.controllers.parts import FleetParts
 from fleet.extension.exclusion import ExtensionExclusion
-from fleet.kept import (
-    CAPI_CLUSTER_LABEL,
-    FOREIGN_SPECS,
-    FOREIGN_ZDICT,
-    cluster_of,
-    foreign,
-    projection,
-)
 from fleet.kube.cache import ForeignKept, Kept, ObjectCache
 from fleet.kube.resources import (
     CLUSTERS,
@@ -49,8 +42,6 @@ from fleet.kube.resources import (
     SECRETS,
     Resource,
 )
-from fleet.model import ClusterKey, deployment_from, machine_from
-from fleet.nodeplan import build_nodeplan
 from fleet.rollout.gate import FleetView, RolloutGate
 from fleet.rollout.policy import RolloutPolicy
 from fleet.rollout.progress import (
@@ -60,7 +51,6 @@ from fleet.rollout.progress import (
     part_progress,
 )
 from fleet.rollout.state import RolloutState
-from fleet.signal import RUNNING_VERSION_KEY
 from fleet.testing.capi import (
     cluster_object,
     control_plane_machine_object,
@@ -69,6 +59,16 @@ from fleet.testing.capi import (
     machine_set_object,
     worker_machine_object,
 )
+from fleet.world.clusters import ClusterRegistry, kubeconfig_secret
+from fleet.world.kept import (
+    CAPI_CLUSTER_LABEL,
+    FOREIGN_SPECS,
+    FOREIGN_ZDICT,
+    cluster_of,
+    foreign,
+    projection,
+)
+from fleet.world.model import ClusterKey, deployment_from, machine_from
 
 NS = "fleet"
 V1, V2, V3 = "v1.31.2+k0s.0", "v1.31.3+k0s.0", "v1.31.4+k0s.0"

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from fleet.signal import (
+from fleet.contract.signal import (
     SIGNAL_DATA_KEY,
     SIGNAL_VERSION_KEY,
     InvalidSignalError,

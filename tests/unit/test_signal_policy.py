@@ -11,13 +11,9 @@ import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fleet.agents.settings import AgentSettings
-from fleet.config import FleetConfig
-from fleet.model import nodeplan_from
-from fleet.nodeplan import build_nodeplan, nodeplan_name
-from fleet.planner import plan
-from fleet.planner.actions import SignalNode
-from fleet.planner.simulate import bump
-from fleet.signal import (
+from fleet.config.models import FleetConfig
+from fleet.contract.nodeplan import build_nodeplan, nodeplan_name
+from fleet.contract.signal import (
     SIGNAL_DATA_KEY,
     DrainTimeoutAction,
     InvalidSignalError,
@@ -28,6 +24,10 @@ from fleet.signal import (
     replace_status,
     signal_annotations,
 )
+from fleet.planner import plan
+from fleet.planner.actions import SignalNode
+from fleet.planner.simulate import bump
+from fleet.world.model import nodeplan_from
 from tests.helpers.planner import SETTINGS, V2, fleet, of, step
 
 SHA = "a" * 64

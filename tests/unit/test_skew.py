@@ -1,4 +1,4 @@
-"""k0s's version skew rules and the ladder (fleet/skew.py), with property tests over random
+"""k0s's version skew rules and the ladder (fleet/contract/skew.py), with property tests over random
 fleets, versions and release lists: no reachable state breaks a rule, every refusal names
 its rule."""
 
@@ -9,7 +9,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.skew import (
+from fleet.contract.skew import (
     RULE_MISSING_RUNG,
     RULE_NO_DIGEST,
     RULE_NO_DOWNGRADE,
@@ -27,7 +27,7 @@ from fleet.skew import (
     ladder,
     minors_apart,
 )
-from fleet.versions import K0sVersion
+from fleet.contract.versions import K0sVersion
 
 versions = st.builds(lambda minor, patch, k0s: K0sVersion(1, minor, patch, k0s),
                      st.integers(28, 36), st.integers(0, 6), st.integers(0, 2))

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from fleet.clusters import control_node_cache, node_cache
-from fleet.config import FleetConfig
+from fleet.config.models import FleetConfig
 from fleet.kube.cache import Kept, ObjectCache
-from fleet.records import node_records
-from fleet.snapshot import (
+from fleet.world.clusters import control_node_cache, node_cache
+from fleet.world.records import node_records
+from fleet.world.snapshot import (
     Listed,
     ManagementObjects,
     ObjectSource,

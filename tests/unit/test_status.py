@@ -14,8 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from fleet.model import NodePlanInfo, ObjectRef
-from fleet.nodeplan import NodePlanPhase
+from fleet.contract.nodeplan import NodePlanPhase
 from fleet.planner import PlannerSettings, plan
 from fleet.planner.incremental import Merger, split
 from fleet.planner.simulate import SimFleet, add_cluster, bump
@@ -25,6 +24,7 @@ from fleet.status.metrics import FleetMetrics
 from fleet.status.model import build_status
 from fleet.status.server import StatusBoard, make_app, serve
 from fleet.status.view import render
+from fleet.world.model import NodePlanInfo, ObjectRef
 from tests.helpers.gate import (
     CANARY,
     PROD,

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from fleet.config import TelemetrySettings
+from fleet.config.models import TelemetrySettings
 from fleet.telemetry import (
     DurableSpan,
     TracingOptions,

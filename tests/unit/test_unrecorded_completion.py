@@ -11,12 +11,12 @@ completion recorded), so its cluster is not complete.
 
 from __future__ import annotations
 
-from fleet.model import NodeInfo
 from fleet.planner import PlannerSettings, plan
 from fleet.planner.actions import CreateNodePlan
 from fleet.planner.simulate import SimFleet, add_cluster, bump
 from fleet.rollout.gate import FleetView, RolloutGate
 from fleet.rollout.progress import NodeState, clusters_from_snapshot
+from fleet.world.model import NodeInfo
 from tests.helpers.gate import T0, config
 
 V1 = "v1.31.2+k0s.0"

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from fleet.executors import Request
-from fleet.model import Condition, ObjectRef
 from fleet.planner.actions import (
     Action,
     CreateNodePlan,
@@ -20,6 +18,8 @@ from fleet.planner.actions import (
     UncordonNode,
     urgency,
 )
+from fleet.world.executors import Request
+from fleet.world.model import Condition, ObjectRef
 
 KCP = ObjectRef("K0sControlPlane", "ns", "c1-cp")
 MD = ObjectRef("MachineDeployment", "ns", "c1-md")

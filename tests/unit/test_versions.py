@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleet.versions import InvalidVersionError, K0sVersion, normalize, same_version
+from fleet.contract.versions import InvalidVersionError, K0sVersion, normalize, same_version
 
 
 @pytest.mark.parametrize(

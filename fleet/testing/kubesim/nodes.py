@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from fleet.reported import kubelet_version
+from fleet.world.reported import kubelet_version
 
 IMAGE_COUNT = 52
 TIME = "2026-11-01T08:00:00Z"

@@ -3,7 +3,7 @@ needs no 10 000 agent processes. Test/benchmark-only; the real agent is tested o
 own (tests/integration/test_agent_*.py).
 
 It reacts to every Node write carrying a k0s-fleet request (read with
-:func:`fleet.signal.parse_signal`) and walks the protocol's states to Completed as the
+:func:`fleet.contract.signal.parse_signal`) and walks the protocol's states to Completed as the
 agent does (the patches are :func:`fleet.testing.responder.step_patch`'s, the shared
 scripted responder's): cordon, NotReady while restarting, Ready again with the new
 ``kubeletVersion`` and the running version reported, uncordon. Each step waits
@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from fleet.reported import kubelet_version
-from fleet.signal import (
+from fleet.contract.signal import (
     HAPPY_PATH,
     SIGNAL_DATA_KEY,
     InvalidSignalError,
@@ -36,6 +35,7 @@ from fleet.signal import (
 from fleet.testing.kubesim.patches import MERGE
 from fleet.testing.kubesim.store import KINDS, ApiError, Change, ClusterStore
 from fleet.testing.responder import step_patch
+from fleet.world.reported import kubelet_version
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from fleet.model import parse_time
+from fleet.world.model import parse_time
 
 WRITES = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from fleet.signal import HAPPY_PATH
+from fleet.contract.signal import HAPPY_PATH
 
 OLD = "v1.31.2+k0s.0"
 TARGET = "v1.31.3+k0s.0"

@@ -32,6 +32,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from fleet.contract.nodeplan import NodePlanPhase
 from fleet.events import list_events
 from fleet.kube import KubeClient, KubeError, NotFoundError
 from fleet.kube.resources import (
@@ -43,8 +44,6 @@ from fleet.kube.resources import (
     NODE_PLANS,
     NODES,
 )
-from fleet.model import ANN_RETRY, parse_time
-from fleet.nodeplan import NodePlanPhase
 from fleet.planner import conditions as C
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP, STATE_KEY
 from fleet.testing.audit import AuditLog, audit_args
@@ -52,6 +51,7 @@ from fleet.testing.capi import FleetCluster, bump, create_cluster, ensure_infra_
 from fleet.testing.releases import ReleaseServer
 from fleet.testing.simnode import SimNode
 from fleet.testing.world import ApiServer, World
+from fleet.world.model import ANN_RETRY, parse_time
 from tests.helpers.realchaos.fencing import check_audit_log
 from tests.helpers.realchaos.processes import LEASE_NAME, Agents, Controllers
 from tests.helpers.realchaos.schedule import (

@@ -35,11 +35,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from fleet.kube import KubeClient, KubeObject
-from fleet.kube.resources import NODE_PLANS, NODES
-from fleet.kube.watch import Reflector, WatchEvent
-from fleet.model import parse_time
-from fleet.signal import (
+from fleet.contract.signal import (
     CORDONED_BY_KEY,
     RUNNING_VERSION_KEY,
     InvalidSignalError,
@@ -47,7 +43,11 @@ from fleet.signal import (
     SignalState,
     parse_signal,
 )
-from fleet.versions import same_version
+from fleet.contract.versions import same_version
+from fleet.kube import KubeClient, KubeObject
+from fleet.kube.resources import NODE_PLANS, NODES
+from fleet.kube.watch import Reflector, WatchEvent
+from fleet.world.model import parse_time
 from tests.helpers.realchaos.schedule import TARGET, ClusterShape, Schedule
 
 DONE_STATES = (SignalState.UNCORDONING, SignalState.COMPLETED)

@@ -10,8 +10,8 @@ from typing import Any, Self
 
 from pydantic import Field, ValidationError, model_validator
 
-from fleet.config_errors import Problems, pydantic_message
-from fleet.config_types import ConfigModel, LabelKey, LabelValue, label_key, label_value
+from fleet.contract.kubenames import ConfigModel, LabelKey, LabelValue, label_key, label_value
+from fleet.contract.problems import Problems, pydantic_message
 
 
 class SelectorOperator(StrEnum):

@@ -1,4 +1,4 @@
-"""The one snapshot builder: raw objects -> the :class:`~fleet.model.Snapshot` the planner
+"""The one snapshot builder: raw objects -> the :class:`~fleet.world.model.Snapshot` the planner
 decides on.
 
 The controller feeds it from its watch caches, ``k0s-fleet plan`` and ``status`` from
@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
-from fleet.config import FleetConfig
-from fleet.intent import apply_intents, fleet_upgrade_from, resolve, target_of
-from fleet.model import (
+from fleet.config.models import FleetConfig
+from fleet.contract.skew import EMPTY_CATALOG, ReleaseCatalog
+from fleet.contract.versions import same_version
+from fleet.world.intent import apply_intents, fleet_upgrade_from, resolve, target_of
+from fleet.world.model import (
     GROUP_BOOTSTRAP,
     KIND_HOSTED_CP,
     KIND_WORKER_TEMPLATE,
@@ -41,9 +43,7 @@ from fleet.model import (
     nodeplan_from,
     worker_template_from,
 )
-from fleet.records import NodeRecord
-from fleet.skew import EMPTY_CATALOG, ReleaseCatalog
-from fleet.versions import same_version
+from fleet.world.records import NodeRecord
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ def fleet_cluster(config: FleetConfig, obj: RawObject) -> ClusterInfo | None:
 def cluster_nodes(nodes: Iterable[NodeRecord], control_nodes: Iterable[NodeRecord]
                   ) -> dict[str, NodeInfo]:
     """A workload cluster's Nodes, plus the ControlNodes of its pure controllers (from
-    their records: :mod:`fleet.records`, where unreadable objects are already left out)."""
+    their records: :mod:`fleet.world.records`, where unreadable objects are already left out)."""
     out = {n.name: n.info for n in nodes}
     for cn in control_nodes:
         out.setdefault(cn.name, cn.info)  # a controller that also runs a kubelet has a Node

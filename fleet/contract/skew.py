@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from fleet.versions import K0sVersion, parse_or_none
+from fleet.contract.versions import K0sVersion, parse_or_none
 
 RULE_NOT_A_VERSION = "NotAVersion"
 RULE_NO_DOWNGRADE = "NoDowngrade"

@@ -149,7 +149,7 @@ def link_from_traceparent(traceparent: object, attributes: Attributes = None) ->
 
 # -- where spans go: configuration first, then the standard OTEL_* environment -----------
 class TracingSettings(Protocol):
-    """What :func:`setup_tracing` reads (``fleet.config.TelemetrySettings`` has it);
+    """What :func:`setup_tracing` reads (``fleet.config.models.TelemetrySettings`` has it);
     ``None`` means "not configured here": the OTEL_* environment, then a default."""
 
     @property

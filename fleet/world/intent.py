@@ -20,7 +20,16 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from fleet.model import (
+from fleet.contract.selectors import LabelSelector
+from fleet.contract.skew import EMPTY_CATALOG, RULE_NO_DOWNGRADE, ReleaseCatalog, SkewRefusal, climb
+from fleet.contract.versions import (
+    InvalidVersionError,
+    K0sVersion,
+    normalize,
+    same_version,
+    valid_version,
+)
+from fleet.world.model import (
     FLEET_UPGRADE_FINALIZER,
     ClusterInfo,
     ClusterKey,
@@ -35,9 +44,6 @@ from fleet.model import (
     parse_time,
     truncate,
 )
-from fleet.selectors import LabelSelector
-from fleet.skew import EMPTY_CATALOG, RULE_NO_DOWNGRADE, ReleaseCatalog, SkewRefusal, climb
-from fleet.versions import InvalidVersionError, K0sVersion, normalize, same_version, valid_version
 
 KIND_FLEET_UPGRADE = "FleetUpgrade"
 
@@ -45,7 +51,7 @@ KIND_FLEET_UPGRADE = "FleetUpgrade"
 COND_COMPLETE = "Complete"
 COND_PROGRESSING = "Progressing"
 COND_FAILED = "Failed"
-# True while k0s's version skew policy (fleet/skew.py) keeps some selected cluster where it
+# True while k0s's version skew policy (fleet/contract/skew.py) keeps some selected cluster where it
 # is (a downgrade, a minor skipped with no rung to climb by); its reason names the rule.
 COND_REFUSED = "Refused"
 REASON_REFUSED = "VersionSkewRefused"

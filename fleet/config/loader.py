@@ -8,7 +8,7 @@ CLI's ``--kubeconfig``), the ``K0S_FLEET_<KEY>__<SUBKEY>`` environment
 ``K0S_FLEET_CONFIG`` (:class:`FleetFile`); pydantic-settings merges them, section by
 section, into :class:`_FleetSettings` and validates everything at once. Anything wrong (a
 missing file, bad YAML, an unknown key, a wrong type, an impossible value) raises
-:class:`fleet.config_errors.ConfigError`, whose message has one line per problem, each
+:class:`fleet.config.errors.ConfigError`, whose message has one line per problem, each
 naming the dotted key path, e.g. ``rollout.waves[1].maxConcurrentClusters: must be >= 1``.
 
 The environment source is pydantic-settings' own :class:`EnvSettingsSource` (prefix
@@ -47,9 +47,10 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from fleet.config import FleetConfig
-from fleet.config_errors import ConfigError, ConfigProblem, UnparsableValue, problems_from
-from fleet.signal import misplaced_policy_variable
+from fleet.config.errors import ConfigError, ConfigProblem, problems_from
+from fleet.config.models import FleetConfig
+from fleet.contract.problems import UnparsableValue
+from fleet.contract.signal import misplaced_policy_variable
 
 ENV_PREFIX = "K0S_FLEET_"
 CONFIG_PATH_ENV = "K0S_FLEET_CONFIG"

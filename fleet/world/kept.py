@@ -5,7 +5,7 @@ At a thousand clusters the management objects as the API server sends them (Mach
 K0sControlPlanes, MachineDeployments, MachineSets, Clusters, kubeconfig Secrets) were the
 largest item of the controller's memory. Of each, only what a reader uses is kept:
 
-* the snapshot's parsers (:mod:`fleet.model`: ``cluster_from``, ``deployment_from``,
+* the snapshot's parsers (:mod:`fleet.world.model`: ``cluster_from``, ``deployment_from``,
   ``machine_set_from``, ``control_plane_from``, ``machine_from``), whose result on the
   kept subset equals their result on the whole object (tests/unit/test_kept.py);
 * the dispatcher's writes, whose mutations read versions and annotations and whose
@@ -49,7 +49,7 @@ from fleet.kube.resources import (
 )
 
 KubeObject = dict[str, Any]
-ClusterKey = tuple[str, str]  # (namespace, name), as fleet.model's
+ClusterKey = tuple[str, str]  # (namespace, name), as fleet.world.model's
 Projection = Callable[[KubeObject], KubeObject]
 
 # A projection spec: per key, True (keep the value whole), a nested spec (keep that

@@ -13,27 +13,15 @@ from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     PlainSerializer,
     PlainValidator,
 )
-from pydantic.alias_generators import to_camel
 
-from fleet.schedule import DurationError, format_duration, parse_duration
-from fleet.signal import ALLOWED_URL_SCHEMES
-from fleet.versions import InvalidVersionError, K0sVersion
-
-
-class ConfigModel(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        frozen=True,
-        alias_generator=to_camel,
-        populate_by_name=True,
-    )
+from fleet.config.schedule import DurationError, format_duration, parse_duration
+from fleet.contract.signal import ALLOWED_URL_SCHEMES
+from fleet.contract.versions import InvalidVersionError, K0sVersion
 
 
 def _duration_in(value: Any) -> timedelta:
@@ -113,44 +101,6 @@ Budget = Annotated[
     PlainSerializer(_budget_out),
 ]
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
-
-
-def _dns_label(v: str) -> str:
-    if len(v) > 63 or not _DNS_LABEL.fullmatch(v):
-        raise ValueError(f"{v!r} is not a valid DNS label (lowercase a-z, 0-9, '-', <= 63)")
-    return v
-
-
-def _dns_subdomain(v: str) -> str:
-    if len(v) > 253 or not _DNS_SUBDOMAIN.fullmatch(v):
-        raise ValueError(f"{v!r} is not a valid Kubernetes object name (DNS subdomain)")
-    return v
-
-
-def label_key(v: str) -> str:
-    prefix, slash, name = v.rpartition("/")
-    if (
-        (slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)))
-        or len(name) > 63
-        or not _LABEL_NAME.fullmatch(name)
-    ):
-        raise ValueError(f"{v!r} is not a valid label key")
-    return v
-
-
-def label_value(v: str) -> str:
-    if v and (len(v) > 63 or not _LABEL_NAME.fullmatch(v)):
-        raise ValueError(f"{v!r} is not a valid label value")
-    return v
-
-
-DnsLabel = Annotated[str, AfterValidator(_dns_label)]
-ObjectName = Annotated[str, AfterValidator(_dns_subdomain)]
-LabelKey = Annotated[str, AfterValidator(label_key)]
-LabelValue = Annotated[str, AfterValidator(label_value)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from fleet.versions import InvalidVersionError, K0sVersion
+from fleet.contract.versions import InvalidVersionError, K0sVersion
 
 DOMAIN = "fleet.k0s-fleet.io"
 SIGNAL_VERSION_KEY = f"{DOMAIN}/signal-version"
@@ -233,7 +233,7 @@ class NodePolicy(BaseModel):
     @classmethod
     def _selectors(cls, v: tuple[dict[str, Any], ...] | None
                    ) -> tuple[dict[str, Any], ...] | None:
-        # The shape of a metav1.LabelSelector, checked here without fleet.selectors (the
+        # The shape of a metav1.LabelSelector, checked here without fleet.contract.selectors (the
         # wire contract stays below the configuration layer; the agent matches with it).
         for i, sel in enumerate(v or ()):
             problem = _label_selector_problem(sel)

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from fleet.model import ClusterKey
+from fleet.world.model import ClusterKey
 
 _CLUSTER: ContextVar[ClusterKey | None] = ContextVar("k0s_fleet_write_cluster", default=None)
 _FLEET_WIDE: ContextVar[bool] = ContextVar("k0s_fleet_fleet_wide_write", default=False)

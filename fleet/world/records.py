@@ -9,7 +9,7 @@ object is never kept.
 - :class:`NodeRecord` (a Node, or the autopilot ControlNode of a pure controller): name,
   uid, resourceVersion, k0s-fleet's own annotations (``fleet.k0s-fleet.io/*``) and
   autopilot's signal annotations (what the dispatcher's conflict-checked patches read),
-  and the :class:`~fleet.model.NodeInfo` the planner, gate, status and extension decide
+  and the :class:`~fleet.world.model.NodeInfo` the planner, gate, status and extension decide
   on (Ready, unschedulable, architecture, the kubelet's version, a ControlNode's
   ``status.k0sVersion``). Dropped: every other annotation and label, images,
   managedFields, addresses, capacity, taints, the other conditions.
@@ -43,15 +43,15 @@ from typing import Any
 
 import msgspec
 
+from fleet.contract.signal import AUTOPILOT_SIGNAL_DATA_KEY, AUTOPILOT_SIGNAL_VERSION_KEY, DOMAIN
 from fleet.kube.wire import ObjectDecoder
-from fleet.model import (
+from fleet.world.model import (
     AUTOPILOT_PLAN_LIVE_STATES,
     KIND_CONTROL_NODE,
     KIND_NODE,
     NodeInfo,
     node_from,
 )
-from fleet.signal import AUTOPILOT_SIGNAL_DATA_KEY, AUTOPILOT_SIGNAL_VERSION_KEY, DOMAIN
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """The fleet configuration: :class:`FleetConfig` and its sections.
 
-Loading (YAML file + environment) is :mod:`fleet.config_loader`; errors are
-:mod:`fleet.config_errors`; value types :mod:`fleet.config_types`; label selectors
-:mod:`fleet.selectors`; download resolution :mod:`fleet.downloads`.
+Loading (YAML file + environment) is :mod:`fleet.config.loader`; errors are
+:mod:`fleet.config.errors`; value types :mod:`fleet.config.types`; label selectors
+:mod:`fleet.contract.selectors`; download resolution :mod:`fleet.config.downloads`.
 
 YAML keys are camelCase (Kubernetes style); Python attributes are snake_case and may be
 used when building models in Python. ``FleetConfig()`` is the all-defaults
@@ -25,29 +25,25 @@ from pydantic import (
     model_validator,
 )
 
-from fleet.config_errors import Problems
-from fleet.config_types import (
+from fleet.config.schedule import CronError, format_duration, parse_cron
+from fleet.config.schedule import zone as _zone
+from fleet.config.types import (
     Arch,
     Budget,
-    ConfigModel,
-    DnsLabel,
     FailureBudget,
-    LabelKey,
-    LabelValue,
     NonNegativeDuration,
-    ObjectName,
     Port,
     PositiveDuration,
     Sha256,
     VersionKey,
     check_url,
 )
-from fleet.schedule import CronError, format_duration, parse_cron
-from fleet.schedule import zone as _zone
-from fleet.selectors import LabelSelector, parse_label_selector
-from fleet.signal import MAX_POLICY_SECONDS, DrainTimeoutAction, NodePolicy, SignalState
-from fleet.skew import ReleaseCatalog
-from fleet.versions import InvalidVersionError, K0sVersion
+from fleet.contract.kubenames import ConfigModel, DnsLabel, LabelKey, LabelValue, ObjectName
+from fleet.contract.problems import Problems
+from fleet.contract.selectors import LabelSelector, parse_label_selector
+from fleet.contract.signal import MAX_POLICY_SECONDS, DrainTimeoutAction, NodePolicy, SignalState
+from fleet.contract.skew import ReleaseCatalog
+from fleet.contract.versions import InvalidVersionError, K0sVersion
 
 DEFAULT_URL_TEMPLATE = "https://get.k0sproject.io/{version}/k0s-{version}-{arch}"
 DEFAULT_WAVE_NAME = "default"
@@ -446,7 +442,7 @@ class DownloadSettings(ConfigModel):
     )
 
     def catalog(self) -> ReleaseCatalog:
-        """The releases a ladder may climb by (fleet/skew.py)."""
+        """The releases a ladder may climb by (fleet/contract/skew.py)."""
         return ReleaseCatalog.of(
             self.releases, self.digests,
             rungs_need_digest=self.digest_manifest_url is None and not self.allow_unverified)
@@ -630,7 +626,7 @@ class ClusterSettings:
 
 class FleetConfig(ConfigModel):
     """The whole fleet configuration. ``FleetConfig()`` is a working default config and
-    never reads files or the environment; :func:`fleet.config_loader.load_config` does."""
+    never reads files or the environment; :func:`fleet.config.loader.load_config` does."""
 
     management: ManagementSettings = Field(default_factory=ManagementSettings)
     clusters: ClusterDiscovery = Field(default_factory=ClusterDiscovery)

@@ -12,9 +12,9 @@ import re
 from enum import StrEnum
 from typing import Any
 
+from fleet.contract.signal import DOMAIN, NodePolicy
+from fleet.contract.versions import K0sVersion
 from fleet.kube.resources import MACHINES, NODE_PLANS
-from fleet.signal import DOMAIN, NodePolicy
-from fleet.versions import K0sVersion
 
 LABEL_CLUSTER = "cluster.x-k8s.io/cluster-name"
 LABEL_MACHINE = f"{DOMAIN}/machine"

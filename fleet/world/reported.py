@@ -15,8 +15,8 @@ its version through what every k0s node publishes:
 
 from __future__ import annotations
 
-from fleet.model import ROLE_CONTROLLER, MachineInfo, NodeInfo
-from fleet.versions import kubernetes_release, valid_version
+from fleet.contract.versions import kubernetes_release, valid_version
+from fleet.world.model import ROLE_CONTROLLER, MachineInfo, NodeInfo
 
 
 def kubelet_version(version: str) -> str:

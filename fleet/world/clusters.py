@@ -32,8 +32,8 @@ from fleet.kube.cache import ObjectCache, RecordCache, Remembered
 from fleet.kube.inline import check_inline
 from fleet.kube.resources import AUTOPILOT_PLANS, CONTROL_NODES, NODES, SECRETS, Resource
 from fleet.kube.watch import Reflector, crd_established
-from fleet.model import KIND_CONTROL_NODE, KIND_NODE, ClusterKey
-from fleet.records import (
+from fleet.world.model import KIND_CONTROL_NODE, KIND_NODE, ClusterKey
+from fleet.world.records import (
     NodeRecord,
     PlanRecord,
     node_record,
@@ -142,7 +142,7 @@ def no_file_credentials(namespace: str) -> bool:
 @dataclass
 class WorkloadCluster:
     """The live connection to one workload cluster. Its caches hold compact records
-    (:mod:`fleet.records`), never the objects' full JSON."""
+    (:mod:`fleet.world.records`), never the objects' full JSON."""
 
     key: ClusterKey
     secret_name: str

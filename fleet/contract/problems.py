@@ -1,38 +1,13 @@
-"""What is wrong with a fleet configuration: one problem per line, each naming its key.
-
-:class:`ConfigError` is what a user sees (one line per :class:`ConfigProblem`); model
-validators raise :class:`Problems` to report several problems at paths relative to the
-model; :func:`problems_from` rewrites pydantic's errors into that one-line form.
-"""
+"""What is wrong with a Kubernetes-shaped value, one line per problem: pydantic's errors
+rewritten to name the key (``spec.drainRules[0].selector: unknown key``), for the fleet
+configuration and for the objects and annotations read off the wire alike."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
-
-from pydantic import ValidationError
-
-
-class ConfigProblem(NamedTuple):
-    """One thing wrong with the configuration: where (dotted key path) and what."""
-
-    path: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.message}"
-
-
-class ConfigError(ValueError):
-    """The fleet configuration is unusable. ``str()`` is one line per problem."""
-
-    def __init__(self, problems: Sequence[ConfigProblem], source: str | None = None) -> None:
-        self.problems = tuple(problems)
-        self.source = source
-        super().__init__("\n".join(str(p) for p in self.problems))
-
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 class UnparsableValue:
@@ -60,7 +35,7 @@ class Problems(ValueError):
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 
-def _format_path(loc: Sequence[str | int]) -> str:
+def format_path(loc: Sequence[str | int]) -> str:
     out = ""
     for part in loc:
         if part == "[key]":
@@ -120,26 +95,3 @@ def pydantic_message(err: Mapping[str, Any]) -> str:
     if t in ("value_error", "assertion_error") and "error" in ctx:
         return str(ctx["error"])
     return str(err.get("msg", t))
-
-
-def problems_from(
-    e: ValidationError, origin: Callable[[tuple[str | int, ...]], str | None]
-) -> list[ConfigProblem]:
-    """One problem per error (a validator's :class:`Problems` each), naming the key and,
-    where ``origin`` knows one, the environment variable that set it."""
-    problems: list[ConfigProblem] = []
-    for err in e.errors(include_url=False):
-        loc = tuple(err["loc"])
-        inner = (err.get("ctx") or {}).get("error")
-        pairs = (
-            [(loc + rel, msg) for rel, msg in inner.problems]
-            if isinstance(inner, Problems)
-            else [(loc, pydantic_message(err))]
-        )
-        for full, msg in pairs:
-            var = origin(full)
-            suffix = f" (from {var})" if var else ""
-            problem = ConfigProblem(_format_path(full), msg + suffix)
-            if problem not in problems:
-                problems.append(problem)
-    return problems

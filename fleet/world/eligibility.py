@@ -1,7 +1,7 @@
 """Is a Machine's k0s version the only thing out of date? (docs/controller.md)
 
 Anything else drifting means Cluster API (or k0smotron) replaces the Machine; k0s-fleet
-leaves it alone and says why. Every comparison of versions goes through fleet.versions.
+leaves it alone and says why. Every comparison of versions goes through fleet.contract.versions.
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from fleet.model import (
+from fleet.contract.nodeplan import NodePlanPhase
+from fleet.contract.versions import InvalidVersionError, K0sVersion
+from fleet.contract.versions import same_version as _same_version
+from fleet.world.model import (
     ANN_K0S_CONFIG,
     ANN_MACHINE_RUNNING_VERSION,
     ControlPlaneInfo,
@@ -25,9 +28,6 @@ from fleet.model import (
     NodePlanInfo,
     comparable_k0s_config,
 )
-from fleet.nodeplan import NodePlanPhase
-from fleet.versions import InvalidVersionError, K0sVersion
-from fleet.versions import same_version as _same_version
 
 # The planner compares the same few version strings thousands of times per pass.
 same_version = lru_cache(maxsize=65536)(_same_version)

@@ -21,15 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from fleet.model import (
-    EXECUTOR_AGENT,
-    EXECUTOR_AUTOPILOT,
-    NodeInfo,
-    NodePlanInfo,
-    format_time,
-    parse_time,
-)
-from fleet.signal import (
+from fleet.contract.signal import (
     AUTOPILOT_SIGNAL_DATA_KEY,
     AUTOPILOT_SIGNAL_VERSION_KEY,
     SIGNAL_DATA_KEY,
@@ -44,7 +36,15 @@ from fleet.signal import (
     parse_autopilot_signal,
     parse_signal,
 )
-from fleet.versions import kubernetes_release, same_version
+from fleet.contract.versions import kubernetes_release, same_version
+from fleet.world.model import (
+    EXECUTOR_AGENT,
+    EXECUTOR_AUTOPILOT,
+    NodeInfo,
+    NodePlanInfo,
+    format_time,
+    parse_time,
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fleet.nodeplan import NodePlanPhase
-from fleet.selectors import LabelSelector
-from fleet.signal import (
+from fleet.contract.nodeplan import NodePlanPhase
+from fleet.contract.selectors import LabelSelector
+from fleet.contract.signal import (
     AUTOPILOT_SIGNAL_DATA_KEY,
     CORDONED_BY_KEY,
     DOMAIN,
@@ -30,7 +30,7 @@ from fleet.signal import (
     parse_autopilot_signal,
     parse_signal,
 )
-from fleet.versions import same_version
+from fleet.contract.versions import same_version
 
 ROLE_CONTROLLER = "controller"
 ROLE_WORKER = "worker"
@@ -63,7 +63,7 @@ ANN_RETRY = f"{DOMAIN}/retry"
 ANN_MACHINE_RUNNING_VERSION = RUNNING_VERSION_KEY
 NODEPLAN_FINALIZER = f"{DOMAIN}/node-signal"
 # On every FleetUpgrade: a deleted one stays, showing Withdrawing, until the clusters whose
-# version it had written have finished (fleet/intent.py withdrawing_status)
+# version it had written have finished (fleet/world/intent.py withdrawing_status)
 FLEET_UPGRADE_FINALIZER = f"{DOMAIN}/withdraw"
 # A NodePlan the controller dispatches is created started: this annotation carries the
 # first request's identity (``created`` in the signal; attempt 1) and why it was
@@ -160,7 +160,7 @@ class ClusterInfo:
 
 @dataclass(frozen=True, slots=True)
 class FleetUpgradeInfo:
-    """A FleetUpgrade: "these clusters go to k0s version X" (fleet/intent.py)."""
+    """A FleetUpgrade: "these clusters go to k0s version X" (fleet/world/intent.py)."""
 
     ref: ObjectRef
     version: str | None  # normalised; None when spec.version is not a k0s version
@@ -182,7 +182,7 @@ class IntentTarget:
     intent: ObjectRef  # the FleetUpgrade
     version: str  # normalised
     # The rung this cluster works towards now (a version at most one minor ahead of the
-    # oldest it runs: fleet/skew.py ladder); None when it is ``version`` itself.
+    # oldest it runs: fleet/contract/skew.py ladder); None when it is ``version`` itself.
     rung: str | None = None
     # The rungs still ahead after ``rung`` (the ladder to ``version``), for the status.
     ladder: tuple[str, ...] = ()

@@ -11,8 +11,8 @@ import re
 from collections.abc import Mapping
 from urllib.parse import unquote, urlsplit
 
-from fleet.config import DownloadSettings
-from fleet.versions import K0sVersion
+from fleet.config.models import DownloadSettings
+from fleet.contract.versions import K0sVersion
 
 
 class DownloadResolutionError(ValueError):

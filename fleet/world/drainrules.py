@@ -19,8 +19,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fleet.selectors import LabelSelector, selector_matches
-from fleet.signal import MAX_DRAIN_RULES, DrainRule
+from fleet.contract.selectors import LabelSelector, selector_matches
+from fleet.contract.signal import MAX_DRAIN_RULES, DrainRule
 
 
 class DrainRuleError(ValueError):
