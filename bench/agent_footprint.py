@@ -78,8 +78,9 @@ async def run_variant(  # noqa: PLR0917
         # a busy 2-core machine can pause the loopback server longer than the test
         # default of 2 s; this bench measures memory, not stall handling
         node.agent_args = ["--download-stall-timeout", "60"]
-        if repo != REPO_ROOT:
-            node.url_prefixes = []  # an older agent has no --allowed-url-prefix
+        settings = repo / "fleet" / "agents" / "settings.py"
+        if "allowed_url_prefixes" not in settings.read_text():
+            node.url_prefixes = []  # an agent from before #29 has no --allowed-url-prefix
         starts = []
         for _ in range(args.starts):
             starts.append(await start_until_watching(node))

@@ -24,6 +24,7 @@ import anyio
 import anyio.abc
 
 from fleet.cli import common, memtrace
+from fleet.cli.exit import Exit
 from fleet.cli.probes import probes
 from fleet.config.errors import ConfigError
 from fleet.config.models import FleetConfig
@@ -224,7 +225,7 @@ async def _main(args: argparse.Namespace, config: FleetConfig,
                 if membership is not None and writer is not None:
                     if not await _sharded(membership=membership, writer=writer, lead=lead):
                         tg.cancel_scope.cancel()  # the endpoints too: exit, to be restarted
-                        return common.Exit.LOST_LEADERSHIP
+                        return Exit.LOST_LEADERSHIP
                 elif elector is not None:
                     await elector.run(lead)
                 else:
@@ -232,9 +233,9 @@ async def _main(args: argparse.Namespace, config: FleetConfig,
             except LostLeadershipError as e:
                 log.error("%s", e)
                 tg.cancel_scope.cancel()  # the endpoints too: exit, to be restarted
-                return common.Exit.LOST_LEADERSHIP
+                return Exit.LOST_LEADERSHIP
             tg.cancel_scope.cancel()
-        return common.Exit.OK
+        return Exit.OK
     finally:
         with anyio.CancelScope(shield=True):
             await mgmt.close()
@@ -253,7 +254,7 @@ def _exit_unless_stopped_within(lease_seconds: float) -> Callable[[str], None]:
             log.error("main event loop still stalled: exiting")
             for handler in logging.getLogger().handlers:
                 handler.flush()
-            os._exit(common.Exit.LOST_LEADERSHIP)
+            os._exit(Exit.LOST_LEADERSHIP)
 
         timer = threading.Timer(lease_seconds, exit_now)
         timer.daemon = True
@@ -321,7 +322,7 @@ def run(args: argparse.Namespace) -> int:
         root_level, logger_levels = log_levels(args.log_level)
     except ValueError as e:
         print(f"k0s-fleet controller: {e}", file=sys.stderr)
-        return common.Exit.BAD_CONFIG
+        return Exit.BAD_CONFIG
     logging.basicConfig(level=root_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name, level in logger_levels.items():
@@ -335,23 +336,23 @@ def run(args: argparse.Namespace) -> int:
               f"number of shards, and needs the Leases (not --no-leader-elect); got "
               f"--shards {args.shards}" + ("" if args.leader_elect else
                                            " with --no-leader-elect"), file=sys.stderr)
-        return common.Exit.BAD_CONFIG
+        return Exit.BAD_CONFIG
     if args.stall_seconds < 0 or (args.stall_seconds and
                                   args.stall_seconds <= args.lease_seconds * 2 / 3):
         print("k0s-fleet controller: --stall-seconds must be 0 (four lease durations) or "
               f"longer than the renew deadline (2/3 of --lease-seconds {args.lease_seconds}); "
               f"got {args.stall_seconds:g}", file=sys.stderr)
-        return common.Exit.BAD_CONFIG
+        return Exit.BAD_CONFIG
     if write_qps(args) < 0 or args.write_burst < 1:
         print("k0s-fleet controller: --write-qps must be 0 (no limit) or positive and "
               f"--write-burst at least 1; got --write-qps {write_qps(args):g} "
               f"--write-burst {args.write_burst}", file=sys.stderr)
-        return common.Exit.BAD_CONFIG
+        return Exit.BAD_CONFIG
     try:
         return anyio.run(_main, args, config, gc_pauses)
     except common.BadInputError as e:  # no usable management kubeconfig
         print(f"k0s-fleet controller: {e}", file=sys.stderr)
-        return common.Exit.BAD_CONFIG
+        return Exit.BAD_CONFIG
     except BaseExceptionGroup as group:
         # An endpoint that cannot listen (its port taken): one line naming it, not the
         # task group's traceback.
@@ -360,4 +361,4 @@ def run(args: argparse.Namespace) -> int:
             raise
         for problem in _leaves(taken):
             print(f"k0s-fleet controller: {problem}", file=sys.stderr)
-        return common.Exit.FAILED
+        return Exit.FAILED

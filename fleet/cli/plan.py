@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fleet.cli import common
+from fleet.cli.exit import Exit
 from fleet.cli.progress import current_steps, wide_columns
 from fleet.config.models import ExtensionMode, FleetConfig
 from fleet.config.schedule import DurationError, parse_duration
@@ -224,17 +225,17 @@ def outcome(command: str, doc: dict[str, Any]) -> int:
     no cluster selected), else 0."""
     p = doc.get("preview")
     if p is None:
-        return common.Exit.OK
+        return Exit.OK
     if not p["clusters"]:
         print(f"k0s-fleet {command}: FleetUpgrade {p['fleetUpgrade']} would select no "
               "cluster of the fleet (check the selector and the fleet YAML's clusters)",
               file=sys.stderr)
-        return common.Exit.FAILED
+        return Exit.FAILED
     if doc["refusals"]:
         print(f"k0s-fleet {command}: k0s's version skew policy refuses "
               f"{len(doc['refusals'])} cluster(s)", file=sys.stderr)
-        return common.Exit.FAILED
-    return common.Exit.OK
+        return Exit.FAILED
+    return Exit.OK
 
 
 async def show(command: str, mgmt: KubeClient, resolved: common.ResolvedConfig, *,

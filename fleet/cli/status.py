@@ -29,6 +29,7 @@ from rich.live import Live
 from rich.text import Text
 
 from fleet.cli import common
+from fleet.cli.exit import Exit
 from fleet.cli.plan import extension_clusters
 from fleet.cli.progress import current_steps, wide_columns
 from fleet.config.models import FleetConfig
@@ -110,7 +111,7 @@ async def follow(console: Console, frame: Frame, *, once: bool, interval: float)
     a pipe or a log gets one view per change, like ``kubectl get --watch``)."""
     if once:
         console.print((await frame())[0])
-        return common.Exit.OK
+        return Exit.OK
     if not console.is_terminal:
         last: str | None = None
         while True:
@@ -130,7 +131,7 @@ async def _run_url(args: argparse.Namespace, interval: float) -> int:
     console = Console()
     if args.output in ("json", "yaml"):
         sys.stdout.write(common.dump(await _from_url(args.url), args.output))
-        return common.Exit.OK
+        return Exit.OK
     banner = Text(f"config: the controller's own (/status of {args.url})"
                   + ("; -o wide's columns need the cluster itself (without --url)"
                      if args.output == "wide" else ""), style="dim")
@@ -156,7 +157,7 @@ async def _run(args: argparse.Namespace) -> int:
             print(f"k0s-fleet status: {resolved.banner()}", file=sys.stderr)
             doc, _ = await status_with(mgmt, config, now=datetime.now(UTC))
             sys.stdout.write(common.dump(doc, args.output))
-            return common.Exit.OK
+            return Exit.OK
 
         async def frame() -> tuple[RenderableType, str]:
             doc, obs = await status_with(mgmt, config, now=datetime.now(UTC))

@@ -43,6 +43,7 @@ import anyio
 
 from fleet.cli import common, plan
 from fleet.cli.common import default_name, upgrade_object
+from fleet.cli.exit import Exit
 from fleet.cli.progress import progress_state, render_progress
 from fleet.config.schedule import DurationError, parse_duration
 from fleet.contract.selectors import LabelSelector, parse_label_selector
@@ -257,15 +258,15 @@ async def follow(mgmt: KubeClient, *, namespace: str, name: str, generation: int
             sys.stderr.write(to_err)
             sys.stderr.flush()
         if current and condition(obj, "Complete"):
-            return common.Exit.OK
+            return Exit.OK
         if current and condition(obj, "Failed"):
-            return common.Exit.FAILED
+            return Exit.FAILED
         if current and reason_of(obj, "Complete") == "NoClusters":
             # Nothing would ever move: say so now instead of waiting out --timeout.
             print(f"k0s-fleet upgrade: FleetUpgrade {namespace}/{name} selects no cluster "
                   "of the fleet (check its clusterSelector and the fleet YAML's clusters)",
                   file=sys.stderr)
-            return common.Exit.FAILED
+            return Exit.FAILED
         await anyio.sleep(poll)
 
 
@@ -306,7 +307,7 @@ async def _run(args: argparse.Namespace) -> int:
               f"{'clusters ' + args.selector if args.selector else 'the whole fleet'} -> "
               f"{version}", file=sys.stderr)
         if not args.wait:
-            return common.Exit.OK
+            return Exit.OK
         with anyio.move_on_after(timeout):
             return await follow(mgmt, namespace=namespace, name=name,
                                 generation=int(obj["metadata"].get("generation") or 1),
@@ -314,7 +315,7 @@ async def _run(args: argparse.Namespace) -> int:
                                 live=LiveView(tty=on_terminal(sys.stdout),
                                               width=shutil.get_terminal_size().columns - 1))
         print(f"k0s-fleet upgrade: not complete after {args.timeout}", file=sys.stderr)
-        return common.Exit.NOT_DONE
+        return Exit.NOT_DONE
 
 
 def run(args: argparse.Namespace) -> int:

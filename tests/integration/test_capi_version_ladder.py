@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import pytest
 
-from fleet.cli.common import Exit
+from fleet.cli.exit import Exit
 from fleet.cli.upgrade import apply_upgrade, follow
 from fleet.config.models import FleetConfig
 from fleet.kube import KubeClient

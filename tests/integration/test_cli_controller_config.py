@@ -22,7 +22,7 @@ import anyio
 import pytest
 import yaml
 
-from fleet.cli.common import Exit
+from fleet.cli.exit import Exit
 from fleet.contract.nodeplan import build_nodeplan
 from fleet.kube import KubeClient
 from fleet.kube.resources import (

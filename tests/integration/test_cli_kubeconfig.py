@@ -14,7 +14,7 @@ import anyio
 import pytest
 import yaml
 
-from fleet.cli.common import Exit
+from fleet.cli.exit import Exit
 from fleet.kube import KubeClient
 from fleet.kube.resources import CONFIGMAPS, FLEET_UPGRADES
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP

@@ -24,7 +24,7 @@ import anyio
 import anyio.abc
 import pytest
 
-from fleet.cli.common import Exit
+from fleet.cli.exit import Exit
 from fleet.controllers.leader import LeaderElector
 from fleet.controllers.shard import (
     GROUP_LABEL,

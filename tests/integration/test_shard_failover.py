@@ -33,7 +33,7 @@ import anyio.abc
 import pytest
 import yaml
 
-from fleet.cli.common import Exit
+from fleet.cli.exit import Exit
 from fleet.contract.signal import InvalidSignalError, parse_signal
 from fleet.controllers.shard import GROUP_LABEL, shard_lease_name, shard_of
 from fleet.kube import KubeClient

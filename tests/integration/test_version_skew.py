@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
-from fleet.cli.common import Exit
+from fleet.cli.exit import Exit
 from fleet.cli.upgrade import apply_upgrade, follow
 from fleet.config.models import FleetConfig
 from fleet.events import list_events

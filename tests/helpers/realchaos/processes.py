@@ -22,7 +22,7 @@ import anyio
 import anyio.abc
 import yaml
 
-from fleet.cli.common import Exit
+from fleet.cli.exit import Exit
 from fleet.kube import KubeClient, KubeError
 from fleet.kube.resources import LEASES
 from fleet.testing.binaries import REPO_ROOT
