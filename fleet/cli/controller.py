@@ -32,6 +32,7 @@ from fleet.controllers.heap import fixed_mmap_threshold
 from fleet.controllers.leader import LeaderElector, LostLeadershipError
 from fleet.controllers.runner import FleetController, Trigger
 from fleet.controllers.shard import LostMembershipError, ShardMembership
+from fleet.controllers.takeover import Sharding
 from fleet.events import EventRecorder
 from fleet.extension.exclusion import ExtensionExclusion
 from fleet.extension.server import serve_configured_extension
@@ -175,15 +176,17 @@ async def _main(args: argparse.Namespace, config: FleetConfig,
                                      recorder=recorder,
                                      trigger=trigger, policy=exclusion,
                                      tracer=get_tracer("fleet.controller", provider),
-                                     shard=membership, write_fence=fence,
-                                     claims=membership.keeps_full if membership else None,
-                                     kept_since=membership.kept_since if membership else None,
-                                     after_start_up=_freeze_startup)
+                                     sharding=Sharding(membership, membership.keeps_full,
+                                                       membership.kept_since)
+                                     if membership else None,
+                                     write_fence=fence, after_start_up=_freeze_startup)
         if membership is not None:
-            membership.busy = controller.busy_clusters
-            membership.warm = functools.partial(controller.warm_taken,
+            takeover = controller.takeover
+            assert takeover is not None
+            membership.busy = takeover.busy_clusters
+            membership.warm = functools.partial(takeover.warm_taken,
                                                 membership.warming_cluster)
-            membership.read_ahead = functools.partial(controller.read_ahead,
+            membership.read_ahead = functools.partial(takeover.read_ahead,
                                                       membership.readying_cluster)
         health = probes(controller, exclusion, config)
         lease_holder = membership or elector

@@ -21,6 +21,7 @@ import pytest
 
 from fleet.cli.upgrade import apply_upgrade
 from fleet.controllers.runner import FleetController
+from fleet.controllers.takeover import Sharding
 from fleet.kube import KubeClient, resources
 from fleet.kube.resources import (
     CONFIGMAPS,
@@ -115,7 +116,7 @@ async def test_a_restarted_controller_writes_no_status_on_a_settled_fleet(
 
 
 class Toggle:
-    """A shard (fleet.controllers.runner.Shard) that acts on nothing until switched on."""
+    """A shard (fleet.controllers.takeover.Shard) that acts on nothing until switched on."""
 
     def __init__(self) -> None:
         self.on = False
@@ -150,7 +151,7 @@ async def test_a_shard_taken_over_is_planned_only_once_its_workload_cluster_answ
         await wait_for("the first controller quiet", lambda: quiet(first), 60, 0.1)
 
     shard = Toggle()
-    async with policy_controller(mgmt, cfg, shard=shard) as second:
+    async with policy_controller(mgmt, cfg, sharding=Sharding(shard)) as second:
         await wait_for("planned on nothing of its own, quiet", lambda: quiet(second), 120, 0.1)
         before = await versions(mgmt, wl1, namespace, fcs)
         planned = second.stats.clusters_planned
