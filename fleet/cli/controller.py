@@ -30,9 +30,10 @@ from fleet.config.models import FleetConfig
 from fleet.controllers.gcpause import GcPauses, freeze_survivors
 from fleet.controllers.heap import fixed_mmap_threshold
 from fleet.controllers.leader import LeaderElector, LostLeadershipError
-from fleet.controllers.runner import FleetController, Trigger
+from fleet.controllers.runner import FleetController
 from fleet.controllers.shard import LostMembershipError, ShardMembership
 from fleet.controllers.takeover import Sharding
+from fleet.controllers.trigger import Trigger
 from fleet.events import EventRecorder
 from fleet.extension.exclusion import ExtensionExclusion
 from fleet.extension.server import serve_configured_extension

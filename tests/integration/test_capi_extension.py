@@ -26,7 +26,8 @@ import pytest
 
 from fleet.cli.upgrade import apply_upgrade
 from fleet.config.models import FleetConfig
-from fleet.controllers.runner import FleetController, Trigger
+from fleet.controllers.runner import FleetController
+from fleet.controllers.trigger import Trigger
 from fleet.events import EventRecorder, list_events
 from fleet.extension import (
     ExtensionEndpoint,

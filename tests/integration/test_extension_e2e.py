@@ -31,7 +31,8 @@ from fleet.cli.upgrade import apply_upgrade, follow
 from fleet.config.models import FleetConfig
 from fleet.contract.nodeplan import nodeplan_name
 from fleet.contract.signal import RUNNING_VERSION_KEY
-from fleet.controllers.runner import FleetController, Trigger
+from fleet.controllers.runner import FleetController
+from fleet.controllers.trigger import Trigger
 from fleet.events import EventRecorder
 from fleet.extension import (
     ExtensionEndpoint,

@@ -70,7 +70,7 @@ async def versions(mgmt: KubeClient, wl: KubeClient, namespace: str,
 
 async def quiet(ctl: FleetController) -> bool:
     """It has planned, nothing is in flight, no change waits for a pass."""
-    return ctl.stats.passes > 0 and not ctl._inflight and ctl.trigger.first_poke is None
+    return ctl.stats.passes > 0 and not ctl.performer.inflight and ctl.trigger.first_poke is None
 
 
 async def test_a_restarted_controller_writes_no_status_on_a_settled_fleet(
@@ -88,7 +88,7 @@ async def test_a_restarted_controller_writes_no_status_on_a_settled_fleet(
 
     stages: list[tuple[str, bool]] = []  # the start-up's marks (the CLI freezes the heap)
     async with policy_controller(mgmt, cfg, after_start_up=lambda stage: stages.append(
-            (stage, bool(first._inflight)))) as first:
+            (stage, bool(first.performer.inflight)))) as first:
         await wait_for("the first controller's status written", settled, 120, 0.1)
         await wait_for("the first controller quiet", lambda: quiet(first), 60, 0.1)
         async def marked() -> bool:
@@ -167,7 +167,7 @@ async def test_a_shard_taken_over_is_planned_only_once_its_workload_cluster_answ
 
 
 async def _planned(ctl: FleetController, n: int) -> bool:
-    return ctl.stats.clusters_planned >= n and not ctl._inflight
+    return ctl.stats.clusters_planned >= n and not ctl.performer.inflight
 
 
 async def test_the_first_pass_waits_its_bound_from_when_the_clusters_were_asked_for(
