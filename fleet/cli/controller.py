@@ -177,18 +177,10 @@ async def _main(args: argparse.Namespace, config: FleetConfig,
                                      recorder=recorder,
                                      trigger=trigger, policy=exclusion,
                                      tracer=get_tracer("fleet.controller", provider),
-                                     sharding=Sharding(membership, membership.keeps_full,
-                                                       membership.kept_since)
-                                     if membership else None,
+                                     sharding=Sharding.of(membership) if membership else None,
                                      write_fence=fence, after_start_up=_freeze_startup)
-        if membership is not None:
-            takeover = controller.takeover
-            assert takeover is not None
-            membership.busy = takeover.busy_clusters
-            membership.warm = functools.partial(takeover.warm_taken,
-                                                membership.warming_cluster)
-            membership.read_ahead = functools.partial(takeover.read_ahead,
-                                                      membership.readying_cluster)
+        if membership is not None and controller.takeover is not None:
+            controller.takeover.serve(membership)
         health = probes(controller, exclusion, config)
         lease_holder = membership or elector
         if lease_holder is not None:

@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import anyio
@@ -60,6 +61,26 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+@dataclass(frozen=True)
+class Tuning:
+    """The controller's numbers that the fleet YAML does not give, or overrides (tests use
+    short ones): ``concurrency`` actions at once, ``cluster_concurrency`` of them per
+    workload cluster; ``watch_timeout`` of the management watches (seconds);
+    ``unreachable_after`` / ``wedged_after`` (seconds) override the fleet config's
+    ``clusters.unreachableAfter`` / ``status.wedgedAfter``; ``settle_bound``: how long a
+    workload cluster's first answer is waited for before it is planned on (default: the
+    unreachable bound + 30 s); ``planner``: the planner's settings (default: from the
+    fleet config, :func:`planner_settings`)."""
+
+    concurrency: int = 16
+    cluster_concurrency: int = 4
+    watch_timeout: int = 120
+    unreachable_after: float | None = None
+    wedged_after: float | None = None
+    settle_bound: float | None = None
+    planner: PlannerSettings | None = None
+
+
 def planner_settings(config: FleetConfig) -> PlannerSettings:
     """The planner's knobs from the fleet YAML."""
     d = config.rollout.progress_deadlines
@@ -76,36 +97,34 @@ class FleetController:
     """One controller instance (run it only while holding the leader Lease)."""
 
     def __init__(self, mgmt: KubeClient, config: FleetConfig, *,
-                 tracer: trace.Tracer | None = None, recorder: EventRecorder | None = None,
-                 clock: Callable[[], datetime] = _now, identity: str = "k0s-fleet",
-                 settings: PlannerSettings | None = None, policy: FleetPolicy | None = None,
+                 identity: str = "k0s-fleet", policy: FleetPolicy | None = None,
+                 recorder: EventRecorder | None = None, tracer: trace.Tracer | None = None,
+                 trigger: Trigger | None = None, clock: Callable[[], datetime] = _now,
+                 client_factory: ClientFactory | None = None,
                  on_pass: PassListener | None = None,
-                 client_factory: ClientFactory | None = None, trigger: Trigger | None = None,
-                 concurrency: int = 16, cluster_concurrency: int = 4,
-                 watch_timeout: int = 120, unreachable_after: float | None = None,
-                 wedged_after: float | None = None, settle_bound: float | None = None,
+                 after_start_up: Callable[[str], None] | None = None,
                  sharding: Sharding | None = None,
                  write_fence: Callable[[], bool] | None = None,
-                 after_start_up: Callable[[str], None] | None = None) -> None:
-        """``unreachable_after`` / ``wedged_after`` (seconds) override the fleet config's
-        ``clusters.unreachableAfter`` / ``status.wedgedAfter`` (tests use short ones);
-        ``settle_bound``: how long a workload cluster's first answer is waited for before
-        it is planned on (default: the unreachable bound + 30 s); ``sharding``: act only on
-        the clusters its shard names (several active replicas), with the take-over of
-        shards (:class:`~fleet.controllers.takeover.ShardTakeover`, :attr:`takeover`);
-        ``write_fence``: every write of
-        this controller (management and workload clusters, Events) is sent only while it
-        answers True (:meth:`fleet.kube.KubeClient.fenced`; each action's writes are marked
-        as its cluster's, :func:`fleet.world.fence.writes_for`); ``after_start_up``: called with
-        ``"first pass"`` when the first pass is about to run, and with ``"first quiet"``
-        once the work that pass started is done (nothing in flight, no change waiting)."""
+                 tuning: Tuning = Tuning()) -> None:
+        """``policy``: the rollout policy each pass asks (holds, emergency stop);
+        ``on_pass``: called with each pass's snapshot and the fleet's whole plan;
+        ``after_start_up``: called with ``"first pass"`` when the first pass is about to
+        run, and with ``"first quiet"`` once the work that pass started is done (nothing in
+        flight, no change waiting); ``sharding``: act only on the clusters its shard names
+        (several active replicas), with the take-over of shards (:attr:`takeover`, a
+        :class:`~fleet.controllers.takeover.ShardTakeover`; None without sharding);
+        ``write_fence``: every write of this controller (management and workload
+        clusters, Events) is sent only while it answers True
+        (:meth:`fleet.kube.KubeClient.fenced`; each action's writes are marked as its
+        cluster's, :func:`fleet.world.fence.writes_for`); ``tuning``: :class:`Tuning`."""
+        watch_timeout = tuning.watch_timeout
         if write_fence is not None:
             mgmt = mgmt.fenced(write_fence)
         self.mgmt = mgmt
         self.config = config
         self.clock = clock
         self.identity = identity
-        self.settings = settings or planner_settings(config)
+        self.settings = tuning.planner or planner_settings(config)
         self.policy = policy
         self.on_pass = on_pass
         self.tracer = tracer or get_tracer("fleet.controller")
@@ -127,7 +146,8 @@ class FleetController:
             # management watches' timeout + 30 s, at most 150 s)
             watch_timeout=WORKLOAD_WATCH_TIMEOUT, idle_timeout=min(150.0, watch_timeout + 30.0),
             unreachable_after=(config.clusters.unreachable_after.total_seconds()
-                               if unreachable_after is None else unreachable_after),
+                               if tuning.unreachable_after is None
+                               else tuning.unreachable_after),
             write_fence=write_fence,
             allow_file_credentials=config.clusters.kubeconfig_secrets.allows_files,
             **({"client_factory": client_factory} if client_factory else {}))
@@ -137,7 +157,7 @@ class FleetController:
         self.acting_merger = Merger()  # the same of the clusters this replica acts on
         # The first pass waits for every workload cluster's first answer, at most this long.
         self.settling = Settling(self.registry, self.parts, bound=(
-            settle_bound if settle_bound is not None
+            tuning.settle_bound if tuning.settle_bound is not None
             else self.registry.unreachable_after + 30), after_start_up=after_start_up)
         self._stopped = False
         self.recorder = recorder or EventRecorder(
@@ -151,8 +171,8 @@ class FleetController:
         self._retry_at: datetime | None = None
         self._backoff = Backoff(initial=0.2, maximum=10.0)
         self._wanted: set[ClusterKey] = set()  # the registry's set, as last asked for
-        self.limits = ActionLimits(concurrency=concurrency,
-                                   cluster_concurrency=cluster_concurrency, clock=clock)
+        self.limits = ActionLimits(concurrency=tuning.concurrency,
+                                   cluster_concurrency=tuning.cluster_concurrency, clock=clock)
         self.performer = Performer(
             dispatcher=self.dispatcher, limits=self.limits, parts=self.parts,
             trigger=self.trigger, stats=self.stats, tracer=self.tracer,
@@ -165,7 +185,7 @@ class FleetController:
             parts=self.parts, ready=self.ready, busy=self.performer.busy)
         # Liveness: a pass (or a change waiting for one) older than this means wedged.
         self.wedged_after = (config.status.wedged_after.total_seconds()
-                             if wedged_after is None else wedged_after)
+                             if tuning.wedged_after is None else tuning.wedged_after)
         self.watch_timeout = watch_timeout
         self.running = False  # run() entered (this replica leads, or runs alone)
         self._pass_started: float | None = None

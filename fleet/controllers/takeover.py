@@ -12,6 +12,7 @@ early, and keeps the foreign subset again of what it gave back.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import defaultdict
@@ -26,6 +27,7 @@ from fleet.contract import nodeplan
 from fleet.controllers.handoff import BulkReread, ListAt
 from fleet.controllers.observe import SECRET_FIELD_SELECTOR, ManagementView, kubeconfig_secrets
 from fleet.controllers.parts import FleetParts
+from fleet.controllers.shard import ShardMembership
 from fleet.kube import GoneError, KubeClient, KubeError
 from fleet.kube.resources import (
     CLUSTERS,
@@ -62,6 +64,11 @@ class Sharding:
     shard: Shard
     claims: Callable[[ClusterKey], bool] | None = None
     kept_since: Callable[[ClusterKey], int] | None = None
+
+    @classmethod
+    def of(cls, membership: ShardMembership) -> Sharding:
+        """What ``membership`` tells (its shards, claims and read-ahead)."""
+        return cls(membership, membership.keeps_full, membership.kept_since)
 
 
 class Takeover(Protocol):
@@ -142,6 +149,15 @@ class ShardTakeover:
         self._bulk = BulkReread()
         self.reread_page_size = 500
         self.bulk_pages_read = 0
+
+    def serve(self, membership: ShardMembership) -> None:
+        """Answer what ``membership`` asks the controller: the clusters with actions in
+        flight (a shard is given back once they are done), whether newly taken shards
+        are warm, and the read-ahead of shards that may be taken soon."""
+        membership.busy = self.busy_clusters
+        membership.warm = functools.partial(self.warm_taken, membership.warming_cluster)
+        membership.read_ahead = functools.partial(self.read_ahead,
+                                                  membership.readying_cluster)
 
     def acts_on(self, cluster: ClusterKey) -> bool:
         return self.shard.acts_on(cluster)

@@ -43,6 +43,7 @@ from tests.helpers.controller import (
     policy_controller,
     running_controller,
     small_cluster,
+    tuning,
 )
 from tests.helpers.hooked import hooked, hooked_factory
 
@@ -202,8 +203,9 @@ async def test_the_first_pass_waits_its_bound_from_when_the_clusters_were_asked_
             first_pass.append((time.monotonic(), snapshot.nodes.get(key) is not None))
 
     async with running_controller(
-            hooked(mgmt, slow_cluster_list), intent_config(namespace), settle_bound=bound,
-            client_factory=hooked_factory(silent_workload), on_pass=on_pass) as ctl:
+            hooked(mgmt, slow_cluster_list), intent_config(namespace),
+            tuning=tuning(settle_bound=bound), client_factory=hooked_factory(silent_workload),
+            on_pass=on_pass) as ctl:
         await wait_for("the first pass", lambda: _now(bool(first_pass)), 120, 0.1)
         assert released, "the management list of Clusters was never asked for"
         at, seen = first_pass[0]
