@@ -27,7 +27,9 @@ from fleet.telemetry import link_from_traceparent
 from fleet.world.fence import writes_for
 from fleet.world.model import ClusterKey, ObjectRef, Snapshot
 
-log = logging.getLogger(__name__)
+# The loop's logger: ``fleet.controllers.runner=DEBUG`` shows each action performed
+# among the passes, as before the move (bench/pass_interleave.py reads both).
+log = logging.getLogger("fleet.controllers.runner")
 
 
 class Performer:
