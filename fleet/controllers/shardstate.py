@@ -51,7 +51,7 @@ class ShardState:
                                          what="sharding")
         self.on_stall = on_stall
         # A replica whose member Lease has not moved for renew_deadline + margin since it
-        # was seen (on this replica's clock) is gone: see the module docstring.
+        # was seen (on this replica's clock) is gone: see fleet.controllers.shard.
         self.margin = lease_seconds / 10 if handoff_margin is None else handoff_margin
         if not 0 <= self.margin <= lease_seconds - self.renew_deadline:
             raise ValueError(f"sharding needs 0 <= handoff_margin ({self.margin}) <= "
