@@ -71,6 +71,8 @@ class Performer:
                 and action_target(a) not in self.limits.cooldown]
 
     async def act(self, snapshot: Snapshot, result: PlanResult, actions: list[Action]) -> None:
+        """Start ``actions`` (of the pass that planned ``result``), grouped by object, most
+        urgent first, under one "reconcile" span linked to their NodePlans' traces."""
         links: list[trace.Link] = []
         for a in actions:
             ref = getattr(a, "plan", None)
