@@ -31,8 +31,10 @@ from fleet.config.models import FleetConfig
 from fleet.controllers.gcpause import GcPauses, freeze_survivors
 from fleet.controllers.heap import fixed_mmap_threshold
 from fleet.controllers.leader import LeaderElector, LostLeadershipError
-from fleet.controllers.runner import FleetController, Trigger
+from fleet.controllers.runner import FleetController
 from fleet.controllers.shard import LostMembershipError, ShardMembership
+from fleet.controllers.takeover import Sharding
+from fleet.controllers.trigger import Trigger
 from fleet.events import EventRecorder
 from fleet.extension.exclusion import ExtensionExclusion
 from fleet.extension.server import serve_configured_extension
@@ -176,16 +178,10 @@ async def _main(args: argparse.Namespace, config: FleetConfig,
                                      recorder=recorder,
                                      trigger=trigger, policy=exclusion,
                                      tracer=get_tracer("fleet.controller", provider),
-                                     shard=membership, write_fence=fence,
-                                     claims=membership.keeps_full if membership else None,
-                                     kept_since=membership.kept_since if membership else None,
-                                     after_start_up=_freeze_startup)
-        if membership is not None:
-            membership.busy = controller.busy_clusters
-            membership.warm = functools.partial(controller.warm_taken,
-                                                membership.warming_cluster)
-            membership.read_ahead = functools.partial(controller.read_ahead,
-                                                      membership.readying_cluster)
+                                     sharding=Sharding.of(membership) if membership else None,
+                                     write_fence=fence, after_start_up=_freeze_startup)
+        if membership is not None and controller.takeover is not None:
+            controller.takeover.serve(membership)
         health = probes(controller, exclusion, config)
         lease_holder = membership or elector
         if lease_holder is not None:

@@ -3,7 +3,7 @@
 Before a replica acts on the clusters of a shard it has just taken, it reads their
 NodePlans (what the previous holder dispatched) and the objects kept foreign until then
 (fleet/world/kept.py) again. The I/O is
-:meth:`fleet.controllers.runner.FleetController.warm_taken`; the progress of its bulk
+:meth:`fleet.controllers.takeover.ShardTakeover.warm_taken`; the progress of its bulk
 re-read, kept across looks that are cut off, is here.
 """
 

@@ -28,7 +28,7 @@ node, annotations), no uid, type or infrastructure reference; of a kubeconfig Se
 name and labels only (the registry connects to held clusters only). The foreign subset
 is a subset of the held one, so projecting a held copy again gives what projecting the
 object would. Taking a shard re-reads its clusters' objects before acting on them
-(:meth:`fleet.controllers.runner.FleetController.warm_taken`); giving one back
+(:meth:`fleet.controllers.takeover.ShardTakeover.warm_taken`); giving one back
 projects them down again (:meth:`fleet.kube.cache.ObjectCache.rekeep`).
 """
 

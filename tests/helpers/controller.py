@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from fleet.config.models import FleetConfig
 from fleet.contract.signal import RUNNING_VERSION_KEY, InvalidSignalError, parse_signal
 from fleet.contract.versions import same_version
-from fleet.controllers.runner import FleetController
+from fleet.controllers.runner import FleetController, Tuning
 from fleet.events import EventRecorder
 from fleet.kube import KubeClient, KubeObject
 from fleet.kube.resources import (
@@ -148,11 +148,17 @@ class InvariantWatcher:
 PROVIDER = TracerProvider()
 
 
+def tuning(**kw: Any) -> Tuning:
+    """The controller's tuning in tests: 30 s management watches, and ``kw``."""
+    return Tuning(**{"watch_timeout": 30, **kw})
+
+
 @contextlib.asynccontextmanager
 async def running_controller(mgmt: KubeClient, config: FleetConfig, **kw: Any
                              ) -> AsyncIterator[FleetController]:
     kw.setdefault("tracer", PROVIDER.get_tracer("test"))
-    controller = FleetController(mgmt, config, watch_timeout=30, **kw)
+    kw.setdefault("tuning", tuning())
+    controller = FleetController(mgmt, config, **kw)
     async with anyio.create_task_group() as tg:
         await tg.start(controller.run)
         try:

@@ -37,7 +37,7 @@ import anyio
 from fleet.config.models import FleetConfig
 from fleet.contract.nodeplan import NodePlanPhase
 from fleet.contract.versions import same_version
-from fleet.controllers.runner import FleetController
+from fleet.controllers.runner import FleetController, Tuning
 from fleet.events import EventRecorder
 from fleet.kube import KubeClient
 from fleet.kube.resources import (
@@ -207,8 +207,8 @@ async def _measure(root: Path, *, control_planes: int, workers: int, max_unavail
             config = fleet_config(ns, rs.base_url, new.sha256)
             recorder = EventRecorder(ctl, instance="cost", default_namespace=ns)
             rollout = RolloutPolicy(ctl, config, recorder=recorder) if policy else None
-            controller = FleetController(ctl, config, identity="cost", watch_timeout=3600,
-                                         recorder=recorder, policy=rollout)
+            controller = FleetController(ctl, config, identity="cost", recorder=recorder,
+                                         policy=rollout, tuning=Tuning(watch_timeout=3600))
             async with anyio.create_task_group() as tg:
                 if rollout is not None:
                     if record_watch:

@@ -26,7 +26,8 @@ import pytest
 
 from fleet.cli.upgrade import apply_upgrade
 from fleet.config.models import FleetConfig
-from fleet.controllers.runner import FleetController, Trigger
+from fleet.controllers.runner import FleetController, Tuning
+from fleet.controllers.trigger import Trigger
 from fleet.events import EventRecorder, list_events
 from fleet.extension import (
     ExtensionEndpoint,
@@ -104,7 +105,7 @@ async def fleet_with_extension(mgmt: KubeClient, config: FleetConfig, ns: str, t
     recorder = EventRecorder(mgmt, instance="k0s-fleet", default_namespace=ns)
     exclusion = ExtensionExclusion(mgmt, config, RolloutPolicy(mgmt, config, recorder=recorder),
                                    endpoint=ExtensionEndpoint(url=""), on_change=trigger.poke)
-    controller = FleetController(mgmt, config, watch_timeout=30, trigger=trigger,
+    controller = FleetController(mgmt, config, tuning=Tuning(watch_timeout=30), trigger=trigger,
                                  recorder=recorder, policy=exclusion)
     ec_name = unique("k0s-fleet")
     async with anyio.create_task_group() as tg:

@@ -325,7 +325,7 @@ async def test_deleting_a_nodeplan_never_leaves_its_node_cordoned(
 
 
 # The README's suite runs one seed; `make stress-restarts` runs 40 x 5 restarts. Before
-# fleet.controllers.runner.Trigger's wait became a checkpoint, a cancelled controller could
+# fleet.controllers.trigger.Trigger's wait became a checkpoint, a cancelled controller could
 # plan on instead of stopping: such a run hung in 3 of 4 tries.
 _RESTART_SEEDS = [int(s) for s in os.environ.get("K0S_FLEET_RESTART_SEEDS", "4").split(",")]
 _RESTART_CYCLES = int(os.environ.get("K0S_FLEET_RESTART_CYCLES", "3"))

@@ -31,7 +31,8 @@ from fleet.cli.upgrade import apply_upgrade, follow
 from fleet.config.models import FleetConfig
 from fleet.contract.nodeplan import nodeplan_name
 from fleet.contract.signal import RUNNING_VERSION_KEY
-from fleet.controllers.runner import FleetController, Trigger
+from fleet.controllers.runner import FleetController, Tuning
+from fleet.controllers.trigger import Trigger
 from fleet.events import EventRecorder
 from fleet.extension import (
     ExtensionEndpoint,
@@ -105,7 +106,7 @@ async def running_controller(mgmt: KubeClient, config: FleetConfig
     trigger = Trigger()
     exclusion = ExtensionExclusion(mgmt, config, None, endpoint=SERVICE,
                                    on_change=trigger.poke)
-    controller = FleetController(mgmt, config, watch_timeout=30, trigger=trigger,
+    controller = FleetController(mgmt, config, tuning=Tuning(watch_timeout=30), trigger=trigger,
                                  policy=exclusion)
     async with anyio.create_task_group() as tg:
         tg.start_soon(exclusion.run)
@@ -219,7 +220,7 @@ async def test_a_fleet_upgrade_through_the_extension_path(
                              default_namespace=config.management.namespace)
     exclusion = ExtensionExclusion(mgmt, config, RolloutPolicy(mgmt, config, recorder=recorder),
                                    endpoint=SERVICE, on_change=trigger.poke)
-    controller = FleetController(mgmt, config, watch_timeout=30, trigger=trigger,
+    controller = FleetController(mgmt, config, tuning=Tuning(watch_timeout=30), trigger=trigger,
                                  recorder=recorder, policy=exclusion)
     async with anyio.create_task_group() as tg:
         await tg.start(responder.run)

@@ -44,7 +44,7 @@ from fleet.testing.capi import bump, create_cluster, ensure_infra_crd
 from fleet.testing.world import World
 from fleet.world.clusters import ClusterRegistry, kubeconfig_secret
 from fleet.world.model import ClusterKey
-from tests.helpers.controller import V2, fleet_config, running_controller
+from tests.helpers.controller import V2, fleet_config, running_controller, tuning
 from tests.helpers.names import unique
 
 pytestmark = pytest.mark.anyio
@@ -313,7 +313,8 @@ async def test_refused_cluster_is_unreachable_and_the_fleet_goes_on(
     config = fleet_config(namespace, maxConcurrentClusters=2,
                           progressDeadlines={"pending": "10m"})
     try:
-        async with running_controller(mgmt, config, unreachable_after=3) as controller:
+        async with running_controller(mgmt, config,
+                                      tuning=tuning(unreachable_after=3)) as controller:
             await bump(mgmt, bad, V2)
             await bump(mgmt, good, V2)
 

@@ -22,7 +22,7 @@ from fleet.kube import KubeClient
 from fleet.status.server import StatusBoard, make_app, serve
 from fleet.testing.proxy import StallingProxy
 from fleet.testing.world import ApiServer, World
-from tests.helpers.controller import fleet_config
+from tests.helpers.controller import fleet_config, tuning
 from tests.helpers.names import unique
 
 pytestmark = pytest.mark.anyio
@@ -61,7 +61,7 @@ async def test_readyz_waits_for_synced_caches(crds_installed: World, namespace: 
         cfg = server.kubeconfig()
         cfg["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
         async with await KubeClient.from_kubeconfig(cfg, name="stalled") as client:
-            controller = FleetController(client, fleet_config(namespace), watch_timeout=30)
+            controller = FleetController(client, fleet_config(namespace), tuning=tuning())
             async with anyio.create_task_group() as tg:
                 port = await _served(tg, controller, mgmt, namespace)
                 tg.start_soon(controller.run)
@@ -80,8 +80,8 @@ async def test_healthz_fails_when_the_loop_is_wedged(mgmt: KubeClient, namespace
         if wedge.is_set():
             await anyio.sleep_forever()  # a pass that never returns
 
-    controller = FleetController(mgmt, fleet_config(namespace), watch_timeout=30,
-                                 policy=policy, wedged_after=2)
+    controller = FleetController(mgmt, fleet_config(namespace), policy=policy,
+                                 tuning=tuning(wedged_after=2))
     async with anyio.create_task_group() as tg:
         port = await _served(tg, controller, mgmt, namespace)
         await tg.start(controller.run)
@@ -106,7 +106,7 @@ async def bare_server(crds_installed: World) -> AsyncIterator[ApiServer]:
 
 async def test_start_up_does_not_hang_on_missing_crds(bare_server: ApiServer) -> None:
     async with await bare_server.client() as client:
-        controller = FleetController(client, fleet_config("default"), watch_timeout=30)
+        controller = FleetController(client, fleet_config("default"), tuning=tuning())
         async with anyio.create_task_group() as tg:
             port = await _served(tg, controller, client, "default")
             with anyio.fail_after(60):

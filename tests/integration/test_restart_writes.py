@@ -21,6 +21,7 @@ import pytest
 
 from fleet.cli.upgrade import apply_upgrade
 from fleet.controllers.runner import FleetController
+from fleet.controllers.takeover import Sharding
 from fleet.kube import KubeClient, resources
 from fleet.kube.resources import (
     CONFIGMAPS,
@@ -42,6 +43,7 @@ from tests.helpers.controller import (
     policy_controller,
     running_controller,
     small_cluster,
+    tuning,
 )
 from tests.helpers.hooked import hooked, hooked_factory
 
@@ -69,7 +71,7 @@ async def versions(mgmt: KubeClient, wl: KubeClient, namespace: str,
 
 async def quiet(ctl: FleetController) -> bool:
     """It has planned, nothing is in flight, no change waits for a pass."""
-    return ctl.stats.passes > 0 and not ctl._inflight and ctl.trigger.first_poke is None
+    return ctl.stats.passes > 0 and not ctl.performer.inflight and ctl.trigger.first_poke is None
 
 
 async def test_a_restarted_controller_writes_no_status_on_a_settled_fleet(
@@ -87,7 +89,7 @@ async def test_a_restarted_controller_writes_no_status_on_a_settled_fleet(
 
     stages: list[tuple[str, bool]] = []  # the start-up's marks (the CLI freezes the heap)
     async with policy_controller(mgmt, cfg, after_start_up=lambda stage: stages.append(
-            (stage, bool(first._inflight)))) as first:
+            (stage, bool(first.performer.inflight)))) as first:
         await wait_for("the first controller's status written", settled, 120, 0.1)
         await wait_for("the first controller quiet", lambda: quiet(first), 60, 0.1)
         async def marked() -> bool:
@@ -115,7 +117,7 @@ async def test_a_restarted_controller_writes_no_status_on_a_settled_fleet(
 
 
 class Toggle:
-    """A shard (fleet.controllers.runner.Shard) that acts on nothing until switched on."""
+    """A shard (fleet.controllers.takeover.Shard) that acts on nothing until switched on."""
 
     def __init__(self) -> None:
         self.on = False
@@ -150,7 +152,7 @@ async def test_a_shard_taken_over_is_planned_only_once_its_workload_cluster_answ
         await wait_for("the first controller quiet", lambda: quiet(first), 60, 0.1)
 
     shard = Toggle()
-    async with policy_controller(mgmt, cfg, shard=shard) as second:
+    async with policy_controller(mgmt, cfg, sharding=Sharding(shard)) as second:
         await wait_for("planned on nothing of its own, quiet", lambda: quiet(second), 120, 0.1)
         before = await versions(mgmt, wl1, namespace, fcs)
         planned = second.stats.clusters_planned
@@ -166,7 +168,7 @@ async def test_a_shard_taken_over_is_planned_only_once_its_workload_cluster_answ
 
 
 async def _planned(ctl: FleetController, n: int) -> bool:
-    return ctl.stats.clusters_planned >= n and not ctl._inflight
+    return ctl.stats.clusters_planned >= n and not ctl.performer.inflight
 
 
 async def test_the_first_pass_waits_its_bound_from_when_the_clusters_were_asked_for(
@@ -201,8 +203,9 @@ async def test_the_first_pass_waits_its_bound_from_when_the_clusters_were_asked_
             first_pass.append((time.monotonic(), snapshot.nodes.get(key) is not None))
 
     async with running_controller(
-            hooked(mgmt, slow_cluster_list), intent_config(namespace), settle_bound=bound,
-            client_factory=hooked_factory(silent_workload), on_pass=on_pass) as ctl:
+            hooked(mgmt, slow_cluster_list), intent_config(namespace),
+            tuning=tuning(settle_bound=bound), client_factory=hooked_factory(silent_workload),
+            on_pass=on_pass) as ctl:
         await wait_for("the first pass", lambda: _now(bool(first_pass)), 120, 0.1)
         assert released, "the management list of Clusters was never asked for"
         at, seen = first_pass[0]

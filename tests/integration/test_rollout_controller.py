@@ -16,7 +16,7 @@ import pytest
 
 from fleet.config.models import FleetConfig
 from fleet.contract.signal import SignalState
-from fleet.controllers.runner import FleetController
+from fleet.controllers.runner import FleetController, Tuning
 from fleet.events import EventRecorder, list_events
 from fleet.kube import KubeClient
 from fleet.kube.resources import CLUSTERS, CONFIGMAPS, NODE_PLANS
@@ -77,7 +77,7 @@ async def rollout_controller(mgmt: KubeClient, cfg: FleetConfig
     recorder = EventRecorder(mgmt, instance="k0s-fleet",
                              default_namespace=cfg.management.namespace)
     policy = RolloutPolicy(mgmt, cfg, recorder=recorder, board=board)
-    controller = FleetController(mgmt, cfg, watch_timeout=30, policy=policy,
+    controller = FleetController(mgmt, cfg, tuning=Tuning(watch_timeout=30), policy=policy,
                                  recorder=recorder)
     async with anyio.create_task_group() as tg:
         # the status server on a free port (the entry point serves it on status.port)

@@ -7,7 +7,7 @@ controller whose shard claims the test moves by hand (:class:`Claims`, the part 
 does not hold the caches keep a kubeconfig Secret without its kubeconfig and Machines
 without uid or infrastructure reference: what a NodePlan (its Machine owner reference,
 by uid) and the workload connection (the kubeconfig) need. Taking one of them re-reads
-them (``warm_taken``), after which it is rolled to a new version, every node once;
+them (``ShardTakeover.warm_taken``), after which it is rolled to a new version, every node once;
 giving it back keeps the foreign subset again; taken again, its NodePlans are read into
 the cache (not waited for from the watch); taking it again through the bulk re-read
 (one list of everything, as at a replica's start-up) reads it in full again. The other
@@ -25,6 +25,7 @@ import anyio.lowlevel
 import pytest
 
 from fleet.config.models import FleetConfig
+from fleet.controllers.takeover import Sharding
 from fleet.kube import KubeClient
 from fleet.kube.resources import MACHINES, NODE_PLANS, SECRETS
 from fleet.testing.capi import FleetCluster, bump, ensure_infra_crd
@@ -97,7 +98,7 @@ async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
     taken, other, cfg = await _two_clusters(world, mgmt, wl1, namespace, "sc", workers=2)
     claims = Claims()
     responder = NodeResponder(wl1, step_seconds=0.05, only=lambda n: n in taken.machines)
-    async with policy_controller(mgmt, cfg, shard=claims, claims=claims.claims) as ctl:
+    async with policy_controller(mgmt, cfg, sharding=Sharding(claims, claims.claims)) as ctl:
         # Held by no one here: the foreign subset only.
         for fc in (taken, other):
             assert not kubeconfig_kept(ctl, fc)
@@ -108,7 +109,7 @@ async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
         # no reason to send it), which is why the shard is not acted on yet.
         assert not kubeconfig_kept(ctl, taken)
         await wait_for("the taken shard warm (its clusters read again)",
-                       lambda: ctl.warm_taken(claims.warming_cluster), 60, 0.2)
+                       lambda: ctl.takeover.warm_taken(claims.warming_cluster), 60, 0.2)
         assert kubeconfig_kept(ctl, taken)
         assert machines_kept(ctl, taken) == [True] * len(taken.machines)
         assert not kubeconfig_kept(ctl, other)
@@ -148,17 +149,17 @@ async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
         assert ctl.registry.get(taken.key) is None
         ctl.view[NODE_PLANS].clear()
         await wait_for("the taken shard warm (its NodePlans read)",
-                       lambda: ctl.warm_taken(claims.warming_cluster), 60, 0.2)
+                       lambda: ctl.takeover.warm_taken(claims.warming_cluster), 60, 0.2)
         assert _cached_plans(ctl, namespace) == {p["metadata"]["name"] for p in plans}
         claims.warming.clear()
         # Given back: projected down again once a pass sees it.
         await _give_back_and_take_again(ctl, claims, taken)
         # Taken again, with many clusters at once (as at start-up): one list of every
         # Machine and Secret; only the held cluster's are kept in full.
-        ctl.reread_bulk = 0
+        ctl.takeover.reread_bulk = 0
         assert not kubeconfig_kept(ctl, taken)
         await wait_for("the taken shard warm (its clusters read again)",
-                       lambda: ctl.warm_taken(claims.warming_cluster), 60, 0.2)
+                       lambda: ctl.takeover.warm_taken(claims.warming_cluster), 60, 0.2)
         assert kubeconfig_kept(ctl, taken)
         assert machines_kept(ctl, taken) == [True] * len(taken.machines)
         assert not kubeconfig_kept(ctl, other)
@@ -167,7 +168,7 @@ async def test_a_taken_cluster_is_read_again_in_full_and_rolled(
         # Given back, then taken again by a start-up whose every look is cut off after
         # one more page (the claims task bounds each look; under load the whole list
         # takes longer): the pages read stay read, and the re-read ends.
-        ctl.reread_page_size = 2
+        ctl.takeover.reread_page_size = 2
         await _give_back_and_take_again(ctl, claims, taken)
         ctl.view[NODE_PLANS].clear()
         looks = 0
@@ -226,17 +227,17 @@ async def _give_back_and_take_again(ctl: Any, claims: Any, fc: FleetCluster) -> 
 async def _one_more_page_at_most(ctl: Any, taken: Any) -> bool:
     """One look at the taken shards, cut off as soon as it has read one more page of
     the bulk re-read: whether it completed."""
-    before = ctl.bulk_pages_read
+    before = ctl.takeover.bulk_pages_read
     done = False
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             async def look() -> None:
                 nonlocal done
-                done = await ctl.warm_taken(taken)
+                done = await ctl.takeover.warm_taken(taken)
                 tg.cancel_scope.cancel()
 
             tg.start_soon(look)
-            while ctl.bulk_pages_read == before:
+            while ctl.takeover.bulk_pages_read == before:
                 await anyio.lowlevel.checkpoint()
             tg.cancel_scope.cancel()
     return done
@@ -267,11 +268,11 @@ async def test_a_cluster_that_may_be_taken_soon_is_read_ahead_and_let_go_if_not_
     ahead, other, cfg = await _two_clusters(world, mgmt, wl1, namespace, "ra", workers=1)
     claims = Claims()
     responder = NodeResponder(wl1, step_seconds=0.05, only=lambda n: n in ahead.machines)
-    async with policy_controller(mgmt, cfg, shard=claims, claims=claims.keeps_full,
-                                 kept_since=claims.kept_since) as ctl:
+    async with policy_controller(mgmt, cfg, sharding=Sharding(
+            claims, claims.keeps_full, claims.kept_since)) as ctl:
         await bump(mgmt, ahead, V2)  # wanted already: only the claim is missing
         claims.ready(ahead.key)
-        await ctl.read_ahead(lambda k: k in claims.readying)
+        await ctl.takeover.read_ahead(lambda k: k in claims.readying)
         assert kubeconfig_kept(ctl, ahead)
         assert machines_kept(ctl, ahead) == [True] * len(ahead.machines)
         assert not kubeconfig_kept(ctl, other) and ctl.registry.get(other.key) is None
@@ -289,13 +290,13 @@ async def test_a_cluster_that_may_be_taken_soon_is_read_ahead_and_let_go_if_not_
                        _async(lambda: ctl.registry.get(ahead.key) is None), 60, 0.1)
         # Readying again, then taken: connected by the read-ahead, acted on once warm.
         claims.ready(ahead.key)
-        await ctl.read_ahead(lambda k: k in claims.readying)
+        await ctl.takeover.read_ahead(lambda k: k in claims.readying)
         assert ctl.registry.get(ahead.key) is not None
         claims.held.add(ahead.key)
         claims.warming.add(ahead.key)
         claims.ready(ahead.key, False)
         await wait_for("the taken shard warm",
-                       lambda: ctl.warm_taken(claims.warming_cluster), 60, 0.2)
+                       lambda: ctl.takeover.warm_taken(claims.warming_cluster), 60, 0.2)
         assert kubeconfig_kept(ctl, ahead)
         claims.warming.clear()
         ctl.trigger.poke()

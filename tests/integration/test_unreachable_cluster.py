@@ -21,7 +21,7 @@ from fleet.planner import conditions as C
 from fleet.testing.capi import bump, create_cluster, ensure_infra_crd
 from fleet.testing.world import TEST_CRDS, World, crd_documents, install_crds
 from tests.helpers.charts import CLUSTER_ROLE_BINDINGS, CLUSTER_ROLES, RBAC
-from tests.helpers.controller import V2, fleet_config, running_controller
+from tests.helpers.controller import V2, fleet_config, running_controller, tuning
 from tests.helpers.names import unique
 
 pytestmark = pytest.mark.anyio
@@ -49,7 +49,8 @@ async def test_stopped_workload_server_is_marked_unreachable_and_resumes(
                                       max_unavailable=1)
             # Deadlines long enough that only the outage can explain a message.
             config = fleet_config(namespace, progressDeadlines={"pending": "10m"})
-            async with running_controller(mgmt, config, unreachable_after=3) as controller:
+            async with running_controller(mgmt, config,
+                                          tuning=tuning(unreachable_after=3)) as controller:
                 await bump(mgmt, fc, V2)
                 # Nobody answers on the node: one NodePlan is created and signalled.
 
@@ -133,7 +134,8 @@ async def test_failing_control_node_watch_alone_makes_the_cluster_unreachable(
                                       workers=2, max_unavailable=1)
             config = fleet_config(namespace, progressDeadlines={"pending": "10m"})
             key = (namespace, name)
-            async with running_controller(mgmt, config, unreachable_after=3) as controller:
+            async with running_controller(mgmt, config,
+                                          tuning=tuning(unreachable_after=3)) as controller:
                 async def watching() -> bool:
                     wc = controller.registry.get(key)
                     return wc is not None and wc.observed and wc.control_nodes.synced

@@ -1,4 +1,4 @@
-"""fleet.controllers.runner.all_or_first_error: a taken shard's clusters are read again
+"""fleet.controllers.takeover.all_or_first_error: a taken shard's clusters are read again
 several at a time; the first failure is raised as itself, and nothing more is started."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 import pytest
 
-from fleet.controllers.runner import all_or_first_error
+from fleet.controllers.takeover import all_or_first_error
 from fleet.kube import KubeError
 
 pytestmark = pytest.mark.anyio

@@ -1,5 +1,5 @@
 """A pass's action groups take their capacity tokens without yielding when tokens are free
-(fleet.controllers.runner.hold_token): started by the control loop, a group reaches its
+(fleet.controllers.limits.hold_token): started by the control loop, a group reaches its
 first request within the one yield of the loop's next wait, instead of letting a whole
 planning pass run first (bench/README.md "Requests sent before the next pass")."""
 
@@ -11,7 +11,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from fleet.controllers.runner import hold_token
+from fleet.controllers.limits import hold_token
 
 
 async def _started_group(take: str, per_cluster: anyio.CapacityLimiter,

@@ -1,4 +1,4 @@
-"""The controller loop's wake-up (fleet.controllers.runner.Trigger): a wait is always a
+"""The controller loop's wake-up (fleet.controllers.trigger.Trigger): a wait is always a
 checkpoint, so a loop that is poked again by every pass still stops when cancelled
 (`make stress-restarts` shows it on the real test world)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from fleet.controllers.runner import Trigger
+from fleet.controllers.trigger import Trigger
 
 
 @pytest.mark.anyio
