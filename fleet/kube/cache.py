@@ -41,10 +41,17 @@ LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 ObjectListener = Callable[[KubeObject | None], None]
 
 
-def _rv(obj: KubeObject) -> int | None:
-    raw = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+def _digits(raw: str) -> int | None:
     # resourceVersions are opaque by contract; every API server stores etcd revisions.
     return int(raw) if raw.isdigit() else None
+
+
+def _rv_str(obj: KubeObject) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def _rv(obj: KubeObject) -> int | None:
+    return _digits(_rv_str(obj))
 
 
 def newer_or_same(new: KubeObject, old: KubeObject | None) -> bool:
@@ -60,9 +67,11 @@ class NotHeld(LookupError):
 
 class _Cache(Generic[E, V]):
     """What both caches share: entries by object key, tombstones of deleted objects (so a
-    late event cannot resurrect them), the change counter and listeners, the watch's
-    events and the synced flag. Subclasses decide what an entry is (:meth:`observe`) and
-    what a reader gets of it (:meth:`_out`)."""
+    late event cannot resurrect them), the forward-only rule (an object older than what is
+    held is ignored), the change counter and listeners, the watch's events and the synced
+    flag. Subclasses decide what an entry is of an object let in (:meth:`_take`), its
+    resourceVersion (:meth:`_held_rv`) and what a reader gets of it (:meth:`_out`).
+    An entry is whatever the subclass stores: the core adds nothing per object."""
 
     def __init__(self, kind: str, *, on_change: Listener | None = None,
                  on_object: ObjectListener | None = None) -> None:
@@ -98,6 +107,10 @@ class _Cache(Generic[E, V]):
     def _out(self, entry: E) -> V:
         raise NotImplementedError
 
+    def _held_rv(self, entry: E) -> str:
+        """The resourceVersion of a held entry ('' if it has none)."""
+        raise NotImplementedError
+
     def _changed(self, obj: KubeObject | None = None) -> None:
         self.version += 1
         if self.on_object is not None:
@@ -111,7 +124,29 @@ class _Cache(Generic[E, V]):
         return tomb is not None and rv is not None and rv <= tomb
 
     def observe(self, obj: KubeObject | None) -> None:
+        """An object as the API server returned it (watch event, or our own write): handed
+        to :meth:`_take` unless its key was deleted at its resourceVersion or later, or the
+        cache holds a newer version of it."""
+        if not obj:
+            return
+        key = object_key(obj)
+        rv = _rv(obj)
+        if self._buried(key, rv):
+            return
+        old = self._entries.get(key)
+        if old is not None and rv is not None:
+            old_rv = _digits(self._held_rv(old))
+            if old_rv is not None and rv < old_rv:
+                return
+        self._take(key, obj, old)
+
+    def _take(self, key: ObjectKey, obj: KubeObject, old: E | None) -> None:
+        """Hook: hold ``obj`` (not older than ``old``, what is held of ``key``)."""
         raise NotImplementedError
+
+    def _store(self, key: ObjectKey, entry: E) -> None:
+        self._entries[key] = entry
+        self._tombstones.pop(key, None)
 
     def _forgotten(self, key: ObjectKey) -> None:
         """Hook: ``key`` was deleted."""
@@ -224,12 +259,6 @@ class ForeignKept(bytes):
 Entry = KubeObject | Kept | ForeignKept
 
 
-def _entry_rv(entry: Entry) -> int | None:
-    raw = entry.resource_version if isinstance(entry, (Kept, ForeignKept)) else str(
-        (entry.get("metadata") or {}).get("resourceVersion") or "")
-    return int(raw) if raw.isdigit() else None
-
-
 class ObjectCache(_Cache[Entry, KubeObject]):
     """Latest known version of every object of one resource (one API server).
 
@@ -263,6 +292,11 @@ class ObjectCache(_Cache[Entry, KubeObject]):
             return entry.unpack(self.zdict)
         return entry.as_object() if isinstance(entry, Kept) else entry
 
+    def _held_rv(self, entry: Entry) -> str:
+        if isinstance(entry, (Kept, ForeignKept)):
+            return entry.resource_version
+        return _rv_str(entry)
+
     def object(self, name: str, namespace: str = "") -> KubeObject | None:
         """The object as last seen: the base of a patch (see :class:`RecordCache`)."""
         return self.get(name, namespace)
@@ -270,11 +304,7 @@ class ObjectCache(_Cache[Entry, KubeObject]):
     def resource_version(self, name: str, namespace: str = "") -> str | None:
         """The held object's resourceVersion (None: not held), without reading it."""
         entry = self._entries.get((namespace, name))
-        if entry is None:
-            return None
-        if isinstance(entry, (Kept, ForeignKept)):
-            return entry.resource_version
-        return str((entry.get("metadata") or {}).get("resourceVersion") or "")
+        return None if entry is None else self._held_rv(entry)
 
     def object_keys(self) -> list[ObjectKey]:
         """The held objects' keys ``(namespace, name)``, without reading them."""
@@ -305,8 +335,7 @@ class ObjectCache(_Cache[Entry, KubeObject]):
             raise NotHeld(f"{self.kind} {'/'.join(p for p in key if p)} is not held")
         if isinstance(entry, ForeignKept):
             return parse(entry.unpack(self.zdict))  # not remembered: read when its cluster moves
-        rv = entry.resource_version if isinstance(entry, Kept) else str(
-            (entry.get("metadata") or {}).get("resourceVersion") or "")
+        rv = self._held_rv(entry)
         if rv:
             hit = self._memo.get((key, tag))
             if hit is not None and hit[0] == rv:
@@ -317,7 +346,7 @@ class ObjectCache(_Cache[Entry, KubeObject]):
                       tag: str = "") -> T:
         """``parse(obj)`` for an object already at hand (a change a listener is told
         of), remembered as :meth:`parsed` remembers it."""
-        rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        rv = _rv_str(obj)
         key = object_key(obj)
         entry = self._entries.get(key)
         if isinstance(entry, ForeignKept) and entry.resource_version == rv:
@@ -355,27 +384,19 @@ class ObjectCache(_Cache[Entry, KubeObject]):
             annotations = meta.get("annotations")
             if isinstance(annotations, dict):
                 annotations.pop(LAST_APPLIED, None)
-        key = object_key(obj)
-        rv = _rv(obj)
-        if self._buried(key, rv):
-            return
-        old = self._entries.get(key)
+        super().observe(obj)
+
+    def _take(self, key: ObjectKey, obj: KubeObject, old: Entry | None) -> None:
         if self.keep is None:
-            if old is None or isinstance(old, (Kept, ForeignKept)) or newer_or_same(obj, old):
-                if old == obj:
-                    return
-                self._entries[key] = obj
-                self._tombstones.pop(key, None)
-                self._changed(obj)
-            return
-        old_rv = None if old is None else _entry_rv(old)
-        if rv is not None and old_rv is not None and rv < old_rv:
+            if old == obj:
+                return
+            self._store(key, obj)
+            self._changed(obj)
             return
         projected = self.keep(obj)
         kept: Kept | ForeignKept = ForeignKept.pack(projected, self.zdict) \
             if self.foreign is not None and self.foreign(obj) else Kept.of(projected)
-        self._entries[key] = kept
-        self._tombstones.pop(key, None)
+        self._store(key, kept)
         if isinstance(kept, ForeignKept) and self._tags:
             for tag in self._tags:  # what was remembered of it while it was held
                 self._memo.pop((key, tag), None)
@@ -419,11 +440,6 @@ class Record(Protocol):
 
 
 R = TypeVar("R", bound=Record)
-
-
-def _record_rv(record: Record) -> int | None:
-    raw = record.resource_version
-    return int(raw) if raw.isdigit() else None
 
 
 class Remembered(Generic[R]):
@@ -480,19 +496,10 @@ class RecordCache(_Cache[R, R]):
         record = self.get(name, namespace)
         return None if record is None else record.as_object()
 
-    def observe(self, obj: KubeObject | None) -> None:
-        """An object as the API server returned it (watch event, or our own write)."""
-        if not obj:
-            return
-        key = object_key(obj)
-        rv = _rv(obj)
-        if self._buried(key, rv):
-            return
-        old = self._entries.get(key)
-        if old is not None:
-            old_rv = _record_rv(old)
-            if rv is not None and old_rv is not None and rv < old_rv:
-                return
+    def _held_rv(self, entry: R) -> str:
+        return entry.resource_version
+
+    def _take(self, key: ObjectKey, obj: KubeObject, old: R | None) -> None:
         try:
             record = self.convert(obj)
         except ValueError as e:
@@ -505,8 +512,7 @@ class RecordCache(_Cache[R, R]):
                 self._changed()
             return
         self.unreadable.pop(key, None)
-        self._tombstones.pop(key, None)
-        self._entries[key] = record
+        self._store(key, record)
         if record != old:
             self._changed()
 
