@@ -16,7 +16,8 @@ import pytest
 
 from fleet.config.models import FleetConfig
 from fleet.contract.nodeplan import build_nodeplan
-from fleet.controllers.dispatcher import _condition_list, _object_version
+from fleet.controllers.dispatcher.core import _condition_list
+from fleet.controllers.dispatcher.owners import _object_version
 from fleet.events import Regarding
 from fleet.kube.cache import Kept, NotHeld, ObjectCache
 from fleet.kube.resources import (
