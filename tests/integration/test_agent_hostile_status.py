@@ -30,6 +30,7 @@ from fleet.contract.signal import (
     SignalData,
     SignalState,
     SignalStatus,
+    parse_signal,
     replace_status,
     utcnow,
 )
@@ -135,6 +136,14 @@ async def place_victim(client: KubeClient, ns: str, node: str) -> str:
     return name
 
 
+async def signal_now(node: SimNode) -> SignalData | None:
+    """The signal as the API server holds it now (``node.signal()`` is the simulated
+    node's watch, which may not have seen the test's own write yet when the agent,
+    watching too, has already answered it)."""
+    obj = await node.client.get(node.res, node.name)
+    return parse_signal(((obj or {}).get("metadata") or {}).get("annotations") or {})
+
+
 def untouched(node: SimNode, before: str | None) -> None:
     assert sha256_file(node.binary) == before, "the binary was replaced"
     assert node.restarts == 0, "k0s was restarted"
@@ -163,7 +172,7 @@ async def test_forged_status_digest_never_installs_other_bytes(
         await wait_log(node, f"{plan}: {REPORTED}")
         untouched(node, before)
         assert releases.requests[MANGLED] == fetched, "the agent downloaded"
-        sig = node.signal()
+        sig = await signal_now(node)
         assert sig is not None and sig.status is not None
         assert sig.status.status is SignalState.APPLYING_UPDATE  # left as written: not ours
 
@@ -270,7 +279,7 @@ async def test_cordoning_or_restarting_written_by_another_writer_does_nothing(
             status=SignalState.RESTARTING, previousversion=OLD)))
         await wait_log(node, f"{plan}: {REPORTED}", ended=True)
         untouched(node, before)
-        sig = node.signal()
+        sig = await signal_now(node)
         assert sig is not None and sig.status is not None
         # not resumed: left as written, or the agent's own Completed written back over it
         # (it restores its record's status; which of the two is seen is timing)
