@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import ssl
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Mapping
@@ -53,6 +54,8 @@ MAX_HEADERS = 256  # header fields in one answer (a kube-apiserver sends about t
 MAX_INFORMATIONAL = 16  # 1xx answers skipped before the final one
 MAX_LINE_BYTES = 16 * 1024 * 1024  # one watch event (a large object) per line
 TLS_READ_BYTES = 16 * 1024  # the most plaintext one TLS record carries
+# a body read by lines: the socket is paused while more than twice this waits unread
+LINE_BUFFER_BYTES = 256 * 1024
 # the most ciphertext written into a connection's memory BIO at once (see data_received)
 BIO_WRITE_BYTES = 17 * 1024
 SOCKET_READ_BYTES = 64 * 1024  # the most one read of a TLS connection's socket brings
@@ -138,12 +141,357 @@ def _retrieve(future: asyncio.Future[None]) -> None:
         future.exception()
 
 
+class _Feed(Protocol):
+    """Where a connection's protocol puts what it received (an :class:`_Inbox`, or
+    asyncio's StreamReader)."""
+
+    def set_transport(self, transport: asyncio.BaseTransport) -> None: ...
+
+    def feed_data(self, data: bytes) -> None: ...
+
+    def feed_eof(self) -> None: ...
+
+    def set_exception(self, exc: Exception) -> None: ...
+
+
+class _Inbox:
+    """What a connection received and its reader has not taken yet: the part of asyncio's
+    StreamReader used here (``read``, ``at_eof``; the socket paused while more than
+    twice ``limit`` waits unread), plus a line mode for streamed bodies.
+
+    In line mode (:meth:`start_lines`, a :class:`Response` read by ``readline``) what
+    arrives goes through the response's h11 parser as it arrives, in the protocol's
+    callback, and the body's bytes gather in :attr:`_Lines.line`; the reader is woken only
+    once a whole line (or the body's end, or an error) is there. A watch of a thousand
+    clusters gets each event in two or three socket reads (a kube-apiserver's TLS records
+    of one chunk): woken per read, each watch's whole stack of coroutines ran for every
+    piece. Its idle deadline (no byte for ``timeout`` seconds while the reader waits) is
+    one timer per connection, moved on only when it fires, instead of a timer per read."""
+
+    def __init__(self, limit: int = MAX_HEADER_BYTES) -> None:
+        self._limit = limit
+        self._buffer = bytearray()
+        self._eof = False
+        self._exception: Exception | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._transport: asyncio.BaseTransport | None = None
+        self._paused = False
+        self.lines: _Lines | None = None
+        # the idle deadline of line mode
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_due = 0.0
+        self._idle: float | None = None
+        self._since = 0.0  # the reader waits since
+        self._fed_at = 0.0
+        self._timed_out = False
+
+    # -- the protocol's side ---------------------------------------------------------------
+    def set_transport(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+
+    def feed_data(self, data: bytes) -> None:
+        if not data:
+            return
+        lines = self.lines
+        if lines is None:
+            self._buffer += data
+            self._wake()
+            if not self._paused and len(self._buffer) > 2 * self._limit:
+                self._pause()
+            return
+        if self._loop is not None:
+            self._fed_at = self._loop.time()
+        if lines.feed(data) and self._waiter is not None:
+            self._wake()
+        # (a reader waiting still lacks a line: the socket stays open for it)
+        elif not self._paused and self._waiter is None \
+                and len(lines.line) > 2 * LINE_BUFFER_BYTES:
+            self._pause()
+
+    def feed_eof(self) -> None:
+        self._eof = True
+        if self.lines is not None:
+            self.lines.feed(b"", eof=True)
+        self._wake()
+
+    def set_exception(self, exc: Exception) -> None:
+        self._exception = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _pause(self) -> None:
+        if isinstance(self._transport, asyncio.ReadTransport):
+            with contextlib.suppress(RuntimeError, AttributeError):
+                self._transport.pause_reading()
+                self._paused = True
+
+    def _resume(self) -> None:
+        if self._paused:
+            self._paused = False
+            if isinstance(self._transport, asyncio.ReadTransport):
+                with contextlib.suppress(RuntimeError, AttributeError):
+                    self._transport.resume_reading()
+
+    # -- the reader's side -----------------------------------------------------------------
+    def exception(self) -> Exception | None:
+        return self._exception
+
+    def at_eof(self) -> bool:
+        return self._eof and not self._buffer
+
+    async def _wait(self) -> None:
+        if self._waiter is not None:
+            raise RuntimeError("two readers of one connection")
+        self._resume()  # the reader wants more: never wait on a paused socket
+        loop = self._loop or asyncio.get_running_loop()
+        self._loop = loop
+        waiter = self._waiter = loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    async def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes (b"": the end of the stream), as ``StreamReader.read``."""
+        if self._exception is not None:
+            raise self._exception
+        if not self._buffer and not self._eof:
+            await self._wait()
+            if self._exception is not None:
+                raise self._exception
+        data = bytes(memoryview(self._buffer)[:n])
+        del self._buffer[:n]
+        if self._paused and len(self._buffer) <= self._limit:
+            self._resume()
+        return data
+
+    async def read_head(self, n: int) -> bytes:
+        """As :meth:`read`, but never past the first blank line (the end of an answer's
+        head, as h11 finds it): its parser then holds none of the body."""
+        if self._exception is not None:
+            raise self._exception
+        if not self._buffer and not self._eof:
+            await self._wait()
+            if self._exception is not None:
+                raise self._exception
+        match = _BLANK_LINE.search(self._buffer, 0, n)
+        return await self.read(match.end() if match is not None else n)
+
+    def start_lines(self, parser: h11.Connection, taken: bytearray, *,
+                    chunked: bool) -> _Lines:
+        """Into line mode for the body ``parser`` is reading: ``taken`` is what the reader
+        already has of it, the bytes waiting here are parsed now. ``chunked``: the
+        answer's head said so (then plain chunks are read without h11 as long as h11
+        holds none of the body: see :class:`_Lines`)."""
+        fast = chunked and parser.their_state is h11.SEND_BODY \
+            and parser.their_http_version == b"1.1" and not parser.trailing_data[0]
+        lines = self.lines = _Lines(parser, taken, fast=fast)
+        pending, self._buffer = self._buffer, bytearray()
+        lines.feed(bytes(pending), eof=self._eof)
+        return lines
+
+    def stop_lines(self) -> None:
+        self.lines = None
+        self._resume()
+
+    def taken(self) -> None:
+        """The reader took a line."""
+        if self._paused and self.lines is not None \
+                and len(self.lines.line) <= LINE_BUFFER_BYTES:
+            self._resume()
+
+    async def wait_lines(self, timeout: float | None) -> None:
+        """Until more of the body is here; TimeoutError when nothing at all arrived for
+        ``timeout`` seconds while waiting."""
+        loop = self._loop or asyncio.get_running_loop()
+        self._loop = loop
+        if timeout is not None:
+            self._idle = timeout
+            self._since = now = loop.time()
+            due = now + timeout
+            if self._timer is None or self._timer_due > due:
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._timer, self._timer_due = loop.call_at(due, self._check_idle), due
+        else:
+            self._idle = None
+        await self._wait()
+        if self._timed_out:
+            self._timed_out = False
+            raise TimeoutError(f"nothing read for {timeout:g}s")
+
+    def _check_idle(self) -> None:
+        self._timer = None
+        waiter, idle, loop = self._waiter, self._idle, self._loop
+        if waiter is None or waiter.done() or idle is None or loop is None:
+            return  # re-armed by the next wait
+        due = max(self._since, self._fed_at) + idle
+        if loop.time() >= due:
+            self._timed_out = True
+            self._wake()
+        else:
+            self._timer, self._timer_due = loop.call_at(due, self._check_idle), due
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+# A chunk header the line mode reads itself: hex digits only (at most 8), CRLF. Anything
+# else (the last chunk, extensions, whitespace, a malformed header) is h11's to read.
+_PLAIN_CHUNK_HEADER = re.compile(rb"[0-9A-Fa-f]{1,8}\r\n")
+_CHUNK_HEADER_PROBE = 10  # bytes a plain chunk header takes at most
+_BLANK_LINE = re.compile(rb"\n\r?\n")  # the end of a head (h11's blank_line_regex)
+
+
+class _Lines:
+    """A body read line by line (:class:`_Inbox`'s line mode): what arrives is parsed at
+    once, and ``line`` gathers the body's bytes not yet read; ``end`` says how the body
+    ended (None: not yet; True/False: the connection reusable or not), ``error`` why it
+    cannot be read further.
+
+    h11 is the parser of record. A chunked body (a watch) is the exception, for its
+    plainest chunks only: a thousand watch connections each parsing every 14 KB event in
+    h11 cost more CPU than decrypting it (~20 us a chunk, three times that when a
+    kube-apiserver's chunk comes in three TLS records). So from the head on (when h11
+    holds none of the body yet, ``fast``) chunks whose header is exactly hex digits and
+    CRLF are taken here: the data, then exactly CRLF, else the body is unreadable
+    ("malformed chunk footer", as h11 says it). At the first chunk header that is not
+    that plain (the last chunk, whose trailers and end h11 reads; an extension; anything
+    malformed) the rest of the stream goes to h11 from that chunk on, which reads it
+    exactly as if it had read the body from its start: the plain chunks it did not see
+    are ones it reads the same way."""
+
+    __slots__ = ("end", "error", "fast", "head", "left", "line", "parser", "scan", "tail")
+
+    def __init__(self, parser: h11.Connection, taken: bytearray, *, fast: bool) -> None:
+        self.parser = parser
+        self.line = taken
+        self.scan = 0  # no newline in line[:scan]
+        self.end: bool | None = None
+        self.error: HttpError | None = None
+        self.fast = fast
+        self.left = 0  # fast: bytes of the current chunk's data still to come
+        self.tail = 0  # fast: bytes of the current chunk's CRLF still to come
+        self.head = b""  # fast: the start of a chunk header
+
+    def feed(self, data: bytes, *, eof: bool = False) -> bool:
+        """Parse ``data`` (``eof``: then the stream ended; nothing: what the parser holds
+        already); whether the reader has something new to take: a whole line, the end,
+        an error."""
+        if self.end is not None or self.error is not None:
+            if data:
+                self.parser.receive_data(data)  # after the body: trailing data, as before
+            return False
+        if data and eof:  # what came before the end is read before the end is told
+            fed = self.feed(data)
+            return self.feed(b"", eof=True) or fed
+        start = len(self.line)
+        if self.fast:
+            data = self._plain_chunks(data, eof)
+            if self.error is not None:
+                return True
+            if self.fast:
+                return self.line.find(b"\n", start) >= 0 or len(self.line) > MAX_LINE_BYTES
+        parser = self.parser
+        if data:
+            parser.receive_data(data)
+        if eof:
+            parser.receive_data(b"")
+        line = self.line
+        while True:
+            try:
+                event = parser.next_event()
+            except h11.RemoteProtocolError as e:
+                if parser.their_state is h11.ERROR and parser.trailing_data[1]:
+                    self.error = TruncatedBodyError(f"connection closed inside the body: {e}")
+                else:
+                    self.error = _protocol_error(e)
+                return True
+            if event is h11.NEED_DATA:
+                break
+            if type(event) is h11.Data:
+                line += event.data
+                continue
+            if type(event) is h11.EndOfMessage:
+                self.end = parser.our_state is h11.DONE and parser.their_state is h11.DONE
+            else:  # PAUSED, ConnectionClosed, ...: the answer is over, the connection unfit
+                self.end = False
+            return True
+        return line.find(b"\n", start) >= 0 or len(line) > MAX_LINE_BYTES
+
+    def _plain_chunks(self, data: bytes, eof: bool) -> bytes:
+        """Take the plain chunks of ``data``; what h11 is to read from here on, once a
+        chunk header is not plain (then ``fast`` is False), else b"" (all taken)."""
+        line = self.line
+        n = len(data)
+        pos = 0
+        view = memoryview(data)
+        while pos < n:
+            if self.left:
+                take = min(self.left, n - pos)
+                line += view[pos:pos + take]
+                pos += take
+                self.left -= take
+                if not self.left:
+                    self.tail = 2
+                continue
+            if self.tail:
+                expected = b"\r\n"[2 - self.tail:]
+                got = data[pos:pos + len(expected)]
+                if got != expected[:len(got)]:
+                    self.error = _protocol_error(h11.RemoteProtocolError(
+                        f"malformed chunk footer: {got!r} (expected {expected!r})"))
+                    self.fast = False  # (not read further)
+                    return b""
+                pos += len(got)
+                self.tail -= len(got)
+                continue
+            # a chunk header, perhaps begun in an earlier piece
+            probe = self.head + data[pos:pos + _CHUNK_HEADER_PROBE - len(self.head)]
+            end = probe.find(b"\n")
+            if end < 0 and len(probe) < _CHUNK_HEADER_PROBE and pos + len(probe) \
+                    - len(self.head) >= n:
+                self.head = probe  # the header goes on in the next piece
+                pos = n
+                break
+            header = probe[:end + 1]
+            if end < 0 or not _PLAIN_CHUNK_HEADER.fullmatch(header) \
+                    or int(header[:-2], 16) == 0:
+                self.fast = False  # h11 reads on from this header
+                rest = self.head + data[pos:]
+                self.head = b""
+                return rest
+            pos += len(header) - len(self.head)
+            self.head = b""
+            self.left = int(header[:-2], 16)
+        if eof:
+            if self.left or self.tail:
+                self.error = TruncatedBodyError(
+                    "connection closed inside the body: peer closed connection without "
+                    "sending complete message body (incomplete chunked read)")
+                self.fast = False
+                return b""
+            self.fast = False  # at a chunk boundary: h11 says what the end means
+            rest, self.head = self.head, b""
+            return rest
+        return b""
+
+
 class _TlsProtocol(asyncio.Protocol):
     """A TLS client connection over memory BIOs, decrypted data fed to a StreamReader
     (whose flow control pauses the socket when the reader falls behind)."""
 
     def __init__(self, context: ssl.SSLContext, server_hostname: str,
-                 reader: asyncio.StreamReader) -> None:
+                 reader: _Feed) -> None:
         self._in, self._out = ssl.MemoryBIO(), ssl.MemoryBIO()
         self._ssl = context.wrap_bio(self._in, self._out, server_hostname=server_hostname)
         self._reader = reader
@@ -216,6 +564,11 @@ class _TlsProtocol(asyncio.Protocol):
                     self._flush()
                 self.handshake.set_result(None)
             while not self._eof:
+                # Nothing received that is not read yet, nothing decrypted that is not
+                # handed on: no read. (The read would raise SSLWantReadError, which cost
+                # a watch connection about as much as the rest of this step.)
+                if not self._in.pending and not self._ssl.pending():
+                    break
                 try:
                     data = self._ssl.read(TLS_READ_BYTES)
                 except ssl.SSLWantReadError:
@@ -279,6 +632,65 @@ class _TlsProtocol(asyncio.Protocol):
             await self._lost.wait()
 
 
+class _PlainProtocol(asyncio.Protocol):
+    """A connection without TLS, what it receives fed to an :class:`_Inbox` (the
+    writer's side as :class:`_TlsProtocol`'s)."""
+
+    def __init__(self, reader: _Feed) -> None:
+        self._reader = reader
+        self._transport: asyncio.Transport | None = None
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._lost = asyncio.Event()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._reader.set_transport(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed_data(data)
+
+    def eof_received(self) -> bool:
+        self._reader.feed_eof()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is None:
+            self._reader.feed_eof()
+        else:
+            self._reader.set_exception(exc)
+        self._writable.set()
+        self._lost.set()
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    def write(self, data: bytes) -> None:
+        if self._transport is None or self._transport.is_closing():
+            raise ConnectionResetError("connection closed")
+        self._transport.write(data)
+
+    async def drain(self) -> None:
+        await self._writable.wait()
+        if self._transport is None or self._transport.is_closing():
+            raise ConnectionResetError("connection closed")
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport is None or self._transport.is_closing()
+
+    async def wait_closed(self) -> None:
+        if self._transport is not None:
+            await self._lost.wait()
+
+
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 # Fields whose repetition with different values changes what the answer means: refused
 # rather than joined (other repeated fields are joined with ", " as RFC 9110 allows).
@@ -295,13 +707,21 @@ class _NoAnswerError(HttpConnectionError):
         self.sent = sent
 
 
+class _Reader(Protocol):
+    async def read(self, n: int) -> bytes: ...
+
+    def at_eof(self) -> bool: ...
+
+
 class _Conn:
-    def __init__(self, reader: asyncio.StreamReader, writer: _Writer) -> None:
+    def __init__(self, reader: _Reader, writer: _Writer) -> None:
         self.reader = reader
         self.writer = writer
         self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEADER_BYTES)
 
     def close(self) -> None:
+        if isinstance(self.reader, _Inbox):
+            self.reader.close()
         with contextlib.suppress(Exception):
             self.writer.close()
 
@@ -323,6 +743,7 @@ class Response:
     _eof: bool = False
     _buffer: bytearray = field(default_factory=bytearray)
     _reusable: bool = False
+    _lines: _Lines | None = None  # read by lines in the inbox's line mode
 
     @property
     def content_length(self) -> int | None:
@@ -385,6 +806,9 @@ class Response:
 
     async def readline(self) -> bytes:
         """One line of the body including its newline; b"" at the end."""
+        conn = self._conn
+        if conn is not None and not self._eof and isinstance(conn.reader, _Inbox):
+            return await self._readline_fed(conn, conn.reader)
         start = 0
         while True:
             i = self._buffer.find(b"\n", start)
@@ -401,6 +825,45 @@ class Response:
                 self._buffer.clear()
                 return out
             self._buffer.extend(data)
+
+    async def _readline_fed(self, conn: _Conn, inbox: _Inbox) -> bytes:
+        """readline in the inbox's line mode (see :class:`_Inbox`)."""
+        lines = self._lines
+        if lines is None:
+            lines = self._lines = inbox.start_lines(
+                conn.h11, self._buffer, chunked="transfer-encoding" in self.headers)
+            self._buffer = bytearray()
+        line = lines.line
+        while True:
+            i = line.find(b"\n", lines.scan)
+            if i >= 0:
+                out = bytes(memoryview(line)[:i + 1])
+                del line[:i + 1]
+                lines.scan = 0
+                inbox.taken()
+                return out
+            lines.scan = len(line)
+            if len(line) > MAX_LINE_BYTES:
+                inbox.stop_lines()
+                self._finish(reusable=False)
+                raise HttpProtocolError(f"a body line longer than {MAX_LINE_BYTES} bytes")
+            if lines.error is not None:
+                inbox.stop_lines()
+                self._finish(reusable=False)
+                raise lines.error
+            if lines.end is not None:
+                inbox.stop_lines()
+                self._finish(reusable=lines.end)
+                out = bytes(line)
+                line.clear()
+                return out
+            e = inbox.exception()
+            if e is not None:
+                inbox.stop_lines()
+                if isinstance(e, (ConnectionError, ssl.SSLError)):
+                    raise HttpConnectionError(f"{type(e).__name__}: {e}") from e
+                raise e
+            await inbox.wait_lines(self._read_timeout)
 
     async def read(self, max_bytes: int = 512 * 1024 * 1024) -> bytes:
         out = bytearray()
@@ -521,7 +984,7 @@ def proxy_from_environment(url: str, env: Mapping[str, str] | None = None) -> st
     return proxy if "://" in proxy else f"http://{proxy}"
 
 
-async def _read_head(reader: asyncio.StreamReader, parser: h11.Connection,
+async def _read_head(reader: _Reader, parser: h11.Connection,
                      timeout: float | None) -> h11.Response:
     """The final answer's head (informational ones skipped), bounded in size and count.
     Raises :class:`_NoAnswerError` when the connection ended before a byte of it."""
@@ -538,7 +1001,9 @@ async def _read_head(reader: asyncio.StreamReader, parser: h11.Connection,
                 raise _protocol_error(e) from None
             if event is h11.NEED_DATA:
                 try:
-                    data = await reader.read(MAX_HEADER_BYTES)
+                    data = await (reader.read_head(MAX_HEADER_BYTES)
+                                  if isinstance(reader, _Inbox)
+                                  else reader.read(MAX_HEADER_BYTES))
                 except (ConnectionError, ssl.SSLError) as e:
                     if received:
                         raise
@@ -631,16 +1096,19 @@ class HttpClient:
     async def _open(self) -> _Conn:
         o = self.origin
         try:
+            loop = asyncio.get_running_loop()
             if self.unix_socket is not None:
-                reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(
-                    self.unix_socket, limit=MAX_HEADER_BYTES), self.connect_timeout)
-                return _Conn(reader, writer)
+                inbox = _Inbox()
+                _, proto = await asyncio.wait_for(loop.create_unix_connection(
+                    lambda: _PlainProtocol(inbox), self.unix_socket), self.connect_timeout)
+                return _Conn(inbox, proto)
             if self.ssl_context is None:
                 host, port = (o.host, o.port) if self.proxy is None else \
                     (self.proxy.host, self.proxy.port)
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(
-                    host, port, limit=MAX_HEADER_BYTES), self.connect_timeout)
-                return _Conn(reader, writer)
+                inbox = _Inbox()
+                _, proto = await asyncio.wait_for(loop.create_connection(
+                    lambda: _PlainProtocol(inbox), host, port), self.connect_timeout)
+                return _Conn(inbox, proto)
             return await asyncio.wait_for(self._connect_tls(self.ssl_context),
                                           self.connect_timeout)
         except TimeoutError:
@@ -653,7 +1121,7 @@ class HttpClient:
     async def _connect_tls(self, context: ssl.SSLContext) -> _Conn:
         o = self.origin
         loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=MAX_HEADER_BYTES, loop=loop)
+        reader = _Inbox()
         server_hostname = self.server_hostname or o.host
         if self.proxy is not None:
             transport = await self._tunnel()

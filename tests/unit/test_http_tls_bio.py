@@ -37,6 +37,10 @@ class _Recorder:
         self.writes.append(len(data))
         return self.bio.write(data)
 
+    @property
+    def pending(self) -> int:
+        return self.bio.pending
+
 
 class _Wire(asyncio.Transport):
     """What the client writes, kept for the server to read."""
