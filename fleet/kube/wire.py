@@ -34,6 +34,10 @@ S = TypeVar("S", bound=msgspec.Struct)
 
 OBJECT_EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED"})
 RECENT_LINES = 256
+# A remembered line is found by its first bytes (the event's type, the object's kind,
+# name and resourceVersion come first), then compared whole: hashing a whole 14 KB line
+# cost more than comparing it (a bytes object's hash reads all of it).
+LINE_KEY_BYTES = 256
 
 
 class SharedObject(dict[str, Any]):
@@ -59,7 +63,8 @@ class ObjectDecoder(Generic[S]):
         # all but the first are given the first one's decode (the same dict: readers do
         # not change it).
         self.remember = remember
-        self._recent: dict[bytes, Any] = {}
+        # the line's first LINE_KEY_BYTES -> (the line, its decode)
+        self._recent: dict[bytes, tuple[bytes, Any]] = {}
         self.hits = 0
         self._object = msgspec.json.Decoder(struct)
         line = msgspec.defstruct(f"{struct.__name__}Line", [
@@ -98,10 +103,11 @@ def decode_watch_line(line: bytes, decoder: ObjectDecoder[Any]) -> Any:
     A line the decoder read a moment ago (another watch of the same objects) is given
     that decode again: the same dict, which its readers must not change."""
     recent = decoder._recent
-    hit = recent.get(line)
-    if hit is not None:
+    key = line[:LINE_KEY_BYTES]
+    hit = recent.get(key)
+    if hit is not None and hit[0] == line:
         decoder.hits += 1
-        return hit
+        return hit[1]
     try:
         outer = decoder._line.decode(line)
     except msgspec.DecodeError:  # not JSON, or not the Struct's shape: as before
@@ -110,7 +116,8 @@ def decode_watch_line(line: bytes, decoder: ObjectDecoder[Any]) -> Any:
         event = {"type": outer.type,
                  "object": SharedObject(decoder.subset(outer.object))}
         if decoder.remember:
-            recent[line] = event
+            recent.pop(key, None)  # (another line of the same start: the newer is kept)
+            recent[key] = (line, event)
             if len(recent) > decoder.remember:
                 del recent[next(iter(recent))]
         return event

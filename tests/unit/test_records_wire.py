@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from fleet.contract.signal import AUTOPILOT_SIGNAL_VERSION_KEY, SIGNAL_DATA_KEY, SIGNAL_VERSION_KEY
 from fleet.kube.cache import Remembered
 from fleet.kube.wire import (
+    LINE_KEY_BYTES,
     ObjectDecoder,
     SharedObject,
     decode_list_page,
@@ -242,6 +243,23 @@ def test_watches_reading_the_same_line_share_its_decode_and_record() -> None:
                               node_subset)
     assert again is not events[0]
     assert again["object"]["metadata"]["resourceVersion"] == "12"
+
+
+def test_lines_alike_in_their_first_bytes_are_not_taken_for_one_another() -> None:
+    """Remembered lines are found by their first bytes, then compared whole: a line
+    that starts as a remembered one but ends otherwise is decoded for itself."""
+    node = realistic_node(rv="21")
+    first = json.dumps({"type": "MODIFIED", "object": node}).encode()
+    node["status"]["nodeInfo"]["kubeletVersion"] = "v1.32.0+k0s"  # near the line's end
+    second = json.dumps({"type": "MODIFIED", "object": node}).encode()
+    assert first[:LINE_KEY_BYTES] == second[:LINE_KEY_BYTES] and first != second
+    a = decode_watch_line(first, node_subset)
+    b = decode_watch_line(second, node_subset)
+    assert node_record(b["object"]).info.kubelet_version != \
+        node_record(a["object"]).info.kubelet_version
+    assert decode_watch_line(bytes(bytearray(second)), node_subset) is b  # the newer one
+    c = decode_watch_line(bytes(bytearray(first)), node_subset)  # decoded again, not b
+    assert c is not b and node_record(c["object"]) == node_record(a["object"])
 
 
 def test_plain_objects_are_converted_every_time() -> None:
