@@ -47,6 +47,10 @@ def _write(path: str, text: str) -> None:
     Path(path).write_text(text)
 
 
+def _read(path: str) -> str:
+    return Path(path).read_text()
+
+
 def server_main(cert_dir: str, port_file: str, rate: float, log_file: str,
                 go_framing: bool) -> None:
     sys.path.insert(0, str(REPO))
@@ -204,9 +208,12 @@ async def _client(kubeconfig_file: str, clusters: int, out: str,
             await anyio.sleep(0.02)
             lags.append((time.time(), time.perf_counter() - t - 0.02))
 
+    page = os.sysconf("SC_PAGE_SIZE")
+
     async def sample_cpu() -> None:
         while True:
-            cpu.append((time.time(), time.process_time()))
+            rss = int(_read("/proc/self/statm").split()[1]) * page / 2**20
+            cpu.append((time.time(), time.process_time(), rss))
             await anyio.sleep(0.5)
 
     async with anyio.create_task_group() as tg:
@@ -308,6 +315,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if p is not None and p.poll() is None:
                 p.kill()
     cpu = [c for c in data["cpu"] if start <= c[0] <= end]
+    before = [c[2] for c in data["cpu"] if c[0] < start]
     lags = [lag for t, lag in data["lags"] if start <= t < end]
     gcs = [g for g in data["gcs"] if start <= g[0] < end]
     first, last, missing = [], [], 0
@@ -330,6 +338,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_us_per_event": round(1e6 * (cpu[-1][1] - cpu[0][1]) / (cpu[-1][0] - cpu[0][0])
                                   / (args.rate * args.clusters), 1) if len(cpu) >= 2 else None,
         "loop_lag_ms": _ms(lags),
+        "rss_mib": {"before": round(before[-1], 1) if before else None,
+                    "peak": round(max(c[2] for c in data["cpu"] if c[0] >= start), 1)},
         "gc": {"seconds": round(sum(g[2] for g in gcs), 3),
                "collections": [sum(1 for g in gcs if g[1] == k) for k in range(3)]},
         "to_first_ms": _ms(first), "to_all_ms": _ms(last),
