@@ -248,3 +248,31 @@ async def test_a_silent_stream_times_out_and_a_lost_one_is_a_connection_error() 
     proto.connection_lost(ConnectionResetError("reset by peer"))
     with pytest.raises(OSError, match="ConnectionResetError: reset by peer"):
         await resp.readline()
+
+
+async def test_a_unix_socket_connection_reads_answers_and_lines(tmp_path: Any) -> None:
+    """The node agent asks k0s's status API over a unix socket: the same inbox."""
+    from fleet.kube.http import HttpClient  # noqa: PLC0415
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (await reader.readuntil(b"\r\n\r\n")).startswith(b"GET /status"):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n{\"Pid\": 42}")
+            await writer.drain()
+        writer.write(HEAD + _chunk(b"one\ntw") + _chunk(b"o\n") + b"0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    path = str(tmp_path / "status.sock")
+    server = await asyncio.start_unix_server(serve, path)
+    client = HttpClient("http://localhost", unix_socket=path, connect_timeout=5.0)
+    try:
+        resp = await client.request("GET", "/status", read_timeout=5.0)
+        assert (resp.status, await resp.read()) == (200, b'{"Pid": 42}')
+        resp.release()  # kept alive: the next request goes on the same connection
+        resp = await client.request("GET", "/lines", read_timeout=5.0)
+        assert await asyncio.wait_for(_all_lines(resp), 10) == [b"one\n", b"two\n"]
+        resp.release()
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
