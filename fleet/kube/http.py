@@ -262,7 +262,7 @@ class _Inbox:
         """Up to ``n`` bytes (b"": the end of the stream), as ``StreamReader.read``."""
         if self._exception is not None:
             raise self._exception
-        if not self._buffer and not self._eof:
+        while not self._buffer and not self._eof:
             await self._wait()
             if self._exception is not None:
                 raise self._exception
@@ -277,7 +277,7 @@ class _Inbox:
         head, as h11 finds it): its parser then holds none of the body."""
         if self._exception is not None:
             raise self._exception
-        if not self._buffer and not self._eof:
+        while not self._buffer and not self._eof:
             await self._wait()
             if self._exception is not None:
                 raise self._exception
@@ -299,6 +299,9 @@ class _Inbox:
 
     def stop_lines(self) -> None:
         self.lines = None
+        self.close()  # its idle deadline goes with it
+        self._idle = None
+        self._timed_out = False
         self._resume()
 
     def taken(self) -> None:
@@ -330,8 +333,9 @@ class _Inbox:
     def _check_idle(self) -> None:
         self._timer = None
         waiter, idle, loop = self._waiter, self._idle, self._loop
-        if waiter is None or waiter.done() or idle is None or loop is None:
-            return  # re-armed by the next wait
+        if waiter is None or waiter.done() or idle is None or loop is None \
+                or self.lines is None:
+            return  # re-armed by the next wait for lines
         due = max(self._since, self._fed_at) + idle
         if loop.time() >= due:
             self._timed_out = True

@@ -276,3 +276,27 @@ async def test_a_unix_socket_connection_reads_answers_and_lines(tmp_path: Any) -
         await client.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_kept_alive_connection_does_not_carry_a_watch_s_idle_deadline() -> None:
+    """A watch that ended (its connection kept alive) leaves no idle deadline behind: the
+    next answer on that connection may take longer than the watch's timeout."""
+    resp, proto, _ = await _response(timeout=0.05)
+    task = asyncio.ensure_future(_all_lines(resp))
+    await _turns()  # waiting for a line: its idle deadline is armed
+    proto.data_received(_chunk(b"one\n") + b"0\r\n\r\n")
+    assert await asyncio.wait_for(task, 10) == [b"one\n"]
+    conn = resp._conn
+    assert conn is not None and resp._eof and resp._reusable
+    conn.h11.start_next_cycle()  # as the pool does
+    conn.h11.send(h11.Request(method="GET", target="/list", headers=[("Host", "x")]))
+    conn.h11.send(h11.EndOfMessage())
+    proto.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
+    head = await _read_head(conn.reader, conn.h11, 10)
+    second = Response(status=head.status_code, reason="OK", headers=_headers_of(head),
+                      _conn=conn, _pool=None, _read_timeout=10.0, _reusable=True)
+    body = asyncio.ensure_future(second.read())
+    await asyncio.sleep(0.2)  # the watch's deadline (0.05 s) would have passed by now
+    assert not body.done()
+    proto.data_received(b"0123456789")
+    assert await asyncio.wait_for(body, 10) == b"0123456789"
