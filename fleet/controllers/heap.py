@@ -71,6 +71,23 @@ def _glibc_trim() -> Callable[[], int] | None:
     return lambda: int(trim(0))
 
 
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def _glibc_free() -> Callable[[], int | None]:
+    """glibc's free bytes in its heaps (``mallinfo2().fordblks``, glibc 2.33 and later);
+    a function answering None elsewhere."""
+    mallinfo2 = _libc_function("mallinfo2")
+    if mallinfo2 is None:
+        return lambda: None
+    mallinfo2.argtypes = []
+    mallinfo2.restype = _Mallinfo2
+    return lambda: int(mallinfo2().fordblks)
+
+
 def resident_bytes() -> int | None:
     """The process's resident size (``/proc/self/statm``); None where there is none."""
     try:
@@ -85,21 +102,31 @@ SLACK = 16 << 20
 
 
 class HeapTrimmer:
-    """``run()`` trims the heap every ``interval`` seconds in which ``work()`` moved or
-    the resident size grew by more than ``slack`` bytes over what it was after the last
-    trim (``rss``: the resident size now, None: unknown)."""
+    """``run()`` trims the heap every ``interval`` seconds in which ``work()`` moved, the
+    resident size grew by more than ``slack`` bytes over what it was after the last trim
+    (``rss``: the resident size now, None: unknown), or the heap's free bytes did
+    (``free``: glibc's, None: unknown).
+
+    The last: a burst of Node events that ran no planning pass and outlasted a trim (a
+    starved controller worked through its backlog for 30 s at the resident size it
+    peaked at, trimmed there) frees most of what it held only after that trim, and the
+    resident size, which a free does not lower, never grew again: it stayed at its peak
+    for good (bench/README.md, issue 33)."""
 
     def __init__(self, work: Callable[[], int], *, interval: float = 15.0,
                  trim: Callable[[], int] | None = None,
                  rss: Callable[[], int | None] = resident_bytes,
+                 free: Callable[[], int | None] | None = None,
                  slack: int = SLACK) -> None:
         self.work = work
         self.interval = interval
         self._trim = trim if trim is not None else _glibc_trim()
         self._rss = rss
+        self._free = free if free is not None else _glibc_free()
         self.slack = slack
         self._seen = -1
         self._floor: int | None = None  # resident size after the last trim (or first look)
+        self._free_floor: int | None = None  # free bytes after it (a trim does not lower them)
         self.trims = 0
         self.seconds = 0.0  # spent trimming, over the process's life
         self.released = 0  # bytes of resident size the trims gave back, over its life
@@ -111,10 +138,15 @@ class HeapTrimmer:
         if self._trim is None:
             return False
         rss = self._rss()
+        free = self._free()
         grew = rss is not None and self._floor is not None and rss > self._floor + self.slack
-        if done == self._seen and not grew:
+        freed = free is not None and self._free_floor is not None \
+            and free > self._free_floor + self.slack
+        if done == self._seen and not grew and not freed:
             if self._floor is None or (rss is not None and rss < self._floor):
                 self._floor = rss
+            if self._free_floor is None or (free is not None and free < self._free_floor):
+                self._free_floor = free  # (reused: what is freed from here on counts)
             return False
         self._seen = done
         t0 = time.perf_counter()
@@ -125,6 +157,7 @@ class HeapTrimmer:
         if rss is not None and after is not None:
             self.released += max(0, rss - after)
         self._floor = after
+        self._free_floor = self._free()
         return True
 
     async def run(self) -> None:

@@ -20,7 +20,7 @@ def test_trims_only_when_work_moved() -> None:
         calls.append(work[0])
         return 1
 
-    heap = HeapTrimmer(lambda: work[0], trim=trim)
+    heap = HeapTrimmer(lambda: work[0], trim=trim, free=lambda: None)
     assert heap.maybe_trim()  # first call: nothing seen yet
     assert not heap.maybe_trim()  # idle: no trim
     assert not heap.maybe_trim()
@@ -42,7 +42,8 @@ def test_trims_when_the_resident_size_grew_without_work() -> None:
         rss[0] -= 30 << 20  # what the trim gave back
         return 1
 
-    heap = HeapTrimmer(lambda: 0, trim=trim, rss=lambda: rss[0], slack=16 << 20)
+    heap = HeapTrimmer(lambda: 0, trim=trim, rss=lambda: rss[0], free=lambda: None,
+                       slack=16 << 20)
     assert heap.maybe_trim()  # first call: nothing seen yet (trims, floor 70 MiB)
     assert not heap.maybe_trim()  # idle
     rss[0] += 10 << 20  # within the slack: left alone
@@ -53,6 +54,45 @@ def test_trims_when_the_resident_size_grew_without_work() -> None:
     assert not heap.maybe_trim()  # the new floor
     assert calls == [100 << 20, 110 << 20]
     assert heap.released == 60 << 20
+
+
+def test_trims_when_memory_was_freed_after_a_trim_at_the_peak() -> None:
+    """A backlog worked through at the resident size it peaked at (trimmed there) frees
+    its memory afterwards: the resident size does not move (a free does not lower it),
+    the heap's free bytes do, and the next look trims."""
+    rss, free = [400 << 20], [5 << 20]
+    calls: list[int] = []
+
+    def trim() -> int:
+        calls.append(free[0])
+        rss[0] -= max(0, free[0] - (5 << 20))  # whole free pages go back
+        return 1
+
+    heap = HeapTrimmer(lambda: 0, trim=trim, rss=lambda: rss[0], free=lambda: free[0],
+                       slack=16 << 20)
+    assert heap.maybe_trim()  # first look
+    rss[0] += 60 << 20  # the burst: grew, trimmed at its peak
+    assert heap.maybe_trim()
+    assert not heap.maybe_trim()  # still busy at the peak: nothing to give back
+    free[0] += 10 << 20  # within the slack: left alone
+    assert not heap.maybe_trim()
+    free[0] += 90 << 20  # the backlog done: 100 MiB freed, the resident size unmoved
+    assert heap.maybe_trim()
+    assert rss[0] == 360 << 20
+    assert not heap.maybe_trim()  # free bytes stay free after a trim: no trim again
+    free[0] -= 50 << 20  # reused
+    assert not heap.maybe_trim()
+    free[0] += 20 << 20  # 20 MiB freed since: past the slack over the new floor
+    assert heap.maybe_trim()
+    assert len(calls) == 4
+
+
+def test_glibc_free_bytes_are_read_here() -> None:
+    from fleet.controllers.heap import _glibc_free  # noqa: PLC0415
+
+    free = _glibc_free()()
+    if platform.libc_ver()[0] == "glibc":
+        assert free is not None and free >= 0
 
 
 def test_without_malloc_trim_nothing_happens() -> None:
