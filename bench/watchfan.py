@@ -10,7 +10,7 @@ workload clusters' API server. It answers a Node list (9 realistic ~14 KB Nodes,
 the start of the window patches one Node's annotation ``--rate`` times a second,
 writing the very same watch line (one chunk, as a kube-apiserver flushes each event) to
 every watch. The measured process is the controller's side of it, as the workload
-cluster registry builds it (``fleet.clusters``): one light-transport ``KubeClient`` per
+cluster registry builds it (``fleet.world.clusters``): one light-transport ``KubeClient`` per
 cluster (its own TLS connection), a ``Reflector`` with the Node subset decoder feeding a
 ``RecordCache`` of NodeRecords, glibc's fixed mmap threshold and ``gc.freeze()`` after
 start-up. It samples its own CPU time, event-loop lag (a 20 ms sleep's overshoot), GC
@@ -166,12 +166,12 @@ async def _client(kubeconfig_file: str, clusters: int, out: str,
                   gcs: list[tuple[float, int, float]]) -> None:
     import anyio  # noqa: PLC0415
 
-    from fleet.clusters import node_cache  # noqa: PLC0415
     from fleet.kube import KubeClient  # noqa: PLC0415
     from fleet.kube.backoff import Backoff  # noqa: PLC0415
     from fleet.kube.resources import NODES as NODE_RES  # noqa: PLC0415
     from fleet.kube.watch import Reflector  # noqa: PLC0415
-    from fleet.records import node_subset  # noqa: PLC0415
+    from fleet.world.clusters import node_cache  # noqa: PLC0415
+    from fleet.world.records import node_subset  # noqa: PLC0415
 
     kubeconfig = json.loads(await anyio.Path(kubeconfig_file).read_text())
     arrivals: dict[str, list[float]] = {}  # rv -> [first, last, count]
