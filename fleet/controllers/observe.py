@@ -86,7 +86,7 @@ class ManagementView:
                 for ns in self.namespaces:
                     cache = self.caches[res]
                     r = Reflector(
-                        self.client, res, namespace=ns, listener=cache.on_event,
+                        self.client, res, namespace=ns, sink=cache.take_event,
                         field_selector=SECRET_FIELD_SELECTOR if res is SECRETS else None,
                         watch_timeout=self.watch_timeout, keep_objects=False,
                         # the cache's versions, not a copy (Secrets have other feeders)
@@ -96,13 +96,13 @@ class ManagementView:
                     tg.start_soon(r.run)
             if self.intent_namespace is not None:
                 r = Reflector(self.client, FLEET_UPGRADES, namespace=self.intent_namespace,
-                              listener=self.caches[FLEET_UPGRADES].on_event,
+                              sink=self.caches[FLEET_UPGRADES].take_event,
                               watch_timeout=self.watch_timeout, keep_objects=False)
                 self.reflectors.append(r)
                 tg.start_soon(r.run)
             for ns, name in self.extra_secrets:
                 r = Reflector(self.client, SECRETS, namespace=ns,
-                              listener=self.caches[SECRETS].on_event,
+                              sink=self.caches[SECRETS].take_event,
                               field_selector=f"metadata.name={name}",
                               watch_timeout=self.watch_timeout, keep_objects=False)
                 self.reflectors.append(r)
@@ -120,7 +120,7 @@ class ManagementView:
 
     def _watch(self, tg: anyio.abc.TaskGroup, res: Resource) -> None:
         for ns in self.namespaces:
-            r = Reflector(self.client, res, namespace=ns, listener=self.caches[res].on_event,
+            r = Reflector(self.client, res, namespace=ns, sink=self.caches[res].take_event,
                           watch_timeout=self.watch_timeout, keep_objects=False)
             self.reflectors.append(r)
             tg.start_soon(r.run)

@@ -178,12 +178,16 @@ class _Cache(Generic[E, V]):
             self._changed()
         self.synced = False
 
-    async def on_event(self, event: WatchEvent) -> None:
-        """Reflector listener."""
+    def take_event(self, event: WatchEvent) -> None:
+        """A Reflector's sink: the event taken at once."""
         if event.type == "DELETED":
             self.forget(event.object)
         else:
             self.observe(event.object)
+
+    async def on_event(self, event: WatchEvent) -> None:
+        """Reflector listener."""
+        self.take_event(event)
 
     def mark_synced(self) -> None:
         if not self.synced:

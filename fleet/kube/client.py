@@ -384,6 +384,34 @@ class KubeClient:
     async def server_version(self) -> dict[str, Any]:
         return await self.request("GET", "/version")  # type: ignore[no-any-return]
 
+    async def _open_watch(self, res: Resource, namespace: str | None, *,
+                          resource_version: str, label_selector: str | None,
+                          field_selector: str | None, timeout_seconds: int,
+                          read_timeout: float, decoder: ObjectDecoder[Any] | None
+                          ) -> tuple[LineStream, Callable[[bytes], Any]]:
+        resp = await self.open_stream(res.path(namespace), query={
+            "watch": "true", "allowWatchBookmarks": "true",
+            "resourceVersion": resource_version, "labelSelector": label_selector,
+            "fieldSelector": field_selector, "timeoutSeconds": timeout_seconds,
+        }, read_timeout=read_timeout)
+        if decoder is None:
+            read: Callable[[bytes], Any] = json.loads
+        else:
+            from fleet.kube.wire import decode_watch_line  # noqa: PLC0415
+
+            read = functools.partial(decode_watch_line, decoder=decoder)
+        name = self.name
+
+        def decode(line: bytes) -> Any:
+            # not stripped: both decoders skip the whitespace around the value, and a
+            # copy of every (14 KB) line per watch is what it would cost
+            try:
+                return read(line)
+            except json.JSONDecodeError as e:
+                raise KubeError(f"{name}: undecodable watch line: {e}") from e
+
+        return resp, decode
+
     async def watch_lines(self, res: Resource, namespace: str | None, *,
                           resource_version: str, label_selector: str | None,
                           field_selector: str | None, timeout_seconds: int,
@@ -392,13 +420,10 @@ class KubeClient:
         """One watch request, decoded; ends when the server closes the stream.
         ``decoder``: each event's object is decoded to the subset it keeps
         (:mod:`fleet.kube.wire`); without it, whole."""
-        resp = await self.open_stream(res.path(namespace), query={
-            "watch": "true", "allowWatchBookmarks": "true",
-            "resourceVersion": resource_version, "labelSelector": label_selector,
-            "fieldSelector": field_selector, "timeoutSeconds": timeout_seconds,
-        }, read_timeout=read_timeout)
-        if decoder is not None:
-            from fleet.kube.wire import decode_watch_line  # noqa: PLC0415
+        resp, decode = await self._open_watch(
+            res, namespace, resource_version=resource_version,
+            label_selector=label_selector, field_selector=field_selector,
+            timeout_seconds=timeout_seconds, read_timeout=read_timeout, decoder=decoder)
         try:
             while True:
                 try:
@@ -407,14 +432,33 @@ class KubeClient:
                     raise UnreachableError(f"{self.name}: watch {res}: {e!r}") from e
                 if not line:
                     return
-                # not stripped: both decoders skip the whitespace around the value, and
-                # a copy of every (14 KB) line per watch is what it would cost
                 if not line.isspace():
-                    try:
-                        yield json.loads(line) if decoder is None \
-                            else decode_watch_line(line, decoder)
-                    except json.JSONDecodeError as e:
-                        raise KubeError(f"{self.name}: undecodable watch line: {e}") from e
+                    yield decode(line)
+        finally:
+            resp.release()
+
+    async def watch_into(self, res: Resource, namespace: str | None,
+                         take: Callable[[dict[str, Any]], None], *, resource_version: str,
+                         label_selector: str | None, field_selector: str | None,
+                         timeout_seconds: int, read_timeout: float,
+                         decoder: ObjectDecoder[Any] | None = None) -> None:
+        """One watch request, as :meth:`watch_lines`, but each decoded event handed to
+        ``take`` as it arrives (on this client's own connections, in the connection's
+        callback: ``take`` must not block); returns when the server ends the stream,
+        raises what ``take`` raised."""
+        resp, decode = await self._open_watch(
+            res, namespace, resource_version=resource_version,
+            label_selector=label_selector, field_selector=field_selector,
+            timeout_seconds=timeout_seconds, read_timeout=read_timeout, decoder=decoder)
+
+        def sink(line: bytes) -> None:
+            if not line.isspace():
+                take(decode(line))
+
+        try:
+            await resp.pour(sink)
+        except (TimeoutError, OSError) as e:
+            raise UnreachableError(f"{self.name}: watch {res}: {e!r}") from e
         finally:
             resp.release()
 

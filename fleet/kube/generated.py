@@ -33,6 +33,10 @@ class _Lines:
         except (aiohttp.ClientError, OSError) as e:
             raise UnreachableError(f"{self._what}: {e!r}") from e
 
+    async def pour(self, sink: Callable[[bytes], None]) -> None:
+        while line := await self.readline():
+            sink(line)
+
     def release(self) -> None:
         self._resp.release()
 

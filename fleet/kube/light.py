@@ -268,6 +268,14 @@ class _Lines:
         except HttpError as e:
             raise UnreachableError(f"{self._what}: {e!r}") from e
 
+    async def pour(self, sink: Callable[[bytes], None]) -> None:
+        try:
+            await self._resp.pour(sink)
+        except TimeoutError as e:
+            raise WatchIdleError(f"{self._what}: nothing read: {e!r}") from e
+        except HttpError as e:
+            raise UnreachableError(f"{self._what}: {e!r}") from e
+
     def release(self) -> None:
         self._resp.release()
 

@@ -32,6 +32,13 @@ class LineStream(Protocol):
         """The next line, with its newline; b"" when the server ended the stream."""
         ...
 
+    async def pour(self, sink: Callable[[bytes], None]) -> None:
+        """Every line (as :meth:`readline` gives it) to ``sink``, until the server ended
+        the stream; raises what readline raises, and what ``sink`` raised. ``sink`` may be
+        called from the connection's own callback as each line arrives: it must not
+        block."""
+        ...
+
     def release(self) -> None: ...
 
 

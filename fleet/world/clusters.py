@@ -432,7 +432,7 @@ class ClusterRegistry:
     async def _watch_nodes(self, wc: WorkloadCluster) -> None:
         assert wc.client is not None
         cache = wc.nodes
-        reflector = Reflector(wc.client, NODES, listener=cache.on_event,
+        reflector = Reflector(wc.client, NODES, sink=cache.take_event,
                               watch_timeout=self.watch_timeout, spread=0.5,
                               idle_timeout=self.idle_timeout,
                               backoff=Backoff(initial=0.1, maximum=5.0),
@@ -459,7 +459,7 @@ class ClusterRegistry:
         assert wc.client is not None
         while True:
             await self._until_served(wc, resource, store)
-            reflector = Reflector(wc.client, resource, listener=store.on_event,
+            reflector = Reflector(wc.client, resource, sink=store.take_event,
                                   watch_timeout=self.watch_timeout, spread=0.5,
                                   idle_timeout=self.idle_timeout, keep_objects=False,
                                   relist_limiter=self._relists, stop_when_absent=True,

@@ -194,16 +194,23 @@ async def test_patch_with_retry_declines_when_mutate_says_so(
     assert "x" not in (await kube.get(CONFIGMAPS, "d", namespace))["data"]
 
 
-async def test_reflector_tracks_changes_and_deletions(kube: KubeClient, namespace: str) -> None:
+@pytest.mark.parametrize("taker", ["listener", "sink"])
+async def test_reflector_tracks_changes_and_deletions(kube: KubeClient, namespace: str,
+                                                      taker: str) -> None:
+    # "sink": each event taken at once in the connection's callback (watch_into)
     events: list[WatchEvent] = []
     seen = anyio.Event()
 
-    async def listener(ev: WatchEvent) -> None:
+    def take(ev: WatchEvent) -> None:
         events.append(ev)
         if ev.type == "DELETED" and ev.object["metadata"]["name"] == "r1":
             seen.set()
 
-    refl = Reflector(kube, CONFIGMAPS, namespace=namespace, listener=listener)
+    async def listener(ev: WatchEvent) -> None:
+        take(ev)
+
+    refl = Reflector(kube, CONFIGMAPS, namespace=namespace, listener=listener) \
+        if taker == "listener" else Reflector(kube, CONFIGMAPS, namespace=namespace, sink=take)
     async with anyio.create_task_group() as tg:
         tg.start_soon(refl.run)
         with anyio.fail_after(10):
@@ -484,8 +491,9 @@ def _etcd_compact(world: World) -> int:
     return rev
 
 
+@pytest.mark.parametrize("taker", ["listener", "sink"])
 async def test_expired_resource_version_leads_to_relist(
-    scratch: Backend, scratch_client: KubeClient
+    scratch: Backend, scratch_client: KubeClient, taker: str
 ) -> None:
     node = unique("gone")
     created = await scratch_client.create(NODES, {"metadata": {"name": node}})
@@ -498,8 +506,11 @@ async def test_expired_resource_version_leads_to_relist(
         async for _ in watch_once(scratch_client, NODES, old_rv,
                                   field_selector=f"metadata.name={node}", timeout_seconds=5):
             pass
-    # ... and the reflector answers it with a re-list instead of crashing.
-    refl = Reflector(scratch_client, NODES, field_selector=f"metadata.name={node}")
+    # ... and the reflector answers it with a re-list instead of crashing (a sink's
+    # watch reads the ERROR event in the connection's callback, and raises it after)
+    taken: list[WatchEvent] = []
+    refl = Reflector(scratch_client, NODES, field_selector=f"metadata.name={node}",
+                     sink=taken.append if taker == "sink" else None)
     refl.store = {("", node): created}
     refl.resource_version = old_rv  # resume from a revision etcd no longer has
     async with anyio.create_task_group() as tg:
@@ -508,10 +519,13 @@ async def test_expired_resource_version_leads_to_relist(
         await _wait_for(lambda: (refl.get(node) or {}).get("metadata", {})
                         .get("labels", {}).get("n") == "4")
         tg.cancel_scope.cancel()
+    if taker == "sink":
+        assert [e.object["metadata"]["labels"]["n"] for e in taken] == ["4"]
 
 
+@pytest.mark.parametrize("taker", ["listener", "sink"])
 async def test_records_only_relist_deletions_and_patch_preconditions(
-    scratch: Backend, scratch_client: KubeClient
+    scratch: Backend, scratch_client: KubeClient, taker: str
 ) -> None:
     """A Reflector that keeps only resourceVersions, feeding a RecordCache: no full object
     is held, a deletion missed while the watch was down comes out of the re-list (410 on
@@ -521,7 +535,8 @@ async def test_records_only_relist_deletions_and_patch_preconditions(
     a, b = f"{mark}-a", f"{mark}-b"
     cache = node_cache()
     refl = Reflector(scratch_client, NODES, label_selector=f"mark={mark}",
-                     listener=cache.on_event, keep_objects=False)
+                     listener=cache.on_event if taker == "listener" else None,
+                     sink=cache.take_event if taker == "sink" else None, keep_objects=False)
     for name in (a, b):
         await scratch_client.create(NODES, {"metadata": {"name": name, "labels": {"mark": mark},
                                                          "annotations": {"unrelated": "x"}}})

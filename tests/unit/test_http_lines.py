@@ -96,8 +96,12 @@ def _pieces(stream: bytes, cuts: list[int]) -> list[bytes]:
     return out
 
 
-async def _all_lines(resp: Response) -> list[bytes]:
-    lines = []
+async def _all_lines(resp: Response, mode: str = "readline") -> list[bytes]:
+    """The body's lines, read by ``readline`` or poured (:meth:`Response.pour`)."""
+    lines: list[bytes] = []
+    if mode == "pour":
+        await resp.pour(lines.append)
+        return lines
     while line := await resp.readline():
         lines.append(line)
     return lines
@@ -138,10 +142,11 @@ def _size(n: int, how: str) -> str:
        bodies=st.lists(st.integers(0, 2000), max_size=6),
        sizes=st.lists(_SIZE_TEXT, min_size=1, max_size=6),
        cuts=st.lists(st.integers(0, 10_000), max_size=12),
-       last_newline=st.booleans(), trailers=st.booleans(), early=st.booleans())
+       last_newline=st.booleans(), trailers=st.booleans(), early=st.booleans(),
+       mode=st.sampled_from(["readline", "pour"]))
 async def test_lines_are_the_body_s_lines_however_framed_and_cut(
         *, lines: list[bytes], bodies: list[int], sizes: list[str], cuts: list[int],
-        last_newline: bool, trailers: bool, early: bool) -> None:
+        last_newline: bool, trailers: bool, early: bool, mode: str) -> None:
     body = b"\n".join(lines) + (b"\n" if last_newline and lines else b"")
     # the body in chunks of the sizes drawn (never empty: a 0 chunk ends the body)
     chunks, at = [], 0
@@ -161,7 +166,7 @@ async def test_lines_are_the_body_s_lines_however_framed_and_cut(
     got: list[bytes] = []
 
     async def read() -> None:
-        got.extend(await _all_lines(resp))
+        got.extend(await _all_lines(resp, mode))
 
     task = asyncio.ensure_future(read())
     for piece in pieces:
@@ -204,26 +209,87 @@ async def test_the_reader_is_woken_once_per_line_however_many_pieces_it_comes_in
     (_chunk(b"abc\n") + b"5", TruncatedBodyError, "connection closed inside the body"),
     (_chunk(b"abc\n"), TruncatedBodyError, "connection closed inside the body"),
 ])
+@pytest.mark.parametrize("mode", ["readline", "pour"])
 async def test_a_malformed_or_cut_body_is_a_named_error(
-        stream: bytes, error: type[Exception], message: str) -> None:
+        stream: bytes, error: type[Exception], message: str, mode: str) -> None:
     resp, proto, _ = await _response()
     proto.data_received(stream)
     proto.eof_received()
     with pytest.raises(error, match=message):
-        await _all_lines(resp)
+        await _all_lines(resp, mode)
     assert not resp._reusable
 
 
-async def test_a_line_longer_than_the_bound_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("mode", ["readline", "pour"])
+async def test_a_line_longer_than_the_bound_is_refused(
+        monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     from fleet.kube import http  # noqa: PLC0415
 
     monkeypatch.setattr(http, "MAX_LINE_BYTES", 10_000)
     resp, proto, _ = await _response()
-    task = asyncio.ensure_future(resp.readline())
+    task = asyncio.ensure_future(_all_lines(resp, mode))
     for _ in range(20):
         proto.data_received(_chunk(b"x" * 1000))
         await _turns(1)
     with pytest.raises(HttpProtocolError, match="longer than 10000"):
+        await asyncio.wait_for(task, 30)
+
+
+async def test_poured_lines_are_taken_in_the_connection_s_callback_without_a_task_turn(
+        ) -> None:
+    resp, proto, _ = await _response(_chunk(b"early\n"))
+    got: list[bytes] = []
+    steps = [0]
+    task = asyncio.ensure_future(_counted(resp.pour(got.append), steps))
+    await _turns()
+    assert got == [b"early\n"] and steps[0] == 1  # what came with the head, then waiting
+    line = b'{"type":"MODIFIED","object":{' + b'"x":1,' * 2000 + b'"y":2}}\n'
+    stream = _chunk(line[:4000]) + _chunk(line[4000:] + b"second\nthi")
+    for i in range(0, len(stream), 700):
+        proto.data_received(stream[i:i + 700])
+    # every whole line was handed over inside data_received: no turn of the loop since
+    assert got == [b"early\n", line, b"second\n"]
+    assert steps[0] == 1 and not task.done()
+    proto.data_received(_chunk(b"rd\n") + b"0\r\n\r\n")
+    assert got[-1] == b"third\n"
+    await asyncio.wait_for(task, 30)
+    assert steps[0] == 2  # woken once: at the body's end
+    assert resp._eof and resp._reusable
+
+
+async def test_what_the_sink_raises_ends_the_pour_and_the_connection() -> None:
+    resp, proto, transport = await _response()
+    got: list[bytes] = []
+
+    def sink(line: bytes) -> None:
+        if line.startswith(b"bad"):
+            raise LookupError("the listener refused it")
+        got.append(line)
+
+    task = asyncio.ensure_future(resp.pour(sink))
+    await _turns()
+    proto.data_received(_chunk(b"one\nbad\nnever\n"))
+    proto.data_received(_chunk(b"nor this\n"))  # after the failure: not handed over
+    with pytest.raises(LookupError, match="refused"):
+        await asyncio.wait_for(task, 30)
+    assert got == [b"one\n"]
+    assert not resp._reusable
+    resp.release()
+    assert transport.closed
+
+
+async def test_a_silent_poured_stream_times_out_and_a_lost_one_is_a_connection_error(
+        ) -> None:
+    got: list[bytes] = []
+    resp, proto, _ = await _response(_chunk(b"first\n"), timeout=0.2)
+    with pytest.raises(TimeoutError):
+        await resp.pour(got.append)
+    assert got == [b"first\n"]
+    resp, proto, _ = await _response(_chunk(b"first\n"))
+    task = asyncio.ensure_future(resp.pour(got.append))
+    await _turns()
+    proto.connection_lost(ConnectionResetError("reset by peer"))
+    with pytest.raises(OSError, match="ConnectionResetError: reset by peer"):
         await asyncio.wait_for(task, 30)
 
 
