@@ -321,6 +321,9 @@ class IncrementalPlanner:
         # The last pass's hold when it can tell what moved since (every memo's verdict
         # was checked against it), else None: the next pass checks every memo.
         self._hold: object | None = None
+        # The last pass had no hold at all (every memo's answers are "go"): a pass without
+        # a hold then has no answer to check again.
+        self._no_hold = False
         self.replanned_total = 0  # clusters planned, over the planner's life (metrics)
 
     def forget(self) -> None:
@@ -328,6 +331,7 @@ class IncrementalPlanner:
         self._memo.clear()
         self._wakes.clear()
         self._hold = None
+        self._no_hold = False
 
     def plan(self, parts: Mapping[ClusterKey, Snapshot], now: datetime, *,
              hold: Hold | None = None, dirty: Iterable[ClusterKey] = ()) -> IncrementalResult:
@@ -352,8 +356,10 @@ class IncrementalPlanner:
         verdict = hold.verdict if isinstance(hold, VerdictHold) else None
         # (a runtime Protocol check walks the protocol's members: asked once per pass)
         diff = hold if isinstance(hold, DiffableHold) else None
-        moved = diff.moved_since(self._hold) if diff is not None and self._hold is not None \
-            else None
+        if diff is not None and self._hold is not None:
+            moved = diff.moved_since(self._hold)
+        else:  # without a hold now and before, no answer moved
+            moved = frozenset() if hold is None and self._no_hold else None
         # The others: planned again only if the hold now answers differently for them.
         for ckey in (memos.keys() if moved is None else moved & memos.keys()):
             if ckey in todo:
@@ -370,6 +376,7 @@ class IncrementalPlanner:
         # Until every cluster to plan is planned, no memo is known to match this hold: a
         # pass that fails half-way (an unreadable object) leaves the next one checking all.
         self._hold = None
+        self._no_hold = False
         replanned = sorted(todo)
         done = 0
         try:
@@ -389,6 +396,7 @@ class IncrementalPlanner:
                 memos.pop(ckey, None)
             raise
         self._hold = diff
+        self._no_hold = hold is None
         if len(self._wakes) > 2 * len(memos) + 64:  # many replaced: keep the live ones
             self._wakes = [(m.result.wake_at, k) for k, m in memos.items()
                            if m.result.wake_at is not None]

@@ -76,8 +76,10 @@ class Controller:
         return "object held" if owner in self.held else None
 
     @property
-    def the_hold(self) -> Hold:
+    def the_hold(self) -> Hold | None:
         held = frozenset(self.held)
+        if self.verdicts == "none":  # no hold at all while nothing is held (no policy)
+            return self.hold if held else None
         return _DiffVerdicts(held) if self.verdicts == "diff" else _Verdicts(held) \
             if self.verdicts else self.hold
 
@@ -145,7 +147,7 @@ EVENTS = ["plan", "plan", "plan", "crash", "node", "node", "node", "fail", "read
 def test_incremental_equals_full_replan(fleet: tuple[SimFleet, PlannerSettings],
                                         data: st.DataObject) -> None:
     sim, cfg = fleet
-    ctl = Controller(sim, cfg, verdicts=data.draw(st.sampled_from(["", "verdicts", "diff"]),
+    ctl = Controller(sim, cfg, verdicts=data.draw(st.sampled_from(["", "verdicts", "diff", "none"]),
                                                   label="verdicts"))
     for _ in range(data.draw(st.integers(10, 80), label="steps")):
         event = data.draw(st.sampled_from(EVENTS), label="event")
@@ -368,6 +370,42 @@ def test_a_diffable_hold_names_the_clusters_looked_at() -> None:
     asked.clear()
     inc = ctl.planner.plan(ctl.parts, sim.now, hold=Counting(frozenset(ctl.held)))
     assert not inc.replanned and not asked
+
+
+def test_passes_without_a_hold_ask_nothing_again_until_a_hold_came_and_went(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A controller without a policy plans with no hold: a pass after a pass without one
+    checks no cluster's recorded answers (they are all "go", at 1000 clusters that was a
+    third of the controller's CPU while one cluster rolled), and a pass without a hold
+    after one with a hold re-plans the clusters it held."""
+    from fleet.planner import incremental  # noqa: PLC0415
+
+    checked: list[object] = []
+    real = incremental._same_holds
+
+    def counting(recorded: Any, hold: Any) -> bool:
+        checked.append(hold)
+        return real(recorded, hold)
+
+    monkeypatch.setattr(incremental, "_same_holds", counting)
+    sim = SimFleet(now=T0)
+    keys = [add_cluster(sim, f"c{i}", control_planes=0, workers=2) for i in range(6)]
+    for k in keys:
+        bump(sim, k, V2, control_plane=False, workers=True)
+    ctl = Controller(sim, PlannerSettings(default_deadline=timedelta(hours=1)),
+                     verdicts="none")
+    ctl.held = {keys[2]}
+    while ctl.run_pass().fresh.actions:  # held: a plain hold, asked of every cluster
+        pass
+    assert checked
+    ctl.held.clear()  # now no hold at all
+    inc = ctl.run_pass()
+    assert keys[2] in inc.replanned and inc.fresh.actions, "the cluster held before starts"
+    while ctl.run_pass().fresh.actions:
+        pass
+    checked.clear()
+    inc = ctl.run_pass()
+    assert not inc.replanned and not checked, "no hold then and now: nothing asked again"
 
 
 def test_wake_up_times_come_from_the_clusters_plans() -> None:
