@@ -319,9 +319,12 @@ class FleetController:
         # The FleetUpgrades as they are now: a part keeps those of when it was built (a
         # status write rebuilds no part), the fleet-wide status writer needs the latest.
         fleet = dataclasses.replace(self.merger.merge(parts.parts, now), upgrades=parts.upgrades)
-        planned = parts.parts if acting.issuperset(parts.parts) else {
+        # (the merged parts: the same as parts.parts, with what moved since the last merge
+        # for the planner: fleet.world.delta)
+        whole = fleet.parts if fleet.parts is not None else parts.parts
+        planned = whole if acting.issuperset(parts.parts) else {
             k: v for k, v in parts.parts.items() if k in acting}
-        snapshot = fleet if planned is parts.parts else dataclasses.replace(
+        snapshot = fleet if planned is whole else dataclasses.replace(
             self.acting_merger.merge(planned, now), upgrades=parts.upgrades)
         hold = await self.policy(fleet) if self.policy is not None else None
         stopped = self.config.rollout.emergency_stop or (

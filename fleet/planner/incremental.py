@@ -33,6 +33,7 @@ from fleet.planner.actions import Action, Decision, PlanResult
 from fleet.planner.core import plan
 from fleet.planner.policy import DiffableHold, Hold, VerdictHold
 from fleet.planner.settings import PlannerSettings
+from fleet.world.delta import Delta, DeltaDict, generation, moved_since
 from fleet.world.model import ClusterKey, ObjectRef, Snapshot
 
 T = TypeVar("T")
@@ -218,6 +219,7 @@ class Merger:
             self._views = []
         else:  # nothing changes: the views handed out stay right (drop the dead ones)
             self._views = [ref for ref in self._views if ref() is not None]
+        moved = (*changed, *gone)
         if len(changed) + len(gone) > len(parts) // 2:  # most moved: start afresh
             for into in fields.values():
                 into.clear()
@@ -237,7 +239,9 @@ class Merger:
             for name, into in fields.items():
                 into.update(getattr(part, name))
         if changed or gone:
-            self._parts = dict(parts)
+            # what moved since the last merge's parts: the stages after read only that
+            self._parts = DeltaDict(parts, Delta.after(getattr(self._parts, "delta", None),
+                                                       moved))
             self._frozen_foreign = frozenset(foreign)
         upgrades: Mapping[tuple[str, str], object] = (
             self._parts[next(reversed(self._parts))].upgrades if self._parts else {})
@@ -324,6 +328,9 @@ class IncrementalPlanner:
         # The last pass had no hold at all (every memo's answers are "go"): a pass without
         # a hold then has no answer to check again.
         self._no_hold = False
+        # The generation of the parts the last pass planned (fleet.world.delta; 0: none
+        # or not known): the next pass then looks only at the parts that moved since.
+        self._parts_gen = 0
         self.replanned_total = 0  # clusters planned, over the planner's life (metrics)
 
     def forget(self) -> None:
@@ -332,6 +339,7 @@ class IncrementalPlanner:
         self._wakes.clear()
         self._hold = None
         self._no_hold = False
+        self._parts_gen = 0
 
     def plan(self, parts: Mapping[ClusterKey, Snapshot], now: datetime, *,
              hold: Hold | None = None, dirty: Iterable[ClusterKey] = ()) -> IncrementalResult:
@@ -341,17 +349,27 @@ class IncrementalPlanner:
         differently for it; otherwise its last plan stands."""
         memos = self._memo
         todo = {k for k in dirty if k in parts}
-        new = 0
-        for ckey, part in parts.items():
-            memo = memos.get(ckey)
-            if memo is None:
-                new += 1
-                todo.add(ckey)
-            elif memo.part is not part:
-                todo.add(ckey)
-        if len(memos) + new != len(parts):  # some left
-            for gone in [k for k in memos if k not in parts]:
-                del memos[gone]
+        moved_parts = moved_since(parts, self._parts_gen)
+        self._parts_gen = 0  # (set again once this pass planned everything it must)
+        if moved_parts is not None:  # the parts planned last, and what moved since
+            for ckey in moved_parts:
+                part = parts.get(ckey)
+                if part is None:
+                    memos.pop(ckey, None)
+                elif (memo := memos.get(ckey)) is None or memo.part is not part:
+                    todo.add(ckey)
+        else:
+            new = 0
+            for ckey, part in parts.items():
+                memo = memos.get(ckey)
+                if memo is None:
+                    new += 1
+                    todo.add(ckey)
+                elif memo.part is not part:
+                    todo.add(ckey)
+            if len(memos) + new != len(parts):  # some left
+                for gone in [k for k in memos if k not in parts]:
+                    del memos[gone]
         todo.update(self._due(now))
         verdict = hold.verdict if isinstance(hold, VerdictHold) else None
         # (a runtime Protocol check walks the protocol's members: asked once per pass)
@@ -397,6 +415,7 @@ class IncrementalPlanner:
             raise
         self._hold = diff
         self._no_hold = hold is None
+        self._parts_gen = generation(parts)
         if len(self._wakes) > 2 * len(memos) + 64:  # many replaced: keep the live ones
             self._wakes = [(m.result.wake_at, k) for k, m in memos.items()
                            if m.result.wake_at is not None]

@@ -33,6 +33,7 @@ from fleet.config.schedule import next_window_start, window_open
 from fleet.rollout.annotations import ANN_EMERGENCY_STOP, ANN_PAUSED, ROLLOUT_CONFIGMAP, switch
 from fleet.rollout.progress import ClusterProgress, fingerprint
 from fleet.rollout.state import RolloutState, Transition, WaveRecord
+from fleet.world.delta import generation, moved_since
 from fleet.world.model import ClusterKey, ObjectRef, format_time
 
 
@@ -378,6 +379,8 @@ class RolloutGate:
         self._gates: dict[ClusterKey, ClusterGate] = {}
         self._held: dict[ObjectRef, str] = {}
         self.judged = 0  # clusters whose verdict was recomputed (metrics, tests)
+        # the generation of the progress list the index was brought to (fleet.world.delta)
+        self._clusters_gen = 0
 
     def facts(self, c: ClusterProgress) -> _Facts:
         found = self._facts.get(c.key)
@@ -509,26 +512,57 @@ class RolloutGate:
             if self._gates.get(key) != gate:
                 self._gates[key] = gate
 
+    def _moved(self, clusters: Sequence[ClusterProgress]) -> list[ClusterProgress] | None:
+        """The clusters whose progress moved since the list the index was last brought to,
+        the gone ones forgotten, when ``clusters`` says (a
+        :class:`~fleet.world.delta.DeltaList` following that list); else None."""
+        hinted = moved_since(clusters, self._clusters_gen)
+        self._clusters_gen = 0  # (again once the index is brought to this list)
+        lookup = getattr(clusters, "lookup", None)
+        if hinted is None or lookup is None:
+            return None
+        found: list[tuple[ClusterKey, Sequence[ClusterProgress]]] = []
+        for key in hinted:
+            items = lookup(key)
+            if items is None:  # the list is no longer its producer's latest
+                return None
+            found.append((key, items))
+        members = self._members
+        moved: list[ClusterProgress] = []
+        for key, items in found:
+            if not items:
+                if key in members:
+                    self._forget(key)
+                continue
+            for c in items:
+                m = members.get(c.key)
+                if m is None or m.progress is not c:
+                    moved.append(c)
+        return moved
+
     def _update(self, view: FleetView) -> None:
         """Bring the index to ``view``: clusters gone, new or moved (a new progress object,
         or another admission in the record)."""
         members = self._members
-        present: set[ClusterKey] = set()
-        moved: list[ClusterProgress] = []
-        new = 0
-        for c in view.clusters:
-            present.add(c.key)
-            m = members.get(c.key)
-            if m is None:
-                new += 1
-                moved.append(c)
-            elif m.progress is not c:
-                moved.append(c)
-        if len(present) < len(view.clusters):
-            raise ValueError("the rollout gate was given a cluster twice")
-        if len(members) + new > len(present):  # some left
-            for gone in [k for k in members if k not in present]:
-                self._forget(gone)
+        moved = self._moved(view.clusters)
+        if moved is None:  # looked at whole
+            present: set[ClusterKey] = set()
+            moved = []
+            new = 0
+            for c in view.clusters:
+                present.add(c.key)
+                m = members.get(c.key)
+                if m is None:
+                    new += 1
+                    moved.append(c)
+                elif m.progress is not c:
+                    moved.append(c)
+            if len(present) < len(view.clusters):
+                raise ValueError("the rollout gate was given a cluster twice")
+            if len(members) + new > len(present):  # some left
+                for gone in [k for k in members if k not in present]:
+                    self._forget(gone)
+        self._clusters_gen = generation(view.clusters)
         record = view.state.admitted
         for c in moved:
             self._judge(c, record.get(_cluster_id(c.key)))

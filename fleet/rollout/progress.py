@@ -9,6 +9,7 @@ is in flight or failed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import re
@@ -25,6 +26,7 @@ from fleet.contract.nodeplan import NodePlanPhase
 from fleet.contract.versions import same_version, valid_version
 from fleet.planner.conditions import HALTED, UP_TO_DATE
 from fleet.rollout.annotations import ANN_PAUSED, switch
+from fleet.world.delta import Delta, DeltaList, generation, moved_since
 from fleet.world.eligibility import (
     Eligibility,
     as_recorded,
@@ -488,21 +490,35 @@ class ProgressMemo:
         self._flat: list[ClusterProgress] = []  # every part's progress, by cluster key
         self._at: dict[ClusterKey, int] = {}  # where a part's one progress is in _flat
         self.computed = 0  # clusters whose progress was computed (metrics, tests)
+        self._parts_gen = 0  # the generation of the parts last read (fleet.world.delta)
+        self._delta: Delta | None = None  # what the last list handed out moved by
 
     def clusters(self, snapshot: Snapshot) -> list[ClusterProgress]:
-        """As :func:`clusters_from_snapshot` (equal result), from the remembered parts."""
+        """As :func:`clusters_from_snapshot` (equal result), from the remembered parts.
+        The list says which clusters' progress moved since the one this made before
+        (a :class:`~fleet.world.delta.DeltaList`); when the snapshot's parts say which
+        moved since the parts this last read, only those are looked at."""
         parts = snapshot.parts
         memo = self._memo
         if parts is None:
             memo.clear()
-            self._flat, self._at = [], {}
+            self._flat, self._at, self._parts_gen = [], {}, 0
             return clusters_from_snapshot(snapshot)
-        moved = [k for k, p in parts.items() if (hit := memo.get(k)) is None or hit[0] is not p]
-        new = sum(1 for k in moved if k not in memo)
-        reshape = len(memo) + new != len(parts)  # some left
-        if reshape:
-            for gone in [k for k in memo if k not in parts]:
-                del memo[gone]
+        hinted = moved_since(parts, self._parts_gen)
+        self._parts_gen = 0  # (again once this call is through)
+        if hinted is None:
+            moved = [k for k, p in parts.items()
+                     if (hit := memo.get(k)) is None or hit[0] is not p]
+            new = sum(1 for k in moved if k not in memo)
+            reshape = len(memo) + new != len(parts)  # some left
+            gone = [k for k in memo if k not in parts] if reshape else []
+        else:
+            moved = [k for k in hinted if k in parts
+                     and ((hit := memo.get(k)) is None or hit[0] is not parts[k])]
+            gone = [k for k in hinted if k not in parts and k in memo]
+            reshape = bool(gone) or any(k not in memo for k in moved)
+        for key in gone:
+            del memo[key]
         for key in moved:
             part = parts[key]
             progress = part_progress(part)
@@ -523,7 +539,18 @@ class ProgressMemo:
                     at_of[key] = len(flat)
                 flat.extend(progress)
             self._flat, self._at = flat, at_of
-        return list(self._flat)
+        self._parts_gen = generation(parts)
+        delta = Delta.after(self._delta, (*moved, *gone)) if moved or gone or \
+            self._delta is None else self._delta
+        self._delta = delta
+        return DeltaList(self._flat, delta, functools.partial(self._lookup, delta))
+
+    def _lookup(self, delta: Delta, key: ClusterKey) -> list[ClusterProgress] | None:
+        """The progress of ``key`` in the list of ``delta`` (None: a list made since)."""
+        if self._delta is not delta:
+            return None
+        hit = self._memo.get(key)
+        return [] if hit is None else hit[1]
 
 
 def _object_progress(

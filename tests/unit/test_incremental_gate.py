@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from fleet.config.models import FleetConfig
 from fleet.planner import PlannerSettings, plan
-from fleet.planner.incremental import merge, split
+from fleet.planner.incremental import Merger, merge, split
 from fleet.planner.simulate import SimFleet, add_cluster, bump
 from fleet.rollout.annotations import ANN_PAUSED
 from fleet.rollout.gate import (
@@ -45,6 +45,7 @@ from fleet.rollout.progress import (
     clusters_from_snapshot,
 )
 from fleet.rollout.state import RolloutState
+from fleet.world.delta import Delta, DeltaList, generation, moved_since
 from fleet.world.model import ObjectRef
 from tests.helpers.gate import CANARY, OLD, PROD, T0, TARGET
 from tests.helpers.gate_reference import ReferenceGate
@@ -139,6 +140,30 @@ def _mutate(c: _Cluster, rnd: random.Random) -> None:
         c.spec_paused, c.halted = rnd.random() < 0.2, rnd.random() < 0.1
 
 
+class _Producer:
+    """Hands out the progress lists as ProgressMemo does: each a DeltaList saying which
+    clusters' progress moved since the list before it, its lookup valid until the next."""
+
+    def __init__(self) -> None:
+        self.before: dict[Any, ClusterProgress] = {}
+        self.delta: Delta | None = None
+
+    def list_of(self, view: list[ClusterProgress]) -> DeltaList[ClusterProgress]:
+        now = {c.key: c for c in view}
+        moved = [k for k, c in now.items() if self.before.get(k) is not c]
+        moved += [k for k in self.before if k not in now]
+        delta = self.delta = Delta.after(self.delta, moved)
+        self.before = now
+
+        def lookup(key: Any) -> list[ClusterProgress] | None:
+            if self.delta is not delta:
+                return None
+            c = now.get(key)
+            return [] if c is None else [c]
+
+        return DeltaList(view, delta, lookup)
+
+
 def _record(d: GateDecision, previous: RolloutState, rnd: random.Random) -> RolloutState:
     """The record the next evaluation reads: written, lost, or edited by someone else."""
     roll = rnd.random()
@@ -168,6 +193,9 @@ def test_the_incremental_gate_decides_as_the_walk_over_the_whole_fleet(
     kept: dict[str, ClusterProgress] = {}
     state, controls, now, writer = RolloutState(), FleetControls(), T0, True
     previous: DecisionHold | None = None
+    # as the controller hands it over: lists that say what moved since the one before
+    # (now and then one the gate never saw, or a plain list: it then looks at all)
+    producer = _Producer() if data.draw(st.booleans(), label="by delta") else None
     for _ in range(data.draw(st.integers(1, 40))):
         for name in [k for k in kept if k not in clusters]:
             del kept[name]
@@ -175,6 +203,10 @@ def test_the_incremental_gate_decides_as_the_walk_over_the_whole_fleet(
             if name not in kept:
                 kept[name] = c.progress()
         view = [kept[k] for k in sorted(kept, key=lambda _: rnd.random())]  # any order
+        if producer is not None and rnd.random() < 0.9:
+            if rnd.random() < 0.1:
+                producer.list_of(view)  # a generation the gate is not given
+            view = producer.list_of(view)
         d = gate.evaluate(FleetView(view, controls, state, fleet_writer=writer), now)
         assert d == ReferenceGate(cfg).evaluate(
             FleetView(view, controls, state, fleet_writer=writer), now)
@@ -244,11 +276,21 @@ def test_the_progress_memo_lists_what_the_whole_snapshot_gives(data: st.DataObje
         add_cluster(sim, f"c{i}", control_planes=rnd.randint(0, 3), workers=rnd.randint(0, 3),
                     max_unavailable=1)
     memo = ProgressMemo()
+    merger = Merger()  # the controller's: parts that say what moved since the last merge
     parts = split(sim.snapshot())
     settings_ = PlannerSettings(default_deadline=timedelta(hours=1))
+    listed: list[ClusterProgress] = []
     for step in range(data.draw(st.integers(1, 25))):
-        snap = merge(parts, sim.now)
-        assert memo.clusters(snap) == clusters_from_snapshot(snap)
+        snap = merger.merge(parts, sim.now) if rnd.random() < 0.8 else merge(parts, sim.now)
+        got = memo.clusters(snap)
+        assert got == clusters_from_snapshot(snap)
+        # and the list says which clusters' progress moved since the one before
+        said = moved_since(got, generation(listed))
+        if said is not None:
+            was = {c.key: c for c in listed}
+            now = {c.key: c for c in got}
+            assert {k for k in was.keys() | now.keys() if was.get(k) is not now.get(k)} <= said
+        listed = got
         roll = rnd.random()
         if roll < 0.15:
             bump(sim, rnd.choice(sorted(sim.clusters)), f"v1.31.{3 + step}+k0s.0")

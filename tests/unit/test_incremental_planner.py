@@ -55,8 +55,12 @@ def assert_same(inc: PlanResult, full: PlanResult) -> None:
 class Controller:
     """What the controller does around the planner, on a simulated world."""
 
-    def __init__(self, sim: SimFleet, cfg: PlannerSettings, *, verdicts: str = "") -> None:
+    def __init__(self, sim: SimFleet, cfg: PlannerSettings, *, verdicts: str = "",
+                 merged: bool = False) -> None:
         self.sim, self.cfg = sim, cfg
+        # merged: the parts planned are the Merger's (as the controller's): they say which
+        # moved since the last merge (fleet.world.delta), and the planner looks at those
+        self.merger = Merger() if merged else None
         # The hold as a VerdictHold ("verdicts": the planner asks only the clusters whose
         # verdict moved) or a DiffableHold ("diff", as the rollout policy's is: the hold
         # names those clusters, the planner does not look at the others at all).
@@ -95,7 +99,10 @@ class Controller:
 
     def run_pass(self, crash_after: int | None = None) -> IncrementalResult:
         self.refresh()
-        inc = self.planner.plan(self.parts, self.sim.now, hold=self.the_hold)
+        parts = self.parts if self.merger is None else \
+            self.merger.merge(self.parts, self.sim.now).parts
+        assert parts is not None
+        inc = self.planner.plan(parts, self.sim.now, hold=self.the_hold)
         assert_same(inc.result, plan(self.sim.snapshot(), self.cfg, hold=self.hold))
         done = 0
         for ckey, result in inc.fresh_by_cluster.items():
@@ -148,7 +155,9 @@ def test_incremental_equals_full_replan(fleet: tuple[SimFleet, PlannerSettings],
                                         data: st.DataObject) -> None:
     sim, cfg = fleet
     ctl = Controller(sim, cfg, verdicts=data.draw(st.sampled_from(["", "verdicts", "diff", "none"]),
-                                                  label="verdicts"))
+                                                  label="verdicts"),
+                     merged=data.draw(st.booleans(), label="merged"))
+
     for _ in range(data.draw(st.integers(10, 80), label="steps")):
         event = data.draw(st.sampled_from(EVENTS), label="event")
         if event == "plan":

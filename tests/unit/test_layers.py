@@ -46,7 +46,7 @@ SUBLAYERS = {
         "clusters | snapshot",                        # workload clients | raw -> snapshot
         "records | kept",                             # compact workload / management records
         "eligibility | budget | executors | intent | reported | fence | drainrules",
-        "model",                                      # the immutable snapshot types
+        "model | delta",                              # the immutable snapshot types | what moved
     ],
     "config": [
         "loader | downloads",                         # flags > env > YAML | URL + digest
