@@ -109,7 +109,11 @@ async def _child(kubeconfig: str, config_path: str, out: str,
 
     from fleet.config.models import FleetConfig  # noqa: PLC0415
     from fleet.controllers.runner import FleetController  # noqa: PLC0415
+    from fleet.controllers.trigger import Trigger  # noqa: PLC0415
+    from fleet.events import EventRecorder  # noqa: PLC0415
+    from fleet.extension.exclusion import ExtensionExclusion  # noqa: PLC0415
     from fleet.kube import KubeClient  # noqa: PLC0415
+    from fleet.rollout.policy import RolloutPolicy  # noqa: PLC0415
 
     config = FleetConfig.model_validate(yaml.safe_load(
         await anyio.Path(config_path).read_text()))
@@ -123,10 +127,33 @@ async def _child(kubeconfig: str, config_path: str, out: str,
         if stage == "first quiet":
             quiet.set()
 
-    controller = FleetController(mgmt, config, identity="bench",
+    # As `k0s-fleet controller --no-leader-elect` builds it: the rollout policy (waves,
+    # windows, pauses) inside the runtime extension's exclusion, one trigger, an Event
+    # recorder (the write limiter is left out: the bench's writes are few)
+    trigger = Trigger()
+    # who pokes the controller (the poke's caller, two frames up), counted per window
+    pokers: dict[str, int] = {}
+    poke = trigger.poke
+
+    def counted_poke() -> None:
+        f = sys._getframe(1)
+        up = f.f_back
+        where = f"{f.f_code.co_qualname}<{up.f_code.co_qualname if up else ''}"
+        pokers[where] = pokers.get(where, 0) + 1
+        poke()
+
+    trigger.poke = counted_poke  # type: ignore[method-assign]
+    recorder = EventRecorder(mgmt, instance="bench",
+                             default_namespace=config.management.namespace)
+    rollout = RolloutPolicy(mgmt, config, recorder=recorder)
+    exclusion = ExtensionExclusion(mgmt, config, rollout, on_change=trigger.poke)
+    controller = FleetController(mgmt, config, identity="bench", recorder=recorder,
+                                 trigger=trigger, policy=exclusion,
                                  after_start_up=after_start_up)
     lags: list[tuple[float, float]] = []
     rvs: list[tuple[float, int]] = []
+    # (time, planning passes, trigger pokes, pokes by caller)
+    counts: list[tuple[float, int, int, dict[str, int]]] = []
 
     async def loop_lag() -> None:
         while True:
@@ -143,6 +170,8 @@ async def _child(kubeconfig: str, config_path: str, out: str,
     async def watch_rvs() -> None:  # ~1 ms a look at 1000 clusters: 5 looks a second
         while True:
             rvs.append((time.time(), oldest_rv()))
+            counts.append((time.time(), controller.stats.passes, trigger.pokes,
+                           dict(pokers)))
             await anyio.sleep(0.2)
 
     base: list[Any] = []
@@ -173,7 +202,8 @@ async def _child(kubeconfig: str, config_path: str, out: str,
                             pstats.Stats(profiler, stream=f).sort_stats(
                                 "tottime").print_stats(45)
                     await anyio.Path(out).write_text(json.dumps({
-                        "lags": lags, "gcs": gcs, "rvs": rvs, "stages": stages,
+                        "lags": lags, "gcs": gcs, "rvs": rvs, "counts": counts,
+                        "stages": stages,
                         "heap_trims": controller.heap.trims,
                         "passes": controller.stats.passes,
                         "frozen": gc.get_freeze_count(),
@@ -182,6 +212,8 @@ async def _child(kubeconfig: str, config_path: str, out: str,
                     return
 
         tg.start_soon(stop_on_term)
+        tg.start_soon(rollout.run, trigger.poke, controller.clock)
+        tg.start_soon(exclusion.run)
         await tg.start(controller.run)
 
         async def mark_quiet() -> None:
@@ -272,6 +304,15 @@ def summarise(marks: dict[str, tuple[float, float]], usage: list[tuple[float, fl
             last_t, last_rv = ps[-1]
             at = reached(last_rv, last_t)
             w["caught_up_after_end_s"] = None if at is None else round(max(0.0, at - end), 2)
+        cs = _window(child.get("counts", []), start, end)
+        if len(cs) >= 2:  # planning passes and trigger pokes per second
+            span = cs[-1][0] - cs[0][0]
+            w["passes_per_s"] = round((cs[-1][1] - cs[0][1]) / span, 1)
+            w["pokes_per_s"] = round((cs[-1][2] - cs[0][2]) / span, 1)
+            first, last = cs[0][3], cs[-1][3]
+            w["pokes_by_caller"] = dict(sorted(
+                ((k, n - first.get(k, 0)) for k, n in last.items() if n > first.get(k, 0)),
+                key=lambda kv: -kv[1]))
         hs = [g for t, g in handoffs if start <= t < end]
         if hs:
             w["handoff_ms"] = _stats_ms(hs)
