@@ -85,3 +85,24 @@ def test_first_quiet_is_told_once_and_only_after_the_first_pass() -> None:
     s.after_pass(quiet)
     s.after_pass(quiet)
     assert marks == ["first pass", "first quiet"] and len(idle) == 1
+
+
+def test_a_cluster_past_its_bound_stays_planned_and_one_back_is_waited_for_afresh(
+        monkeypatch: Any) -> None:
+    from fleet.controllers import settling  # noqa: PLC0415
+
+    clock = [0.0]
+    monkeypatch.setattr(settling.time, "monotonic", lambda: clock[0])
+    s, _, _, _ = _settling(bound=10)
+    s.asked_for({A, B})
+    clock[0] = 5.0
+    assert s.answered({A, B}) == set()
+    clock[0] = 11.0
+    assert s.answered({A, B}) == {A, B}  # neither answered: planned past the bound
+    assert s.answered({A, B}) == {A, B}  # and from then on
+    s.asked_for({A})  # B is another replica's now ...
+    clock[0] = 12.0
+    s.asked_for({A, B})  # ... and this one's again: its bound runs from now
+    assert s.answered({A, B}) == {A}
+    clock[0] = 22.5
+    assert s.answered({A, B}) == {A, B}
