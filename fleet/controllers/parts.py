@@ -114,6 +114,8 @@ class FleetParts:
         self.parts: dict[ClusterKey, Snapshot] = {}
         self.members: dict[ClusterKey, ClusterInfo] = {}
         self.dirty: set[ClusterKey] = set()
+        # parts set or dropped since the last take_moved (the merge's log)
+        self.moved: set[ClusterKey] = set()
         # Members another replica acts on (or not heard from yet): their parts are marked
         # foreign (judged from the management objects by the fleet rollout).
         self.foreign: frozenset[ClusterKey] = frozenset()
@@ -310,8 +312,15 @@ class FleetParts:
         self.everything = False
         for gone in set(self.parts) - set(self.members):
             del self.parts[gone]
+            self.moved.add(gone)
             self._cluster_keys.pop(gone, None)
         return dirty
+
+    def take_moved(self) -> set[ClusterKey]:
+        """The clusters whose part was set or dropped since the last call (what a merge
+        of :attr:`parts` needs to look at: fleet.planner.incremental.Merger)."""
+        moved, self.moved = self.moved, set()
+        return moved
 
     def objects(self, key: ClusterKey) -> ManagementObjects:
         """The management objects of one cluster."""
@@ -376,6 +385,7 @@ class FleetParts:
             if key in self.foreign and self.digest is not None:
                 part = self.digest(part, {k[1]: k[1] for k in self._index[MACHINES].get(key, ())})
             self.parts[key] = part
+            self.moved.add(key)
             self.rebuilt += 1
 
 

@@ -318,7 +318,8 @@ class FleetController:
         # objects only (Snapshot.foreign), and only this replica's are planned.
         # The FleetUpgrades as they are now: a part keeps those of when it was built (a
         # status write rebuilds no part), the fleet-wide status writer needs the latest.
-        fleet = dataclasses.replace(self.merger.merge(parts.parts, now), upgrades=parts.upgrades)
+        fleet = dataclasses.replace(self.merger.merge(parts.parts, now, moved=parts.take_moved()),
+                                    upgrades=parts.upgrades)
         # (the merged parts: the same as parts.parts, with what moved since the last merge
         # for the planner: fleet.world.delta)
         whole = fleet.parts if fleet.parts is not None else parts.parts

@@ -204,12 +204,27 @@ class Merger:
         self._foreign: set[ClusterKey] = set()
         self._frozen_foreign: frozenset[ClusterKey] = frozenset()
         self._views: list[weakref.ref[_Merged[object, object]]] = []
+        self._told = False  # the last merge was told what moved (see merge's ``moved``)
 
-    def merge(self, parts: Mapping[ClusterKey, Snapshot], now: datetime) -> Snapshot:
+    def merge(self, parts: Mapping[ClusterKey, Snapshot], now: datetime, *,
+              moved: Iterable[ClusterKey] | None = None) -> Snapshot:
+        """``moved``: the keys whose part was set or dropped since the last merge (its
+        keeper's log, :meth:`fleet.controllers.parts.FleetParts.take_moved`); trusted only
+        when the last merge was told too, and only if the count of parts then agrees;
+        else (None) the parts are looked at whole."""
         old = self._parts
-        changed = [k for k, p in parts.items() if old.get(k) is not p]
-        gone = [k for k in old if k not in parts] if len(old) + sum(
-            1 for k in changed if k not in old) != len(parts) else []
+        changed: list[ClusterKey] | None = None
+        told, self._told = self._told, False  # (again once this merge is through)
+        if moved is not None and told:
+            keys = set(moved)
+            changed = [k for k in keys if (p := parts.get(k)) is not None and old.get(k) is not p]
+            gone = [k for k in keys if k not in parts and k in old]
+            if len(old) + sum(1 for k in changed if k not in old) - len(gone) != len(parts):
+                changed = None  # the log missed something: look at all
+        if changed is None:
+            changed = [k for k, p in parts.items() if old.get(k) is not p]
+            gone = [k for k in old if k not in parts] if len(old) + sum(
+                1 for k in changed if k not in old) != len(parts) else []
         fields, foreign = self._fields, self._foreign
         if changed or gone:
             for ref in self._views:  # a snapshot still held keeps what it had
@@ -250,6 +265,7 @@ class Merger:
             view = _Merged(into)
             self._views.append(weakref.ref(view))
             views[name] = view
+        self._told = moved is not None
         return Snapshot(now=now, upgrades=upgrades,  # type: ignore[arg-type]
                         foreign=self._frozen_foreign, parts=self._parts,
                         **views)  # type: ignore[arg-type]

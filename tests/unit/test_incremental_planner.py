@@ -34,6 +34,7 @@ from fleet.planner.incremental import (
 )
 from fleet.planner.policy import Hold
 from fleet.planner.simulate import SimFleet, add_cluster, bump
+from fleet.world.delta import generation, moved_since
 from fleet.world.model import ANN_RETRY, KIND_MD, ClusterKey, ObjectRef, Snapshot
 from tests.unit.test_planner_properties import T0, V2, V3, _nodes, fleets
 
@@ -311,16 +312,22 @@ def test_a_part_leaves_another_clusters_request_alone_on_a_shared_node_list() ->
     assert [x for x in plan(blind, PlannerSettings()).actions if isinstance(x, ClearSignal)]
 
 
-def test_the_merger_equals_merge_while_parts_move_come_and_go() -> None:
+@pytest.mark.parametrize("told", [False, True], ids=["looked-for", "told"])
+def test_the_merger_equals_merge_while_parts_move_come_and_go(told: bool) -> None:
     """Merger.merge (re-merging only the parts that are new objects) equals merge()
-    through a rollout in some clusters, a cluster leaving and one coming back."""
+    through a rollout in some clusters, a cluster leaving and one coming back; "told":
+    each merge is told which parts moved (as the controller's, from FleetParts' log),
+    and once a log that missed a cluster coming back (the count disagrees: looked at
+    whole)."""
     sim = SimFleet(now=T0)
     keys = [add_cluster(sim, f"c{i}", namespace=f"ns{i % 2}", control_planes=1, workers=2)
             for i in range(6)]
     cfg = PlannerSettings(default_deadline=timedelta(hours=1))
     merger = Merger()
     parts = split(sim.snapshot())
-    assert merger.merge(parts, sim.now) == merge(parts, sim.now)
+    assert merger.merge(parts, sim.now, moved=set(parts) if told else None) == \
+        merge(parts, sim.now)
+    before = parts
     bump(sim, keys[1], V2)
     bump(sim, keys[4], V2, control_plane=False, workers=True)
     for step in range(40):
@@ -339,9 +346,13 @@ def test_the_merger_equals_merge_while_parts_move_come_and_go() -> None:
         if step == 15:
             parts = {k: dataclasses.replace(p, foreign=frozenset({k}))
                      for k, p in parts.items()}  # every part moved at once
-        merged = merger.merge(parts, sim.now)
+        log = {k for k in parts.keys() | before.keys() if parts.get(k) is not before.get(k)}
+        if step == 21:
+            log.discard(keys[2])  # a log that missed it
+        merged = merger.merge(parts, sim.now, moved=log if told else None)
         assert merged == merge(parts, sim.now)
         assert merged.parts == parts
+        before = parts
 
 
 def _held_fleet(n: int) -> tuple[SimFleet, PlannerSettings, Controller, list[ClusterKey]]:
@@ -442,6 +453,27 @@ def test_wake_up_times_come_from_the_clusters_plans() -> None:
     inc = ctl.run_pass()
     assert inc.replanned == {a}
     assert inc.wake_at is not None and inc.wake_at > own[a]
+
+
+def test_a_merger_told_what_moved_looks_only_there_and_whole_when_the_log_is_short(
+        ) -> None:
+    sim = SimFleet(now=T0)
+    keys = [add_cluster(sim, f"c{i}", control_planes=1, workers=2) for i in range(8)]
+    merger = Merger()
+    parts = split(sim.snapshot())
+    first = merger.merge(parts, sim.now, moved=set(parts))
+    bump(sim, keys[3], V2)
+    sim.apply_all(plan(sim.snapshot(), PlannerSettings()).actions)
+    fresh = split(sim.snapshot())
+    parts = {**parts, keys[3]: fresh[keys[3]]}
+    gone = parts.pop(keys[5])
+    merged = merger.merge(parts, sim.now, moved={keys[3], keys[5]})
+    assert merged == merge(parts, sim.now) and merged.nodeplans
+    # and the merged parts say so to who read the last ones (the planner, the progress)
+    assert moved_since(merged.parts, generation(first.parts)) == {keys[3], keys[5]}
+    parts = {**parts, keys[5]: gone}  # back, and the log misses it: the count disagrees
+    merged = merger.merge(parts, sim.now, moved=set())
+    assert merged == merge(parts, sim.now)
 
 
 def test_a_merged_snapshot_kept_does_not_change_with_the_next_merge() -> None:
