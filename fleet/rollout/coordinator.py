@@ -19,7 +19,7 @@ re-sent after a restart is deduplicated by its deterministic name).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,9 +30,17 @@ from fleet.kube.cache import newer_or_same
 from fleet.kube.resources import CONFIGMAPS
 from fleet.kube.watch import Reflector, WatchEvent
 from fleet.rollout.annotations import ROLLOUT_CONFIGMAP, STATE_KEY
-from fleet.rollout.gate import ClusterPhase, FleetControls, FleetView, GateDecision, RolloutGate
+from fleet.rollout.gate import (
+    ClusterGate,
+    ClusterPhase,
+    FleetControls,
+    FleetView,
+    GateDecision,
+    RolloutGate,
+)
 from fleet.rollout.progress import ClusterProgress
 from fleet.rollout.state import RolloutState, Transition
+from fleet.world.delta import generation, moved_since
 from fleet.world.model import ClusterKey, format_time
 
 log = logging.getLogger(__name__)
@@ -282,8 +290,10 @@ class RolloutCoordinator:
         last = self.last
         # A cluster whose verdict is the very object of the last decision (the gate keeps a
         # settled cluster's) has no pause news: only the others are looked at.
-        moved = d.clusters.items() if last is None else [
-            (k, g) for k, g in d.clusters.items() if last.clusters.get(k) is not g]
+        told = None if last is None else moved_since(d.clusters, generation(last.clusters))
+        moved: Iterable[tuple[ClusterKey, ClusterGate]] = d.clusters.items() if last is None \
+            else [(k, d.clusters[k]) for k in told if k in d.clusters] if told is not None \
+            else [(k, g) for k, g in d.clusters.items() if last.clusters.get(k) is not g]
         for key, g in sorted(moved):
             if g.foreign:
                 continue  # its own replica reports it

@@ -33,7 +33,7 @@ from fleet.config.schedule import next_window_start, window_open
 from fleet.rollout.annotations import ANN_EMERGENCY_STOP, ANN_PAUSED, ROLLOUT_CONFIGMAP, switch
 from fleet.rollout.progress import ClusterProgress, fingerprint
 from fleet.rollout.state import RolloutState, Transition, WaveRecord
-from fleet.world.delta import generation, moved_since
+from fleet.world.delta import Delta, DeltaDict, generation, moved_since
 from fleet.world.model import ClusterKey, ObjectRef, format_time
 
 
@@ -206,6 +206,9 @@ class DecisionHold:
             return frozenset()
         if was.held_objects != now.held_objects:
             return None
+        told = moved_since(now.clusters, generation(was.clusters))
+        if told is not None:  # the gate's decision after ``was``: it says whose moved
+            return told
         old, new = was.clusters, now.clusters
         moved = {k for k, g in new.items() if (o := old.get(k)) is not g and o != g}
         moved.update(old.keys() - new.keys())  # gone: no verdict now
@@ -381,6 +384,9 @@ class RolloutGate:
         self.judged = 0  # clusters whose verdict was recomputed (metrics, tests)
         # the generation of the progress list the index was brought to (fleet.world.delta)
         self._clusters_gen = 0
+        # whose verdict was replaced or dropped since the last decision, and its delta
+        self._gates_moved: set[ClusterKey] = set()
+        self._decided: Delta | None = None
 
     def facts(self, c: ClusterProgress) -> _Facts:
         found = self._facts.get(c.key)
@@ -466,6 +472,7 @@ class RolloutGate:
         self._facts.pop(key, None)
         self._reasons.pop(key, None)
         self._gates.pop(key, None)
+        self._gates_moved.add(key)
         for ref, _ in m.held:
             self._held.pop(ref, None)
 
@@ -511,6 +518,17 @@ class RolloutGate:
                                foreign=c.foreign)
             if self._gates.get(key) != gate:
                 self._gates[key] = gate
+                self._gates_moved.add(key)
+
+    def _clusters_out(self) -> DeltaDict[ClusterKey, ClusterGate]:
+        """The verdicts for a decision: a copy that says whose verdict is another object
+        than in the decision before (fleet.world.delta), for the planner's hold and the
+        coordinator's report, which looked at every cluster's on each pass."""
+        moved, self._gates_moved = self._gates_moved, set()
+        out: DeltaDict[ClusterKey, ClusterGate] = DeltaDict(
+            self._gates, Delta.after(self._decided, moved))
+        self._decided = out.delta
+        return out
 
     def _moved(self, clusters: Sequence[ClusterProgress]) -> list[ClusterProgress] | None:
         """The clusters whose progress moved since the list the index was last brought to,
@@ -705,6 +723,7 @@ class RolloutGate:
                                    foreign=m.progress.foreign)
                 if gates.get(key) != gate:
                     gates[key] = gate
+                    self._gates_moved.add(key)
 
             # The wave's own record and phase.
             n = len(wi.members)
@@ -785,7 +804,8 @@ class RolloutGate:
         return GateDecision(
             now=now, allowed_clusters=frozenset(allowed), reasons=dict(reasons),
             held_objects=dict(self._held), next_wakeup=min(future, default=None),
-            waves=tuple(statuses), clusters=dict(gates), state=new_state, previous=state,
+            waves=tuple(statuses), clusters=self._clusters_out(), state=new_state,
+            previous=state,
             halted=halted, paused=pause, emergency_stop=stop)
 
 
