@@ -31,7 +31,7 @@ from enum import StrEnum
 from fleet.config.models import ClusterSettings, FleetConfig, MaintenanceWindow, Wave
 from fleet.config.schedule import next_window_start, window_open
 from fleet.rollout.annotations import ANN_EMERGENCY_STOP, ANN_PAUSED, ROLLOUT_CONFIGMAP, switch
-from fleet.rollout.progress import ClusterProgress, fingerprint
+from fleet.rollout.progress import ClusterProgress, fingerprint, fingerprint_of
 from fleet.rollout.state import RolloutState, Transition, WaveRecord
 from fleet.world.delta import Delta, DeltaDict, generation, moved_since
 from fleet.world.model import ClusterKey, ObjectRef, format_time
@@ -317,7 +317,7 @@ class _WaveIndex:
         """``fingerprint`` of the members, hashed again only after a member joined, left
         or changed its targets."""
         if self.fp is None:
-            self.fp = fingerprint([self.members[k].progress for k in self.sorted_keys()])
+            self.fp = fingerprint_of(m.facts.body for m in self.members.values())
         return self.fp
 
 

@@ -192,8 +192,15 @@ class ClusterProgress:
 def fingerprint(clusters: Iterable[ClusterProgress]) -> str:
     """Identity of "these clusters with these targets": a new target, or a cluster joining
     or leaving, is a new rollout of the wave."""
-    body = sorted([c.namespace, c.name, c.targets()] for c in clusters)
-    return hashlib.sha256(json.dumps(body).encode()).hexdigest()[:16]
+    return fingerprint_of((c.namespace, c.name, tuple(c.targets())) for c in clusters)
+
+
+def fingerprint_of(bodies: Iterable[tuple[str, str, tuple[tuple[str, str, str], ...]]]
+                   ) -> str:
+    """:func:`fingerprint` from each cluster's ``(namespace, name, targets)`` at hand (the
+    rollout gate keeps them per cluster: a wave of 1000 asked each for its targets again
+    whenever one member's moved)."""
+    return hashlib.sha256(json.dumps(sorted(bodies)).encode()).hexdigest()[:16]
 
 
 # -- from the controller's snapshot -----------------------------------------------------

@@ -43,6 +43,8 @@ from fleet.rollout.progress import (
     ObjectProgress,
     ProgressMemo,
     clusters_from_snapshot,
+    fingerprint,
+    fingerprint_of,
 )
 from fleet.rollout.state import RolloutState
 from fleet.world.delta import Delta, DeltaList, generation, moved_since
@@ -307,3 +309,23 @@ def test_the_progress_memo_lists_what_the_whole_snapshot_gives(data: st.DataObje
         parts = {k: fresh[k] if k in moved or k not in parts else parts[k] for k in fresh}
         if rnd.random() < 0.15 and len(parts) > 1:
             del parts[rnd.choice(sorted(parts))]  # left the fleet (for this pass)
+
+
+def test_a_wave_s_fingerprint_is_the_one_recorded_before() -> None:
+    """Wave fingerprints are kept in the rollout record (a ConfigMap that outlives any
+    controller version): the same clusters and targets give the value they gave when
+    it was computed from each cluster's targets (5d4440b), the gate's way (from the
+    targets it keeps per cluster) included, whatever the order."""
+    def cluster(name: str, target: str) -> ClusterProgress:
+        objects = tuple(ObjectProgress(ref=ObjectRef(kind, "fleet", f"{name}-{suffix}"),
+                                       target=target, replicas=1, started=False,
+                                       halted=False, paused=None, nodes=())
+                        for kind, suffix in (("MachineDeployment", "md"),
+                                             ("K0sControlPlane", "cp")))
+        return ClusterProgress(namespace="fleet", name=name, labels={}, annotations={},
+                               objects=objects, observed=True, foreign=False)
+
+    pair = [cluster("b", "v1.31.3+k0s.0"), cluster("a", "v1.31.2+k0s.0")]
+    assert fingerprint(pair) == fingerprint(pair[::-1]) == "789c65af0fef439a"
+    assert fingerprint_of((c.namespace, c.name, tuple(c.targets())) for c in pair) \
+        == "789c65af0fef439a"
