@@ -151,7 +151,7 @@ class UpgradeStatusWriter:
         cluster does not move)."""
         memo = self._standings
         out: list[ClusterStanding] = []
-        for c in clusters:
+        for c in _decided(clusters, intents):
             if c.key not in intents or (gate := decision.clusters.get(c.key)) is None:
                 continue
             hit = memo.get(c.key)
@@ -348,3 +348,20 @@ def _condition(status: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | Non
 def _rv_of(obj: KubeObject) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
+
+def _decided(clusters: Sequence[ClusterProgress], intents: Mapping[ClusterKey, IntentTarget]
+             ) -> Sequence[ClusterProgress]:
+    """The progress of the clusters some FleetUpgrade decides, in the order of
+    ``clusters`` (by key): looked up by their keys when they are a few of many and
+    ``clusters`` can say (the rollout's list, :class:`~fleet.world.delta.DeltaList`),
+    rather than walking every cluster of the fleet on every pass."""
+    lookup = getattr(clusters, "lookup", None)
+    if lookup is None or 4 * len(intents) >= len(clusters):
+        return clusters
+    found: list[ClusterProgress] = []
+    for key in sorted(intents):
+        items = lookup(key)
+        if items is None:  # not the producer's latest list: walk it
+            return clusters
+        found.extend(items)
+    return found

@@ -27,3 +27,27 @@ def test_a_list_s_lookup_is_its_producer_s() -> None:
     listed = DeltaList([1, 2], Delta.after(None, ["x"]), lambda key: [1] if key == "x" else [])
     assert listed == [1, 2] and listed.lookup is not None and listed.lookup("x") == [1]
     assert DeltaList([], Delta.after(None, [])).lookup is None
+
+
+def test_the_decided_clusters_are_looked_up_by_key_when_few_and_walked_otherwise() -> None:
+    from types import SimpleNamespace  # noqa: PLC0415
+    from typing import Any  # noqa: PLC0415
+
+    from fleet.rollout.intents import _decided  # noqa: PLC0415
+
+    progress = [SimpleNamespace(key=("ns", f"c{i:02d}")) for i in range(40)]
+    by_key = {c.key: [c] for c in progress}
+    asked: list[Any] = []
+
+    def lookup(key: Any) -> list[Any]:
+        asked.append(key)
+        return by_key.get(key, [])
+
+    listed = DeltaList(progress, Delta.after(None, []), lookup)
+    intents = {("ns", "c31"): 1, ("ns", "c04"): 1, ("ns", "gone"): 1}
+    walked = [c for c in progress if c.key in intents]
+    assert _decided(listed, intents) == walked  # type: ignore[arg-type]
+    assert len(asked) == 3  # by key: not a walk over 40
+    assert _decided(progress, intents) == progress  # type: ignore[arg-type]  # plain: walked
+    stale = DeltaList(progress, Delta.after(None, []), lambda key: None)
+    assert _decided(stale, intents) == progress  # type: ignore[arg-type]
