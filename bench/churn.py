@@ -81,7 +81,12 @@ def child_main(fleet_root: str, kubeconfig: str, config_path: str, out: str) -> 
         import tracemalloc  # noqa: PLC0415
 
         tracemalloc.start(int(os.environ["CHURN_TRACEMALLOC"]))
-    anyio.run(_child, kubeconfig, config_path, out, gcs)
+    try:  # the event loop k0s-fleet controller runs on (a checkout that has one)
+        from fleet.controllers.eventloop import new_event_loop  # noqa: PLC0415
+        options: dict[str, Any] = {"loop_factory": new_event_loop}
+    except ImportError:
+        options = {}
+    anyio.run(_child, kubeconfig, config_path, out, gcs, backend_options=options)
 
 
 def _heap_report(base: Any, out: str) -> None:

@@ -28,6 +28,7 @@ from fleet.cli.exit import Exit
 from fleet.cli.probes import probes
 from fleet.config.errors import ConfigError
 from fleet.config.models import FleetConfig
+from fleet.controllers.eventloop import new_event_loop
 from fleet.controllers.gcpause import GcPauses, freeze_survivors
 from fleet.controllers.heap import fixed_mmap_threshold
 from fleet.controllers.leader import LeaderElector, LostLeadershipError
@@ -345,7 +346,10 @@ def run(args: argparse.Namespace) -> int:
               f"--write-burst {args.write_burst}", file=sys.stderr)
         return Exit.BAD_CONFIG
     try:
-        return anyio.run(_main, args, config, gc_pauses)
+        # a burst of watch events (a thousand clusters' Nodes) is read a few sockets a
+        # turn, with what they woke in between (fleet.controllers.eventloop)
+        return anyio.run(_main, args, config, gc_pauses,
+                         backend_options={"loop_factory": new_event_loop})
     except common.BadInputError as e:  # no usable management kubeconfig
         print(f"k0s-fleet controller: {e}", file=sys.stderr)
         return Exit.BAD_CONFIG
