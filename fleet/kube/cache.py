@@ -517,7 +517,7 @@ class RecordCache(_Cache[R, R]):
             return
         self.unreadable.pop(key, None)
         self._store(key, record)
-        if record != old:
+        if record is not old and _differ(record, old):
             self._changed()
 
     def _forgotten(self, key: ObjectKey) -> None:
@@ -525,6 +525,30 @@ class RecordCache(_Cache[R, R]):
 
     def _cleared(self) -> None:
         self.unreadable.clear()
+
+
+class _LastCompared:
+    """The last two records compared and whether they differ (held, so that their
+    identities stay theirs): the caches of a thousand clusters sharing Nodes each compare
+    the same two records on every event (the record of the line before and the one of
+    this line, each made once: :class:`Remembered`), so their fields are compared once."""
+
+    __slots__ = ("differ", "new", "old")
+
+    def __init__(self) -> None:
+        self.old: object = None
+        self.new: object = None
+        self.differ = False
+
+    def __call__(self, record: object, old: object) -> bool:
+        if self.old is old and self.new is record:
+            return self.differ
+        differ = record != old
+        self.old, self.new, self.differ = old, record, differ
+        return differ
+
+
+_differ = _LastCompared()
 
 
 def unwrap(obj: Any) -> KubeObject | None:

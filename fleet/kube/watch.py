@@ -336,15 +336,16 @@ class Reflector:
 
     def _hold(self, event: WatchEvent) -> None:
         """The store's (or versions') side of a watch event."""
-        key = object_key(event.object)
-        rv = _rv(event.object)
+        obj = event.object
+        rv = _rv(obj)
         if event.type == "DELETED":
+            key = object_key(obj)
             self.store.pop(key, None)
             self._versions.pop(key, None)
         elif self.keep_objects:
-            self.store[key] = event.object
+            self.store[object_key(obj)] = obj
         elif self.versions is None:
-            self._versions[key] = rv
+            self._versions[object_key(obj)] = rv
         if rv:
             self.resource_version = rv
 

@@ -158,3 +158,31 @@ def test_a_record_that_cannot_be_made_drops_the_held_one() -> None:
     assert cache.unreadable == {("ns", "o"): "spec.v is not a string"}
     cache.observe(obj(3))
     assert held_v(cache) == "a" and not cache.unreadable
+
+
+def test_the_last_comparison_is_remembered_by_the_records_identities() -> None:
+    """Caches sharing Nodes compare the same two records one after another; the pair's
+    answer is remembered by identity, never taken for another pair."""
+    from dataclasses import dataclass  # noqa: PLC0415
+
+    from fleet.kube.cache import _LastCompared  # noqa: PLC0415
+
+    compared: list[tuple[int, int]] = []
+
+    @dataclass(frozen=True)
+    class Rec:
+        facts: int
+
+        def __eq__(self, other: object) -> bool:
+            assert isinstance(other, Rec)
+            compared.append((self.facts, other.facts))
+            return self.facts == other.facts
+
+        __hash__ = object.__hash__
+
+    differ = _LastCompared()
+    a, b, a2 = Rec(1), Rec(2), Rec(1)
+    assert differ(b, a) and differ(b, a) and differ(b, a)
+    assert compared == [(2, 1)]  # once for the pair
+    assert not differ(a2, a) and differ(a, b)  # other pairs: compared afresh
+    assert compared == [(2, 1), (1, 1), (1, 2)]
