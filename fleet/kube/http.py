@@ -530,25 +530,60 @@ class _Lines:
         return b""
 
 
-class _TlsProtocol(asyncio.Protocol):
+class _Connection(asyncio.Protocol):
+    """What both connection protocols share: the writer's flow control (``drain`` waits
+    while asyncio has paused writing) and the wait for the connection's end."""
+
+    _closed = "connection closed"  # what a write or drain on a closed one raises
+
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._lost = asyncio.Event()
+
+    def _gone(self) -> None:
+        """The connection ended: no writer waits for it any more."""
+        self._writable.set()
+        self._lost.set()
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    async def drain(self) -> None:
+        await self._writable.wait()
+        if self.is_closing():
+            raise ConnectionResetError(self._closed)
+
+    def is_closing(self) -> bool:
+        return self._transport is None or self._transport.is_closing()
+
+    async def wait_closed(self) -> None:
+        if self._transport is not None:
+            await self._lost.wait()
+
+
+class _TlsProtocol(_Connection):
     """A TLS client connection over memory BIOs, decrypted data fed to a StreamReader
     (whose flow control pauses the socket when the reader falls behind)."""
+
+    _closed = "TLS connection closed"
 
     def __init__(self, context: ssl.SSLContext, server_hostname: str,
                  reader: _Feed) -> None:
         self._in, self._out = ssl.MemoryBIO(), ssl.MemoryBIO()
         self._ssl = context.wrap_bio(self._in, self._out, server_hostname=server_hostname)
+        super().__init__()
         self._reader = reader
-        self._transport: asyncio.Transport | None = None
         self.handshake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # A connect abandoned mid-handshake (its timeout, cancelled) closes the transport,
         # which fails this future with nobody awaiting it: mark its error as seen, or
         # asyncio logs "Future exception was never retrieved" for every such connect.
         self.handshake.add_done_callback(_retrieve)
-        self._writable = asyncio.Event()
-        self._writable.set()
         self._eof = False
-        self._lost = asyncio.Event()
 
     # -- asyncio.Protocol ---------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -587,14 +622,7 @@ class _TlsProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._end(exc if exc is not None or self.handshake.done() else
                   ConnectionResetError("connection closed during the TLS handshake"))
-        self._writable.set()
-        self._lost.set()
-
-    def pause_writing(self) -> None:
-        self._writable.clear()
-
-    def resume_writing(self) -> None:
-        self._writable.set()
+        self._gone()
 
     # -- TLS ------------------------------------------------------------------------------
     def _step(self) -> None:
@@ -650,14 +678,9 @@ class _TlsProtocol(asyncio.Protocol):
     # -- the writer's side ----------------------------------------------------------------
     def write(self, data: bytes) -> None:
         if self._transport is None or self._transport.is_closing():
-            raise ConnectionResetError("TLS connection closed")
+            raise ConnectionResetError(self._closed)
         self._ssl.write(data)
         self._flush()
-
-    async def drain(self) -> None:
-        await self._writable.wait()
-        if self._transport is None or self._transport.is_closing():
-            raise ConnectionResetError("TLS connection closed")
 
     def close(self) -> None:
         if self._transport is None or self._transport.is_closing():
@@ -668,24 +691,14 @@ class _TlsProtocol(asyncio.Protocol):
             self._flush()
         self._transport.close()
 
-    def is_closing(self) -> bool:
-        return self._transport is None or self._transport.is_closing()
 
-    async def wait_closed(self) -> None:
-        if self._transport is not None:
-            await self._lost.wait()
-
-
-class _PlainProtocol(asyncio.Protocol):
+class _PlainProtocol(_Connection):
     """A connection without TLS, what it receives fed to an :class:`_Inbox` (the
     writer's side as :class:`_TlsProtocol`'s)."""
 
     def __init__(self, reader: _Feed) -> None:
+        super().__init__()
         self._reader = reader
-        self._transport: asyncio.Transport | None = None
-        self._writable = asyncio.Event()
-        self._writable.set()
-        self._lost = asyncio.Event()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -704,35 +717,16 @@ class _PlainProtocol(asyncio.Protocol):
             self._reader.feed_eof()
         else:
             self._reader.set_exception(exc)
-        self._writable.set()
-        self._lost.set()
-
-    def pause_writing(self) -> None:
-        self._writable.clear()
-
-    def resume_writing(self) -> None:
-        self._writable.set()
+        self._gone()
 
     def write(self, data: bytes) -> None:
         if self._transport is None or self._transport.is_closing():
-            raise ConnectionResetError("connection closed")
+            raise ConnectionResetError(self._closed)
         self._transport.write(data)
-
-    async def drain(self) -> None:
-        await self._writable.wait()
-        if self._transport is None or self._transport.is_closing():
-            raise ConnectionResetError("connection closed")
 
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
-
-    def is_closing(self) -> bool:
-        return self._transport is None or self._transport.is_closing()
-
-    async def wait_closed(self) -> None:
-        if self._transport is not None:
-            await self._lost.wait()
 
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
