@@ -60,23 +60,16 @@ V1 = "v1.31.2+k0s.0"
 # -- the controller child (imports the fleet of --fleet-root) -----------------------------
 
 def child_main(fleet_root: str, kubeconfig: str, config_path: str, out: str) -> None:
-    sys.path.insert(0, fleet_root)
+    sys.path.insert(0, str(REPO))
+    from bench.stats import record_gc_pauses  # noqa: PLC0415  (this checkout's bench)
+
+    sys.path.insert(0, fleet_root)  # (and --fleet-root's fleet)
     import anyio  # noqa: PLC0415
 
     from fleet.controllers.heap import fixed_mmap_threshold  # noqa: PLC0415
 
     fixed_mmap_threshold()  # as k0s-fleet controller does
-    gcs: list[tuple[float, int, float]] = []
-    started: list[float] = []
-
-    def on_gc(phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            started[:] = [time.perf_counter()]
-        elif started:
-            gcs.append((time.time(), int(info.get("generation", 2)),
-                        time.perf_counter() - started[0]))
-
-    gc.callbacks.append(on_gc)
+    gcs = record_gc_pauses()
     if os.environ.get("CHURN_TRACEMALLOC"):
         import tracemalloc  # noqa: PLC0415
 
@@ -536,11 +529,8 @@ def main() -> int:
     args = p.parse_args()
     args.fleet_root = str(Path(args.fleet_root).resolve())
     result = anyio.run(run, args)
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text)
-    return 0
+    from bench.stats import report  # noqa: PLC0415
+    return report(result, args.json)
 
 
 if __name__ == "__main__":

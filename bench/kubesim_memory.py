@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO))
 import anyio  # noqa: E402
 
 from bench.scale import V1, node_names, proc_usage  # noqa: E402
+from bench.stats import report  # noqa: E402
 from fleet.kube import KubeClient  # noqa: E402
 from fleet.kube.resources import NODES  # noqa: E402
 from fleet.kube.watch import Reflector, WatchEvent, crd_established  # noqa: E402
@@ -167,11 +168,7 @@ def main() -> int:
     c, s = result["connected"], result["seeded"]
     result["per_connected_cluster_mib"] = round((c["rss_mib"] - s["rss_mib"])
                                                 / args.clusters, 3)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text)
-    return 0
+    return report(result, args.json, indent=2)
 
 
 if __name__ == "__main__":

@@ -142,21 +142,14 @@ def server_main(cert_dir: str, port_file: str, rate: float, log_file: str,
 # -- the measured side: the controller's Node watches --------------------------------------
 
 def client_main(fleet_root: str, kubeconfig_file: str, clusters: int, out: str) -> None:
-    sys.path.insert(0, fleet_root)
+    sys.path.insert(0, str(REPO))
+    from bench.stats import record_gc_pauses  # noqa: PLC0415  (this checkout's bench)
+
+    sys.path.insert(0, fleet_root)  # (and --fleet-root's fleet)
     from fleet.controllers.heap import fixed_mmap_threshold  # noqa: PLC0415
 
     fixed_mmap_threshold()
-    gcs: list[tuple[float, int, float]] = []
-    started: list[float] = []
-
-    def on_gc(phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            started[:] = [time.perf_counter()]
-        elif started:
-            gcs.append((time.time(), int(info.get("generation", 2)),
-                        time.perf_counter() - started[0]))
-
-    gc.callbacks.append(on_gc)
+    gcs = record_gc_pauses()
     import anyio  # noqa: PLC0415
 
     anyio.run(_client, kubeconfig_file, clusters, out, gcs)
@@ -374,11 +367,9 @@ def main() -> int:
     args = p.parse_args()
     args.fleet_root = str(Path(args.fleet_root).resolve())
     result = run(args)
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text)
-    return 0
+    sys.path.insert(0, str(REPO))
+    from bench.stats import report  # noqa: PLC0415
+    return report(result, args.json)
 
 
 if __name__ == "__main__":
