@@ -258,14 +258,18 @@ class _Inbox:
         finally:
             self._waiter = None
 
-    async def read(self, n: int) -> bytes:
-        """Up to ``n`` bytes (b"": the end of the stream), as ``StreamReader.read``."""
+    async def _until_data(self) -> None:
+        """Until something is here to read, or the end; raises the connection's error."""
         if self._exception is not None:
             raise self._exception
         while not self._buffer and not self._eof:
             await self._wait()
             if self._exception is not None:
                 raise self._exception
+
+    async def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes (b"": the end of the stream), as ``StreamReader.read``."""
+        await self._until_data()
         data = bytes(memoryview(self._buffer)[:n])
         del self._buffer[:n]
         if self._paused and len(self._buffer) <= self._limit:
@@ -275,12 +279,7 @@ class _Inbox:
     async def read_head(self, n: int) -> bytes:
         """As :meth:`read`, but never past the first blank line (the end of an answer's
         head, as h11 finds it): its parser then holds none of the body."""
-        if self._exception is not None:
-            raise self._exception
-        while not self._buffer and not self._eof:
-            await self._wait()
-            if self._exception is not None:
-                raise self._exception
+        await self._until_data()
         match = _BLANK_LINE.search(self._buffer, 0, n)
         return await self.read(match.end() if match is not None else n)
 
